@@ -1,0 +1,25 @@
+"""hetps ops registry: one OpDef per op type (type info, shape rule, numpy kernel, gradient rule).
+
+Importing the package registers every op family.
+"""
+
+from . import embedding, loss, math, nn, optimizer, tensor  # noqa: F401  (registers the ops)
+from .base import (
+    CATEGORIES,
+    OpDef,
+    SparseRows,
+    UnknownOpError,
+    by_onnx,
+    get_op,
+    has_op,
+    list_ops,
+    register,
+    scatter_add,
+    unbroadcast,
+)
+from .initializers import init_rows
+
+__all__ = [
+    "CATEGORIES", "OpDef", "SparseRows", "UnknownOpError", "by_onnx", "get_op", "has_op",
+    "init_rows", "list_ops", "register", "scatter_add", "unbroadcast",
+]

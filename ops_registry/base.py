@@ -1,0 +1,243 @@
+"""OpDef, the registry, and the sparse-gradient value type.
+
+An op type is described once here and used by every layer: the placement pass reads `category`,
+the builder and verifier read `infer_shape`, the executor calls `kernel`, and the backward pass
+asks `grad` to emit gradient ops. Nothing in this package imports `transpiler` or `runtime`.
+
+Slot names follow ONNX's schema names where an ONNX op exists (Add: A, B -> C), so ONNX import is a
+positional-to-named mapping. A kernel receives `ins` {slot: array | list of arrays for variadic
+slots} and returns {slot: array | list}. A gradient rule receives a `GradEmitter` (any object with
+the methods used below, supplied by the backward pass) and emits ops through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+CATEGORIES = ("io", "sparse", "dense", "elementwise", "loss", "optimizer", "comm", "init")
+
+
+class UnknownOpError(KeyError):
+    """An op type that the registry does not know."""
+
+    def __init__(self, op_type: str, where: str = "") -> None:
+        self.op_type = op_type
+        self.where = where
+        at = f" (from {where})" if where else ""
+        msg = (
+            f"unknown op type {op_type!r}{at}; supported op types: "
+            + ", ".join(sorted(n for n in _REGISTRY if not n.endswith("_grad")))
+        )
+        super().__init__(msg)
+
+    def __str__(self) -> str:  # KeyError quotes its message; show it plainly
+        return self.args[0]
+
+
+@dataclass
+class SparseRows:
+    """A row-sparse gradient of a [height, dim] table (Paddle's SelectedRows).
+
+    `rows` may repeat; the dense equivalent is the scatter-add of `values` into `rows`.
+    """
+
+    rows: Any
+    values: Any
+    height: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.height, *self.values.shape[1:])
+
+    @property
+    def dtype(self):
+        return self.values.dtype
+
+    def merged(self, xp) -> "SparseRows":
+        """Unique rows with their values summed (what a parameter server wants pushed)."""
+        uniq, inv = xp.unique(self.rows, return_inverse=True)
+        vals = xp.zeros((uniq.shape[0], *self.values.shape[1:]), self.values.dtype)
+        scatter_add(xp, vals, inv.reshape(-1), self.values)
+        return SparseRows(uniq, vals, self.height)
+
+    def to_dense(self, xp):
+        out = xp.zeros(self.shape, self.values.dtype)
+        scatter_add(xp, out, self.rows, self.values)
+        return out
+
+
+def scatter_add(xp, target, index, values) -> None:
+    """target[index] += values with repeated indices accumulated (np.add.at / cupyx.scatter_add)."""
+    if xp.__name__ == "numpy":
+        xp.add.at(target, index, values)
+    else:  # cupy
+        import cupyx
+
+        cupyx.scatter_add(target, index, values)
+
+
+class GradEmitter(Protocol):
+    """What a gradient rule may call; implemented by `transpiler.backward`."""
+
+    def input(self, slot: str) -> list[str]: ...
+    def output(self, slot: str) -> list[str]: ...
+    def out_grad(self, slot: str) -> list[str | None]: ...
+    def in_grad(self, slot: str) -> list[str | None]: ...
+    def emit(self, type: str, inputs: dict, outputs: dict, attrs: dict | None = None) -> None: ...
+
+
+Kernel = Callable[..., dict]
+
+
+@dataclass
+class OpDef:
+    """Everything hetps knows about one op type.
+
+    - `inputs` / `outputs`: slot names in order; a trailing `*` marks a variadic slot, a trailing
+      `?` an optional one (both are stripped in `in_slots` / `out_slots`).
+    - `kernel(xp, ins, attrs) -> outs`.
+    - `vjp(xp, ins, outs, douts, attrs) -> {input slot: grad}`: the vector-Jacobian product; when
+      given, a `<name>_grad` op is registered automatically and the default `grad` rule emits it.
+      `douts[slot]` is None when that output gets no gradient.
+    - `no_grad`: input slots that are never differentiable (indices, labels, shapes).
+    - `infer_shape(in_shapes, attrs) -> {out slot: shape}`, shapes as tuples with -1 for unknown.
+    - `onnx`: the ONNX op type this op implements (for import/export), if any.
+    - `needs_rng`: the executor passes `attrs["_rng_step"]`, a counter that makes random kernels
+      reproducible run to run and trainer to trainer.
+    """
+
+    name: str
+    category: str
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    kernel: Kernel | None = None
+    vjp: Callable[..., dict] | None = None
+    no_grad: tuple[str, ...] = ()
+    infer_shape: Callable[[dict, dict], dict] | None = None
+    grad: Callable[[GradEmitter, Any], None] | None = None
+    onnx: str | None = None
+    needs_rng: bool = False
+    attrs: dict[str, Any] = field(default_factory=dict)  # defaults, merged under the op's attrs
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if self.category not in CATEGORIES:
+            raise ValueError(f"op {self.name!r}: category {self.category!r} not in {CATEGORIES}")
+        if self.grad is None and self.vjp is not None:
+            self.grad = _default_grad
+        if not self.doc and self.kernel is not None:
+            self.doc = (self.kernel.__doc__ or "").strip()
+
+    @property
+    def in_slots(self) -> list[str]:
+        return [s.rstrip("*?") for s in self.inputs]
+
+    @property
+    def out_slots(self) -> list[str]:
+        return [s.rstrip("*?") for s in self.outputs]
+
+    def is_variadic(self, slot: str) -> bool:
+        return f"{slot}*" in self.inputs or f"{slot}*" in self.outputs
+
+    @property
+    def differentiable(self) -> bool:
+        return self.grad is not None
+
+    def diff_inputs(self) -> list[str]:
+        return [s for s in self.in_slots if s not in self.no_grad]
+
+
+def _default_grad(g: GradEmitter, op) -> None:
+    """Emit one `<type>_grad` op: forward inputs, outputs and output grads in; input grads out."""
+    opdef = get_op(op.type)
+    inputs = {s: list(v) for s, v in op.inputs.items()}
+    for s, names in op.outputs.items():
+        inputs[f"{s}@OUT"] = list(names)
+        grads = g.out_grad(s)
+        if any(n is not None for n in grads):
+            inputs[f"{s}@GRAD"] = [n or "" for n in grads]
+    outputs = {}
+    for s in opdef.diff_inputs():
+        if s in op.inputs:
+            grads = g.in_grad(s)
+            if any(n is not None for n in grads):
+                outputs[f"{s}@GRAD"] = [n or "" for n in grads]
+    if outputs:
+        g.emit(f"{op.type}_grad", inputs, outputs, dict(op.attrs))
+
+
+def _grad_kernel_for(fwd: OpDef) -> Kernel:
+    def kernel(xp, ins, attrs):
+        fwd_ins = {s: ins[s] for s in fwd.in_slots if s in ins}
+        outs = {s: ins[f"{s}@OUT"] for s in fwd.out_slots if f"{s}@OUT" in ins}
+        douts = {s: ins.get(f"{s}@GRAD") for s in fwd.out_slots}
+        grads = fwd.vjp(xp, fwd_ins, outs, douts, attrs)
+        return {f"{s}@GRAD": g for s, g in grads.items()}
+
+    kernel.__doc__ = f"Gradient of {fwd.name}: input grads from output grads (vector-Jacobian product)."
+    return kernel
+
+
+_REGISTRY: dict[str, OpDef] = {}
+_BY_ONNX: dict[str, OpDef] = {}
+
+
+def register(opdef: OpDef) -> OpDef:
+    """Add an op type (and its `_grad` op when it has a vjp). Re-registering a name is an error."""
+    if opdef.name in _REGISTRY:
+        raise ValueError(f"op type {opdef.name!r} registered twice")
+    _REGISTRY[opdef.name] = opdef
+    if opdef.onnx:
+        _BY_ONNX[opdef.onnx] = opdef
+    if opdef.vjp is not None:
+        def mark(slot: str, suffix: str) -> str:  # keep variadic slots variadic, others optional
+            return f"{slot}{suffix}" + ("*" if opdef.is_variadic(slot) else "?")
+
+        grad_ins = tuple(opdef.inputs) + tuple(mark(s, "@OUT") for s in opdef.out_slots)
+        grad_ins += tuple(mark(s, "@GRAD") for s in opdef.out_slots)
+        register(
+            OpDef(
+                name=f"{opdef.name}_grad",
+                category=opdef.category,
+                inputs=grad_ins,
+                outputs=tuple(mark(s, "@GRAD") for s in opdef.diff_inputs()),
+                kernel=_grad_kernel_for(opdef),
+                attrs=dict(opdef.attrs),
+            )
+        )
+    return opdef
+
+
+def get_op(op_type: str, where: str = "") -> OpDef:
+    """The OpDef of `op_type`; UnknownOpError (naming it, `where` it came from, and all known types)."""
+    try:
+        return _REGISTRY[op_type]
+    except KeyError:
+        raise UnknownOpError(op_type, where) from None
+
+
+def has_op(op_type: str) -> bool:
+    return op_type in _REGISTRY
+
+
+def by_onnx(onnx_type: str) -> OpDef | None:
+    """The OpDef implementing ONNX op type `onnx_type`, or None."""
+    return _BY_ONNX.get(onnx_type)
+
+
+def list_ops() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def unbroadcast(xp, grad, shape) -> Any:
+    """Sum `grad` down to `shape`: the adjoint of numpy/ONNX multidirectional broadcasting."""
+    shape = tuple(shape)
+    if grad.shape == shape:
+        return grad
+    lead = grad.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and grad.shape[lead + i] != 1
+    )
+    out = grad.sum(axis=axes, keepdims=True) if axes else grad
+    return out.reshape(shape)

@@ -1,0 +1,266 @@
+"""The Paddle-style IR: Program -> Blocks -> Ops and Vars.
+
+Small on purpose: passes are plain functions over these objects, the executor walks `ops` in order,
+and everything round-trips through JSON exactly (parameter values travel separately as `.npz`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+OP_ROLES = ("forward", "loss", "backward", "optimize", "comm", "ps")
+
+
+def grad_name(name: str) -> str:
+    """The gradient variable of `name` (Paddle's convention)."""
+    return f"{name}@GRAD"
+
+
+@dataclass
+class Var:
+    """A named tensor. `shape` uses -1 for the batch (unknown) dim; None when unknown."""
+
+    name: str
+    shape: tuple[int, ...] | None = None
+    dtype: str = "float32"
+    persistable: bool = False
+    is_parameter: bool = False
+    trainable: bool = True
+    stop_gradient: bool = False
+    initializer: dict[str, Any] | None = None
+    is_sparse: bool = False  # a table accessed by ids (its gradient is row-sparse)
+
+    def __post_init__(self) -> None:
+        if self.shape is not None:
+            self.shape = tuple(int(d) for d in self.shape)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shape"] = list(self.shape) if self.shape is not None else None
+        return d
+
+
+@dataclass
+class Op:
+    """One op: `type`, `inputs`/`outputs` as {slot: [var names]}, `attrs`.
+
+    Reserved attrs: `op_role` (see OP_ROLES) and `op_device` (trainer type; "" = let placement
+    decide). `id` is unique within a Program and stable across passes; a grad op records its
+    forward op's id in `attrs["fwd_id"]`.
+    """
+
+    type: str
+    inputs: dict[str, list[str]] = field(default_factory=dict)
+    outputs: dict[str, list[str]] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    id: int = -1
+
+    @property
+    def role(self) -> str:
+        return self.attrs.get("op_role", "forward")
+
+    @property
+    def device(self) -> str:
+        return self.attrs.get("op_device", "")
+
+    def input_names(self) -> list[str]:
+        return [n for names in self.inputs.values() for n in names if n]
+
+    def output_names(self) -> list[str]:
+        return [n for names in self.outputs.values() for n in names if n]
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "type": self.type, "inputs": self.inputs, "outputs": self.outputs,
+                "attrs": self.attrs}
+
+    def __str__(self) -> str:
+        outs = ", ".join(f"{s}={v}" for s, v in self.outputs.items())
+        ins = ", ".join(f"{s}={v}" for s, v in self.inputs.items())
+        shown = {k: v for k, v in self.attrs.items() if k not in ("op_role", "op_device", "fwd_id")}
+        tags = self.role + (f"@{self.device}" if self.device else "")
+        return f"{{{outs}}} = {self.type}({ins}) {shown if shown else ''} [{tags}]".replace("  ", " ")
+
+
+@dataclass
+class Block:
+    idx: int = 0
+    parent_idx: int = -1
+    vars: dict[str, Var] = field(default_factory=dict)
+    ops: list[Op] = field(default_factory=list)
+
+    def var(self, name: str) -> Var:
+        try:
+            return self.vars[name]
+        except KeyError:
+            raise KeyError(f"variable {name!r} is not in block {self.idx}") from None
+
+    def has_var(self, name: str) -> bool:
+        return name in self.vars
+
+    def create_var(self, name: str, **kw: Any) -> Var:
+        v = Var(name, **kw)
+        self.vars[name] = v
+        return v
+
+
+class Program:
+    """A static program. Block 0 is global. `params` holds parameter values that travel with the
+    program (e.g. from ONNX initializers); `attrs` holds program-level facts (loss name, ...)."""
+
+    def __init__(self) -> None:
+        self.blocks: list[Block] = [Block(0)]
+        self.params: dict[str, np.ndarray] = {}
+        self.attrs: dict[str, Any] = {}
+        self._next_id = 0
+        self.version = 0  # bumped on every change the executor's cache must notice
+
+    # -- structure -------------------------------------------------------------------
+    def global_block(self) -> Block:
+        return self.blocks[0]
+
+    @property
+    def ops(self) -> list[Op]:
+        return self.blocks[0].ops
+
+    @property
+    def vars(self) -> dict[str, Var]:
+        return self.blocks[0].vars
+
+    def var(self, name: str) -> Var:
+        return self.blocks[0].var(name)
+
+    def new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def append_op(self, type: str, inputs: dict | None = None, outputs: dict | None = None,
+                  attrs: dict | None = None, index: int | None = None) -> Op:
+        """Append (or insert at `index`) an op with a fresh id; slot values may be a name or a list."""
+        attrs = json.loads(json.dumps(attrs or {}, default=_json_default))  # as JSON will hold them
+        op = Op(type, _slots(inputs), _slots(outputs), attrs, self.new_id())
+        ops = self.blocks[0].ops
+        ops.append(op) if index is None else ops.insert(index, op)
+        self.version += 1
+        return op
+
+    def parameters(self) -> list[Var]:
+        return [v for v in self.vars.values() if v.is_parameter]
+
+    def clone(self) -> "Program":
+        p = Program.from_dict(self.to_dict())
+        p.params = {k: v.copy() for k, v in self.params.items()}
+        return p
+
+    # -- serialisation ---------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "version": 1,
+            "attrs": copy.deepcopy(self.attrs),
+            "next_id": self._next_id,
+            "blocks": [
+                {"idx": b.idx, "parent_idx": b.parent_idx,
+                 "vars": [v.to_dict() for v in b.vars.values()],
+                 "ops": [op.to_dict() for op in b.ops]}
+                for b in self.blocks
+            ],
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=_json_default)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Program":
+        p = cls()
+        p.attrs = copy.deepcopy(d.get("attrs", {}))
+        p._next_id = d.get("next_id", 0)
+        p.blocks = []
+        for bd in d["blocks"]:
+            b = Block(bd["idx"], bd["parent_idx"])
+            for vd in bd["vars"]:
+                b.vars[vd["name"]] = Var(**vd)
+            b.ops = [Op(od["type"], {k: list(v) for k, v in od["inputs"].items()},
+                        {k: list(v) for k, v in od["outputs"].items()},
+                        copy.deepcopy(od["attrs"]), od["id"]) for od in bd["ops"]]
+            p.blocks.append(b)
+        return p
+
+    @classmethod
+    def from_json(cls, s: str) -> "Program":
+        return cls.from_dict(json.loads(s))
+
+    def save(self, path: str | Path) -> None:
+        """`path`.json for the program, `path`.npz for its parameter values (when any)."""
+        path = Path(path)
+        path.with_suffix(".json").write_text(self.to_json(indent=1))
+        if self.params:
+            save_params(self.params, path.with_suffix(".npz"))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Program":
+        path = Path(path)
+        p = cls.from_json(path.with_suffix(".json").read_text())
+        if path.with_suffix(".npz").exists():
+            p.params = load_params(path.with_suffix(".npz"))
+        return p
+
+    def __str__(self) -> str:
+        lines = []
+        for b in self.blocks:
+            lines.append(f"block {b.idx}:")
+            for v in b.vars.values():
+                flags = [f for f in ("persistable", "is_parameter", "is_sparse", "stop_gradient")
+                         if getattr(v, f)]
+                lines.append(f"  var {v.name}: {v.dtype}{list(v.shape) if v.shape is not None else '?'}"
+                             + (f" ({', '.join(flags)})" if flags else ""))
+            lines.extend(f"  {op}" for op in b.ops)
+        return "\n".join(lines)
+
+
+def _slots(d: dict | None) -> dict[str, list[str]]:
+    out = {}
+    for k, v in (d or {}).items():
+        if v is None:
+            continue
+        vs = [v] if isinstance(v, (str, Var)) else list(v)
+        out[k] = [x.name if isinstance(x, Var) else x for x in vs]
+    return out
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, tuple):
+        return list(o)
+    raise TypeError(f"attribute value {o!r} of type {type(o).__name__} is not JSON-serialisable")
+
+
+def save_params(params: dict[str, np.ndarray], path: str | Path) -> None:
+    """Parameter values as .npz (names may hold any characters; stored as a name list + arrays)."""
+    names = list(params)
+    np.savez(path, __names__=np.array(names), **{f"p{i}": params[n] for i, n in enumerate(names)})
+
+
+def load_params(path: str | Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as z:
+        names = [str(n) for n in z["__names__"]]
+        return {n: z[f"p{i}"] for i, n in enumerate(names)}
+
+
+def topo_check(ops: Iterable[Op], defined: Iterable[str]) -> None:
+    """Raise ValueError naming the op and variable when an op reads a var nothing defined before it."""
+    have = set(defined)
+    for i, op in enumerate(ops):
+        for n in op.input_names():
+            if n not in have:
+                raise ValueError(f"op #{i} {op.type!r} (id {op.id}) reads {n!r} before anything defines it")
+        have.update(op.output_names())
