@@ -56,3 +56,75 @@ class SyntheticCTR:
         b = self.batch(10**6, n)
         s, d, y = self.names
         return auc(b[y], self.teacher_logit(b[s], b[d]))
+
+
+class CriteoReader:
+    """Batches from Criteo-format text files (label, 13 integer features, 26 hashed categorical
+    features, tab-separated: the format PaddleRec and DLRM read).
+
+    Categorical strings are hashed with (slot, value) into `vocab` (crc32: stable across processes
+    and runs); empty fields map to id 0 of their slot's hash. Integer features become log(1 + max(x, 0))
+    as in DLRM; empty ones are 0. `shard=(i, n)` keeps every n-th line starting at i, so n trainers
+    read disjoint parts of the same files.
+    """
+
+    def __init__(self, paths, vocab: int, batch_size: int, shard: tuple[int, int] = (0, 1),
+                 names: tuple[str, str, str] = ("sparse", "dense", "label")) -> None:
+        self.paths = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
+        self.vocab, self.batch_size, self.shard, self.names = vocab, batch_size, shard, names
+
+    def _lines(self):
+        i, n = self.shard
+        k = 0
+        for path in self.paths:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if k % n == i:
+                        yield line
+                    k += 1
+
+    def _parse(self, lines: list[str]) -> dict[str, np.ndarray]:
+        import zlib
+
+        m = len(lines)
+        label = np.zeros((m, 1), np.float32)
+        dense = np.zeros((m, 13), np.float32)
+        ids = np.zeros((m, 26), np.int64)
+        for r, line in enumerate(lines):
+            f = line.rstrip("\n").split("\t")
+            if len(f) != 40:
+                raise ValueError(f"Criteo line {r} has {len(f)} tab-separated fields, expected 40")
+            label[r, 0] = float(f[0])
+            dense[r] = [float(x) if x else 0.0 for x in f[1:14]]
+            ids[r] = [zlib.crc32(f"{s}:{x}".encode()) for s, x in enumerate(f[14:40])]
+        s, d, y = self.names
+        return {s: ids % self.vocab, d: np.log1p(np.maximum(dense, 0)), y: label}
+
+    def __iter__(self):
+        buf: list[str] = []
+        for line in self._lines():
+            buf.append(line)
+            if len(buf) == self.batch_size:
+                yield self._parse(buf)
+                buf = []
+        if buf:
+            yield self._parse(buf)
+
+
+class ArrayReader:
+    """Batches from in-memory arrays {name: array with a leading example axis}, optionally sharded."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], batch_size: int,
+                 shard: tuple[int, int] = (0, 1)) -> None:
+        lens = {len(v) for v in arrays.values()}
+        if len(lens) != 1:
+            raise ValueError(f"arrays have different lengths: { {k: len(v) for k, v in arrays.items()} }")
+        self.arrays, self.batch_size, self.shard = arrays, batch_size, shard
+
+    def __iter__(self):
+        i, n = self.shard
+        total = len(next(iter(self.arrays.values())))
+        starts = range(0, total, self.batch_size)
+        for k, s in enumerate(starts):
+            if k % n == i:
+                yield {name: a[s:s + self.batch_size] for name, a in self.arrays.items()}
