@@ -18,6 +18,23 @@ register(OpDef("sigmoid_cross_entropy_with_logits", "loss", ("X", "Label"), ("Ou
                no_grad=("Label",), infer_shape=same_as("X", "Out")))
 
 
+def _log_loss(xp, ins, attrs):
+    """Loss = -Labels * log(Predicted + epsilon) - (1 - Labels) * log(1 - Predicted + epsilon)
+    (Paddle's log_loss: a log loss on probabilities, elementwise)."""
+    p, y, eps = ins["Predicted"], ins["Labels"], attrs["epsilon"]
+    return {"Loss": (-y * xp.log(p + eps) - (1 - y) * xp.log(1 - p + eps)).astype(p.dtype, copy=False)}
+
+
+def _log_loss_vjp(xp, ins, outs, douts, attrs):
+    p, y, eps = ins["Predicted"], ins["Labels"], attrs["epsilon"]
+    g = douts["Loss"] * (-y / (p + eps) + (1 - y) / (1 - p + eps))
+    return {"Predicted": g.astype(p.dtype, copy=False)}
+
+
+register(OpDef("log_loss", "loss", ("Predicted", "Labels"), ("Loss",), _log_loss, _log_loss_vjp,
+               no_grad=("Labels",), infer_shape=same_as("Predicted", "Loss"), attrs={"epsilon": 1e-4}))
+
+
 def _softmax(xp, x, axis):
     e = xp.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .base import OpDef, register
-from .shapes import reduce
+from .shapes import reduce, same_as
 
 
 def _concat(xp, ins, attrs):
@@ -109,6 +109,17 @@ for _name, _onnx, _k, _scale in (
     register(OpDef(_name, "elementwise", ("data",), ("reduced",), _k, _vjp, onnx=_onnx,
                    infer_shape=lambda s, a: {"reduced": reduce(s["data"], _axes(a), a.get("keepdims", 1))},
                    attrs={"axes": None, "keepdims": 1}))
+
+
+def _cast(xp, ins, attrs):
+    """output = input converted to dtype `to`, a numpy dtype name such as "float32" (ONNX Cast;
+    an importer maps ONNX's TensorProto enum to the name)."""
+    return {"output": ins["input"].astype(attrs["to"], copy=False)}
+
+
+register(OpDef("cast", "elementwise", ("input",), ("output",), _cast,
+               lambda xp, i, o, d, a: {"input": d["output"].astype(i["input"].dtype, copy=False)},
+               infer_shape=same_as("input", "output"), onnx="Cast", attrs={"to": "float32"}))
 
 
 def _data(xp, ins, attrs):
