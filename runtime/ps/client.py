@@ -1,0 +1,197 @@
+"""PSClient: pull and push across the shards of a parameter server.
+
+A sparse pull is deduplicated, split by `shard_of(id)`, sent to all shards at once and reassembled
+in the caller's order; a sparse push is merged to unique ids first (rows of repeated ids summed),
+then split, and goes to every shard (with zero rows where it has none), so every shard sees one push
+per pusher and step (sync mode counts on it; Adam's per-table step counters stay equal across
+shards). Dense tables live whole on one shard (`place_dense`).
+
+Every request waits at most `timeout` seconds for its reply and then raises PSTimeoutError naming
+the shard: a client never hangs on a dead or stuck server. A client is not thread-safe (ZeroMQ
+sockets are not): give each thread its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+
+from ops_registry import SparseRows
+
+from ..wire import AuthError, decode, encode
+from . import checkpoint
+from .sharding import place_dense, shard_of
+from .table import PSError
+
+
+class PSTimeoutError(PSError, TimeoutError):
+    """A shard sent no reply within the client's timeout."""
+
+
+class PSClient:
+    def __init__(self, endpoints: Sequence[str], *, secret: bytes | None = None, timeout: float = 30.0,
+                 pusher: int | str = 0) -> None:
+        self.endpoints, self.secret, self.timeout = list(endpoints), secret, timeout
+        self.pusher = str(pusher)
+        self._ctx = zmq.Context.instance()
+        self._socks = []
+        for ep in self.endpoints:
+            s = self._ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.connect(ep)
+            self._socks.append(s)
+        self._rid = itertools.count()
+        try:
+            hello = self._call({k: ({"op": "hello"}, []) for k in range(len(self._socks))})
+        except BaseException:
+            self.close()
+            raise
+        first = hello[0][0]
+        for k, (h, _) in hello.items():
+            if h["shard"] != k or h["num_shards"] != len(self.endpoints) or h["tables"] != first["tables"]:
+                self.close()
+                raise PSError(f"endpoint {self.endpoints[k]} serves shard {h['shard']} of "
+                              f"{h['num_shards']} (tables {[t['name'] for t in h['tables']]}); expected "
+                              f"shard {k} of {len(self.endpoints)} with the tables of shard 0")
+        self.mode = first["mode"]
+        self.specs = {t["name"]: t for t in first["tables"]}
+        self._dense = place_dense(list(self.specs.values()), len(self.endpoints))
+
+    # -- requests ---------------------------------------------------------------------------
+    def _call(self, requests: dict[int, tuple[dict, list]]) -> dict[int, tuple[dict, list]]:
+        """Send one request to each named shard, then wait for all replies."""
+        want = {}
+        for k, (header, arrays) in requests.items():
+            rid = next(self._rid)
+            self._socks[k].send_multipart(encode({**header, "rid": rid}, arrays, self.secret), copy=False)
+            want[k] = rid
+        poller = zmq.Poller()
+        for k in want:
+            poller.register(self._socks[k], zmq.POLLIN)
+        out: dict[int, tuple[dict, list]] = {}
+        deadline = time.monotonic() + self.timeout
+        while len(out) < len(want):
+            left = deadline - time.monotonic()
+            ready = dict(poller.poll(max(0, left) * 1000)) if left > 0 else {}
+            if not ready:
+                late = [f"shard {k} ({self.endpoints[k]})" for k in want if k not in out]
+                op = next(iter(requests.values()))[0].get("op")
+                raise PSTimeoutError(f"no reply to {op!r} within {self.timeout} s from {', '.join(late)}; "
+                                     "is the server running and reachable?")
+            for k in want:
+                if self._socks[k] in ready and k not in out:
+                    h, arrays = self._reply(k, self._socks[k].recv_multipart(copy=False))
+                    if h.get("rid") == want[k] or h.get("rid") is None:
+                        out[k] = (h, arrays)
+                        poller.unregister(self._socks[k])
+        errors = [f"shard {k} ({self.endpoints[k]}): {h['error']}" for k, (h, _) in out.items()
+                  if not h.get("ok")]
+        if errors:
+            raise PSError("; ".join(errors))
+        return out
+
+    def _reply(self, k: int, frames: list) -> tuple[dict, list]:
+        try:
+            return decode(frames, self.secret)
+        except AuthError:
+            h, arrays = decode(frames, None)  # an unsigned reply: the server's authentication refusal
+            if h.get("ok") is False:
+                return h, arrays
+            raise AuthError(f"reply from shard {k} ({self.endpoints[k]}) failed authentication: "
+                            "the server uses a different shared secret") from None
+
+    # -- pull / push ------------------------------------------------------------------------
+    def _spec(self, table: str) -> dict:
+        try:
+            return self.specs[table]
+        except KeyError:
+            raise PSError(f"unknown table {table!r}; the servers hold {sorted(self.specs)}") from None
+
+    def _split(self, ids: np.ndarray) -> list[np.ndarray]:
+        """Per shard, the positions in `ids` of the ids it holds."""
+        if len(self._socks) == 1:
+            return [np.arange(ids.size)]
+        owner = shard_of(ids, len(self._socks))
+        return [np.flatnonzero(owner == k) for k in range(len(self._socks))]
+
+    def pull(self, table: str, ids: np.ndarray | None = None, *, step: int | None = None) -> np.ndarray:
+        """Dense: the parameter. Sparse: rows of `ids` (any shape), shape ids.shape + (dim,).
+
+        In sync mode pass the trainer's `step` t: the reply waits until t steps are applied.
+        """
+        spec = self._spec(table)
+        base = {"op": "pull", "table": table, "step": step}
+        if spec["kind"] == "dense":
+            return self._call({self._dense[table]: (base, [])})[self._dense[table]][1][0]
+        if ids is None:
+            raise PSError(f"pull of sparse table {table!r} needs ids")
+        ids = np.asarray(ids)
+        uniq, inv = np.unique(ids.reshape(-1).astype(np.int64), return_inverse=True)
+        parts = self._split(uniq)
+        replies = self._call({k: (base, [uniq[p]]) for k, p in enumerate(parts) if p.size})
+        rows = np.empty((uniq.size, spec["shape"][1]), spec["dtype"])
+        for k, (_, arrays) in replies.items():
+            rows[parts[k]] = arrays[0]
+        return rows[inv].reshape(*ids.shape, spec["shape"][1])
+
+    def push(self, table: str, grad: np.ndarray | SparseRows, ids: np.ndarray | None = None, *,
+             step: int | None = None) -> None:
+        """Dense: `grad` of the parameter's shape. Sparse: row gradients `grad` [n, dim] of `ids` [n]
+        (or a SparseRows). In sync mode pass the step t being pushed; in geo mode `grad` is a delta."""
+        spec = self._spec(table)
+        base = {"op": "push", "table": table, "step": step, "pusher": self.pusher}
+        if spec["kind"] == "dense":
+            self._call({self._dense[table]: (base, [np.asarray(grad)])})
+            return
+        if isinstance(grad, SparseRows):
+            ids, grad = grad.rows, grad.values
+        if ids is None:
+            raise PSError(f"push to sparse table {table!r} needs ids")
+        ids, grad = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(grad)
+        if grad.ndim != 2 or grad.shape[0] != ids.size:
+            raise PSError(f"push to {table!r}: {ids.size} ids need a gradient of shape "
+                          f"[{ids.size}, {spec['shape'][1]}], got {list(grad.shape)}")
+        order = np.argsort(ids, kind="stable")
+        if ids.size > 1 and not (np.diff(ids[order]) > 0).all():
+            merged = SparseRows(ids, grad, 0).merged(np)
+            ids, grad = merged.rows, merged.values
+        else:
+            ids, grad = ids[order], grad[order]
+        self._call({k: (base, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))})
+
+    # -- admin --------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Checkpoint every shard into directory `path` (on a file system the servers share)."""
+        path = checkpoint.begin(path)
+        replies = self._call({k: ({"op": "save", "dir": str(path.resolve())}, [])
+                              for k in range(len(self._socks))})
+        files = [e for k in sorted(replies) for e in replies[k][0]["files"]]
+        checkpoint.finish(path, list(self.specs.values()), files, num_shards=len(self._socks),
+                          mode=self.mode)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Load checkpoint `path` (saved with any shard count) into every shard."""
+        path = os.path.abspath(path)
+        self._call({k: ({"op": "load", "dir": path}, []) for k in range(len(self._socks))})
+
+    def stats(self) -> list[dict]:
+        """Per shard: {table: {"rows": n, "version": applied sync steps}}."""
+        r = self._call({k: ({"op": "stats"}, []) for k in range(len(self._socks))})
+        return [r[k][0]["tables"] for k in sorted(r)]
+
+    def close(self) -> None:
+        for s in self._socks:
+            s.close()
+        self._socks = []
+
+    def __enter__(self) -> PSClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

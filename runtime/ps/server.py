@@ -1,0 +1,238 @@
+"""The parameter-server process: one Shard behind a ZeroMQ ROUTER socket.
+
+Requests and replies use the wire format (runtime/wire.py). A request header has `op` (hello, pull,
+push, save, load, stats, shutdown), `rid` (echoed in the reply) and the op's fields; a reply has
+`ok` and, when false, `error`. A bad request (unknown table, wrong shape, NaN gradient, malformed or
+unauthenticated frames) gets an error reply and the server goes on serving; an unauthenticated one
+is also logged. In sync mode a pull that must wait for its step is parked, not blocking the loop,
+and answered as soon as that step is applied.
+
+The server binds 127.0.0.1 by default; `ipc://` endpoints work too. It stops on SIGTERM/SIGINT, a
+`shutdown` request, or when its parent process dies, closing its socket before exiting.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
+from typing import Any
+
+import zmq
+
+from ..wire import AuthError, WireError, decode, encode
+from .shard import NotReady, Shard
+from .table import PSError, SparseTable
+
+log = logging.getLogger("hetps.ps")
+OPS = ("hello", "pull", "push", "save", "load", "stats", "shutdown")
+
+
+def _field(h: dict, key: str, kind: type, optional: bool = False) -> Any:
+    v = h.get(key)
+    if (v is None and optional) or (isinstance(v, kind) and not isinstance(v, bool)):
+        return v
+    raise PSError(f"request {h.get('op')!r} needs field {key!r} of type {kind.__name__}, got {v!r}")
+
+
+def _describe(e: Exception) -> str:
+    """A refusal's own message; any other failure prefixed by its type (it is a server bug)."""
+    return str(e) if isinstance(e, PSError) else f"{type(e).__name__}: {e}"
+
+
+class _Loop:
+    def __init__(self, sock: zmq.Socket, shard: Shard, secret: bytes | None) -> None:
+        self.sock, self.shard, self.secret = sock, shard, secret
+        self.parked: dict[str, list[tuple[Any, dict, list]]] = {}
+
+    def reply(self, ident: Any, rid: Any, header: dict, arrays: list = (), sign: bool = True) -> None:
+        frames = encode({"rid": rid, **header}, arrays, self.secret if sign else None)
+        self.sock.send_multipart([ident, *frames], copy=False)
+
+    def handle(self, frames: list) -> bool:
+        """Serve one request; True when it asked the server to stop."""
+        ident = frames[0]
+        try:
+            header, arrays = decode(frames[1:], self.secret)
+        except AuthError as e:
+            log.error("shard %d: rejected an unauthenticated request: %s", self.shard.shard, e)
+            self.reply(ident, None, {"ok": False, "error": f"authentication failed: {e}"}, sign=False)
+            return False
+        except WireError as e:
+            log.warning("shard %d: malformed request: %s", self.shard.shard, e)
+            self.reply(ident, None, {"ok": False, "error": f"malformed request: {e}"})
+            return False
+        rid, op = header.get("rid"), header.get("op")
+        try:
+            if op == "shutdown":
+                self.reply(ident, rid, {"ok": True})
+                return True
+            out, out_arrays = self.dispatch(op, header, arrays)
+        except NotReady:
+            self.parked.setdefault(header["table"], []).append((ident, header, arrays))
+            return False
+        except Exception as e:  # the server must outlive any bad request
+            if not isinstance(e, PSError):
+                log.exception("shard %d: request %r failed", self.shard.shard, op)
+            self.reply(ident, rid, {"ok": False, "error": _describe(e)})
+            return False
+        self.reply(ident, rid, {"ok": True, **out}, out_arrays)
+        return False
+
+    def dispatch(self, op: Any, h: dict, arrays: list) -> tuple[dict, list]:
+        s = self.shard
+        if op == "hello":
+            return {"shard": s.shard, "num_shards": s.num_shards, "mode": s.mode, "tables": s.specs}, []
+        if op == "pull":
+            if len(arrays) > 1:
+                raise PSError(f"pull takes at most one array (ids), got {len(arrays)}")
+            rows = s.pull(_field(h, "table", str), arrays[0] if arrays else None,
+                          _field(h, "step", int, optional=True))
+            return {}, [rows]
+        if op == "push":
+            if len(arrays) not in (1, 2):
+                raise PSError(f"push takes [grad] or [ids, grad], got {len(arrays)} arrays")
+            table = _field(h, "table", str)
+            if s.push(table, arrays[-1], arrays[0] if len(arrays) == 2 else None,
+                      _field(h, "step", int, optional=True), str(h.get("pusher", "0"))):
+                self.release(table)
+            return {}, []
+        if op == "save":
+            return {"files": s.save(_field(h, "dir", str))}, []
+        if op == "load":
+            s.load(_field(h, "dir", str))
+            return {}, []
+        if op == "stats":
+            return {"tables": {n: {"rows": len(t) if isinstance(t, SparseTable) else t.param.shape[0],
+                                   "version": s.version[n]} for n, t in s.tables.items()}}, []
+        raise PSError(f"unknown request op {op!r}; known ops: {', '.join(OPS)}")
+
+    def release(self, table: str) -> None:
+        """Answer the parked sync pulls of `table` whose step has now been applied."""
+        waiting, self.parked[table] = self.parked.get(table, []), []
+        for ident, h, arrays in waiting:
+            try:
+                out, out_arrays = self.dispatch("pull", h, arrays)
+            except NotReady:
+                self.parked[table].append((ident, h, arrays))
+                continue
+            except Exception as e:
+                self.reply(ident, h.get("rid"), {"ok": False, "error": _describe(e)})
+                continue
+            self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays)
+
+
+def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int = 1, mode: str = "async",
+          pushes_per_step: int | dict[str, int] = 1, check_finite: bool = True,
+          secret: bytes | None = None, ready: Any = None, log_file: str | None = None) -> None:
+    """Run one shard until stopped. `ready` (a multiprocessing Connection) gets the bound endpoint,
+    or `("error", message)` when the server cannot start. With `log_file`, everything the process
+    writes to stderr (its log, any traceback) is appended there."""
+    if log_file is not None:
+        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format=f"[hetps ps shard {shard}] %(levelname)s %(message)s")
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
+    parent = os.getppid()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    try:
+        loop = _Loop(sock, Shard(specs, shard=shard, num_shards=num_shards, mode=mode,
+                                 pushes_per_step=pushes_per_step, check_finite=check_finite), secret)
+        sock.bind(endpoint)
+    except Exception as e:
+        sock.close()
+        ctx.term()
+        if ready is not None:
+            ready.send(("error", f"{type(e).__name__}: {e}"))
+        raise
+    if ready is not None:
+        ready.send(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    try:
+        while not stop and os.getppid() == parent:
+            if poller.poll(100) and loop.handle(sock.recv_multipart(copy=False)):
+                break
+    finally:
+        sock.close()
+        ctx.term()
+
+
+class Servers:
+    """Parameter-server shards as local processes; a context manager.
+
+    Processes come from multiprocessing's forkserver (a clean process that imported this module
+    once and forks each shard from it; spawn where forkserver does not exist), never from a fork
+    of the caller, which may hold threads and sockets.
+
+    `endpoints[k]` is shard k's address, for `PSClient(endpoints, ...)`. With `log_dir`, shard k
+    writes its log and stderr to `log_dir/ps-shard{k}.log`; otherwise to the forkserver's stderr.
+    """
+
+    def __init__(self, specs: list[dict], num_shards: int = 1, *, mode: str = "async",
+                 transport: str = "tcp", host: str = "127.0.0.1", pushes_per_step: int | dict = 1,
+                 check_finite: bool = True, secret: bytes | None = None,
+                 log_dir: str | os.PathLike | None = None, start_timeout: float = 60.0) -> None:
+        if transport not in ("tcp", "ipc"):
+            raise PSError(f"transport {transport!r} is not 'tcp' or 'ipc'")
+        self._tmp = tempfile.mkdtemp(prefix="hetps-ps-") if transport == "ipc" else None
+        if "forkserver" in mp.get_all_start_methods():  # imports once, then each shard forks fast
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload([__name__])
+        else:
+            ctx = mp.get_context("spawn")
+        self.processes, self.endpoints, pipes = [], [], []
+        try:
+            for k in range(num_shards):
+                addr = f"ipc://{self._tmp}/shard{k}" if self._tmp else f"tcp://{host}:*"
+                recv, send = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=serve, args=(addr, specs), name=f"hetps-ps-{k}", daemon=True,
+                                kwargs=dict(shard=k, num_shards=num_shards, mode=mode, secret=secret,
+                                            pushes_per_step=pushes_per_step, check_finite=check_finite,
+                                            ready=send, log_file=log_dir and os.path.join(
+                                                log_dir, f"ps-shard{k}.log")))
+                p.start()
+                send.close()
+                self.processes.append(p)
+                pipes.append(recv)
+            for k, recv in enumerate(pipes):
+                late = ("error", f"not ready within {start_timeout} s")
+                msg = recv.recv() if recv.poll(start_timeout) else late
+                if isinstance(msg, tuple):
+                    raise PSError(f"parameter server shard {k} failed to start: {msg[1]}")
+                self.endpoints.append(msg)
+        except EOFError:
+            self.stop()
+            raise PSError(f"parameter server shard {len(self.endpoints)} exited before it was ready "
+                          "(see its stderr)") from None
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop every shard (SIGTERM, then SIGKILL after `timeout` s) and remove ipc sockets."""
+        for p in self.processes:
+            if p.is_alive():
+                p.terminate()
+        for p in self.processes:
+            p.join(timeout)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> Servers:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,158 @@
+"""Shard: the tables one parameter server holds, and the rules of the training mode.
+
+- `async`: a push is applied on arrival (one optimizer step per push).
+- `sync`: a push carries its step number t. The shard keeps pushes of step t apart until all
+  `pushes_per_step` pushers of that table have pushed, then sums them and applies one optimizer step
+  (a sparse sum is the concatenation of the row gradients, which the optimizer kernel merges), so a
+  step equals single-machine training on the union batch. `version[table]` counts applied steps; a
+  pull for step t+1 raises `NotReady` while version <= t, and the server parks it and answers it
+  right after step t is applied (see server.py), so trainers cannot read half-updated parameters.
+- `geo`: a push is a delta the trainer accumulated locally over k steps; it is added to the rows.
+
+The same object runs inside the server process and in-process (tests, reference runs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import checkpoint
+from .sharding import shard_of, tables_of_shard
+from .table import DenseTable, PSError, SparseTable, check_spec, make_table
+
+MODES = ("sync", "async", "geo")
+
+
+class NotReady(Exception):
+    """A sync-mode pull for a step whose predecessor has not been applied yet."""
+
+
+class Shard:
+    def __init__(self, specs: list[dict[str, Any]], *, shard: int = 0, num_shards: int = 1,
+                 mode: str = "async", pushes_per_step: int | dict[str, int] = 1,
+                 check_finite: bool = True) -> None:
+        if mode not in MODES:
+            raise PSError(f"mode {mode!r} is not one of {MODES}")
+        if not 0 <= shard < num_shards:
+            raise PSError(f"shard index {shard} is outside [0, {num_shards})")
+        self.specs = sorted((check_spec(s) for s in specs), key=lambda s: s["name"])
+        names = [s["name"] for s in self.specs]
+        if len(set(names)) != len(names):
+            raise PSError(f"table names repeat: {names}")
+        self.shard, self.num_shards, self.mode = shard, num_shards, mode
+        self.check_finite = check_finite
+        self.tables: dict[str, DenseTable | SparseTable] = {
+            s["name"]: make_table(s, check_finite) for s in tables_of_shard(self.specs, shard, num_shards)}
+        if isinstance(pushes_per_step, dict):
+            missing = sorted(set(self.tables) - set(pushes_per_step))
+            if missing:
+                raise PSError(f"pushes_per_step names no count for tables {missing}")
+            self.expected = {n: int(pushes_per_step[n]) for n in self.tables}
+        else:
+            self.expected = dict.fromkeys(self.tables, int(pushes_per_step))
+        self.version = dict.fromkeys(self.tables, 0)
+        self.pending: dict[str, dict[int, dict[str, tuple]]] = {n: {} for n in self.tables}
+
+    def table(self, name: str) -> DenseTable | SparseTable:
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise PSError(f"unknown table {name!r} on shard {self.shard}; it holds "
+                          f"{sorted(self.tables)}") from None
+
+    # -- pull / push ------------------------------------------------------------------------
+    def pull(self, name: str, ids: np.ndarray | None = None, step: int | None = None) -> np.ndarray:
+        t = self.table(name)
+        if self.mode == "sync" and step is not None and self.version[name] < step:
+            raise NotReady(name, step)
+        if isinstance(t, SparseTable):
+            if ids is None:
+                raise PSError(f"pull of sparse table {name!r} needs ids")
+            return t.pull(ids)
+        return t.pull()
+
+    def push(self, name: str, grad: np.ndarray, ids: np.ndarray | None = None, step: int | None = None,
+             pusher: str = "0") -> bool:
+        """Apply or buffer one push; True when a step was applied (sync: parked pulls may go on)."""
+        t = self.table(name)
+        sparse = isinstance(t, SparseTable)
+        if sparse and ids is None:
+            raise PSError(f"push to sparse table {name!r} needs ids")
+        if self.mode == "async":
+            t.push(grad, ids) if sparse else t.push(grad)
+            return True
+        if self.mode == "geo":
+            t.add(grad, ids) if sparse else t.add(grad)
+            return True
+        return self._sync_push(t, grad, ids, step, str(pusher))
+
+    def _sync_push(self, t, grad, ids, step, pusher) -> bool:
+        name, v = t.name, self.version[t.name]
+        if step is None or step < v:
+            raise PSError(f"sync push to {name!r}: step {step} is not a pending step (table has "
+                          f"applied {v} steps, so pushes for step >= {v} are expected)")
+        if isinstance(t, SparseTable):
+            ids = t.check_ids(ids)
+            grad = t.check_grad(grad, (ids.size, t.dim), "gradient")
+        else:
+            grad = t.check_grad(grad, t.shape, "gradient")
+        got = self.pending[name].setdefault(step, {})
+        if pusher in got:
+            raise PSError(f"sync push to {name!r}: pusher {pusher!r} already pushed step {step}")
+        got[pusher] = (grad, ids)
+        applied = False
+        while len(self.pending[name].get(self.version[name], ())) >= self.expected[name]:
+            parts = [p for _, p in sorted(self.pending[name].pop(self.version[name]).items())]
+            if isinstance(t, SparseTable):
+                t.push(np.concatenate([g for g, _ in parts]), np.concatenate([i for _, i in parts]))
+            else:
+                t.push(np.sum([g for g, _ in parts], axis=0, dtype=t.dtype))
+            self.version[name] += 1
+            applied = True
+        return applied
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def save(self, path: str | Path) -> list[dict]:
+        """Write this shard's table files into `path`; their manifest entries."""
+        index = {s["name"]: i for i, s in enumerate(self.specs)}
+        return [checkpoint.write_arrays(path, checkpoint.file_name(index[n], n, self.shard), n,
+                                        {**t.state_dict(), "version": np.array([self.version[n]])})
+                for n, t in self.tables.items()]
+
+    def load(self, path: str | Path) -> None:
+        """Replace every table of this shard by its rows in checkpoint `path` (any shard count)."""
+        doc = checkpoint.read_manifest(path)
+        saved = {s["name"]: s for s in doc["tables"]}
+        fresh = {}
+        for name, t in self.tables.items():
+            s = saved.get(name)
+            if s is None or s["kind"] != t.spec["kind"] or list(s["shape"]) != list(t.shape) \
+                    or s["optimizer"].get("type") != t.spec["optimizer"]["type"]:
+                raise checkpoint.CheckpointError(
+                    f"checkpoint {str(path)!r} has table {name!r} as {s}, this server has {t.spec}")
+            new = make_table(t.spec, self.check_finite)
+            entries = [e for e in doc["files"] if e["table"] == name]
+            if not entries:
+                raise checkpoint.CheckpointError(f"checkpoint {str(path)!r} has no file for table {name!r}")
+            for e in entries:
+                arrays = checkpoint.read_arrays(path, e)
+                version = int(arrays.pop("version")[0])
+                if isinstance(new, SparseTable):
+                    mine = shard_of(arrays["ids"], self.num_shards) == self.shard
+                    per_row = {"ids", "Param", *new.state_slots}
+                    arrays = {k: (a[mine] if k in per_row else a) for k, a in arrays.items()}
+                new.load_state(arrays)
+            fresh[name] = (new, version)
+        for name, (new, version) in fresh.items():
+            self.tables[name], self.version[name] = new, version
+            self.pending[name].clear()
+
+
+def save_shards(shards: list[Shard], path: str | Path) -> None:
+    """Checkpoint in-process shards into `path` (PSClient.save does the same for server processes)."""
+    path = checkpoint.begin(path)
+    files = [e for s in shards for e in s.save(path)]
+    checkpoint.finish(path, shards[0].specs, files, num_shards=len(shards), mode=shards[0].mode)

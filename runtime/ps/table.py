@@ -1,0 +1,233 @@
+"""Parameter-server tables: a dense array or a sparse id -> row map, with its server-side optimizer.
+
+A table is described by a spec (what the transpiler records in its Plan):
+
+    {"name": "emb", "kind": "dense" | "sparse", "shape": [vocab or -1, dim] (sparse) | param shape,
+     "dtype": "float32", "initializer": {...init_rows spec...},
+     "optimizer": {"type": "sgd" | "adagrad" | "adam", "lr": 0.01, ...hyper-parameters}}
+
+Updates call the registry's optimizer kernels (`ops_registry.get_op(type).kernel`) with the same
+attrs and state the builder's optimizer ops get, so a server step is the trainer-side step bit for
+bit. Optimizer state lives beside the rows: per-row state (Adagrad's Moment, Adam's moments) in
+arrays parallel to the rows, scalar state (Adam's Beta1Pow/Beta2Pow) once per table.
+
+Sparse rows are stored compactly in order of first touch and created then from the initializer,
+seeded per id (`ops_registry.init_rows`), so a row's first value never depends on shard count or
+arrival order. Storage grows by 1.25x; pages past the used rows are never touched, so resident
+memory tracks the rows in use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ops_registry import SparseRows, get_op, init_rows, scatter_add
+from transpiler.builder import SGD, Adagrad, Adam, Optimizer
+
+from .index import RowIndex
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
+
+
+class PSError(ValueError):
+    """A request the parameter server refuses; the message says what was expected."""
+
+
+def _optimizer(name: str, spec: dict[str, Any]) -> Optimizer:
+    hyper = {k: v for k, v in spec.items() if k != "type"}
+    cls = OPTIMIZERS.get(spec.get("type"))
+    if cls is None or "lr" not in hyper:
+        raise PSError(f"table {name!r}: optimizer {spec!r} needs 'type' in {sorted(OPTIMIZERS)} "
+                      "and 'lr'")
+    try:
+        return cls(**hyper)
+    except TypeError as e:
+        raise PSError(f"table {name!r}: bad {spec['type']} hyper-parameters {hyper}: {e}") from None
+
+
+def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` with defaults filled in; PSError naming the table and field when it is malformed."""
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise PSError(f"table spec {spec!r} needs a non-empty string 'name'")
+    kind, shape = spec.get("kind"), spec.get("shape")
+    if kind not in ("dense", "sparse"):
+        raise PSError(f"table {name!r}: kind {kind!r} is not 'dense' or 'sparse'")
+    if (not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) for d in shape)
+            or (kind == "sparse" and (len(shape) != 2 or shape[1] <= 0 or shape[0] == 0 or shape[0] < -1))
+            or (kind == "dense" and any(d <= 0 for d in shape))):
+        want = "[vocab or -1, dim]" if kind == "sparse" else "positive ints"
+        raise PSError(f"table {name!r}: shape {shape!r} must be {want}")
+    dtype = np.dtype(spec.get("dtype", "float32"))
+    if dtype.kind != "f":
+        raise PSError(f"table {name!r}: dtype {dtype} is not a float type")
+    init = spec.get("initializer") or {"type": "constant", "value": 0.0}
+    if init.get("type") == "xavier" and kind == "sparse" and shape[0] == -1:
+        raise PSError(f"table {name!r}: a xavier initializer needs a known vocab (shape[0] = -1)")
+    opt = spec.get("optimizer") or {"type": "sgd", "lr": 0.01}
+    _optimizer(name, opt)
+    return {**spec, "shape": list(shape), "dtype": dtype.name, "initializer": init, "optimizer": opt}
+
+
+class Table:
+    """What dense and sparse tables share: the spec, the optimizer kernel and its scalar state."""
+
+    def __init__(self, spec: dict[str, Any], check_finite: bool = True) -> None:
+        self.spec = check_spec(spec)
+        self.name, self.dtype = self.spec["name"], np.dtype(self.spec["dtype"])
+        self.shape = tuple(self.spec["shape"])
+        self.check_finite = check_finite
+        opt = _optimizer(self.name, self.spec["optimizer"])
+        opdef = get_op(opt.type)
+        self.kernel, self.attrs = opdef.kernel, {**opdef.attrs, **opt.attrs()}
+        self.state_slots = [s for s, _, scalar in opt.state if not scalar]
+        self.state_init = {s: opt._state_init(s) for s, _, _ in opt.state}
+        self.out_slot = {s: o for s, o, _ in opt.state}
+        self.scalars = {s: np.full((1,), self.state_init[s], self.dtype)
+                        for s, _, scalar in opt.state if scalar}
+
+    def check_grad(self, grad: np.ndarray, shape: tuple[int, ...], what: str) -> np.ndarray:
+        grad = np.asarray(grad)
+        if grad.dtype.kind != "f":
+            raise PSError(f"table {self.name!r}: {what} has dtype {grad.dtype}, expected a float type")
+        if grad.shape != shape:
+            raise PSError(f"table {self.name!r} (shape {list(self.shape)}): {what} has shape "
+                          f"{list(grad.shape)}, expected {list(shape)}")
+        if self.check_finite and not np.isfinite(grad).all():
+            raise PSError(f"table {self.name!r}: {what} contains NaN or Inf; rejected (start the "
+                          "server with check_finite=False to apply non-finite values)")
+        return grad.astype(self.dtype, copy=False)
+
+    def _apply(self, param: np.ndarray, grad: Any, state: dict[str, np.ndarray]) -> None:
+        """One optimizer step through the registry kernel; row state is updated in place."""
+        res = self.kernel(np, {"Param": param, "Grad": grad, **state, **self.scalars}, self.attrs)
+        for slot in self.scalars:
+            self.scalars[slot] = res[self.out_slot[slot]]
+
+
+class DenseTable(Table):
+    def __init__(self, spec: dict[str, Any], check_finite: bool = True) -> None:
+        super().__init__(spec, check_finite)
+        self.param = init_rows(self.spec["initializer"], self.shape, self.dtype.name)
+        self.state = {s: np.full(self.shape, self.state_init[s], self.dtype) for s in self.state_slots}
+
+    def pull(self) -> np.ndarray:
+        return self.param.copy()
+
+    def push(self, grad: np.ndarray) -> None:
+        """One optimizer step with `grad`."""
+        self._apply(self.param, self.check_grad(grad, self.shape, "gradient"), self.state)
+
+    def add(self, delta: np.ndarray) -> None:
+        """param += delta (GEO merge)."""
+        self.param += self.check_grad(delta, self.shape, "delta")
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"Param": self.param, **self.state, **self.scalars}
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        for key, target in (("Param", self.param), *self.state.items(), *self.scalars.items()):
+            target[...] = arrays[key]
+
+
+class SparseTable(Table):
+    def __init__(self, spec: dict[str, Any], check_finite: bool = True) -> None:
+        super().__init__(spec, check_finite)
+        self.vocab, self.dim = self.shape
+        self.index = RowIndex()
+        self.rows = np.empty((0, self.dim), self.dtype)
+        self.row_state = {s: np.empty((0, self.dim), self.dtype) for s in self.state_slots}
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def check_ids(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise PSError(f"table {self.name!r}: ids must be a 1-D integer array, got "
+                          f"{ids.dtype} of shape {list(ids.shape)}")
+        ids = ids.astype(np.int64, copy=False)
+        bad = ((ids < 0) | (ids >= self.vocab)) if self.vocab > 0 else ids < 0
+        if bad.any():
+            raise PSError(f"table {self.name!r}: ids out of range [0, "
+                          f"{self.vocab if self.vocab > 0 else '2^63'}): {ids[bad][:5].tolist()}")
+        return ids
+
+    def _reserve(self, n: int, used: int) -> None:
+        """Room for `n` rows, keeping the first `used`."""
+        cap = self.rows.shape[0]
+        if n <= cap:
+            return
+        cap = max(n, cap + cap // 4 + 1024)
+        if self.vocab > 0:
+            cap = min(cap, self.vocab)
+
+        def grow(a: np.ndarray) -> np.ndarray:
+            out = np.empty((cap, self.dim), self.dtype)
+            out[:used] = a[:used]
+            return out
+
+        self.rows = grow(self.rows)
+        self.row_state = {s: grow(a) for s, a in self.row_state.items()}
+
+    def slots(self, ids: np.ndarray) -> np.ndarray:
+        """Row slots of `ids`, creating missing rows from the initializer (seeded per id)."""
+        old = len(self.index)
+        slots, new_ids, _ = self.index.find_or_add(ids)
+        if new_ids.size:
+            new = len(self.index)
+            self._reserve(new, old)
+            self.rows[old:new] = init_rows(self.spec["initializer"], self.shape, self.dtype.name, new_ids)
+            for s, arr in self.row_state.items():
+                arr[old:new] = self.state_init[s]
+        return slots
+
+    def pull(self, ids: np.ndarray) -> np.ndarray:
+        """Rows of `ids` ([len(ids), dim], a copy)."""
+        slots = self.slots(self.check_ids(ids))
+        return self.rows.take(slots, axis=0)
+
+    def push(self, grad: np.ndarray, ids: np.ndarray) -> None:
+        """One optimizer step with the row-sparse gradient (`ids` may repeat; their rows are summed)."""
+        ids = self.check_ids(ids)
+        grad = self.check_grad(grad, (ids.size, self.dim), "gradient")
+        slots = self.slots(ids)
+        n = len(self.index)
+        state = {s: a[:n] for s, a in self.row_state.items()}
+        self._apply(self.rows[:n], SparseRows(slots, grad, n), state)
+
+    def add(self, delta: np.ndarray, ids: np.ndarray) -> None:
+        """rows[ids] += delta (GEO merge; repeated ids accumulate)."""
+        ids = self.check_ids(ids)
+        delta = self.check_grad(delta, (ids.size, self.dim), "delta")
+        slots = self.slots(ids)  # before reading self.rows: creating rows may reallocate it
+        scatter_add(np, self.rows, slots, delta)
+
+    def assign(self, values: np.ndarray, ids: np.ndarray) -> None:
+        """rows[ids] = values (optimizer state untouched)."""
+        ids = self.check_ids(ids)
+        values = self.check_grad(values, (ids.size, self.dim), "values")
+        slots = self.slots(ids)
+        self.rows[slots] = values
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        n = len(self.index)
+        return {"ids": self.index.ids_by_slot(), "Param": self.rows[:n],
+                **{s: a[:n] for s, a in self.row_state.items()}, **self.scalars}
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Set rows `arrays["ids"]` (with their optimizer state) and the scalar state."""
+        slots = self.slots(self.check_ids(arrays["ids"]))
+        self.rows[slots] = arrays["Param"]
+        for s, a in self.row_state.items():
+            a[slots] = arrays[s]
+        for s in self.scalars:
+            self.scalars[s][...] = arrays[s]
+
+
+def make_table(spec: dict[str, Any], check_finite: bool = True) -> DenseTable | SparseTable:
+    """A table for `spec` (see the module docstring)."""
+    return (SparseTable if spec.get("kind") == "sparse" else DenseTable)(spec, check_finite)
+

@@ -1,0 +1,78 @@
+"""In-process tables: the id index, per-id row initialisation, compact storage, sharding rules."""
+
+import numpy as np
+import pytest
+
+from ops_registry import init_rows
+from runtime.ps import PSError, Shard, make_table, place_dense, shard_of
+from runtime.ps.index import RowIndex
+
+INIT = {"type": "uniform", "low": -0.1, "high": 0.1, "seed": 7}
+
+
+def _sparse(vocab=-1, dim=3, opt=None):
+    return {"name": "emb", "kind": "sparse", "shape": [vocab, dim], "dtype": "float32",
+            "initializer": INIT, "optimizer": opt or {"type": "sgd", "lr": 0.5}}
+
+
+def test_row_index_agrees_with_a_dict_across_merges():
+    rng = np.random.default_rng(0)
+    index, ref = RowIndex(), {}
+    for n in [10, 3000, 5000, 1, 20000, 700] * 3:   # crosses the delta -> main merge many times
+        ids = rng.integers(-2**40, 2**40, size=n)
+        slots, new_ids, new_slots = index.find_or_add(ids)
+        want_new = sorted({int(i) for i in ids} - set(ref))
+        assert new_ids.tolist() == want_new
+        ref.update((i, s) for i, s in zip(want_new, new_slots.tolist(), strict=True))
+        assert slots.tolist() == [ref[int(i)] for i in ids]
+    probe = rng.integers(-2**40, 2**40, size=2000)
+    assert index.find(probe).tolist() == [ref.get(int(i), -1) for i in probe]
+    assert sorted(ref.values()) == list(range(len(ref))) == list(range(len(index)))
+    assert index.ids_by_slot().tolist() == [i for i, _ in sorted(ref.items(), key=lambda kv: kv[1])]
+
+
+def test_rows_are_seeded_per_id_whatever_the_order_or_shard_count():
+    vocab = 500
+    whole = init_rows(INIT, (vocab, 3), "float32")   # what one process makes for the whole table
+    ids = np.random.default_rng(1).permutation(vocab)
+    table = make_table(_sparse(vocab))
+    for chunk in np.array_split(ids, 7):
+        np.testing.assert_array_equal(table.pull(chunk), whole[chunk])
+    shards = [Shard([_sparse(vocab)], shard=k, num_shards=3) for k in range(3)]
+    owner = shard_of(ids, 3)
+    for k, s in enumerate(shards):
+        np.testing.assert_array_equal(s.pull("emb", ids[owner == k][::-1]), whole[ids[owner == k][::-1]])
+
+
+def test_sparse_sgd_on_growing_storage_matches_a_dense_table():
+    vocab, rng = 20000, np.random.default_rng(2)
+    table, dense = make_table(_sparse(vocab)), init_rows(INIT, (vocab, 3), "float32").astype(np.float64)
+    for step in range(30):  # new ids keep arriving, so storage grows many times
+        ids = rng.integers(0, min(vocab, 200 * (step + 1) ** 2), size=1500)
+        g = rng.normal(size=(1500, 3)).astype(np.float32)
+        table.push(g, ids)
+        np.add.at(dense, ids, -0.5 * g.astype(np.float64))
+    seen = np.unique(table.state_dict()["ids"])
+    np.testing.assert_allclose(table.pull(seen), dense[seen], rtol=1e-5, atol=1e-6)
+    assert len(table) == seen.size < vocab
+
+
+def test_ids_hash_evenly_over_shards_and_dense_tables_balance_by_size():
+    counts = np.bincount(shard_of(np.arange(0, 80000, 8), 4), minlength=4)  # strided ids
+    assert counts.min() > 0.22 * 10000
+    specs = [{"name": n, "kind": "dense", "shape": [s]} for n, s in
+             [("a", 100), ("b", 60), ("c", 50), ("d", 10), ("e", 5)]]
+    assert place_dense(specs, 2) == {"a": 0, "b": 1, "c": 1, "d": 0, "e": 0}
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({**_sparse(), "kind": "ragged"}, "kind 'ragged' is not 'dense' or 'sparse'"),
+    ({**_sparse(), "shape": [10]}, r"shape \[10\] must be \[vocab or -1, dim\]"),
+    ({**_sparse(), "dtype": "int32"}, "dtype int32 is not a float type"),
+    ({**_sparse(), "initializer": {"type": "xavier"}}, "xavier initializer needs a known vocab"),
+    (_sparse(opt={"type": "rmsprop", "lr": 0.1}), "needs 'type' in"),
+    (_sparse(opt={"type": "adam", "lr": 0.1, "beta3": 0.5}), "bad adam hyper-parameters"),
+])
+def test_malformed_specs_name_the_table_and_field(spec, message):
+    with pytest.raises(PSError, match=message):
+        make_table(spec)

@@ -1,0 +1,88 @@
+"""The data-plane frame format: exact round trips, HMAC authentication, refusal of malformed frames."""
+
+import json
+
+import numpy as np
+import pytest
+import zmq
+
+from runtime.wire import AuthError, WireError, decode, encode
+
+KEY = b"shared-secret"
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    return [rng.normal(size=(3, 5)).astype(np.float32), np.arange(7, dtype=np.int64),
+            np.float64(2.5), np.zeros((0, 4), np.float16), np.array([True, False]),
+            rng.normal(size=(4, 6))[:, ::2],            # not contiguous
+            np.arange(6, dtype=">i4").reshape(2, 3)]    # big-endian
+
+
+@pytest.mark.parametrize("secret", [None, KEY])
+def test_round_trip_keeps_values_dtypes_shapes(secret):
+    header = {"op": "push", "table": "emb", "step": 3, "nested": {"a": [1, 2]}}
+    got_header, got = decode(encode(header, _arrays(), secret), secret)
+    assert got_header == header
+    for a, b in zip(_arrays(), got, strict=True):
+        a = np.asarray(a)
+        assert b.shape == a.shape and b.dtype == a.dtype.newbyteorder("=")
+        np.testing.assert_array_equal(b, a)
+
+
+def test_round_trip_over_zeromq_without_copies():
+    ctx = zmq.Context.instance()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    a.bind("inproc://wire-test")
+    b.connect("inproc://wire-test")
+    big = np.arange(300_000, dtype=np.float32).reshape(-1, 16)
+    a.send_multipart(encode({"k": 1}, [big, np.arange(3)], KEY), copy=False)
+    header, (x, y) = decode(b.recv_multipart(copy=False), KEY)
+    a.close()
+    b.close()
+    assert header == {"k": 1}
+    np.testing.assert_array_equal(x, big)
+    np.testing.assert_array_equal(y, np.arange(3))
+
+
+def test_hmac_rejects_wrong_key_missing_tag_tampering_and_recut_frames():
+    frames = [bytes(f) for f in encode({"op": "pull"}, [np.arange(8, dtype=np.int64)], KEY)]
+    with pytest.raises(AuthError, match="does not match"):
+        decode(frames, b"other-secret")
+    with pytest.raises(AuthError, match="no HMAC tag"):
+        decode([bytes(f) for f in encode({"op": "pull"}, [np.arange(8)])], KEY)
+    tampered = list(frames)
+    tampered[1] = b"\x01" + tampered[1][1:]
+    with pytest.raises(AuthError, match="does not match"):
+        decode(tampered, KEY)
+    recut = [frames[0] + frames[1][:8], frames[1][8:], frames[2]]  # same bytes, other boundaries
+    with pytest.raises(AuthError):
+        decode(recut, KEY)
+    with pytest.raises(WireError, match="HMAC tag, but this endpoint has no secret"):
+        decode(frames, None)
+
+
+def _raw(header: dict, *buffers: bytes) -> list[bytes]:
+    return [json.dumps(header).encode(), *buffers]
+
+
+@pytest.mark.parametrize("frames, message", [
+    ([b"\xff\xfe not json"], "not JSON"),
+    (_raw([1, 2]), "JSON object"),
+    (_raw({"op": "x"}), "JSON object with an 'arrays' list"),
+    (_raw({"arrays": [["|O", [1]]]}, b"\x80\x04K\x01."), "dtype '|O' not allowed"),   # a pickle
+    (_raw({"arrays": [["<f4", [2, 2]]]}, b"\x00" * 12), "needs 16 bytes, frame has 12"),
+    (_raw({"arrays": [["<f4", [-1]]]}, b""), "non-negative dims"),
+    (_raw({"arrays": [["<f4", [1]]]}), "describes 1 arrays but 0 buffer frames"),
+    ([], "empty message"),
+])
+def test_malformed_messages_are_refused_with_a_reason(frames, message):
+    with pytest.raises(WireError, match=message):
+        decode(frames)
+
+
+def test_encode_refuses_object_arrays_and_the_reserved_key():
+    with pytest.raises(WireError, match="dtype object"):
+        encode({}, [np.array([{}], dtype=object)])
+    with pytest.raises(WireError, match="reserved"):
+        encode({"arrays": []})
