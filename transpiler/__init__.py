@@ -2,5 +2,7 @@
 
 from .backward import append_backward
 from .ir import Block, Op, Program, Var, grad_name
+from .paddle_import import PaddleImportError, from_paddle
 
-__all__ = ["Block", "Op", "Program", "Var", "append_backward", "grad_name"]
+__all__ = ["Block", "Op", "PaddleImportError", "Program", "Var", "append_backward", "from_paddle",
+           "grad_name"]
