@@ -58,6 +58,7 @@ def test_two_shard_checkpoint_loads_into_three_shards(tmp_path):
         c2, c3 = PSClient(two.endpoints), PSClient(three.endpoints)
         push2 = lambda t, g, i: c2.push(t, g, i)
         pull2 = lambda t, i: c2.pull(t, i)
+        c2.assign("fc_b", np.array([1, 2, 3], np.float32))  # e.g. imported weights
         ids = _train(push2)
         c2.save(tmp_path / "ckpt")
         c3.load(tmp_path / "ckpt")

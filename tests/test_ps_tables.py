@@ -76,3 +76,34 @@ def test_ids_hash_evenly_over_shards_and_dense_tables_balance_by_size():
 def test_malformed_specs_name_the_table_and_field(spec, message):
     with pytest.raises(PSError, match=message):
         make_table(spec)
+
+
+def test_plan_form_specs_state_init_placement_imported_values_and_frozen_tables():
+    """Specs as the transpiler writes them: optimizer state inits, a fixed shard, no initializer
+    (imported weights, assigned before use), no optimizer (frozen)."""
+    adagrad = {"type": "adagrad", "lr": 0.1, "epsilon": 1e-6,
+               "state": {"Moment": {"out": "MomentOut", "shape": [4, 2], "init": 0.5}}}
+    specs = [
+        {"name": "w", "kind": "dense", "shape": [4, 2], "dtype": "float32", "initializer": None,
+         "optimizer": adagrad, "sharding": {"by": "table", "shard": 1, "num_shards": 2}},
+        {"name": "big", "kind": "dense", "shape": [100], "dtype": "float32",
+         "initializer": {"type": "constant", "value": 1.0}, "optimizer": None},
+        {**_sparse(50), "initializer": None},
+    ]
+    assert place_dense(specs, 2) == {"w": 1, "big": 0}
+    shard = Shard(specs, shard=1, num_shards=2)
+    assert sorted(shard.tables) == ["emb", "w"]
+    with pytest.raises(PSError, match="'w' has no initializer and no value yet"):
+        shard.pull("w")
+    with pytest.raises(PSError, match=r"'emb' has no initializer and rows \[7\] were never assigned"):
+        shard.pull("emb", np.array([7]))
+    w0 = np.arange(8, dtype=np.float32).reshape(4, 2)
+    shard.assign("w", w0)
+    shard.assign("emb", np.ones((2, 3), np.float32), np.array([7, 9]))
+    np.testing.assert_array_equal(shard.pull("emb", np.array([9, 7])), np.ones((2, 3)))
+    g = np.full((4, 2), 0.5, np.float32)
+    shard.push("w", g)
+    np.testing.assert_allclose(shard.pull("w"), w0 - 0.1 * g / (np.sqrt(0.5 + g * g) + 1e-6), rtol=1e-6)
+    frozen = Shard(specs, shard=0, num_shards=2)
+    with pytest.raises(PSError, match="'big' has no optimizer \\(frozen\\)"):
+        frozen.push("big", np.ones(100, np.float32))

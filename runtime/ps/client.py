@@ -165,6 +165,19 @@ class PSClient:
             ids, grad = ids[order], grad[order]
         self._call({k: (base, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))})
 
+    def assign(self, table: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
+        """Set a table's values: dense, the whole array; sparse, rows `ids` (e.g. imported weights,
+        `ids=np.arange(vocab)`). Optimizer state is untouched."""
+        spec = self._spec(table)
+        if spec["kind"] == "dense":
+            self._call({self._dense[table]: ({"op": "assign", "table": table}, [np.asarray(values)])})
+            return
+        if ids is None:
+            raise PSError(f"assign to sparse table {table!r} needs ids")
+        ids, values = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(values)
+        self._call({k: ({"op": "assign", "table": table}, [ids[p], values[p]])
+                    for k, p in enumerate(self._split(ids)) if p.size})
+
     # -- admin --------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
         """Checkpoint every shard into directory `path` (on a file system the servers share)."""

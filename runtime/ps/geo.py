@@ -30,7 +30,7 @@ class GeoTable:
             self.touched: list[np.ndarray] = []
         else:
             self.base = client.pull(table)
-            self.local.param[...] = self.base
+            self.local.assign(self.base)
 
     def _fetch(self, ids: np.ndarray) -> None:
         """Make sure rows `ids` are in the local copy, pulling the missing ones."""
@@ -66,7 +66,7 @@ class GeoTable:
         if not self.sparse:
             self.client.push(self.name, self.local.param - self.base)
             self.base = self.client.pull(self.name)
-            self.local.param[...] = self.base
+            self.local.assign(self.base)
             return
         if not self.touched:
             return

@@ -1,7 +1,7 @@
 """The parameter-server process: one Shard behind a ZeroMQ ROUTER socket.
 
 Requests and replies use the wire format (runtime/wire.py). A request header has `op` (hello, pull,
-push, save, load, stats, shutdown), `rid` (echoed in the reply) and the op's fields; a reply has
+push, assign, save, load, stats, shutdown), `rid` (echoed in the reply) and the op's fields; a reply has
 `ok` and, when false, `error`. A bad request (unknown table, wrong shape, NaN gradient, malformed or
 unauthenticated frames) gets an error reply and the server goes on serving; an unauthenticated one
 is also logged. In sync mode a pull that must wait for its step is parked, not blocking the loop,
@@ -28,7 +28,7 @@ from .shard import NotReady, Shard
 from .table import PSError, SparseTable
 
 log = logging.getLogger("hetps.ps")
-OPS = ("hello", "pull", "push", "save", "load", "stats", "shutdown")
+OPS = ("hello", "pull", "push", "assign", "save", "load", "stats", "shutdown")
 
 
 def _field(h: dict, key: str, kind: type, optional: bool = False) -> Any:
@@ -99,6 +99,11 @@ class _Loop:
             if s.push(table, arrays[-1], arrays[0] if len(arrays) == 2 else None,
                       _field(h, "step", int, optional=True), str(h.get("pusher", "0"))):
                 self.release(table)
+            return {}, []
+        if op == "assign":
+            if len(arrays) not in (1, 2):
+                raise PSError(f"assign takes [values] or [ids, values], got {len(arrays)} arrays")
+            s.assign(_field(h, "table", str), arrays[-1], arrays[0] if len(arrays) == 2 else None)
             return {}, []
         if op == "save":
             return {"files": s.save(_field(h, "dir", str))}, []

@@ -114,6 +114,16 @@ class Shard:
             applied = True
         return applied
 
+    def assign(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
+        """Set values (imported weights); optimizer state and sync step counts are untouched."""
+        t = self.table(name)
+        if isinstance(t, SparseTable):
+            if ids is None:
+                raise PSError(f"assign to sparse table {name!r} needs ids")
+            t.assign(values, ids)
+        else:
+            t.assign(values)
+
     # -- checkpoints --------------------------------------------------------------------------
     def save(self, path: str | Path) -> list[dict]:
         """Write this shard's table files into `path`; their manifest entries."""

@@ -21,13 +21,22 @@ def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 def place_dense(specs: list[dict[str, Any]], num_shards: int) -> dict[str, int]:
-    """{dense table name: shard}: largest first onto the least-loaded shard (ties: lowest index)."""
+    """{dense table name: shard}. A spec's `sharding["shard"]` (the transpiler's choice) is kept;
+    the others go largest first onto the least-loaded shard (ties: lowest index)."""
     dense = [s for s in specs if s["kind"] == "dense"]
     size = {s["name"]: int(np.prod(s["shape"])) * np.dtype(s.get("dtype", "float32")).itemsize
             for s in dense}
     load = [0] * num_shards
     out = {}
-    for name in sorted(size, key=lambda n: (-size[n], n)):
+    for s in dense:
+        k = (s.get("sharding") or {}).get("shard")
+        if k is not None:
+            if not 0 <= k < num_shards:
+                raise ValueError(f"table {s['name']!r} is placed on shard {k}, but there are "
+                                 f"{num_shards} shards")
+            out[s["name"]] = k
+            load[k] += size[s["name"]]
+    for name in sorted((n for n in size if n not in out), key=lambda n: (-size[n], n)):
         k = min(range(num_shards), key=lambda i: (load[i], i))
         out[name] = k
         load[k] += size[name]

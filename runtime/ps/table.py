@@ -3,13 +3,19 @@
 A table is described by a spec (what the transpiler records in its Plan):
 
     {"name": "emb", "kind": "dense" | "sparse", "shape": [vocab or -1, dim] (sparse) | param shape,
-     "dtype": "float32", "initializer": {...init_rows spec...},
-     "optimizer": {"type": "sgd" | "adagrad" | "adam", "lr": 0.01, ...hyper-parameters}}
+     "dtype": "float32", "initializer": {...init_rows spec...} | None,
+     "optimizer": {"type": "sgd" | "adagrad" | "adam", "lr": 0.01, ...hyper-parameters,
+                   "state": {slot: {"init": value, ...}} (optional)} | None}
+
+`initializer: None` means the values come from elsewhere (imported weights): they must be set with
+`assign` before they are read. `optimizer: None` is a frozen table that refuses pushes. Other keys
+(e.g. the Plan's "sharding") are kept and ignored here.
 
 Updates call the registry's optimizer kernels (`ops_registry.get_op(type).kernel`) with the same
 attrs and state the builder's optimizer ops get, so a server step is the trainer-side step bit for
 bit. Optimizer state lives beside the rows: per-row state (Adagrad's Moment, Adam's moments) in
-arrays parallel to the rows, scalar state (Adam's Beta1Pow/Beta2Pow) once per table.
+arrays parallel to the rows, scalar state (Adam's Beta1Pow/Beta2Pow) once per table. A state slot
+starts at the spec's `state[slot]["init"]` when given, else at the builder optimizer's value.
 
 Sparse rows are stored compactly in order of first touch and created then from the initializer,
 seeded per id (`ops_registry.init_rows`), so a row's first value never depends on shard count or
@@ -36,7 +42,7 @@ class PSError(ValueError):
 
 
 def _optimizer(name: str, spec: dict[str, Any]) -> Optimizer:
-    hyper = {k: v for k, v in spec.items() if k != "type"}
+    hyper = {k: v for k, v in spec.items() if k not in ("type", "state")}
     cls = OPTIMIZERS.get(spec.get("type"))
     if cls is None or "lr" not in hyper:
         raise PSError(f"table {name!r}: optimizer {spec!r} needs 'type' in {sorted(OPTIMIZERS)} "
@@ -48,7 +54,7 @@ def _optimizer(name: str, spec: dict[str, Any]) -> Optimizer:
 
 
 def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """`spec` with defaults filled in; PSError naming the table and field when it is malformed."""
+    """`spec` with its shape and dtype normalised; PSError naming the table and field when malformed."""
     name = spec.get("name")
     if not isinstance(name, str) or not name:
         raise PSError(f"table spec {spec!r} needs a non-empty string 'name'")
@@ -63,12 +69,13 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     dtype = np.dtype(spec.get("dtype", "float32"))
     if dtype.kind != "f":
         raise PSError(f"table {name!r}: dtype {dtype} is not a float type")
-    init = spec.get("initializer") or {"type": "constant", "value": 0.0}
-    if init.get("type") == "xavier" and kind == "sparse" and shape[0] == -1:
+    init = spec.get("initializer")
+    if init is not None and init.get("type") == "xavier" and kind == "sparse" and shape[0] == -1:
         raise PSError(f"table {name!r}: a xavier initializer needs a known vocab (shape[0] = -1)")
-    opt = spec.get("optimizer") or {"type": "sgd", "lr": 0.01}
-    _optimizer(name, opt)
-    return {**spec, "shape": list(shape), "dtype": dtype.name, "initializer": init, "optimizer": opt}
+    if spec.get("optimizer") is not None:
+        _optimizer(name, spec["optimizer"])
+    return {**spec, "shape": list(shape), "dtype": dtype.name, "initializer": init,
+            "optimizer": spec.get("optimizer")}
 
 
 class Table:
@@ -79,14 +86,19 @@ class Table:
         self.name, self.dtype = self.spec["name"], np.dtype(self.spec["dtype"])
         self.shape = tuple(self.spec["shape"])
         self.check_finite = check_finite
-        opt = _optimizer(self.name, self.spec["optimizer"])
-        opdef = get_op(opt.type)
-        self.kernel, self.attrs = opdef.kernel, {**opdef.attrs, **opt.attrs()}
-        self.state_slots = [s for s, _, scalar in opt.state if not scalar]
-        self.state_init = {s: opt._state_init(s) for s, _, _ in opt.state}
-        self.out_slot = {s: o for s, o, _ in opt.state}
-        self.scalars = {s: np.full((1,), self.state_init[s], self.dtype)
-                        for s, _, scalar in opt.state if scalar}
+        self.kernel, self.attrs, self.out_slot, self.state_init = None, {}, {}, {}
+        slots: list[tuple[str, str, bool]] = []
+        if self.spec["optimizer"] is not None:
+            opt = _optimizer(self.name, self.spec["optimizer"])
+            opdef = get_op(opt.type)
+            self.kernel, self.attrs = opdef.kernel, {**opdef.attrs, **opt.attrs()}
+            slots = list(opt.state)
+            given = self.spec["optimizer"].get("state") or {}
+            self.state_init = {s: float(given[s]["init"]) if s in given else opt._state_init(s)
+                               for s, _, _ in slots}
+            self.out_slot = {s: o for s, o, _ in slots}
+        self.state_slots = [s for s, _, scalar in slots if not scalar]
+        self.scalars = {s: np.full((1,), self.state_init[s], self.dtype) for s, _, scalar in slots if scalar}
 
     def check_grad(self, grad: np.ndarray, shape: tuple[int, ...], what: str) -> np.ndarray:
         grad = np.asarray(grad)
@@ -102,6 +114,8 @@ class Table:
 
     def _apply(self, param: np.ndarray, grad: Any, state: dict[str, np.ndarray]) -> None:
         """One optimizer step through the registry kernel; row state is updated in place."""
+        if self.kernel is None:
+            raise PSError(f"table {self.name!r} has no optimizer (frozen): pushes are refused")
         res = self.kernel(np, {"Param": param, "Grad": grad, **state, **self.scalars}, self.attrs)
         for slot in self.scalars:
             self.scalars[slot] = res[self.out_slot[slot]]
@@ -110,26 +124,41 @@ class Table:
 class DenseTable(Table):
     def __init__(self, spec: dict[str, Any], check_finite: bool = True) -> None:
         super().__init__(spec, check_finite)
-        self.param = init_rows(self.spec["initializer"], self.shape, self.dtype.name)
+        init = self.spec["initializer"]
+        self.param = (np.zeros(self.shape, self.dtype) if init is None
+                      else init_rows(init, self.shape, self.dtype.name))
+        self.has_value = init is not None
         self.state = {s: np.full(self.shape, self.state_init[s], self.dtype) for s in self.state_slots}
 
+    def _value(self) -> np.ndarray:
+        if not self.has_value:
+            raise PSError(f"table {self.name!r} has no initializer and no value yet: assign its value "
+                          "(PSClient.assign) before reading or updating it")
+        return self.param
+
     def pull(self) -> np.ndarray:
-        return self.param.copy()
+        return self._value().copy()
 
     def push(self, grad: np.ndarray) -> None:
         """One optimizer step with `grad`."""
-        self._apply(self.param, self.check_grad(grad, self.shape, "gradient"), self.state)
+        self._apply(self._value(), self.check_grad(grad, self.shape, "gradient"), self.state)
 
     def add(self, delta: np.ndarray) -> None:
         """param += delta (GEO merge)."""
-        self.param += self.check_grad(delta, self.shape, "delta")
+        self._value()[...] += self.check_grad(delta, self.shape, "delta")
+
+    def assign(self, values: np.ndarray) -> None:
+        """param = values (optimizer state untouched)."""
+        self.param[...] = self.check_grad(values, self.shape, "values")
+        self.has_value = True
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        return {"Param": self.param, **self.state, **self.scalars}
+        return {"Param": self._value(), **self.state, **self.scalars}
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         for key, target in (("Param", self.param), *self.state.items(), *self.scalars.items()):
             target[...] = arrays[key]
+        self.has_value = True
 
 
 class SparseTable(Table):
@@ -172,14 +201,22 @@ class SparseTable(Table):
         self.rows = grow(self.rows)
         self.row_state = {s: grow(a) for s, a in self.row_state.items()}
 
-    def slots(self, ids: np.ndarray) -> np.ndarray:
-        """Row slots of `ids`, creating missing rows from the initializer (seeded per id)."""
+    def slots(self, ids: np.ndarray, init: bool = True) -> np.ndarray:
+        """Row slots of `ids`, creating missing rows: from the initializer (seeded per id), or
+        left for the caller to fill when `init` is False."""
+        if init and self.spec["initializer"] is None:
+            missing = ids[self.index.find(ids) < 0]
+            if missing.size:
+                raise PSError(f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
+                              "were never assigned (PSClient.assign)")
         old = len(self.index)
         slots, new_ids, _ = self.index.find_or_add(ids)
         if new_ids.size:
             new = len(self.index)
             self._reserve(new, old)
-            self.rows[old:new] = init_rows(self.spec["initializer"], self.shape, self.dtype.name, new_ids)
+            if init:
+                self.rows[old:new] = init_rows(self.spec["initializer"], self.shape, self.dtype.name,
+                                               new_ids)
             for s, arr in self.row_state.items():
                 arr[old:new] = self.state_init[s]
         return slots
@@ -209,7 +246,7 @@ class SparseTable(Table):
         """rows[ids] = values (optimizer state untouched)."""
         ids = self.check_ids(ids)
         values = self.check_grad(values, (ids.size, self.dim), "values")
-        slots = self.slots(ids)
+        slots = self.slots(ids, init=False)
         self.rows[slots] = values
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -219,7 +256,7 @@ class SparseTable(Table):
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Set rows `arrays["ids"]` (with their optimizer state) and the scalar state."""
-        slots = self.slots(self.check_ids(arrays["ids"]))
+        slots = self.slots(self.check_ids(arrays["ids"]), init=False)
         self.rows[slots] = arrays["Param"]
         for s, a in self.row_state.items():
             a[slots] = arrays[s]
