@@ -38,11 +38,9 @@ def _matmul_vjp(xp, ins, outs, douts, attrs):
     a, b, g = ins["A"], ins["B"], douts["Y"]
     a2 = a.reshape(1, -1) if a.ndim == 1 else a
     b2 = b.reshape(-1, 1) if b.ndim == 1 else b
-    g2 = g
+    g2 = xp.expand_dims(g, -1) if b.ndim == 1 else g  # restore the dims 1-D promotion removed
     if a.ndim == 1:
         g2 = xp.expand_dims(g2, -2)
-    if b.ndim == 1:
-        g2 = xp.expand_dims(g2, -1)
     ga = xp.matmul(g2, xp.swapaxes(b2, -1, -2))
     gb = xp.matmul(xp.swapaxes(a2, -1, -2), g2)
     ga = unbroadcast(xp, ga, a2.shape).reshape(a.shape)
@@ -50,13 +48,22 @@ def _matmul_vjp(xp, ins, outs, douts, attrs):
     return {"A": ga, "B": gb}
 
 
+def _same_dim(what: str, x: int, y: int) -> None:
+    if x != y and x != -1 and y != -1:
+        raise ValueError(f"{what} differ: {x} vs {y}")
+
+
 def _matmul_shape(s, attrs):
-    a, b = s["A"], s["B"]
-    if len(a) == 2 and len(b) == 2:
-        return {"Y": (a[0], b[1])}
-    if len(a) >= 2 and len(b) >= 2:
-        return {"Y": broadcast(a[:-2], b[:-2]) + (a[-2], b[-1])}
-    return {}
+    a, b = tuple(s["A"]), tuple(s["B"])
+    a2 = (1, *a) if len(a) == 1 else a  # numpy.matmul's 1-D promotion
+    b2 = (*b, 1) if len(b) == 1 else b
+    _same_dim("contracted dims (last of A, second-to-last of B)", a2[-1], b2[-2])
+    y = broadcast(a2[:-2], b2[:-2]) + (a2[-2], b2[-1])
+    if len(a) == 1:
+        y = y[:-2] + y[-1:]
+    if len(b) == 1:
+        y = y[:-1]
+    return {"Y": y}
 
 
 register(OpDef("matmul", "dense", ("A", "B"), ("Y",), _matmul, _matmul_vjp,
@@ -94,8 +101,12 @@ def _gemm_vjp(xp, ins, outs, douts, attrs):
 
 def _gemm_shape(s, attrs):
     a, b = s["A"], s["B"]
-    m = a[1] if attrs.get("transA") else a[0]
-    n = b[0] if attrs.get("transB") else b[1]
+    if len(a) != 2 or len(b) != 2:
+        raise ValueError(f"A and B must be 2-D, got {list(a)} and {list(b)}")
+    (m, ka), (kb, n) = a[::-1] if attrs.get("transA") else a, b[::-1] if attrs.get("transB") else b
+    _same_dim("contracted dims of op(A) and op(B)", ka, kb)
+    if "C" in s and broadcast(s["C"], (m, n)) != (m, n):
+        raise ValueError(f"C {list(s['C'])} does not broadcast to the output {[m, n]}")
     return {"Y": (m, n)}
 
 

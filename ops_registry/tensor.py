@@ -24,6 +24,10 @@ def _concat_vjp(xp, ins, outs, douts, attrs):
 def _concat_shape(s, attrs):
     xs = s["inputs"]
     axis = attrs["axis"] % len(xs[0])
+    for i, x in enumerate(xs[1:], 1):
+        if len(x) != len(xs[0]) or any(a != b and -1 not in (a, b)
+                                       for j, (a, b) in enumerate(zip(x, xs[0], strict=True)) if j != axis):
+            raise ValueError(f"input {i} has shape {list(x)}, expected {list(xs[0])} except on axis {axis}")
     sizes = [x[axis] for x in xs]
     total = -1 if -1 in sizes else sum(sizes)
     return {"concat_result": tuple(total if i == axis else d for i, d in enumerate(xs[0]))}

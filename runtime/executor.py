@@ -2,13 +2,15 @@
 
 A program is compiled once into a list of steps (kernel, slots, merged attrs) and cached by
 (program identity, version), so per-op dispatch is a few dict operations. Persistable vars live in
-the scope across runs; everything else lives for one run.
+the scope across runs; everything else lives until its last use in the run (or to the fetch).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from operator import itemgetter
+from typing import Any
 
 import numpy as np
 
@@ -25,17 +27,37 @@ class MissingFeedError(KeyError):
         return self.args[0]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     op: Op
     kernel: Callable
-    ins: list[tuple[str, list[str], bool]]   # slot, names, variadic
-    outs: list[tuple[str, list[str], bool]]
+    ins: list[tuple[str, Any, bool]]   # slot, name (a list of names when variadic), variadic
+    outs: list[tuple[str, Any, bool, tuple | None]]  # ..., the declared shape's check (_shape_check)
     attrs: dict[str, Any]
     needs_rng: bool
+    handler: bool
+    frees: list[str]  # non-persistable vars no later step uses: dropped after this one
+
+
+@dataclass
+class _Compiled:
+    program: Program  # held so that id(program) in the cache key cannot be reused
+    feeds: list[tuple[str, Var | None, Op]]
+    steps: list[_Step]
+    persistable: list[str]
 
 
 Handler = Callable[[Op, dict[str, Any]], None]
+
+
+def _shape_check(var: Var | None) -> tuple | None:
+    """(declared shape, its ndim, getter of its fixed dims, their values): a cheap test of an output
+    against its declared shape, -1 dims matching anything. None when the shape is unknown."""
+    if var is None or var.shape is None:
+        return None
+    fixed = [i for i, d in enumerate(var.shape) if d != -1]
+    get = itemgetter(*fixed) if fixed else None
+    return var.shape, len(var.shape), get, get(var.shape) if get else None
 
 
 class Executor:
@@ -43,98 +65,114 @@ class Executor:
 
     `handlers` maps op types to callables `(op, values)` that the runtime supplies for ops whose
     work is not a kernel (send/recv, parameter-server pull/push). `xp` is the array namespace
-    (numpy, or cupy on a CUDA device).
+    (numpy, or cupy on a CUDA device). Every kernel output is checked against the shape the
+    program declares for it, so a wrong-shaped parameter or feed cannot broadcast silently.
     """
 
     def __init__(self, xp: Any = np, handlers: dict[str, Handler] | None = None) -> None:
         self.xp = xp
         self.scope: dict[str, Any] = {}
         self.handlers = dict(handlers or {})
-        self._cache: dict[tuple[int, int], tuple[Program, list[_Step]]] = {}
+        self._cache: dict[tuple[int, int], _Compiled] = {}
         self.run_count = 0
 
     # -- compilation -------------------------------------------------------------------
-    def _compile(self, program: Program) -> list[_Step]:
+    def _compile(self, program: Program) -> _Compiled:
         key = (id(program), program.version)
         hit = self._cache.get(key)
-        if hit is not None and hit[0] is program:
-            return hit[1]
-        steps = []
+        if hit is not None and hit.program is program:
+            return hit
+        block = program.global_block()
+        feeds, steps = [], []
         for i, op in enumerate(program.ops):
             opdef = get_op(op.type, where=f"op #{i} (id {op.id})")
+            if op.type == "data":
+                name = op.outputs["Out"][0]
+                feeds.append((name, block.vars.get(name), op))
+                continue
             kernel = self.handlers.get(op.type) or opdef.kernel
             if kernel is None:
                 raise ExecutionError(f"op #{i} {op.type!r} has no kernel and no runtime handler; it "
                                      "runs only inside the hetps runtime (runtime.train / simulate)")
             attrs = {**opdef.attrs, **op.attrs}
-            ins = [(s, op.inputs[s], opdef.is_variadic(s)) for s in opdef.in_slots if s in op.inputs]
-            outs = [(s, op.outputs[s], opdef.is_variadic(s)) for s in opdef.out_slots if s in op.outputs]
-            steps.append(_Step(op, kernel, ins, outs, attrs, opdef.needs_rng))
-        self._cache[key] = (program, steps)
-        return steps
+            ins = [(s, op.inputs[s] if opdef.is_variadic(s) else op.inputs[s][0], opdef.is_variadic(s))
+                   for s in opdef.in_slots if s in op.inputs]
+            outs = [(s, op.outputs[s], True, None) if opdef.is_variadic(s) else
+                    (s, op.outputs[s][0], False, _shape_check(block.vars.get(op.outputs[s][0])))
+                    for s in opdef.out_slots if s in op.outputs]
+            steps.append(_Step(op, kernel, ins, outs, attrs, opdef.needs_rng, op.type in self.handlers, []))
+        persistable = [n for n, v in block.vars.items() if v.persistable]
+        last_use = {n: i for i, s in enumerate(steps) for n in s.op.input_names() + s.op.output_names()}
+        for n in set(last_use) - set(persistable):
+            steps[last_use[n]].frees.append(n)
+        compiled = self._cache[key] = _Compiled(program, feeds, steps, persistable)
+        return compiled
 
     # -- running -------------------------------------------------------------------------
     def run(self, program: Program, feed: dict[str, Any] | None = None,
             fetch_list: Iterable[str | Var] | None = None, return_numpy: bool = True) -> list[Any]:
         """Run every op of `program` once; return the fetched values (numpy arrays)."""
-        steps = self._compile(program)
+        compiled = self._compile(program)
         feed = feed or {}
         values: dict[str, Any] = dict(self.scope)
         for name, arr in program.params.items():
             if name not in values:
+                var = program.vars.get(name)
+                if var is not None and var.shape is not None and tuple(np.shape(arr)) != var.shape:
+                    raise ValueError(f"parameter {name!r} has a value of shape {list(np.shape(arr))}, "
+                                     f"but the program declares {list(var.shape)}")
                 values[name] = self.xp.asarray(arr)
                 self.scope[name] = values[name]
-        block = program.global_block()
-        for s in steps:
-            if s.op.type == "data":
-                name = s.op.outputs["Out"][0]
-                values[name] = self._feed_value(block.vars.get(name), name, feed, s.op)
+        for name, var, op in compiled.feeds:
+            values[name] = self._feed_value(var, name, feed, op)
+        fetch = [f.name if isinstance(f, Var) else f for f in fetch_list or ()]
+        keep = set(fetch)
+        xp, rng_step = self.xp, {"_rng_step": self.run_count}
+        for s in compiled.steps:  # the hot loop: keep it free of anything but dispatch
+            if s.handler:
+                s.kernel(s.op, values)
                 continue
-            self._run_step(s, values)
-        for name, var in block.vars.items():
-            if var.persistable and name in values:
-                self.scope[name] = values[name]
+            ins = {}
+            try:
+                for slot, names, var in s.ins:  # "" in a variadic slot: no value (no gradient)
+                    ins[slot] = [values[n] if n else None for n in names] if var else values[names]
+                res = s.kernel(xp, ins, {**s.attrs, **rng_step} if s.needs_rng else s.attrs)
+            except Exception as e:
+                raise _step_error(s, ins, e) from e
+            for slot, names, var, check in s.outs:
+                v = res.get(slot)
+                if v is None:
+                    continue
+                if var:
+                    for n, x in zip(names, v, strict=False):
+                        if n:
+                            values[n] = x
+                elif names:
+                    values[names] = v
+                    if check is not None:
+                        want, ndim, get, fixed = check
+                        shape = getattr(v, "shape", None)
+                        if shape is not None and (len(shape) != ndim or (get and get(shape) != fixed)):
+                            raise ExecutionError(
+                                f"op {s.op.type!r} (id {s.op.id}) made {names!r} with shape {list(shape)}, "
+                                f"but the program declares {list(want)} (-1 = any); inputs "
+                                f"{_describe(s, ins)}")
+            for name in s.frees:  # free early: numpy reuses the memory, peak memory stays low
+                if name not in keep:
+                    values.pop(name, None)
+        scope = self.scope
+        for name in compiled.persistable:
+            if name in values:
+                scope[name] = values[name]
         self.run_count += 1
         out = []
-        for f in fetch_list or []:
-            name = f.name if isinstance(f, Var) else f
+        for name in fetch:
             if name not in values:
                 raise KeyError(f"fetch {name!r}: no op of the program produced it and it is not in "
                                "the scope")
             v = values[name]
             out.append(_to_numpy(v) if return_numpy else v)
         return out
-
-    def _run_step(self, s: _Step, values: dict[str, Any]) -> None:
-        if s.op.type in self.handlers:
-            s.kernel(s.op, values)
-            return
-        try:
-            ins = {slot: ([values[n] for n in names] if var else values[names[0]])
-                   for slot, names, var in s.ins}
-        except KeyError as e:
-            raise ExecutionError(f"op {s.op.type!r} (id {s.op.id}) reads {e.args[0]!r}, which no "
-                                 "earlier op produced, no feed gave and the scope lacks") from None
-        attrs = s.attrs
-        if s.needs_rng:
-            attrs = {**attrs, "_rng_step": self.run_count}
-        try:
-            res = s.kernel(self.xp, ins, attrs)
-        except ExecutionError:
-            raise
-        except Exception as e:
-            desc = ", ".join(f"{slot}={names}:{_shape_of(ins.get(slot))}" for slot, names, _ in s.ins)
-            raise ExecutionError(f"op {s.op.type!r} (id {s.op.id}) failed on inputs {desc}: "
-                                 f"{type(e).__name__}: {e}") from e
-        for slot, names, var in s.outs:
-            if slot not in res:
-                continue
-            if var:
-                for n, v in zip(names, res[slot]):
-                    if n:
-                        values[n] = v
-            elif names[0]:
-                values[names[0]] = res[slot]
 
     def _feed_value(self, var: Var | None, name: str, feed: dict[str, Any], op: Op) -> Any:
         if name not in feed:
@@ -146,7 +184,7 @@ class Executor:
         arr = np.asarray(arr) if not hasattr(arr, "__cuda_array_interface__") else arr
         if var.shape is not None:
             ok = len(arr.shape) == len(var.shape) and all(
-                d == -1 or d == a for d, a in zip(var.shape, arr.shape))
+                d == -1 or d == a for d, a in zip(var.shape, arr.shape, strict=True))
             if not ok:
                 raise ValueError(f"feed {name!r} has shape {list(arr.shape)}, expected "
                                  f"{list(var.shape)} (-1 = any)")
@@ -156,6 +194,21 @@ class Executor:
                 raise TypeError(f"feed {name!r} has dtype {arr.dtype}, expected {want}")
             arr = arr.astype(want)
         return self.xp.asarray(arr)
+
+
+def _describe(s: _Step, ins: dict[str, Any]) -> str:
+    return ", ".join(f"{slot}={names}:{_shape_of(ins.get(slot))}" for slot, names, _ in s.ins)
+
+
+def _step_error(s: _Step, ins: dict[str, Any], e: Exception) -> Exception:
+    """The exception to raise for a failed step: names the op, its inputs and their shapes."""
+    if isinstance(e, ExecutionError):
+        return e
+    if isinstance(e, KeyError) and len(ins) < len(s.ins):  # an input value was missing
+        return ExecutionError(f"op {s.op.type!r} (id {s.op.id}) reads {e.args[0]!r}, which no earlier "
+                              "op produced, no feed gave and the scope lacks")
+    return ExecutionError(f"op {s.op.type!r} (id {s.op.id}) failed on inputs {_describe(s, ins)}: "
+                          f"{type(e).__name__}: {e}")
 
 
 def _shape_of(v: Any) -> Any:

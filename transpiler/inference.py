@@ -1,0 +1,40 @@
+"""inference_program: the forward part of a (trained) program, for evaluation and serving.
+
+Like Paddle's `Program.clone(for_test=True)` followed by pruning to the fetch targets: backward,
+optimize, comm and ps ops go, ops with a `training_mode` attribute (dropout) switch to inference
+behaviour, and with `targets` only the ops those targets need stay — so evaluating predictions
+needs no label feed. Parameters keep their names: run it with the training Executor to use the
+trained values from its scope.
+"""
+
+from __future__ import annotations
+
+from ops_registry import get_op
+
+from .ir import Program, Var
+
+
+def inference_program(program: Program, targets: list[str | Var] | None = None) -> Program:
+    """A new Program with only the forward ops of `program` (those `targets` need, when given)."""
+    out = program.clone()
+    block = out.global_block()
+    ops = [op for op in block.ops if op.role in ("forward", "loss")]
+    if targets is not None:
+        need = {t.name if isinstance(t, Var) else t for t in targets}
+        for name in need:
+            block.var(name)  # KeyError naming the target when it is not in the program
+        kept = []
+        for op in reversed(ops):
+            if need & set(op.output_names()):
+                kept.append(op)
+                need.update(op.input_names())
+        ops = kept[::-1]
+    for op in ops:
+        if "training_mode" in get_op(op.type, where=f"op id {op.id}").attrs:
+            op.attrs["training_mode"] = 0
+    block.ops = ops
+    used = {n for op in ops for n in op.input_names() + op.output_names()}
+    block.vars = {n: v for n, v in block.vars.items() if n in used}
+    out.params = {n: v for n, v in out.params.items() if n in used}
+    out.attrs.pop("optimizer", None)
+    return out
