@@ -12,8 +12,9 @@ the methods used below, supplied by the backward pass) and emits ops through it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 CATEGORIES = ("io", "sparse", "dense", "elementwise", "loss", "optimizer", "comm", "init")
 
@@ -54,7 +55,7 @@ class SparseRows:
     def dtype(self):
         return self.values.dtype
 
-    def merged(self, xp) -> "SparseRows":
+    def merged(self, xp) -> SparseRows:
         """Unique rows with their values summed (what a parameter server wants pushed)."""
         uniq, inv = xp.unique(self.rows, return_inverse=True)
         vals = xp.zeros((uniq.shape[0], *self.values.shape[1:]), self.values.dtype)

@@ -9,7 +9,7 @@ def broadcast(a: tuple, b: tuple) -> tuple:
     a = (1,) * (n - len(a)) + tuple(a)
     b = (1,) * (n - len(b)) + tuple(b)
     out = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x == y or y == 1:
             out.append(x)
         elif x == 1:

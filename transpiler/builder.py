@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ops_registry import get_op
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -152,7 +153,7 @@ class Program:
     def parameters(self) -> list[Var]:
         return [v for v in self.vars.values() if v.is_parameter]
 
-    def clone(self) -> "Program":
+    def clone(self) -> Program:
         p = Program.from_dict(self.to_dict())
         p.params = {k: v.copy() for k, v in self.params.items()}
         return p
@@ -175,7 +176,7 @@ class Program:
         return json.dumps(self.to_dict(), indent=indent, default=_json_default)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Program":
+    def from_dict(cls, d: dict) -> Program:
         p = cls()
         p.attrs = copy.deepcopy(d.get("attrs", {}))
         p._next_id = d.get("next_id", 0)
@@ -191,7 +192,7 @@ class Program:
         return p
 
     @classmethod
-    def from_json(cls, s: str) -> "Program":
+    def from_json(cls, s: str) -> Program:
         return cls.from_dict(json.loads(s))
 
     def save(self, path: str | Path) -> None:
@@ -202,7 +203,7 @@ class Program:
             save_params(self.params, path.with_suffix(".npz"))
 
     @classmethod
-    def load(cls, path: str | Path) -> "Program":
+    def load(cls, path: str | Path) -> Program:
         path = Path(path)
         p = cls.from_json(path.with_suffix(".json").read_text())
         if path.with_suffix(".npz").exists():
