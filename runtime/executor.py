@@ -121,7 +121,8 @@ class Executor:
                 if var is not None and var.shape is not None and tuple(np.shape(arr)) != var.shape:
                     raise ValueError(f"parameter {name!r} has a value of shape {list(np.shape(arr))}, "
                                      f"but the program declares {list(var.shape)}")
-                values[name] = self.xp.asarray(arr)
+                # a copy: training updates scope values in place, the program's own stay initial
+                values[name] = self.xp.array(arr, copy=True)
                 self.scope[name] = values[name]
         for name, var, op in compiled.feeds:
             values[name] = self._feed_value(var, name, feed, op)
