@@ -231,6 +231,19 @@ def list_ops() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def static_arg(ins: dict, attrs: dict, name: str) -> Any:
+    """The value of an argument ONNX passes as a tensor input but that is usually a constant
+    (Reshape's shape, ReduceSum's axes, Slice's starts, Dropout's ratio, ...).
+
+    Such an op lists `name` both as an optional input slot and as an attribute (with its default):
+    a fed tensor wins, else the attribute (the ONNX importer folds constant inputs into it). Tensors
+    come back as Python scalars / lists, so kernels and shape rules see one form.
+    """
+    if name in ins:
+        return ins[name].tolist()
+    return attrs.get(name)
+
+
 def unbroadcast(xp, grad, shape) -> Any:
     """Sum `grad` down to `shape`: the adjoint of numpy/ONNX multidirectional broadcasting."""
     shape = tuple(shape)

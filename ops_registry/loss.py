@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from .base import OpDef, register
-from .nn import _sigmoid
+import math
+
+import numpy as np
+
+from .base import OpDef, register, unbroadcast
+from .nn import _sigmoid, log_softmax, softmax
 from .shapes import broadcast, same_as
 
 
@@ -35,20 +39,14 @@ register(OpDef("log_loss", "loss", ("Predicted", "Labels"), ("Loss",), _log_loss
                no_grad=("Labels",), infer_shape=same_as("Predicted", "Loss"), attrs={"epsilon": 1e-4}))
 
 
-def _softmax(xp, x, axis):
-    e = xp.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
-
-
 def _softmax_ce(xp, ins, attrs):
     """Softmax = softmax(Logits, axis); Loss = -sum(onehot(Label) * log Softmax) over axis, kept.
 
     Label holds class indices (shape of Loss) unless soft_label, then a distribution like Logits.
     """
     x, label, axis = ins["Logits"], ins["Label"], attrs["axis"]
-    sm = _softmax(xp, x, axis)
-    logp = x - x.max(axis=axis, keepdims=True)
-    logp = logp - xp.log(xp.exp(logp).sum(axis=axis, keepdims=True))
+    sm = softmax(xp, x, axis)
+    logp = log_softmax(xp, x, axis)
     if attrs["soft_label"]:
         loss = -(label * logp).sum(axis=axis, keepdims=True)
     else:
@@ -86,11 +84,108 @@ def _square_error(xp, ins, attrs):
 
 
 def _square_error_vjp(xp, ins, outs, douts, attrs):
-    from .base import unbroadcast
-
     d = 2 * (ins["X"] - ins["Y"]) * douts["Out"]
     return {"X": unbroadcast(xp, d, ins["X"].shape), "Y": unbroadcast(xp, -d, ins["Y"].shape)}
 
 
 register(OpDef("square_error", "loss", ("X", "Y"), ("Out",), _square_error, _square_error_vjp,
                infer_shape=lambda s, a: {"Out": broadcast(s["X"], s["Y"])}))
+
+
+def _log_clamped(xp, p):
+    """log(p) floored at -100, as torch's BCELoss and Paddle's bce_loss do (log 0 stays finite)."""
+    with np.errstate(divide="ignore"):  # cupy never warns
+        return xp.maximum(xp.log(p), -100.0)
+
+
+def _bce(xp, ins, attrs):
+    """Out = -(Label * log X + (1 - Label) * log(1 - X)) on probabilities X, logs floored at -100."""
+    x, y = ins["X"], ins["Label"]
+    return {"Out": (-(y * _log_clamped(xp, x) + (1 - y) * _log_clamped(xp, 1 - x))).astype(x.dtype)}
+
+
+def _bce_vjp(xp, ins, outs, douts, attrs):
+    x, y, g = ins["X"], ins["Label"], douts["Out"]
+    floor = math.exp(-100.0)  # below it the clamped log is flat
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = xp.where(x > floor, y / x, 0) - xp.where(1 - x > floor, (1 - y) / (1 - x), 0)
+    return {"X": unbroadcast(xp, -g * d, x.shape).astype(x.dtype)}
+
+
+register(OpDef("bce_loss", "loss", ("X", "Label"), ("Out",), _bce, _bce_vjp, no_grad=("Label",),
+               infer_shape=lambda s, a: {"Out": broadcast(s["X"], s["Label"])}))
+
+
+def _class_weights(xp, target, weight, ignore_index, dtype):
+    """Per-element class index (ignored ones set to 0) and weight (0 where ignored)."""
+    t = target.astype("int64")
+    keep = t != ignore_index if ignore_index is not None else xp.ones(t.shape, dtype=bool)
+    t = xp.where(keep, t, 0)
+    w = weight[t] if weight is not None else xp.ones(t.shape, dtype=dtype)
+    return t, (w * keep).astype(dtype)
+
+
+def _nll(xp, logp, target, weight, attrs):
+    """ONNX NegativeLogLikelihoodLoss of logp [N, C, d1, ...] against class ids [N, d1, ...]."""
+    t, w = _class_weights(xp, target, weight, attrs["ignore_index"], logp.dtype)
+    loss = -xp.take_along_axis(logp, xp.expand_dims(t, 1), axis=1).squeeze(1) * w
+    if attrs["reduction"] == "none":
+        return loss
+    if attrs["reduction"] == "sum":
+        return loss.sum()
+    return loss.sum() / w.sum()
+
+
+def _nll_vjp(xp, logp, target, weight, g, attrs):
+    """d loss / d logp: -weight at the target class, scaled like the reduction."""
+    t, w = _class_weights(xp, target, weight, attrs["ignore_index"], logp.dtype)
+    if attrs["reduction"] == "mean":
+        w = w / w.sum()
+    glogp = xp.zeros_like(logp)
+    xp.put_along_axis(glogp, xp.expand_dims(t, 1), xp.expand_dims(-w * g, 1), axis=1)
+    return glogp
+
+
+def _check_reduction(attrs) -> None:
+    if attrs["reduction"] not in ("none", "sum", "mean"):
+        raise ValueError(f"reduction must be none, sum or mean, not {attrs['reduction']!r}")
+
+
+def _nll_kernel(xp, ins, attrs):
+    """loss = -input[n, target[n, ...], ...] * weight[target] (0 at ignore_index), then reduced:
+    none, sum, or mean = sum / sum of the weights used (ONNX NegativeLogLikelihoodLoss)."""
+    _check_reduction(attrs)
+    x = ins["input"]
+    return {"loss": xp.asarray(_nll(xp, x, ins["target"], ins.get("weight"), attrs)).astype(x.dtype)}
+
+
+register(OpDef("nll_loss", "loss", ("input", "target", "weight?"), ("loss",), _nll_kernel,
+               lambda xp, i, o, d, a: {"input": _nll_vjp(xp, i["input"], i["target"], i.get("weight"),
+                                                         d["loss"], a)},
+               no_grad=("target", "weight"), onnx="NegativeLogLikelihoodLoss",
+               attrs={"ignore_index": None, "reduction": "mean"}))
+
+
+def _sce_loss(xp, ins, attrs):
+    """log_prob = log_softmax(scores, axis 1); output = NegativeLogLikelihoodLoss(log_prob, labels,
+    weights) with the same ignore_index / reduction (ONNX SoftmaxCrossEntropyLoss)."""
+    _check_reduction(attrs)
+    x = ins["scores"]
+    logp = log_softmax(xp, x, 1)
+    out = _nll(xp, logp, ins["labels"], ins.get("weights"), attrs)
+    return {"output": xp.asarray(out).astype(x.dtype), "log_prob": logp.astype(x.dtype)}
+
+
+def _sce_loss_vjp(xp, ins, outs, douts, attrs):
+    logp = outs["log_prob"] if "log_prob" in outs else log_softmax(xp, ins["scores"], 1)  # undeclared
+    g = xp.zeros_like(logp)
+    if douts.get("output") is not None:
+        g = _nll_vjp(xp, logp, ins["labels"], ins.get("weights"), douts["output"], attrs)
+    if douts.get("log_prob") is not None:
+        g = g + douts["log_prob"]
+    return {"scores": g - xp.exp(logp) * g.sum(axis=1, keepdims=True)}
+
+
+register(OpDef("softmax_cross_entropy_loss", "loss", ("scores", "labels", "weights?"),
+               ("output", "log_prob"), _sce_loss, _sce_loss_vjp, no_grad=("labels", "weights"),
+               onnx="SoftmaxCrossEntropyLoss", attrs={"ignore_index": None, "reduction": "mean"}))

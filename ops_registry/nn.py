@@ -2,28 +2,56 @@
 
 from __future__ import annotations
 
-from .base import OpDef, register
+from .base import OpDef, register, static_arg
 from .shapes import same_as
 
 
-def _unary(name, onnx, fwd, vjp, doc, category="elementwise", attrs=None):
-    """Register a one-input one-output op X -> Y; `vjp(xp, x, y, g, attrs)` gives dX."""
+def _unary(name, onnx, fwd, vjp, doc, category="elementwise", attrs=None, slots=("X", "Y")):
+    """Register a one-input one-output op (slots as in ONNX's schema: X -> Y or input -> output);
+    `vjp(xp, x, y, g, attrs)` gives the input's gradient, None for a non-differentiable op."""
+    x_, y_ = slots
 
     def kernel(xp, ins, a):
-        return {"Y": fwd(xp, ins["X"], a)}
+        return {y_: fwd(xp, ins[x_], a)}
 
     kernel.__doc__ = doc
-    register(OpDef(name, category, ("X",), ("Y",), kernel,
-                   lambda xp, i, o, d, a: {"X": vjp(xp, i["X"], o["Y"], d["Y"], a)},
-                   infer_shape=same_as("X", "Y"), onnx=onnx, attrs=attrs or {}))
+    grad = None if vjp is None else lambda xp, i, o, d, a: {x_: vjp(xp, i[x_], o[y_], d[y_], a)}
+    register(OpDef(name, category, (x_,), (y_,), kernel, grad,
+                   infer_shape=same_as(x_, y_), onnx=onnx, attrs=attrs or {}))
 
 
 _unary("relu", "Relu", lambda xp, x, a: xp.maximum(x, 0).astype(x.dtype, copy=False),
        lambda xp, x, y, g, a: g * (x > 0), "Y = max(X, 0).")
+_unary("leaky_relu", "LeakyRelu",
+       lambda xp, x, a: xp.where(x >= 0, x, x * a["alpha"]).astype(x.dtype, copy=False),
+       lambda xp, x, y, g, a: xp.where(x >= 0, g, g * a["alpha"]),
+       "Y = X if X >= 0 else alpha * X.", attrs={"alpha": 0.01})
 _unary("sigmoid", "Sigmoid", lambda xp, x, a: _sigmoid(xp, x),
        lambda xp, x, y, g, a: g * y * (1 - y), "Y = 1 / (1 + exp(-X)), computed without overflow.")
 _unary("tanh", "Tanh", lambda xp, x, a: xp.tanh(x), lambda xp, x, y, g, a: g * (1 - y * y),
-       "Y = tanh(X).")
+       "output = tanh(input).", slots=("input", "output"))
+
+
+def log_softmax(xp, x, axis: int):
+    """log(softmax(x)) along `axis`, shifted by the max so exp never overflows."""
+    z = x - x.max(axis=axis, keepdims=True)
+    return z - xp.log(xp.exp(z).sum(axis=axis, keepdims=True))
+
+
+def softmax(xp, x, axis: int):
+    e = xp.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+_unary("softmax", "Softmax", lambda xp, x, a: softmax(xp, x, a["axis"]).astype(x.dtype, copy=False),
+       lambda xp, x, y, g, a: y * (g - (g * y).sum(axis=a["axis"], keepdims=True)),
+       "output = exp(input) / sum(exp(input)) along `axis`.", attrs={"axis": -1},
+       slots=("input", "output"))
+_unary("log_softmax", "LogSoftmax",
+       lambda xp, x, a: log_softmax(xp, x, a["axis"]).astype(x.dtype, copy=False),
+       lambda xp, x, y, g, a: g - xp.exp(y) * g.sum(axis=a["axis"], keepdims=True),
+       "output = log(softmax(input)) along `axis`.", attrs={"axis": -1},
+       slots=("input", "output"))
 
 
 def _sigmoid(xp, x):
@@ -35,10 +63,11 @@ def _dropout(xp, ins, attrs):
     """output = data * mask / (1 - ratio) in training mode, data otherwise (upscale_in_train).
 
     The mask is drawn from (seed, _rng_step) so every run and every trainer draws the same one.
+    `ratio` and `training_mode` may also come as tensors (ONNX's optional inputs).
     """
     x = ins["data"]
-    ratio = float(attrs["ratio"])
-    if not attrs["training_mode"] or ratio == 0.0:
+    ratio = float(static_arg(ins, attrs, "ratio"))
+    if not static_arg(ins, attrs, "training_mode") or ratio == 0.0:
         return {"output": x, "mask": xp.ones(x.shape, dtype=bool)}
     import numpy as np
 
@@ -48,13 +77,14 @@ def _dropout(xp, ins, attrs):
 
 
 def _dropout_vjp(xp, ins, outs, douts, attrs):
-    ratio = float(attrs["ratio"])
-    if not attrs["training_mode"] or ratio == 0.0:
+    ratio = float(static_arg(ins, attrs, "ratio"))
+    if not static_arg(ins, attrs, "training_mode") or ratio == 0.0:
         return {"data": douts["output"]}
     return {"data": douts["output"] * outs["mask"] / (1.0 - ratio)}
 
 
-register(OpDef("dropout", "elementwise", ("data",), ("output", "mask"), _dropout, _dropout_vjp,
+register(OpDef("dropout", "elementwise", ("data", "ratio?", "training_mode?"), ("output", "mask"),
+               _dropout, _dropout_vjp, no_grad=("ratio", "training_mode"),
                infer_shape=lambda s, a: {"output": s["data"], "mask": s["data"]},
                onnx="Dropout", needs_rng=True,
                attrs={"ratio": 0.5, "training_mode": 1, "seed": 0}))
@@ -74,7 +104,15 @@ def _layer_norm(xp, ins, attrs):
     return {"Y": y.astype(x.dtype, copy=False), "Mean": mean, "InvStdDev": inv}
 
 
+def _only_y_grad(op: str, douts: dict, stats: tuple[str, ...]) -> None:
+    """Statistics outputs feeding a loss would need their own gradient terms; refuse, don't drop."""
+    used = [s for s in stats if douts.get(s) is not None]
+    if used:
+        raise NotImplementedError(f"{op}: gradient through output(s) {used} is not implemented (only Y)")
+
+
 def _layer_norm_vjp(xp, ins, outs, douts, attrs):
+    _only_y_grad("layer_norm", douts, ("Mean", "InvStdDev"))
     x, scale, g = ins["X"], ins["Scale"], douts["Y"]
     axes = tuple(range(attrs["axis"] % x.ndim, x.ndim))
     lead = tuple(range(attrs["axis"] % x.ndim))
@@ -102,3 +140,57 @@ def _layer_norm_shape(s, attrs):
 register(OpDef("layer_norm", "dense", ("X", "Scale", "B?"), ("Y", "Mean", "InvStdDev"),
                _layer_norm, _layer_norm_vjp, infer_shape=_layer_norm_shape,
                onnx="LayerNormalization", attrs={"axis": -1, "epsilon": 1e-5}))
+
+
+def _bn_axes(x) -> tuple[int, ...]:
+    return (0, *range(2, x.ndim))
+
+
+def _per_channel(v, x):
+    """A [C] vector shaped to broadcast against X [N, C, D1, ...]."""
+    return v.reshape((1, -1) + (1,) * (x.ndim - 2))
+
+
+def _batch_norm(xp, ins, attrs):
+    """Y = (X - mean) / sqrt(var + epsilon) * scale + B per channel (axis 1; ONNX
+    BatchNormalization). Inference mode uses input_mean / input_var; training mode uses the batch's
+    statistics (biased variance) and outputs running_* = input_* * momentum + batch * (1 - momentum).
+    """
+    x, m = ins["X"], attrs["momentum"]
+    if attrs["training_mode"]:
+        mean, var = x.mean(axis=_bn_axes(x)), x.var(axis=_bn_axes(x))
+        run_mean = ins["input_mean"] * m + mean * (1 - m)
+        run_var = ins["input_var"] * m + var * (1 - m)
+    else:
+        mean, var = ins["input_mean"], ins["input_var"]
+        run_mean, run_var = mean, var
+    inv = 1.0 / xp.sqrt(_per_channel(var, x) + attrs["epsilon"])
+    y = (x - _per_channel(mean, x)) * inv * _per_channel(ins["scale"], x) + _per_channel(ins["B"], x)
+    return {"Y": y.astype(x.dtype, copy=False), "running_mean": run_mean.astype(x.dtype, copy=False),
+            "running_var": run_var.astype(x.dtype, copy=False)}
+
+
+def _batch_norm_vjp(xp, ins, outs, douts, attrs):
+    _only_y_grad("batch_norm", douts, ("running_mean", "running_var"))
+    x, g = ins["X"], douts["Y"]
+    axes = _bn_axes(x)
+    mean = x.mean(axis=axes) if attrs["training_mode"] else ins["input_mean"]
+    var = x.var(axis=axes) if attrs["training_mode"] else ins["input_var"]
+    inv = 1.0 / xp.sqrt(_per_channel(var, x) + attrs["epsilon"])
+    xhat = (x - _per_channel(mean, x)) * inv
+    gxhat = g * _per_channel(ins["scale"], x)
+    if attrs["training_mode"]:  # the batch statistics depend on X too
+        n = x.size // x.shape[1]
+        gx = inv * (gxhat - gxhat.sum(axis=axes, keepdims=True) / n
+                    - xhat * (gxhat * xhat).sum(axis=axes, keepdims=True) / n)
+    else:
+        gx = gxhat * inv
+    return {"X": gx, "scale": (g * xhat).sum(axis=axes), "B": g.sum(axis=axes)}
+
+
+register(OpDef("batch_norm", "dense", ("X", "scale", "B", "input_mean", "input_var"),
+               ("Y", "running_mean", "running_var"), _batch_norm, _batch_norm_vjp,
+               no_grad=("input_mean", "input_var"), onnx="BatchNormalization",
+               infer_shape=lambda s, a: {"Y": s["X"], "running_mean": s["input_mean"],
+                                         "running_var": s["input_var"]},
+               attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}))

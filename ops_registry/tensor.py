@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import OpDef, register
+from .base import OpDef, register, scatter_add, static_arg, unbroadcast
 from .shapes import reduce, same_as
 
 
@@ -45,10 +45,13 @@ def _target_shape(in_shape, shape, allowzero=0):
 def _reshape(xp, ins, attrs):
     """reshaped = data with `shape` (ONNX Reshape: 0 copies a dim, -1 is inferred)."""
     x = ins["data"]
-    return {"reshaped": x.reshape(_target_shape(x.shape, attrs["shape"], attrs["allowzero"]))}
+    shape = static_arg(ins, attrs, "shape")
+    return {"reshaped": x.reshape(_target_shape(x.shape, shape, attrs["allowzero"]))}
 
 
 def _reshape_shape(s, attrs):
+    if attrs.get("shape") is None:  # a tensor computed at run time
+        return {}
     t = _target_shape(s["data"], attrs["shape"], attrs.get("allowzero", 0))
     known = [d for d in s["data"]]
     if -1 in known or t.count(-1) != 1:
@@ -62,38 +65,50 @@ def _reshape_shape(s, attrs):
     return {"reshaped": tuple(total // rest if d == -1 else d for d in t)}
 
 
-register(OpDef("reshape", "elementwise", ("data",), ("reshaped",), _reshape,
+register(OpDef("reshape", "elementwise", ("data", "shape?"), ("reshaped",), _reshape,
                lambda xp, i, o, d, a: {"data": d["reshaped"].reshape(i["data"].shape)},
-               infer_shape=_reshape_shape, onnx="Reshape", attrs={"allowzero": 0}))
+               no_grad=("shape",), infer_shape=_reshape_shape, onnx="Reshape",
+               attrs={"shape": None, "allowzero": 0}))
 
 
-def _axes(attrs):
-    axes = attrs.get("axes")
-    return None if axes is None or len(axes) == 0 else tuple(axes)
+def _axes(attrs, ins=None):
+    """The reduced axes: None for all; () for none (empty axes with noop_with_empty_axes)."""
+    axes = static_arg(ins or {}, attrs, "axes")
+    if axes is None or len(axes) == 0:
+        return () if attrs.get("noop_with_empty_axes") else None
+    return tuple(axes)
 
 
 def _reduce_sum(xp, ins, attrs):
     """reduced = sum of data over `axes` (all when absent), keeping them when keepdims."""
     x = ins["data"]
-    return {"reduced": x.sum(axis=_axes(attrs), keepdims=bool(attrs["keepdims"])).astype(x.dtype)}
+    return {"reduced": x.sum(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"])).astype(x.dtype)}
 
 
 def _reduce_mean(xp, ins, attrs):
     """reduced = mean of data over `axes` (all when absent), keeping them when keepdims."""
     x = ins["data"]
-    return {"reduced": x.mean(axis=_axes(attrs), keepdims=bool(attrs["keepdims"])).astype(x.dtype)}
+    return {"reduced": x.mean(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"])).astype(x.dtype)}
 
 
-def _expand_back(xp, g, x, attrs):
-    axes = _axes(attrs)
+def _reduce_max(xp, ins, attrs):
+    """reduced = max of data over `axes` (all when absent); an empty reduction gives the dtype's
+    lowest value (-inf for floats), as ONNX specifies."""
+    x = ins["data"]
+    low = False if x.dtype == bool else (-xp.inf if x.dtype.kind == "f" else xp.iinfo(x.dtype).min)
+    return {"reduced": x.max(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"]), initial=low)}
+
+
+def _expand_back(xp, g, x, attrs, ins):
+    axes = _axes(attrs, ins)
     if not attrs["keepdims"]:
         ax = range(x.ndim) if axes is None else [a % x.ndim for a in axes]
         g = g.reshape([1 if i in ax else d for i, d in enumerate(x.shape)])
     return xp.broadcast_to(g, x.shape)
 
 
-def _reduce_count(x, attrs):
-    axes = _axes(attrs)
+def _reduce_count(x, attrs, ins):
+    axes = _axes(attrs, ins)
     ax = range(x.ndim) if axes is None else [a % x.ndim for a in axes]
     n = 1
     for a in ax:
@@ -101,18 +116,29 @@ def _reduce_count(x, attrs):
     return n
 
 
+def _reduce_max_vjp(xp, ins, outs, douts, attrs):
+    """The gradient goes to the maximal elements, shared equally between ties."""
+    x = ins["data"]
+    hit = x == _expand_back(xp, outs["reduced"], x, attrs, ins)
+    axes = _axes(attrs, ins)
+    ties = hit.sum(axis=axes, keepdims=True)
+    return {"data": (_expand_back(xp, douts["reduced"], x, attrs, ins) * hit / ties).astype(x.dtype)}
+
+
 for _name, _onnx, _k, _scale in (
     ("reduce_sum", "ReduceSum", _reduce_sum, False),
     ("reduce_mean", "ReduceMean", _reduce_mean, True),
+    ("reduce_max", "ReduceMax", _reduce_max, None),
 ):
     def _vjp(xp, ins, outs, douts, attrs, _scale=_scale):
         x = ins["data"]
-        g = _expand_back(xp, douts["reduced"], x, attrs)
-        return {"data": (g / _reduce_count(x, attrs) if _scale else g).astype(x.dtype)}
+        g = _expand_back(xp, douts["reduced"], x, attrs, ins)
+        return {"data": (g / _reduce_count(x, attrs, ins) if _scale else g).astype(x.dtype)}
 
-    register(OpDef(_name, "elementwise", ("data",), ("reduced",), _k, _vjp, onnx=_onnx,
+    register(OpDef(_name, "elementwise", ("data", "axes?"), ("reduced",), _k,
+                   _reduce_max_vjp if _scale is None else _vjp, no_grad=("axes",), onnx=_onnx,
                    infer_shape=lambda s, a: {"reduced": reduce(s["data"], _axes(a), a.get("keepdims", 1))},
-                   attrs={"axes": None, "keepdims": 1}))
+                   attrs={"axes": None, "keepdims": 1, "noop_with_empty_axes": 0}))
 
 
 def _cast(xp, ins, attrs):
@@ -157,3 +183,251 @@ def _init(xp, ins, attrs):
 
 register(OpDef("init", "init", (), ("Out",), _init,
                infer_shape=lambda s, a: {"Out": tuple(a["shape"])}))
+
+
+def _layout(name, onnx, fwd, doc, slots, args=(), attrs=None, infer=None):
+    """Register an op that only moves elements, `slots` = (input, output) as in ONNX's schema; the
+    gradient reshapes the output gradient back (`fwd` must then be a reshape), unless an explicit
+    vjp is registered instead. `args` are ONNX tensor inputs taken as static arguments."""
+    x_, y_ = slots
+
+    def kernel(xp, ins, a):
+        return {y_: fwd(xp, ins[x_], {**a, **{k: static_arg(ins, a, k) for k in args}})}
+
+    kernel.__doc__ = doc
+    register(OpDef(name, "elementwise", (x_, *(f"{k}?" for k in args)), (y_,), kernel,
+                   lambda xp, i, o, d, a: {x_: d[y_].reshape(i[x_].shape)}, no_grad=args,
+                   infer_shape=infer, onnx=onnx, attrs={**{k: None for k in args}, **(attrs or {})}))
+
+
+def _norm_axes(axes, ndim: int) -> tuple[int, ...]:
+    return tuple(sorted(a % ndim for a in axes))
+
+
+def _flatten(xp, x, a):
+    axis = a["axis"] + x.ndim if a["axis"] < 0 else a["axis"]  # in [-r, r]
+    lead = 1
+    for d in x.shape[:axis]:
+        lead *= d
+    return x.reshape(lead, -1) if x.size else x.reshape(lead, 0)
+
+
+def _squeeze(xp, x, a):
+    if a["axes"] is None:
+        return x.reshape([d for d in x.shape if d != 1])
+    return x.reshape([d for i, d in enumerate(x.shape) if i not in _norm_axes(a["axes"], x.ndim)])
+
+
+def _unsqueeze(xp, x, a):
+    axes = _norm_axes(a["axes"], x.ndim + len(a["axes"]))
+    shape = list(x.shape)
+    for ax in axes:
+        shape.insert(ax, 1)
+    return x.reshape(shape)
+
+
+_layout("identity", "Identity", lambda xp, x, a: x, "output = input.", ("input", "output"),
+        infer=same_as("input", "output"))
+_layout("flatten", "Flatten", _flatten,
+        "output = input as a matrix [prod(shape[:axis]), prod(shape[axis:])].", ("input", "output"),
+        attrs={"axis": 1})
+_layout("squeeze", "Squeeze", _squeeze, "squeezed = data without the size-1 `axes` (all when absent).",
+        ("data", "squeezed"), args=("axes",))
+_layout("unsqueeze", "Unsqueeze", _unsqueeze,
+        "expanded = data with size-1 dims inserted at `axes` (positions in the output).",
+        ("data", "expanded"), args=("axes",))
+
+
+def _transpose(xp, ins, attrs):
+    """transposed = data with its dims permuted by `perm` (reversed when absent)."""
+    return {"transposed": xp.transpose(ins["data"], attrs["perm"])}
+
+
+def _transpose_vjp(xp, ins, outs, douts, attrs):
+    perm = attrs["perm"] or list(range(ins["data"].ndim))[::-1]
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return {"data": xp.transpose(douts["transposed"], inverse)}
+
+
+register(OpDef("transpose", "elementwise", ("data",), ("transposed",), _transpose, _transpose_vjp,
+               onnx="Transpose", attrs={"perm": None},
+               infer_shape=lambda s, a: {"transposed": tuple(s["data"][p] for p in a["perm"])
+                                         if a.get("perm") else tuple(reversed(s["data"]))}))
+
+
+def _shape(xp, ins, attrs):
+    """shape = data's shape as int64, dims [start, end) (Python slice clamping, as ONNX Shape)."""
+    import numpy as np
+
+    return {"shape": xp.asarray(np.array(ins["data"].shape[attrs["start"]:attrs["end"]], dtype=np.int64))}
+
+
+register(OpDef("shape", "elementwise", ("data",), ("shape",), _shape, onnx="Shape",
+               attrs={"start": 0, "end": None}))
+
+
+def _constant_of_shape(xp, ins, attrs):
+    """output = a tensor of shape `input` filled with `value` of `dtype` (ONNX ConstantOfShape's
+    one-element `value` tensor, held as a scalar and a dtype name)."""
+    shape = [int(d) for d in static_arg(ins, attrs, "input")]
+    return {"output": xp.full(shape, attrs["value"], dtype=attrs["dtype"])}
+
+
+register(OpDef("constant_of_shape", "elementwise", ("input?",), ("output",), _constant_of_shape,
+               onnx="ConstantOfShape", attrs={"input": None, "value": 0.0, "dtype": "float32"}))
+
+
+def _slices(shape, attrs, ins) -> tuple[slice, ...]:
+    """ONNX Slice's starts / ends / axes / steps as Python slices (negative indices counted from the
+    end, then clamped the way ONNX clamps)."""
+    starts, ends = static_arg(ins, attrs, "starts"), static_arg(ins, attrs, "ends")
+    axes = static_arg(ins, attrs, "axes") or list(range(len(starts)))
+    steps = static_arg(ins, attrs, "steps") or [1] * len(starts)
+    out = [slice(None)] * len(shape)
+    for st, en, ax, sp in zip(starts, ends, axes, steps, strict=True):
+        d = shape[ax]
+        st, en = st + d if st < 0 else st, en + d if en < 0 else en
+        if sp > 0:
+            st, en = min(max(st, 0), d), min(max(en, 0), d)
+        else:
+            st, en = min(max(st, 0), d - 1), min(max(en, -1), d - 1)
+        out[ax] = slice(st, en if en >= 0 else None, sp)
+    return tuple(out)
+
+
+def _slice(xp, ins, attrs):
+    """output = data[starts:ends:steps] on `axes` (ONNX Slice)."""
+    return {"output": ins["data"][_slices(ins["data"].shape, attrs, ins)]}
+
+
+def _slice_vjp(xp, ins, outs, douts, attrs):
+    x = ins["data"]
+    g = xp.zeros(x.shape, dtype=douts["output"].dtype)
+    g[_slices(x.shape, attrs, ins)] = douts["output"]
+    return {"data": g}
+
+
+_SLICE_ARGS = ("starts", "ends", "axes", "steps")
+register(OpDef("slice", "elementwise", ("data", *(f"{k}?" for k in _SLICE_ARGS)), ("output",), _slice,
+               _slice_vjp, no_grad=_SLICE_ARGS, onnx="Slice", attrs={k: None for k in _SLICE_ARGS}))
+
+
+def _expand(xp, ins, attrs):
+    """output = input broadcast with `shape` (ONNX Expand: bidirectional, so dims may stay)."""
+    import numpy as np
+
+    x = ins["input"]
+    shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in static_arg(ins, attrs, "shape")))
+    return {"output": xp.broadcast_to(x, shape).copy()}
+
+
+register(OpDef("expand", "elementwise", ("input", "shape?"), ("output",), _expand,
+               lambda xp, i, o, d, a: {"input": unbroadcast(xp, d["output"], i["input"].shape)},
+               no_grad=("shape",), onnx="Expand", attrs={"shape": None}))
+
+
+def _tile(xp, ins, attrs):
+    """output = input repeated `repeats[i]` times along dim i."""
+    return {"output": xp.tile(ins["input"], [int(r) for r in static_arg(ins, attrs, "repeats")])}
+
+
+def _tile_vjp(xp, ins, outs, douts, attrs):
+    x, g = ins["input"], douts["output"]
+    reps = [int(r) for r in static_arg(ins, attrs, "repeats")]
+    split = [n for r, d in zip(reps, x.shape, strict=True) for n in (r, d)]
+    return {"input": g.reshape(split).sum(axis=tuple(range(0, 2 * x.ndim, 2)))}
+
+
+register(OpDef("tile", "elementwise", ("input", "repeats?"), ("output",), _tile, _tile_vjp,
+               no_grad=("repeats",), onnx="Tile", attrs={"repeats": None}))
+
+
+def _split_bounds(n: int, attrs, ins) -> list[int]:
+    """Where to cut a dim of size n: by the `split` sizes, else into `num_outputs` parts of
+    ceil(n / num_outputs) (the last one smaller), as ONNX Split-18 does."""
+    sizes = static_arg(ins, attrs, "split")
+    if sizes is None:
+        k = attrs["num_outputs"]
+        chunk = -(-n // k)
+        sizes = [min(chunk, max(n - chunk * i, 0)) for i in range(k)]
+    if sum(sizes) != n:
+        raise ValueError(f"split sizes {sizes} do not add up to the dim's size {n}")
+    bounds, acc = [], 0
+    for s in sizes[:-1]:
+        acc += s
+        bounds.append(acc)
+    return bounds
+
+
+def _split(xp, ins, attrs):
+    """outputs = input cut along `axis` by `split` sizes, or into `num_outputs` near-equal parts."""
+    x = ins["input"]
+    axis = attrs["axis"] % x.ndim
+    return {"outputs": xp.split(x, _split_bounds(x.shape[axis], attrs, ins), axis=axis)}
+
+
+def _split_vjp(xp, ins, outs, douts, attrs):
+    parts = [g if g is not None else xp.zeros_like(o) for g, o in zip(douts["outputs"], outs["outputs"],
+                                                                     strict=True)]
+    return {"input": xp.concatenate(parts, axis=attrs["axis"])}
+
+
+register(OpDef("split", "elementwise", ("input", "split?"), ("outputs*",), _split, _split_vjp,
+               no_grad=("split",), onnx="Split", attrs={"axis": 0, "split": None, "num_outputs": None}))
+
+
+def _gather(xp, ins, attrs):
+    """output = data indexed by `indices` along `axis` (negative indices count from the end)."""
+    return {"output": xp.take(ins["data"], ins["indices"], axis=attrs["axis"])}
+
+
+def _gather_vjp(xp, ins, outs, douts, attrs):
+    """Scatter-add the output gradient back into the gathered positions of data."""
+    x, idx, g = ins["data"], ins["indices"], douts["output"]
+    axis = attrs["axis"] % x.ndim
+    idx = xp.where(idx < 0, idx + x.shape[axis], idx).reshape(-1)
+    k = ins["indices"].ndim
+    # g: data.shape[:axis] + indices.shape + data.shape[axis+1:] -> indices dims first, flattened
+    g = xp.moveaxis(g, tuple(range(axis, axis + k)), tuple(range(k))).reshape(
+        (-1, *x.shape[:axis], *x.shape[axis + 1:]))
+    out = xp.zeros(x.shape, dtype=g.dtype)
+    scatter_add(xp, xp.moveaxis(out, axis, 0), idx, g)
+    return {"data": out}
+
+
+def _gather_shape(s, attrs):
+    data, axis = s["data"], attrs["axis"] % len(s["data"])
+    return {"output": data[:axis] + tuple(s["indices"]) + data[axis + 1:]}
+
+
+register(OpDef("gather", "elementwise", ("data", "indices"), ("output",), _gather, _gather_vjp,
+               no_grad=("indices",), onnx="Gather", attrs={"axis": 0}, infer_shape=_gather_shape))
+
+
+def _element_index(xp, x, idx, axis):
+    """Full index tuple for GatherElements' positions: idx on `axis`, the element's own position
+    on every other axis."""
+    idx = xp.where(idx < 0, idx + x.shape[axis], idx)
+    grid = list(xp.indices(idx.shape, sparse=True))
+    grid[axis] = idx
+    return tuple(grid)
+
+
+def _gather_elements(xp, ins, attrs):
+    """output[i][j][k] = data[indices[i][j][k]][j][k] for axis 0 (and likewise per axis)."""
+    x = ins["data"]
+    return {"output": x[_element_index(xp, x, ins["indices"], attrs["axis"] % x.ndim)]}
+
+
+def _gather_elements_vjp(xp, ins, outs, douts, attrs):
+    x = ins["data"]
+    out = xp.zeros(x.shape, dtype=douts["output"].dtype)
+    scatter_add(xp, out, _element_index(xp, x, ins["indices"], attrs["axis"] % x.ndim), douts["output"])
+    return {"data": out}
+
+
+register(OpDef("gather_elements", "elementwise", ("data", "indices"), ("output",), _gather_elements,
+               _gather_elements_vjp, no_grad=("indices",), onnx="GatherElements", attrs={"axis": 0},
+               infer_shape=lambda s, a: {"output": s["indices"]}))

@@ -3,7 +3,9 @@
 from .backward import append_backward
 from .inference import inference_program
 from .ir import Block, Op, Program, Var, grad_name
+from .onnx_export import to_onnx
+from .onnx_import import OnnxImportError, UnsupportedOnnxOpsError, from_onnx
 from .paddle_import import PaddleImportError, from_paddle
 
-__all__ = ["Block", "Op", "PaddleImportError", "Program", "Var", "append_backward", "from_paddle",
-           "grad_name", "inference_program"]
+__all__ = ["Block", "Op", "OnnxImportError", "PaddleImportError", "Program", "UnsupportedOnnxOpsError", "Var",
+           "append_backward", "from_onnx", "from_paddle", "grad_name", "inference_program", "to_onnx"]

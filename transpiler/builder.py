@@ -164,7 +164,7 @@ def sigmoid(x: Var) -> Var:
 
 
 def tanh(x: Var) -> Var:
-    return append("tanh", {"X": x})["Y"]
+    return append("tanh", {"input": x})["output"]
 
 
 def concat(xs: Sequence[Var], axis: int = 1) -> Var:

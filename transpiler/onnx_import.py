@@ -1,0 +1,386 @@
+"""from_onnx: an ONNX model -> a hetps Program that carries its parameter values.
+
+The mapping is thin because the registry follows ONNX: `OpDef.onnx` names an op's ONNX type and its
+slots are the schema's input/output names, so a node's positional inputs land in slots by
+`onnx.defs.get_schema(type, opset)`. What import adds on top:
+
+- initializers, and float `Constant`s of more than one element (paddle2onnx stores weights that
+  way), become trainable parameters whose values travel in `program.params`; other constants become
+  persistable, non-trainable vars;
+- a constant input that ONNX passes as a tensor but the op also takes as an attribute of the same
+  name (Reshape's shape, Reduce*'s axes, Slice's starts, Dropout's ratio, ...) is folded into it;
+- `Identity` is folded away (kept only where it produces a graph output);
+- a `Gather` (axis 0) whose data is a 2-D float initializer used only by such Gathers becomes an
+  `embedding` lookup of a sparse table (row-sparse gradient, a parameter-server table candidate);
+- graph inputs become `data` ops (category io), so placement sees where data enters;
+- models older than opset 13 are upgraded by ONNX's own version converter first.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import defs, helper, numpy_helper, shape_inference, version_converter
+
+from ops_registry import by_onnx, get_op, list_ops
+
+from .ir import Program, Var
+
+MIN_OPSET = 13  # older models are upgraded to it by onnx.version_converter
+LOSSES = ("bce", "bce_with_logits", "mse", "softmax_ce")
+
+# ONNX renamed some slots between opsets; our ops use the newest names (BatchNormalization-9 -> 15).
+SLOT_ALIASES = {"BatchNormalization": {"mean": "input_mean", "var": "input_var"}}
+OUT_SLOT_ALIASES = {"BatchNormalization": {"mean": "running_mean", "var": "running_var"}}
+# ONNX defaults of optional tensor inputs that differ from our ops' attribute defaults.
+ABSENT_INPUT_DEFAULTS = {"Dropout": {"training_mode": 0}}
+
+
+class OnnxImportError(ValueError):
+    """The model cannot be imported; the message says what to change."""
+
+
+class UnsupportedOnnxOpsError(OnnxImportError):
+    """The graph uses op types hetps does not implement; `unsupported` maps each to its nodes."""
+
+    def __init__(self, unsupported: dict[str, list[str]]) -> None:
+        self.unsupported = unsupported
+        lines = [f"  {t}: {', '.join(nodes)}" for t, nodes in sorted(unsupported.items())]
+        super().__init__(f"{len(unsupported)} unsupported ONNX op type(s) (nodes listed):\n"
+                         + "\n".join(lines) + "\nsupported: " + ", ".join(supported_onnx_ops()))
+
+
+def supported_onnx_ops() -> list[str]:
+    """The ONNX op types (default domain) that from_onnx maps."""
+    types = {get_op(n).onnx for n in list_ops() if get_op(n).onnx}
+    return sorted(types | {"Constant"})
+
+
+def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | None = None,
+              label: str | None = None) -> Program:
+    """Import an ONNX model (a ModelProto or a path; external data files beside it are loaded).
+
+    Variable names are the ONNX value names; `program.attrs["fetch_names"]` lists the graph outputs
+    and `program.params` holds the parameter values, so `Executor().run(program, feed, fetch_list)`
+    runs it as is. `loss` ("bce" on probabilities, "bce_with_logits", "mse", or "softmax_ce" with
+    class ids, class axis 1) attaches a mean loss on the first graph output against a new data input
+    `label` (default "label"); without it, a graph whose first scalar float output is a loss is
+    trainable as is. Either way `program.attrs["loss_name"]` names the loss.
+    """
+    model = _load(model_or_path)
+    program = _Importer(model).build()
+    outputs = program.attrs["fetch_names"]
+    if loss is not None:
+        attach_loss(program, outputs[0], loss, label or "label")
+    else:
+        for name in outputs:
+            v = program.var(name)
+            if v.shape is not None and len(v.shape) <= 1 and all(d == 1 for d in v.shape) \
+                    and np.dtype(v.dtype).kind == "f":
+                program.attrs["loss_name"] = name
+                break
+    return program
+
+
+def _load(model_or_path) -> onnx.ModelProto:
+    """Parse, check (the checker's message on failure) and upgrade to MIN_OPSET if older."""
+    where = ""
+    if isinstance(model_or_path, (str, os.PathLike)):
+        path = Path(model_or_path)
+        where = f" {path}"
+        if not path.is_file():
+            raise OnnxImportError(f"no ONNX model at {path}")
+        try:
+            model = onnx.load(path)
+        except Exception as e:  # protobuf's DecodeError and friends
+            raise OnnxImportError(f"cannot parse{where} as an ONNX model: {e}") from None
+        checked: onnx.ModelProto | str = str(path)  # by path: external data, models over 2 GB
+    elif isinstance(model_or_path, onnx.ModelProto):
+        model = checked = model_or_path
+    else:
+        raise TypeError(f"from_onnx takes an onnx.ModelProto or a path, not {type(model_or_path).__name__}")
+    try:
+        onnx.checker.check_model(checked)
+    except onnx.checker.ValidationError as e:
+        raise OnnxImportError(f"invalid ONNX model{where}: {e}") from None
+    version = default_opset(model)
+    if version < MIN_OPSET:
+        try:
+            model = version_converter.convert_version(model, MIN_OPSET)
+        except Exception as e:
+            raise OnnxImportError(f"opset {version} model{where}: ONNX's version converter could not "
+                                  f"upgrade it to opset {MIN_OPSET}: {e}") from None
+    return model
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's ai.onnx opset version (the newest known when it imports none)."""
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return o.version
+    return defs.onnx_opset_version()
+
+
+def np_dtype(elem_type: int) -> str:
+    """numpy dtype name of an ONNX TensorProto element type."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+
+
+def _tensor_type(vi: onnx.ValueInfoProto, what: str) -> tuple[str | None, tuple[int, ...] | None]:
+    """(dtype, shape) of a value; unknown / symbolic dims are -1, an unknown shape is None."""
+    if not vi.type.HasField("tensor_type"):
+        kind = vi.type.WhichOneof("value") or "unknown"
+        raise OnnxImportError(f"{what} {vi.name!r} has {kind} type; hetps imports tensors only")
+    t = vi.type.tensor_type
+    dtype = np_dtype(t.elem_type) if t.elem_type else None
+    if not t.HasField("shape"):
+        return dtype, None
+    return dtype, tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray:
+    a = node.attribute[0]
+    if a.name == "value":
+        return numpy_helper.to_array(a.t)
+    plain = {"value_float": np.float32, "value_floats": np.float32, "value_int": np.int64,
+             "value_ints": np.int64}
+    if a.name not in plain:
+        raise OnnxImportError(f"Constant node {node.name!r}: {a.name} (strings / sparse tensors) is "
+                              "not supported")
+    return np.array(helper.get_attribute_value(a), dtype=plain[a.name])
+
+
+def _attr_value(op_type: str, a: onnx.AttributeProto) -> dict[str, Any]:
+    """Our attrs for one ONNX attribute (ONNX names; dtypes as numpy names, bytes as str)."""
+    v = helper.get_attribute_value(a)
+    if op_type == "ConstantOfShape" and a.name == "value":
+        arr = numpy_helper.to_array(v).reshape(-1)
+        return {"value": arr[0].item(), "dtype": arr.dtype.name}
+    if op_type == "Cast" and a.name == "to":
+        return {"to": np_dtype(v)}
+    if isinstance(v, bytes):
+        v = v.decode()
+    elif isinstance(v, list) and v and isinstance(v[0], bytes):
+        v = [x.decode() for x in v]
+    elif isinstance(v, (onnx.TensorProto, onnx.GraphProto)):
+        raise OnnxImportError(f"{op_type} attribute {a.name!r}: tensor / graph attributes are not supported")
+    return {a.name: v}
+
+
+def _node_desc(node: onnx.NodeProto, i: int) -> str:
+    return node.name or f"#{i} ({', '.join(node.output)})"
+
+
+class _Importer:
+    """One import: constants, aliases (folded Identity), then vars and ops in graph order."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.opset = default_opset(model)
+        self.outputs = [o.name for o in self.graph.output]
+        self.program = Program()
+        self.types: dict[str, tuple[str | None, tuple[int, ...] | None]] = {}
+        self.consts: dict[str, np.ndarray] = {}
+        self.weights: set[str] = set()  # consts that become trainable parameters
+        self.alias: dict[str, str] = {}
+        self.used: set[str] = set()  # consts read as tensors (not folded into attributes)
+        self.tables: set[str] = set()
+
+    # -- analysis ----------------------------------------------------------------------
+    def _check_supported(self) -> None:
+        bad: dict[str, list[str]] = {}
+        for i, node in enumerate(self.graph.node):
+            if node.domain not in ("", "ai.onnx"):
+                bad.setdefault(f"{node.domain}::{node.op_type}", []).append(_node_desc(node, i))
+            elif node.op_type != "Constant" and by_onnx(node.op_type) is None:
+                bad.setdefault(node.op_type, []).append(_node_desc(node, i))
+        if bad:
+            raise UnsupportedOnnxOpsError(bad)
+
+    def _infer_types(self) -> None:
+        try:
+            inferred = shape_inference.infer_shapes(self.model).graph
+        except Exception:  # inference is a convenience: vars then keep unknown shapes
+            inferred = self.graph
+        for what, vis in (("graph input", inferred.input), ("graph output", inferred.output),
+                          ("value", inferred.value_info)):
+            for vi in vis:
+                self.types[vi.name] = _tensor_type(vi, what)
+
+    def _collect_constants(self) -> None:
+        for t in self.graph.initializer:
+            arr = numpy_helper.to_array(t)
+            self.consts[t.name] = arr
+            if arr.dtype.kind == "f":
+                self.weights.add(t.name)
+        if self.graph.sparse_initializer:
+            raise OnnxImportError("sparse initializers are not supported: store them dense")
+        for node in self.graph.node:
+            if node.op_type == "Constant":
+                arr = _constant_value(node)
+                self.consts[node.output[0]] = arr
+                if arr.dtype.kind == "f" and arr.size > 1:
+                    self.weights.add(node.output[0])
+
+    def _find_tables(self) -> None:
+        """2-D float weights read only as Gather(axis 0) data: embedding tables."""
+        readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        for node in self.graph.node:
+            for k, n in enumerate(node.input):
+                readers.setdefault(self.resolve(n), []).append((node, k))
+        for name in self.weights:
+            uses = readers.get(name, [])
+            if self.consts[name].ndim == 2 and uses and name not in self.outputs and all(
+                    node.op_type == "Gather" and k == 0 and self._axis(node) == 0 for node, k in uses):
+                self.tables.add(name)
+
+    @staticmethod
+    def _axis(node: onnx.NodeProto) -> int:
+        return next((a.i for a in node.attribute if a.name == "axis"), 0)
+
+    def resolve(self, name: str) -> str:
+        while name in self.alias:
+            name = self.alias[name]
+        return name
+
+    # -- conversion ----------------------------------------------------------------------
+    def build(self) -> Program:
+        self._check_supported()
+        self._infer_types()
+        self._collect_constants()
+        for node in self.graph.node:  # fold Identity first: table detection looks through it
+            if node.op_type == "Identity" and node.output[0] not in self.outputs:
+                self.alias[node.output[0]] = node.input[0]
+        self._find_tables()
+        pending = [self._convert(i, node) for i, node in enumerate(self.graph.node)
+                   if node.op_type != "Constant" and node.output[0] not in self.alias]
+        self._declare_vars(pending)
+        for op_type, ins, outs, attrs in pending:
+            self.program.append_op(op_type, ins, outs, attrs)
+        self.program.attrs.update(fetch_names=list(self.outputs), onnx_opset=self.opset)
+        return self.program
+
+    def _convert(self, i: int, node: onnx.NodeProto) -> tuple[str, dict, dict, dict]:
+        schema = defs.get_schema(node.op_type, self.opset, node.domain)
+        inputs = [self.resolve(n) if n else "" for n in node.input]
+        if node.op_type == "Gather" and inputs[0] in self.tables:
+            self.used.add(inputs[0])
+            return "embedding", {"W": [inputs[0]], "Ids": [inputs[1]]}, \
+                {"Out": [node.output[0]]}, {"is_sparse": 1}
+        opdef = by_onnx(node.op_type)
+        attrs: dict[str, Any] = {}
+        for a in schema.attributes.values():
+            if a.default_value.name:
+                attrs.update(_attr_value(node.op_type, a.default_value))
+        for a in node.attribute:
+            attrs.update(_attr_value(node.op_type, a))
+        ins: dict[str, list[str]] = {}
+        aliases = SLOT_ALIASES.get(node.op_type, {})
+        for k, name in enumerate(inputs):
+            formal = schema.inputs[min(k, len(schema.inputs) - 1)]
+            slot = aliases.get(formal.name, formal.name)
+            if slot not in opdef.in_slots:
+                raise OnnxImportError(f"{node.op_type} node {_node_desc(node, i)}: input {formal.name!r} "
+                                      f"has no slot in hetps op {opdef.name!r} ({opdef.in_slots})")
+            if not name:
+                continue
+            if slot in opdef.attrs and name in self.consts:  # a constant argument: fold it
+                attrs[slot] = self.consts[name].tolist()
+                continue
+            ins.setdefault(slot, []).append(name)
+            self.used.add(name)
+        for slot, value in ABSENT_INPUT_DEFAULTS.get(node.op_type, {}).items():
+            if slot not in ins and slot not in attrs:
+                attrs[slot] = value
+        if node.op_type == "Split" and "split" not in ins and attrs.get("split") is None \
+                and not attrs.get("num_outputs"):
+            attrs["num_outputs"] = len(node.output)
+        outs: dict[str, list[str]] = {}
+        out_aliases = OUT_SLOT_ALIASES.get(node.op_type, {})
+        for k, name in enumerate(node.output):
+            formal = schema.outputs[min(k, len(schema.outputs) - 1)]
+            slot = out_aliases.get(formal.name, formal.name)
+            if name and slot not in opdef.out_slots:
+                raise OnnxImportError(f"{node.op_type} node {_node_desc(node, i)}: output {formal.name!r} "
+                                      f"is not produced by hetps op {opdef.name!r} ({opdef.out_slots})")
+            if name:
+                outs.setdefault(slot, []).append(name)
+        if opdef.differentiable:  # gradient rules read outputs ONNX lets a node omit (mask, log_prob)
+            for slot in opdef.out_slots:
+                if slot not in outs and not opdef.is_variadic(slot):
+                    outs[slot] = [f"{node.output[0]}.{slot}"]
+        return opdef.name, ins, outs, attrs
+
+    def _declare_vars(self, pending: list[tuple[str, dict, dict, dict]]) -> None:
+        block, program = self.program.global_block(), self.program
+        for vi in self.graph.input:
+            if vi.name in self.consts:  # an initializer listed as input (IR < 4): a parameter
+                continue
+            dtype, shape = _tensor_type(vi, "graph input")
+            block.create_var(vi.name, shape=shape, dtype=dtype or "float32", stop_gradient=True)
+            program.append_op("data", {}, {"Out": [vi.name]},
+                              {"shape": list(shape) if shape is not None else None, "dtype": dtype})
+        for name, arr in self.consts.items():
+            if name not in self.used and name not in self.outputs:
+                continue  # folded into attributes, or unused
+            w = name in self.weights
+            block.create_var(name, shape=arr.shape, dtype=arr.dtype.name, persistable=True,
+                             is_parameter=w, trainable=w, stop_gradient=not w,
+                             is_sparse=name in self.tables)
+            program.params[name] = np.array(arr)  # owned and writable: optimizers update in place
+        for _, _, outs, _ in pending:
+            for names in outs.values():
+                for n in names:
+                    dtype, shape = self.types.get(n, (None, None))
+                    block.create_var(n, shape=shape, dtype=dtype or "float32")
+
+
+def attach_loss(program: Program, output: str, loss: str, label: str = "label") -> Var:
+    """Append a data input `label` and a mean `loss` of `output` against it; set loss_name.
+
+    bce: binary cross entropy on probabilities (logs floored at -100); bce_with_logits: the same
+    on logits, computed stably; mse: mean squared error; softmax_ce: cross entropy of softmax over
+    class axis 1 against int64 class ids (label shape = output's without that axis).
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, not {loss!r}")
+    block = program.global_block()
+    if block.has_var(label):
+        raise OnnxImportError(f"label name {label!r} is already a variable of the model; pass "
+                              "label=<an unused name>")
+    pred = program.var(output)
+    shape = pred.shape
+    if loss == "softmax_ce":
+        shape = None if shape is None else shape[:1] + shape[2:]
+    dtype = "int64" if loss == "softmax_ce" else pred.dtype
+    block.create_var(label, shape=shape, dtype=dtype, stop_gradient=True)
+    program.append_op("data", {}, {"Out": [label]},
+                      {"shape": list(shape) if shape is not None else None, "dtype": dtype})
+    name = _unused(block, "loss")
+    block.create_var(name, shape=(), dtype=pred.dtype)
+    if loss == "softmax_ce":
+        program.append_op("softmax_cross_entropy_loss", {"scores": [output], "labels": [label]},
+                          {"output": [name]}, {"reduction": "mean", "ignore_index": None})
+    else:
+        op_type, slots = {"bce": ("bce_loss", ("X", "Label")),
+                          "bce_with_logits": ("sigmoid_cross_entropy_with_logits", ("X", "Label")),
+                          "mse": ("square_error", ("X", "Y"))}[loss]
+        elem = _unused(block, f"{name}_elementwise")
+        block.create_var(elem, shape=pred.shape, dtype=pred.dtype)
+        program.append_op(op_type, {slots[0]: [output], slots[1]: [label]}, {"Out": [elem]})
+        program.append_op("reduce_mean", {"data": [elem]}, {"reduced": [name]}, {"keepdims": 0})
+    program.attrs["loss_name"] = name
+    return block.var(name)
+
+
+def _unused(block, base: str) -> str:
+    name, k = base, 0
+    while block.has_var(name):
+        k += 1
+        name = f"{base}_{k}"
+    return name
