@@ -5,7 +5,7 @@ import pytest
 
 from ops_registry import init_rows
 from runtime.ps import PSError, Shard, make_table, place_dense, shard_of
-from runtime.ps.index import RowIndex
+from runtime.ps.index import DirectIndex, RowIndex, make_index
 
 INIT = {"type": "uniform", "low": -0.1, "high": 0.1, "seed": 7}
 
@@ -15,20 +15,27 @@ def _sparse(vocab=-1, dim=3, opt=None):
             "initializer": INIT, "optimizer": opt or {"type": "sgd", "lr": 0.5}}
 
 
-def test_row_index_agrees_with_a_dict_across_merges():
+@pytest.mark.parametrize("make, low, high", [(RowIndex, -2**40, 2**40),
+                                             (lambda: DirectIndex(2**18), 0, 2**18)])
+def test_indexes_agree_with_a_dict(make, low, high):
     rng = np.random.default_rng(0)
-    index, ref = RowIndex(), {}
-    for n in [10, 3000, 5000, 1, 20000, 700] * 3:   # crosses the delta -> main merge many times
-        ids = rng.integers(-2**40, 2**40, size=n)
+    index, ref = make(), {}
+    for n in [10, 3000, 5000, 1, 20000, 700] * 3:   # RowIndex: crosses its delta -> main merge
+        ids = rng.integers(low, high, size=n)
         slots, new_ids, new_slots = index.find_or_add(ids)
         want_new = sorted({int(i) for i in ids} - set(ref))
         assert new_ids.tolist() == want_new
         ref.update((i, s) for i, s in zip(want_new, new_slots.tolist(), strict=True))
         assert slots.tolist() == [ref[int(i)] for i in ids]
-    probe = rng.integers(-2**40, 2**40, size=2000)
+    probe = rng.integers(low, high, size=2000)
     assert index.find(probe).tolist() == [ref.get(int(i), -1) for i in probe]
     assert sorted(ref.values()) == list(range(len(ref))) == list(range(len(index)))
     assert index.ids_by_slot().tolist() == [i for i, _ in sorted(ref.items(), key=lambda kv: kv[1])]
+
+
+def test_a_known_moderate_vocab_gets_the_direct_index():
+    assert isinstance(make_index(100_000), DirectIndex)
+    assert isinstance(make_index(-1), RowIndex) and isinstance(make_index(2**40), RowIndex)
 
 
 def test_rows_are_seeded_per_id_whatever_the_order_or_shard_count():

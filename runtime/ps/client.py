@@ -24,10 +24,16 @@ import zmq
 
 from ops_registry import SparseRows
 
+from ..telemetry import unpack_spans
 from ..wire import AuthError, decode, encode
 from . import checkpoint
 from .sharding import place_dense, shard_of
 from .table import PSError
+
+
+def _sorted_unique(ids: np.ndarray) -> bool:
+    """True for strictly increasing ids (np.unique's output): nothing to deduplicate."""
+    return bool((ids[1:] > ids[:-1]).all())
 
 
 class PSTimeoutError(PSError, TimeoutError):
@@ -66,32 +72,46 @@ class PSClient:
     # -- requests ---------------------------------------------------------------------------
     def _call(self, requests: dict[int, tuple[dict, list]]) -> dict[int, tuple[dict, list]]:
         """Send one request to each named shard, then wait for all replies."""
-        want = {}
-        for k, (header, arrays) in requests.items():
+        keys = list(requests)
+        return dict(zip(keys, self._exchange([(k, *requests[k]) for k in keys]), strict=True))
+
+    def _exchange(self, requests: list[tuple[int, dict, list]]) -> list[tuple[dict, list]]:
+        """Send every (shard, header, arrays) request at once — several to one shard are pipelined,
+        so n requests cost one round trip — then wait for all replies (matched by request id)."""
+        pending: dict[int, int] = {}  # rid -> index in requests
+        due = dict.fromkeys((k for k, _, _ in requests), 0)
+        for i, (k, header, arrays) in enumerate(requests):
             rid = next(self._rid)
             self._socks[k].send_multipart(encode({**header, "rid": rid}, arrays, self.secret), copy=False)
-            want[k] = rid
+            pending[rid] = i
+            due[k] += 1
         poller = zmq.Poller()
-        for k in want:
+        for k in due:
             poller.register(self._socks[k], zmq.POLLIN)
-        out: dict[int, tuple[dict, list]] = {}
+        out: list = [None] * len(requests)
         deadline = time.monotonic() + self.timeout
-        while len(out) < len(want):
+        while pending:
             left = deadline - time.monotonic()
             ready = dict(poller.poll(max(0, left) * 1000)) if left > 0 else {}
             if not ready:
-                late = [f"shard {k} ({self.endpoints[k]})" for k in want if k not in out]
-                op = next(iter(requests.values()))[0].get("op")
+                late = sorted({f"shard {requests[i][0]} ({self.endpoints[requests[i][0]]})"
+                               for i in pending.values()})
+                op = requests[0][1].get("op")
                 raise PSTimeoutError(f"no reply to {op!r} within {self.timeout} s from {', '.join(late)}; "
                                      "is the server running and reachable?")
-            for k in want:
-                if self._socks[k] in ready and k not in out:
-                    h, arrays = self._reply(k, self._socks[k].recv_multipart(copy=False))
-                    if h.get("rid") == want[k] or h.get("rid") is None:
-                        out[k] = (h, arrays)
-                        poller.unregister(self._socks[k])
-        errors = [f"shard {k} ({self.endpoints[k]}): {h['error']}" for k, (h, _) in out.items()
-                  if not h.get("ok")]
+            for k in [k for k in due if due[k] and self._socks[k] in ready]:
+                h, arrays = self._reply(k, self._socks[k].recv_multipart(copy=False))
+                rid = h.get("rid")
+                if rid is None:  # a refusal that could not be read: it answers this shard's oldest request
+                    rid = next(r for r, i in pending.items() if requests[i][0] == k)
+                if rid not in pending:
+                    continue  # the late reply to a request of an earlier call that timed out
+                out[pending.pop(rid)] = (h, arrays)
+                due[k] -= 1
+                if not due[k]:
+                    poller.unregister(self._socks[k])
+        errors = [f"shard {k} ({self.endpoints[k]}): {h['error']}"
+                  for (k, _, _), (h, _) in zip(requests, out, strict=True) if not h.get("ok")]
         if errors:
             raise PSError("; ".join(errors))
         return out
@@ -113,6 +133,14 @@ class PSClient:
         except KeyError:
             raise PSError(f"unknown table {table!r}; the servers hold {sorted(self.specs)}") from None
 
+    def _check_ids(self, table: str, ids: Any, what: str) -> dict:
+        """The table's spec, after checking that ids come with a sparse table and only with one."""
+        spec = self._spec(table)
+        if (ids is None) == (spec["kind"] == "sparse"):
+            need = "needs ids" if ids is None else "takes no ids"
+            raise PSError(f"{what} of {spec['kind']} table {table!r} {need}")
+        return spec
+
     def _split(self, ids: np.ndarray) -> list[np.ndarray]:
         """Per shard, the positions in `ids` of the ids it holds."""
         if len(self._socks) == 1:
@@ -125,55 +153,61 @@ class PSClient:
 
         In sync mode pass the trainer's `step` t: the reply waits until t steps are applied.
         """
-        spec = self._spec(table)
+        spec = self._check_ids(table, ids, "pull")
         base = {"op": "pull", "table": table, "step": step}
         if spec["kind"] == "dense":
             return self._call({self._dense[table]: (base, [])})[self._dense[table]][1][0]
-        if ids is None:
-            raise PSError(f"pull of sparse table {table!r} needs ids")
         ids = np.asarray(ids)
-        uniq, inv = np.unique(ids.reshape(-1).astype(np.int64), return_inverse=True)
+        flat = ids.reshape(-1).astype(np.int64)
+        uniq, inv = (flat, None) if _sorted_unique(flat) else np.unique(flat, return_inverse=True)
         parts = self._split(uniq)
         replies = self._call({k: (base, [uniq[p]]) for k, p in enumerate(parts) if p.size})
         rows = np.empty((uniq.size, spec["shape"][1]), spec["dtype"])
         for k, (_, arrays) in replies.items():
             rows[parts[k]] = arrays[0]
-        return rows[inv].reshape(*ids.shape, spec["shape"][1])
+        return (rows if inv is None else rows[inv]).reshape(*ids.shape, spec["shape"][1])
 
     def push(self, table: str, grad: np.ndarray | SparseRows, ids: np.ndarray | None = None, *,
              step: int | None = None) -> None:
         """Dense: `grad` of the parameter's shape. Sparse: row gradients `grad` [n, dim] of `ids` [n]
         (or a SparseRows). In sync mode pass the step t being pushed; in geo mode `grad` is a delta."""
-        spec = self._spec(table)
+        if isinstance(grad, SparseRows):
+            ids, grad = grad.rows, grad.values
+        spec = self._check_ids(table, ids, "push")
         base = {"op": "push", "table": table, "step": step, "pusher": self.pusher}
         if spec["kind"] == "dense":
             self._call({self._dense[table]: (base, [np.asarray(grad)])})
             return
-        if isinstance(grad, SparseRows):
-            ids, grad = grad.rows, grad.values
-        if ids is None:
-            raise PSError(f"push to sparse table {table!r} needs ids")
         ids, grad = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(grad)
         if grad.ndim != 2 or grad.shape[0] != ids.size:
             raise PSError(f"push to {table!r}: {ids.size} ids need a gradient of shape "
                           f"[{ids.size}, {spec['shape'][1]}], got {list(grad.shape)}")
-        order = np.argsort(ids, kind="stable")
-        if ids.size > 1 and not (np.diff(ids[order]) > 0).all():
+        if not _sorted_unique(ids):
             merged = SparseRows(ids, grad, 0).merged(np)
             ids, grad = merged.rows, merged.values
-        else:
-            ids, grad = ids[order], grad[order]
         self._call({k: (base, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))})
+
+    def pull_many(self, tables: Sequence[str], *, step: int | None = None) -> dict[str, np.ndarray]:
+        """Several dense tables in one round trip (`pull` of each, with the requests in flight together)."""
+        for t in tables:
+            self._check_ids(t, None, "pull_many")
+        replies = self._exchange([(self._dense[t], {"op": "pull", "table": t, "step": step}, [])
+                                  for t in tables])
+        return {t: arrays[0] for t, (_, arrays) in zip(tables, replies, strict=True)}
+
+    def push_many(self, grads: dict[str, np.ndarray], *, step: int | None = None) -> None:
+        """Gradients of several dense tables in one round trip (`push` of each, pipelined)."""
+        for t in grads:
+            self._check_ids(t, None, "push_many")
+        self._exchange([(self._dense[t], {"op": "push", "table": t, "step": step, "pusher": self.pusher},
+                         [np.asarray(g)]) for t, g in grads.items()])
 
     def assign(self, table: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set a table's values: dense, the whole array; sparse, rows `ids` (e.g. imported weights,
         `ids=np.arange(vocab)`). Optimizer state is untouched."""
-        spec = self._spec(table)
-        if spec["kind"] == "dense":
+        if self._check_ids(table, ids, "assign")["kind"] == "dense":
             self._call({self._dense[table]: ({"op": "assign", "table": table}, [np.asarray(values)])})
             return
-        if ids is None:
-            raise PSError(f"assign to sparse table {table!r} needs ids")
         ids, values = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(values)
         self._call({k: ({"op": "assign", "table": table}, [ids[p], values[p]])
                     for k, p in enumerate(self._split(ids)) if p.size})
@@ -197,6 +231,11 @@ class PSClient:
         """Per shard: {table: {"rows": n, "version": applied sync steps}}."""
         r = self._call({k: ({"op": "stats"}, []) for k in range(len(self._socks))})
         return [r[k][0]["tables"] for k in sorted(r)]
+
+    def trace(self) -> list[list]:
+        """Per shard, the spans it recorded since the last call (servers started with trace=True)."""
+        r = self._call({k: ({"op": "trace"}, []) for k in range(len(self._socks))})
+        return [unpack_spans(r[k][1][0]) for k in sorted(r)]
 
     def close(self) -> None:
         for s in self._socks:

@@ -34,7 +34,7 @@ class GeoTable:
 
     def _fetch(self, ids: np.ndarray) -> None:
         """Make sure rows `ids` are in the local copy, pulling the missing ones."""
-        ids = np.unique(np.asarray(ids, dtype=np.int64).reshape(-1))
+        ids = self.local.check_ids(np.unique(np.asarray(ids).reshape(-1)))
         new = ids[self.local.index.find(ids) < 0]
         if new.size:
             rows = self.client.pull(self.name, new)

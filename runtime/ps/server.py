@@ -1,11 +1,13 @@
 """The parameter-server process: one Shard behind a ZeroMQ ROUTER socket.
 
 Requests and replies use the wire format (runtime/wire.py). A request header has `op` (hello, pull,
-push, assign, save, load, stats, shutdown), `rid` (echoed in the reply) and the op's fields; a reply has
-`ok` and, when false, `error`. A bad request (unknown table, wrong shape, NaN gradient, malformed or
-unauthenticated frames) gets an error reply and the server goes on serving; an unauthenticated one
-is also logged. In sync mode a pull that must wait for its step is parked, not blocking the loop,
-and answered as soon as that step is applied.
+push, assign, save, load, stats, trace, shutdown), `rid` (echoed in the reply) and the op's fields; a
+reply has `ok` and, when false, `error`. A bad request (unknown table, wrong shape, NaN gradient,
+malformed or unauthenticated frames) gets an error reply and the server goes on serving; an
+unauthenticated one is also logged. In sync mode a pull that must wait for its step is parked, not
+blocking the loop, and answered as soon as that step is applied. With `trace=True` the server
+records the time it spends on each pull and push (`runtime.telemetry.Recorder`) and hands the
+spans out on a `trace` request.
 
 The server binds 127.0.0.1 by default; `ipc://` endpoints work too. It stops on SIGTERM/SIGINT, a
 `shutdown` request, or when its parent process dies, closing its socket before exiting.
@@ -19,16 +21,18 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from typing import Any
 
 import zmq
 
+from ..telemetry import Recorder, pack_spans
 from ..wire import AuthError, WireError, decode, encode
 from .shard import NotReady, Shard
 from .table import PSError, SparseTable
 
 log = logging.getLogger("hetps.ps")
-OPS = ("hello", "pull", "push", "assign", "save", "load", "stats", "shutdown")
+OPS = ("hello", "pull", "push", "assign", "save", "load", "stats", "trace", "shutdown")
 
 
 def _field(h: dict, key: str, kind: type, optional: bool = False) -> Any:
@@ -44,8 +48,9 @@ def _describe(e: Exception) -> str:
 
 
 class _Loop:
-    def __init__(self, sock: zmq.Socket, shard: Shard, secret: bytes | None) -> None:
+    def __init__(self, sock: zmq.Socket, shard: Shard, secret: bytes | None, trace: bool = False) -> None:
         self.sock, self.shard, self.secret = sock, shard, secret
+        self.rec = Recorder(trace)
         self.parked: dict[str, list[tuple[Any, dict, list]]] = {}
 
     def reply(self, ident: Any, rid: Any, header: dict, arrays: list = (), sign: bool = True) -> None:
@@ -70,6 +75,7 @@ class _Loop:
             if op == "shutdown":
                 self.reply(ident, rid, {"ok": True})
                 return True
+            t0 = time.perf_counter()
             out, out_arrays = self.dispatch(op, header, arrays)
         except NotReady:
             self.parked.setdefault(header["table"], []).append((ident, header, arrays))
@@ -80,6 +86,9 @@ class _Loop:
             self.reply(ident, rid, {"ok": False, "error": _describe(e)})
             return False
         self.reply(ident, rid, {"ok": True, **out}, out_arrays)
+        if self.rec.on and op in ("pull", "push"):
+            self.rec.span(op, "ps", t0, time.perf_counter(), table=header.get("table"),
+                          step=header.get("step"), by=header.get("pusher"))
         return False
 
     def dispatch(self, op: Any, h: dict, arrays: list) -> tuple[dict, list]:
@@ -110,6 +119,8 @@ class _Loop:
         if op == "load":
             s.load(_field(h, "dir", str))
             return {}, []
+        if op == "trace":
+            return {}, [pack_spans(self.rec.take())]
         if op == "stats":
             return {"tables": {n: {"rows": len(t) if isinstance(t, SparseTable) else t.param.shape[0],
                                    "version": s.version[n]} for n, t in s.tables.items()}}, []
@@ -120,6 +131,7 @@ class _Loop:
         waiting, self.parked[table] = self.parked.get(table, []), []
         for ident, h, arrays in waiting:
             try:
+                t0 = time.perf_counter()
                 out, out_arrays = self.dispatch("pull", h, arrays)
             except NotReady:
                 self.parked[table].append((ident, h, arrays))
@@ -128,11 +140,15 @@ class _Loop:
                 self.reply(ident, h.get("rid"), {"ok": False, "error": _describe(e)})
                 continue
             self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays)
+            if self.rec.on:
+                self.rec.span("pull", "ps", t0, time.perf_counter(), table=table, step=h.get("step"),
+                              parked=True)
 
 
 def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int = 1, mode: str = "async",
           pushes_per_step: int | dict[str, int] = 1, check_finite: bool = True,
-          secret: bytes | None = None, ready: Any = None, log_file: str | None = None) -> None:
+          secret: bytes | None = None, ready: Any = None, log_file: str | None = None,
+          trace: bool = False) -> None:
     """Run one shard until stopped. `ready` (a multiprocessing Connection) gets the bound endpoint,
     or `("error", message)` when the server cannot start. With `log_file`, everything the process
     writes to stderr (its log, any traceback) is appended there."""
@@ -151,7 +167,8 @@ def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int =
     sock.linger = 0
     try:
         loop = _Loop(sock, Shard(specs, shard=shard, num_shards=num_shards, mode=mode,
-                                 pushes_per_step=pushes_per_step, check_finite=check_finite), secret)
+                                 pushes_per_step=pushes_per_step, check_finite=check_finite), secret,
+                     trace)
         sock.bind(endpoint)
     except Exception as e:
         sock.close()

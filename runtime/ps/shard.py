@@ -64,30 +64,30 @@ class Shard:
                           f"{sorted(self.tables)}") from None
 
     # -- pull / push ------------------------------------------------------------------------
+    def _ids_args(self, t: DenseTable | SparseTable, ids: np.ndarray | None, what: str) -> tuple:
+        """(ids,) for a sparse table, () for a dense one; PSError when ids are missing / extra."""
+        if isinstance(t, SparseTable) and ids is None:
+            raise PSError(f"{what} of sparse table {t.name!r} needs ids")
+        if isinstance(t, DenseTable) and ids is not None:
+            raise PSError(f"{what} of dense table {t.name!r} takes no ids")
+        return () if ids is None else (ids,)
+
     def pull(self, name: str, ids: np.ndarray | None = None, step: int | None = None) -> np.ndarray:
         t = self.table(name)
+        args = self._ids_args(t, ids, "pull")
         if self.mode == "sync" and step is not None and self.version[name] < step:
             raise NotReady(name, step)
-        if isinstance(t, SparseTable):
-            if ids is None:
-                raise PSError(f"pull of sparse table {name!r} needs ids")
-            return t.pull(ids)
-        return t.pull()
+        return t.pull(*args)
 
     def push(self, name: str, grad: np.ndarray, ids: np.ndarray | None = None, step: int | None = None,
              pusher: str = "0") -> bool:
         """Apply or buffer one push; True when a step was applied (sync: parked pulls may go on)."""
         t = self.table(name)
-        sparse = isinstance(t, SparseTable)
-        if sparse and ids is None:
-            raise PSError(f"push to sparse table {name!r} needs ids")
-        if self.mode == "async":
-            t.push(grad, ids) if sparse else t.push(grad)
-            return True
-        if self.mode == "geo":
-            t.add(grad, ids) if sparse else t.add(grad)
-            return True
-        return self._sync_push(t, grad, ids, step, str(pusher))
+        args = self._ids_args(t, ids, "push")
+        if self.mode == "sync":
+            return self._sync_push(t, grad, ids, step, str(pusher))
+        (t.add if self.mode == "geo" else t.push)(grad, *args)
+        return True
 
     def _sync_push(self, t, grad, ids, step, pusher) -> bool:
         name, v = t.name, self.version[t.name]
@@ -117,12 +117,7 @@ class Shard:
     def assign(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set values (imported weights); optimizer state and sync step counts are untouched."""
         t = self.table(name)
-        if isinstance(t, SparseTable):
-            if ids is None:
-                raise PSError(f"assign to sparse table {name!r} needs ids")
-            t.assign(values, ids)
-        else:
-            t.assign(values)
+        t.assign(values, *self._ids_args(t, ids, "assign"))
 
     # -- checkpoints --------------------------------------------------------------------------
     def save(self, path: str | Path) -> list[dict]:

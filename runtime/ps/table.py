@@ -32,7 +32,7 @@ import numpy as np
 from ops_registry import SparseRows, get_op, init_rows, scatter_add
 from transpiler.builder import SGD, Adagrad, Adam, Optimizer
 
-from .index import RowIndex
+from .index import make_index
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
 
@@ -165,7 +165,7 @@ class SparseTable(Table):
     def __init__(self, spec: dict[str, Any], check_finite: bool = True) -> None:
         super().__init__(spec, check_finite)
         self.vocab, self.dim = self.shape
-        self.index = RowIndex()
+        self.index = make_index(self.vocab)
         self.rows = np.empty((0, self.dim), self.dtype)
         self.row_state = {s: np.empty((0, self.dim), self.dtype) for s in self.state_slots}
 
