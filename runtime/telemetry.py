@@ -1,0 +1,238 @@
+"""What a run tells its user while and after it trains: metrics lines, a progress bar, a timeline.
+
+- `MetricsLog` appends one JSON object per line (JSONL): a `start` record (the run's settings), one
+  `step` record per logged step (loss, AUC, examples/s) and an `end` record. Appending (never
+  rewriting) means a crashed run still leaves every step it finished; `read_metrics` reads it back
+  and `runtime.plot.plot_metrics` draws it.
+- `Progress` is a tqdm bar with loss, AUC and examples/s, shown on long runs.
+- `Recorder` collects timed spans inside one trainer or server process (segments, sends, recvs,
+  pulls, pushes, each tagged with its micro-batch); processes ship them to the driver, which writes
+  one Chrome-trace file (`chrome_trace`, opens in Perfetto / chrome://tracing) with one track per
+  trainer and server.
+
+Spans are timed with `time.perf_counter` (the clock the runtime already reads for its statistics)
+and stored as wall-clock microseconds, so spans of different processes line up on one timeline
+(across machines, as well as their clocks agree).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+# A recorded span: [name, category, start (wall-clock us), duration (us), args].
+Span = list
+
+
+class Recorder:
+    """Timed spans of one process. A disabled recorder costs one attribute test per call site:
+    call sites check `rec.on` before building a span's arguments."""
+
+    __slots__ = ("on", "spans", "_offset")
+
+    def __init__(self, on: bool = True) -> None:
+        self.on = on
+        self.spans: list[Span] = []
+        self._offset = time.time() - time.perf_counter()
+
+    def span(self, name: str, cat: str, t0: float, t1: float, **args: Any) -> None:
+        """Record `name` from perf_counter time `t0` to `t1`."""
+        if self.on:
+            self.spans.append([name, cat, round((t0 + self._offset) * 1e6, 1),
+                               round((t1 - t0) * 1e6, 1), args])
+
+    def take(self) -> list[Span]:
+        """The spans recorded so far (the recorder starts afresh)."""
+        out, self.spans = self.spans, []
+        return out
+
+
+def pack_spans(spans: list[Span]) -> np.ndarray:
+    """Spans as one uint8 array of JSON, to travel as a message buffer (headers are size-capped)."""
+    return np.frombuffer(json.dumps(spans).encode(), dtype=np.uint8)
+
+
+def unpack_spans(buf: np.ndarray) -> list[Span]:
+    return json.loads(np.asarray(buf, dtype=np.uint8).tobytes().decode())
+
+
+def _track_order(name: str) -> tuple:
+    """Servers first, then trainers by type and index ("ps:0" < "cpu:0" < "cpu:1" < "gpu:0")."""
+    kind, _, index = name.partition(":")
+    return (kind != "ps", kind, int(index) if index.isdigit() else 0, name)
+
+
+def chrome_trace(tracks: dict[str, list[Span]], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Chrome-trace JSON object: one process (pid) per track name, spans as complete ('X') events.
+
+    Tracks are named "trainer cpu:0" / "ps shard 0" and sorted servers first; timestamps start at 0
+    (the earliest span). `meta` lands in the trace's `otherData`."""
+    t0 = min((s[2] for spans in tracks.values() for s in spans), default=0.0)
+    events: list[dict[str, Any]] = []
+    for pid, name in enumerate(sorted(tracks, key=_track_order), start=1):
+        label = f"ps shard {name.partition(':')[2]}" if name.startswith("ps:") else f"trainer {name}"
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
+                       "args": {"sort_index": pid}})
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}})
+        for span_name, cat, ts, dur, args in tracks[name]:
+            events.append({"name": span_name, "cat": cat, "ph": "X", "pid": pid, "tid": 0,
+                           "ts": round(ts - t0, 1), "dur": dur, "args": args})
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta or {}}
+
+
+def write_trace(path: str | Path, tracks: dict[str, list[Span]], meta: dict[str, Any] | None = None) -> Path:
+    """Write `chrome_trace(tracks, meta)` to `path` (open it in https://ui.perfetto.dev)."""
+    path = Path(path)
+    path.write_text(json.dumps(chrome_trace(tracks, meta)))
+    return path
+
+
+def _clean(v: Any) -> Any:
+    """JSON has no NaN / inf: they become null (e.g. the AUC of a window with one class only)."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+class MetricsLog:
+    """Appends metrics records to a JSONL file, one JSON object per line, flushed per line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: IO[str] | None = self.path.open("a", encoding="utf-8")
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if self._f is None:
+            raise ValueError(f"metrics log {self.path} is closed")
+        rec = {"kind": kind, "time": round(time.time(), 3), **{k: _clean(v) for k, v in fields.items()}}
+        self._f.write(json.dumps(rec) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics JSONL file; a line that is not a JSON object raises ValueError
+    naming the file and line (a run killed mid-write leaves at most a truncated last line, which
+    is skipped)."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                break
+            raise ValueError(f"{path}:{i} is not JSON ({e}); is this a hetps metrics file?") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{i} is not a JSON object; is this a hetps metrics file?")
+        out.append(rec)
+    return out
+
+
+def step_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") == "step"]
+
+
+class Progress:
+    """A tqdm progress bar over steps showing loss, AUC and examples/s; `total` None = unknown."""
+
+    def __init__(self, total: int | None, desc: str = "train", enabled: bool = True) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, leave=True)
+
+    def update(self, n: int = 1, loss: float | None = None, auc: float | None = None,
+               examples_per_s: float | None = None) -> None:
+        if self.bar is None:
+            return
+        post = {}
+        if loss is not None:
+            post["loss"] = f"{loss:.4f}"
+        if auc is not None and math.isfinite(auc):
+            post["auc"] = f"{auc:.4f}"
+        if examples_per_s is not None:
+            post["ex/s"] = f"{examples_per_s:,.0f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class Telemetry:
+    """The driver's side of one run: the metrics file, the progress bar and the trace, each optional.
+
+    `step(record)` takes the driver's per-step record {"step", "loss", "auc", "examples", "time"}
+    (time: seconds since training started); examples/s is taken over the last `window` steps,
+    as steps of a pipelined run complete in bursts. `progress=None` shows the bar when stderr is a
+    terminal."""
+
+    def __init__(self, metrics: str | Path | None = None, trace: str | Path | None = None,
+                 progress: bool | None = None, total: int | None = None,
+                 meta: dict[str, Any] | None = None, window: int = 10) -> None:
+        self.meta = dict(meta or {})
+        self.log = MetricsLog(metrics) if metrics else None
+        self.trace_path = Path(trace) if trace else None
+        self.tracks: dict[str, list[Span]] = {}
+        self.bar = Progress(total, enabled=sys.stderr.isatty() if progress is None else progress)
+        self.recent: deque[tuple[float, int]] = deque(maxlen=window + 1)
+        self.recent.append((0.0, 0))
+        self.total_examples = 0
+        if self.log:
+            self.log.write("start", **self.meta)
+
+    @property
+    def tracing(self) -> bool:
+        return self.trace_path is not None
+
+    def chain(self, callback: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None]:
+        """A step callback that records the step, then calls `callback` (when given)."""
+        def on_step(record: dict[str, Any]) -> None:
+            self.step(record)
+            if callback is not None:
+                callback(record)
+        return on_step
+
+    def step(self, record: dict[str, Any]) -> None:
+        self.total_examples += record["examples"]
+        self.recent.append((record["time"], self.total_examples))
+        (t0, n0), (t1, n1) = self.recent[0], self.recent[-1]
+        rate = (n1 - n0) / (t1 - t0) if t1 > t0 else None
+        if self.log:
+            self.log.write("step", step=record["step"], loss=record["loss"], auc=record.get("auc"),
+                           examples=self.total_examples, examples_per_s=rate, elapsed_s=record["time"])
+        self.bar.update(1, record["loss"], record.get("auc"), rate)
+
+    def spans(self, who: str, spans: list[Span]) -> None:
+        self.tracks.setdefault(who, []).extend(spans)
+
+    def close(self, summary: dict[str, Any] | None = None, error: BaseException | None = None) -> None:
+        """End the bar, write the `end` record (the run's summary, or its error) and the trace."""
+        self.bar.close()
+        if self.log:
+            end = dict(summary or {})
+            if error is not None:
+                end["error"] = f"{type(error).__name__}: {error}"
+            self.log.write("end", **end)
+            self.log.close()
+        if self.trace_path is not None and self.tracks:
+            write_trace(self.trace_path, self.tracks, self.meta)
