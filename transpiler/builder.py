@@ -282,11 +282,11 @@ class Adagrad(Optimizer):
     state = (("Moment", "MomentOut", False),)
 
     def __init__(self, lr: float, epsilon: float = 1e-6, initial_accumulator_value: float = 0.0) -> None:
-        super().__init__(lr, epsilon=epsilon)
-        self.initial = initial_accumulator_value
+        # kept in the op's attrs too, so a parameter server can start the accumulator the same way
+        super().__init__(lr, epsilon=epsilon, initial_accumulator_value=initial_accumulator_value)
 
     def _state_init(self, slot: str) -> float:
-        return self.initial
+        return self.hyper["initial_accumulator_value"]
 
 
 class Adam(Optimizer):

@@ -46,6 +46,13 @@ class Var:
         d["shape"] = list(self.shape) if self.shape is not None else None
         return d
 
+    def copy(self) -> Var:
+        """An independent copy (cheap: passes copy whole programs of 100k vars)."""
+        v = object.__new__(Var)
+        v.__dict__.update(self.__dict__)
+        v.initializer = copy_json(self.initializer)
+        return v
+
 
 @dataclass
 class Op:
@@ -79,6 +86,11 @@ class Op:
     def to_dict(self) -> dict:
         return {"id": self.id, "type": self.type, "inputs": self.inputs, "outputs": self.outputs,
                 "attrs": self.attrs}
+
+    def copy(self) -> Op:
+        """An independent copy with the same id."""
+        return Op(self.type, {k: list(v) for k, v in self.inputs.items()},
+                  {k: list(v) for k, v in self.outputs.items()}, copy_json(self.attrs), self.id)
 
     def __str__(self) -> str:
         outs = ", ".join(f"{s}={v}" for s, v in self.outputs.items())
@@ -154,7 +166,12 @@ class Program:
         return [v for v in self.vars.values() if v.is_parameter]
 
     def clone(self) -> Program:
-        p = Program.from_dict(self.to_dict())
+        """A deep copy: blocks, vars, ops (same ids), attrs and parameter values."""
+        p = Program()
+        p.attrs = copy_json(self.attrs)
+        p._next_id = self._next_id
+        p.blocks = [Block(b.idx, b.parent_idx, {n: v.copy() for n, v in b.vars.items()},
+                          [op.copy() for op in b.ops]) for b in self.blocks]
         p.params = {k: v.copy() for k, v in self.params.items()}
         return p
 
@@ -221,6 +238,20 @@ class Program:
                              + (f" ({', '.join(flags)})" if flags else ""))
             lines.extend(f"  {op}" for op in b.ops)
         return "\n".join(lines)
+
+
+def copy_json(o: Any) -> Any:
+    """Deep copy of a JSON-like value (dict / list / tuple of scalars) without copy.deepcopy's cost."""
+    t = type(o)
+    if t is dict:
+        return {k: copy_json(v) for k, v in o.items()}
+    if t is list:
+        return [copy_json(v) for v in o]
+    if t is tuple:
+        return tuple(copy_json(v) for v in o)
+    if o is None or t in (str, int, float, bool):
+        return o
+    return copy.deepcopy(o)
 
 
 def _slots(d: dict | None) -> dict[str, list[str]]:

@@ -43,3 +43,41 @@ def wide_deep(num_slots: int = 26, vocab: int = 1000, dim: int = 8, num_dense: i
         if optimizer is not None:
             optimizer.minimize(loss)
     return Model(main, startup, ["sparse", "dense", "label"], loss, pred)
+
+
+def dlrm(num_slots: int = 8, vocab: int = 1000, dim: int = 8, bag: int = 4, num_dense: int = 13,
+         bottom: tuple[int, ...] = (32,), top: tuple[int, ...] = (32, 16), pooling: str = "sum",
+         optimizer: nn.Optimizer | None = None, seed: int = 0, dtype: str = "float32") -> Model:
+    """DLRM-like: slot i feeds a bag of `bag` ids (`slot_i`, int64 [-1, bag]) into its own
+    [vocab, dim] table, pooled by `pooling` (sum | mean); `dense` goes through the bottom MLP to
+    `dim`; the F = num_slots + 1 feature vectors interact by dot products, Z @ Z^T with Z the
+    stacked features [F, dim] (Z^T stacked directly as [dim, F]); the top MLP maps [bottom output,
+    the F*F products] to a logit; loss = mean log loss."""
+    if pooling not in ("sum", "mean"):
+        raise ValueError(f"pooling {pooling!r}: expected 'sum' or 'mean'")
+    pool = nn.reduce_sum if pooling == "sum" else nn.reduce_mean
+    main, startup = Program(), Program()
+    main.attrs["random_seed"] = seed
+    with nn.program_guard(main, startup):
+        slots = [nn.data(f"slot_{i}", [-1, bag], "int64") for i in range(num_slots)]
+        dense = nn.data("dense", [-1, num_dense], dtype)
+        label = nn.data("label", [-1, 1], dtype)
+        pooled = [pool(nn.embedding(ids, vocab, dim, name=f"emb_{i}", dtype=dtype), axes=[1])
+                  for i, ids in enumerate(slots)]
+        x = dense
+        for size in bottom:
+            x = nn.fc(x, size, act="relu")
+        x = nn.fc(x, dim, act="relu")
+        feats = [x, *pooled]
+        z = nn.concat([nn.reshape(f, [-1, 1, dim]) for f in feats], axis=1)
+        zt = nn.concat([nn.reshape(f, [-1, dim, 1]) for f in feats], axis=2)
+        inter = nn.reshape(nn.append("matmul", {"A": z, "B": zt})["Y"], [-1, len(feats) ** 2])
+        h = nn.concat([x, inter], axis=1)
+        for size in top:
+            h = nn.fc(h, size, act="relu")
+        logit = nn.fc(h, 1)
+        loss = nn.reduce_mean(nn.sigmoid_cross_entropy_with_logits(logit, label))
+        pred = nn.sigmoid(logit)
+        if optimizer is not None:
+            optimizer.minimize(loss)
+    return Model(main, startup, [s.name for s in slots] + ["dense", "label"], loss, pred)

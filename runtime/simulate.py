@@ -1,0 +1,171 @@
+"""`simulate`: the reference runner of a Plan, in one process — the oracle for the real runtime.
+
+Each trainer type gets an `Executor` whose handlers implement the comm and PS ops in memory:
+`send` drops the tensor in a mailbox keyed by (tensor, micro-batch id, destination), `recv` takes
+it out, pulls and pushes talk to an `InMemoryServer`. One step runs every sub-program's segments
+(cut at recv ops) in the order `transpiler.passes.schedule` finds, so a plan that could deadlock
+fails here with a `DeadlockError` naming the waiting recvs. The server has sync semantics: a step's
+pushes are summed per table and applied once, after every trainer has finished the step, with the
+registry's optimizer kernels — so a correct plan reproduces single-process training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ops_registry import SparseRows, get_op, init_rows
+from transpiler.ir import Op, Program, Var
+from transpiler.passes import schedule, segments
+from transpiler.plan import Plan
+
+from .executor import Executor
+
+
+class InMemoryServer:
+    """Every table of a plan as a full numpy array (sparse ones too), with its optimizer state.
+
+    Values start from the plan's `params` or the table's initializer (the startup program's values).
+    `push` queues a gradient; `apply` sums each table's queued gradients (the registry's `sum`:
+    dense adds, row-sparse concatenates) and runs its optimizer kernel once.
+    """
+
+    def __init__(self, plan: Plan) -> None:
+        self.specs = {t["name"]: t for t in plan.tables}
+        self.values: dict[str, np.ndarray] = {}
+        self.state: dict[str, dict[str, np.ndarray]] = {}
+        for name, t in self.specs.items():
+            if name in plan.params:
+                self.values[name] = np.array(plan.params[name], dtype=t["dtype"])
+            elif t["initializer"] is not None:
+                self.values[name] = init_rows(t["initializer"], tuple(t["shape"]), t["dtype"])
+            else:
+                raise ValueError(f"table {name!r} has neither an initializer nor a value in the plan's "
+                                 "params")
+            opt = t["optimizer"] or {"state": {}}
+            self.state[name] = {slot: np.full(s["shape"], s["init"], dtype=t["dtype"])
+                                for slot, s in opt["state"].items()}
+        self.pending: dict[str, list[Any]] = {}
+
+    def _spec(self, table: str) -> dict:
+        if table not in self.specs:
+            raise KeyError(f"no table {table!r} on the server; tables: {sorted(self.specs)}")
+        return self.specs[table]
+
+    def pull(self, table: str, ids: np.ndarray | None = None) -> np.ndarray:
+        """A copy of the whole table, or of rows `ids` (checked against the table's height)."""
+        value = self.values[self._spec(table)["name"]]
+        if ids is None:
+            return value.copy()
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() >= value.shape[0]):
+            bad = ids[(ids < 0) | (ids >= value.shape[0])][:5]
+            raise IndexError(f"pull of table {table!r}: ids out of range [0, {value.shape[0]}): "
+                             f"{bad.tolist()}")
+        return value[ids]
+
+    def push(self, table: str, grad: Any, ids: np.ndarray | None = None) -> None:
+        """Queue a gradient: dense, `SparseRows`, or (with `ids`) one summed row per unique id."""
+        spec = self._spec(table)
+        if not spec["optimizer"]:
+            raise ValueError(f"push to table {table!r}, which has no optimizer (frozen)")
+        if ids is not None:
+            grad = SparseRows(np.asarray(ids), grad, spec["shape"][0])
+        self.pending.setdefault(table, []).append(grad)
+
+    def apply(self) -> None:
+        """Apply every queued gradient: one optimizer step per table on the sum of its pushes."""
+        total = get_op("sum").kernel
+        for table, grads in self.pending.items():
+            opt = self.specs[table]["optimizer"]
+            kernel = get_op(opt["type"]).kernel
+            grad = grads[0] if len(grads) == 1 else total(np, {"data_0": grads}, {})["sum"]
+            attrs = {k: v for k, v in opt.items() if k not in ("type", "state")}
+            outs = kernel(np, {"Param": self.values[table], "Grad": grad, **self.state[table]}, attrs)
+            self.values[table] = outs["ParamOut"]
+            for slot, s in opt["state"].items():
+                self.state[table][slot] = outs[s["out"]]
+        self.pending = {}
+
+    def value(self, table: str) -> np.ndarray:
+        return self.values[self._spec(table)["name"]]
+
+
+def simulate(plan: Plan, batches: Iterable[dict[str, Any]], fetch_list: list[str | Var] | None = None,
+             server: InMemoryServer | None = None) -> list[list[np.ndarray]]:
+    """Run `plan` one step per feed dict of `batches`; return, per step, the fetched arrays.
+
+    `fetch_list` defaults to the loss. Pass a `server` to read the tables afterwards
+    (`server.value(name)`) or to continue training from it. Micro-batch id = step index.
+    """
+    server = server or InMemoryServer(plan)
+    if fetch_list is None:
+        if not plan.loss_name:
+            raise ValueError("the plan has no loss; give simulate a fetch_list")
+        fetch_list = [plan.loss_name]
+    names = [f.name if isinstance(f, Var) else f for f in fetch_list]
+    owner = {n: _owner(plan, n) for n in names}
+    order = schedule(plan.programs)
+    segs = {t: [_segment_program(p, s) for s in segments(p)] for t, p in plan.programs.items()}
+    mailbox: dict[tuple[str, int, str], Any] = {}
+    step = [0]
+    exes = {t: Executor(handlers=_handlers(t, mailbox, step, server)) for t in plan.programs}
+    results = []
+    for i, feed in enumerate(batches):
+        step[0] = i
+        envs: dict[str, dict[str, Any]] = {t: {} for t in plan.programs}
+        for t, k in order:
+            exe, seg = exes[t], segs[t][k]
+            exe.scope, exe.run_count = envs[t], i
+            outs = [n for op in seg.ops for n in op.output_names()]
+            got = exe.run(seg, feed=feed, fetch_list=outs, return_numpy=False)
+            envs[t].update(zip(outs, got, strict=True))
+        if mailbox:
+            left = ", ".join(f"{n!r} -> {d}" for n, _, d in mailbox)
+            raise RuntimeError(f"step {i}: messages sent but never received: {left}")
+        server.apply()
+        results.append([np.asarray(envs[owner[n]][n]) for n in names])
+    return results
+
+
+def _handlers(me: str, mailbox: dict, step: list[int], server: InMemoryServer) -> dict:
+    def send(op: Op, values: dict) -> None:
+        mailbox[(op.attrs["tensor"], step[0], op.attrs["dst"])] = values[op.inputs["X"][0]]
+
+    def recv(op: Op, values: dict) -> None:
+        values[op.outputs["Out"][0]] = mailbox.pop((op.attrs["tensor"], step[0], me))
+
+    def pull_dense(op: Op, values: dict) -> None:
+        values[op.outputs["Out"][0]] = server.pull(op.attrs["table"])
+
+    def pull_sparse(op: Op, values: dict) -> None:
+        values[op.outputs["Out"][0]] = server.pull(op.attrs["table"], values[op.inputs["Ids"][0]])
+
+    def push_dense(op: Op, values: dict) -> None:
+        server.push(op.attrs["table"], values[op.inputs["Grad"][0]])
+
+    def push_sparse(op: Op, values: dict) -> None:
+        ids, grad = values[op.inputs["Ids"][0]], values[op.inputs["Grad"][0]]
+        rows = grad.to_dense(np) if isinstance(grad, SparseRows) else grad  # one summed row per id
+        server.push(op.attrs["table"], rows, ids)
+
+    return {"send": send, "recv": recv, "pull_dense": pull_dense, "pull_sparse": pull_sparse,
+            "push_dense": push_dense, "push_sparse": push_sparse}
+
+
+def _segment_program(program: Program, ops: list[Op]) -> Program:
+    seg = Program()
+    seg.global_block().vars = program.global_block().vars
+    seg.global_block().ops = ops
+    return seg
+
+
+def _owner(plan: Plan, name: str) -> str:
+    for t, p in plan.programs.items():
+        if any(name in op.output_names() for op in p.ops if op.role != "comm"):
+            return t
+    tables = [t["name"] for t in plan.tables]
+    hint = " (it is a table: read it with server.value)" if name in tables else ""
+    raise KeyError(f"fetch {name!r}: no trainer of the plan computes it{hint}")

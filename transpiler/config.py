@@ -1,0 +1,98 @@
+"""TranspileConfig: what the user decides about a transpile (a dataclass, loadable from YAML or JSON).
+
+    # plan.yaml
+    trainer_types: [cpu, gpu]
+    category_map: {io: cpu, sparse: cpu, dense: gpu, loss: gpu}
+    op_type_devices: {sigmoid_cross_entropy_with_logits: cpu}   # by op type
+    name_devices: {"fc_2*": cpu}                                   # by output var name (glob)
+    sparse_tables: null                                            # null = every embedding table
+    mode: sync
+    optimizer: {type: sgd, lr: 0.01}                               # for programs without optimize ops
+    num_servers: 1
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+MODES = ("sync", "async", "geo")
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+
+
+@dataclass
+class TranspileConfig:
+    """Placement and parameter-server choices.
+
+    - `trainer_types`: the kinds of trainer processes (sub-programs are made for those that get ops).
+    - `category_map`: registry category -> trainer type. Categories absent from it (by default
+      `elementwise`: activations, reshape/concat, reductions, `sum`) are *light*: placement puts
+      them where fewer bytes cross.
+    - `op_type_devices` / `name_devices`: overrides by op type, or by an fnmatch pattern on any of a
+      forward op's output var names (names win over types). An explicit `op_device` on the op
+      (e.g. Paddle's `device_guard`) wins over both.
+    - `sparse_tables`: parameter names served as sparse tables (pull/push of rows); None = every
+      parameter marked `is_sparse` (the builder's embedding tables) whose every use is a lookup.
+    - `mode`: parameter-server mode, `sync` | `async` | `geo` (read by the runtime).
+    - `optimizer`: the table optimizer for programs that carry no optimize ops (e.g. ONNX imports).
+    - `num_servers`: parameter-server shards the plan's sharding info is computed for.
+    """
+
+    trainer_types: list[str] = field(default_factory=lambda: ["cpu", "gpu"])
+    category_map: dict[str, str] = field(
+        default_factory=lambda: {"io": "cpu", "sparse": "cpu", "dense": "gpu", "loss": "gpu"})
+    op_type_devices: dict[str, str] = field(default_factory=dict)
+    name_devices: dict[str, str] = field(default_factory=dict)
+    sparse_tables: list[str] | None = None
+    mode: str = "sync"
+    optimizer: dict[str, Any] = field(default_factory=lambda: {"type": "sgd", "lr": 0.01})
+    num_servers: int = 1
+
+    def __post_init__(self) -> None:
+        self.trainer_types = list(self.trainer_types)
+        if not self.trainer_types:
+            raise ValueError("TranspileConfig.trainer_types is empty; name at least one trainer type")
+        if "ps" in self.trainer_types:
+            raise ValueError("'ps' is reserved for the parameter server; pick another trainer type name")
+        for what, mapping in (("category_map", self.category_map),
+                              ("op_type_devices", self.op_type_devices),
+                              ("name_devices", self.name_devices)):
+            for key, dev in mapping.items():
+                if dev not in self.trainer_types:
+                    raise ValueError(f"TranspileConfig.{what}[{key!r}] = {dev!r} is not a trainer type; "
+                                     f"trainer_types = {self.trainer_types}")
+        if self.mode not in MODES:
+            raise ValueError(f"TranspileConfig.mode {self.mode!r} is not one of {MODES}")
+        if self.optimizer.get("type") not in OPTIMIZERS:
+            raise ValueError(f"TranspileConfig.optimizer type {self.optimizer.get('type')!r} is not one "
+                             f"of {OPTIMIZERS}")
+        if self.num_servers < 1:
+            raise ValueError(f"TranspileConfig.num_servers must be >= 1, got {self.num_servers}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TranspileConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown TranspileConfig keys {unknown}; valid keys: {sorted(known)}")
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TranspileConfig:
+        """From a .yaml/.yml or .json file."""
+        path = Path(path)
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of TranspileConfig keys, got {type(data).__name__}")
+        return cls.from_dict(data)

@@ -1,0 +1,18 @@
+"""The transpiler's passes, each a plain function over Programs (see DESIGN.md, passes 2-6).
+
+assign_devices -> insert_ps -> insert_comm -> split -> verify: placement and parameter-server and
+comm insertion work on the one global program, so every inserted op sits at its place in the
+global order; split then cuts it into one sub-program per trainer type.
+
+The passes change the program they are given and return it (`transpile` hands them a clone):
+copying a 100k-op program per pass would cost more than the passes themselves.
+"""
+
+from .assign_devices import assign_devices, bytes_per_example
+from .insert_comm import insert_comm
+from .insert_ps import insert_ps, optimizer_spec
+from .split import split
+from .verify import DeadlockError, PlanError, schedule, segments, verify
+
+__all__ = ["DeadlockError", "PlanError", "assign_devices", "bytes_per_example", "insert_comm",
+           "insert_ps", "optimizer_spec", "schedule", "segments", "split", "verify"]

@@ -1,0 +1,84 @@
+"""Pass 4, communication: a `send`/`recv` pair wherever a tensor crosses from one trainer type to
+another.
+
+Walking the placed program in its global order, a tensor that an op on trainer type d reads, but
+that was produced on another type s and not yet received on d, gets one `send` on s right after
+its producer and one `recv` on d right before that first reader; later readers on d reuse it. So
+there is exactly one pair per tensor per crossing (s, d), not one per consumer. Forward crossings
+carry activations and labels, backward ones `@GRAD`s. Messages are keyed by (tensor name,
+micro-batch id): the runtime adds the micro-batch id, the op carries the name.
+
+Why no deadlock: sends never block and every sub-program keeps the global order. A recv waits for
+a send that comes earlier in the global order than the recv's reader; so among blocked trainers,
+the one waiting at the earliest global position waits for a send that a trainer not blocked before
+it will reach. `passes.verify.schedule` replays this and `runtime.simulate` runs it.
+
+Pulls (op role "ps") make a trainer-local copy of a parameter on every type that reads it, so
+they never cause a crossing. The channel list goes to `program.attrs["channels"]`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..ir import Op, Program
+from .assign_devices import bytes_per_example
+
+
+def insert_comm(program: Program) -> Program:
+    """Add send/recv ops to placed `program` (in place); channel specs go to attrs["channels"]."""
+    prog = program
+    block = prog.global_block()
+    reasons = prog.attrs.setdefault("placement", {})
+    where: dict[str, tuple[str, Op]] = {}          # tensor -> (device, producer) of its latest write
+    have: dict[str, set[str]] = defaultdict(set)   # device -> tensors it holds
+    recvs: dict[int, list[tuple[str, str]]] = defaultdict(list)   # reader id -> [(tensor, src)]
+    sends: dict[int, list[tuple[str, str]]] = defaultdict(list)   # producer id -> [(tensor, dst)]
+    channels = []
+    for op in prog.ops:
+        dev = op.device
+        for n in dict.fromkeys(op.input_names()):
+            if n in have[dev] or n not in where:
+                continue
+            src, producer = where[n]
+            recvs[op.id].append((n, src))
+            sends[producer.id].append((n, dev))
+            have[dev].add(n)
+            var = block.vars.get(n)
+            channels.append({"tensor": n, "src": src, "dst": dev,
+                             "shape": list(var.shape) if var and var.shape is not None else None,
+                             "dtype": var.dtype if var else None,
+                             "bytes_per_example": bytes_per_example(var),
+                             "direction": "backward" if producer.role == "backward" else "forward"})
+        for n in op.output_names():
+            if op.role != "ps":
+                for d in have:
+                    have[d].discard(n)
+            have[dev].add(n)
+            where[n] = (dev, op)
+
+    new_ops = []
+    for op in prog.ops:
+        for n, src in recvs.get(op.id, ()):
+            var = block.vars.get(n)
+            new_ops.append(_comm(prog, "recv", {}, {"Out": [n]},
+                                 {"tensor": n, "src": src, "shape": list(var.shape) if var and var.shape
+                                  is not None else None, "dtype": var.dtype if var else None},
+                                 op.device, f"receives {n!r} from {src} before its first reader here, "
+                                 f"op id {op.id} {op.type!r}", reasons))
+        new_ops.append(op)
+        for n, dst in sends.get(op.id, ()):
+            new_ops.append(_comm(prog, "send", {"X": [n]}, {}, {"tensor": n, "dst": dst}, op.device,
+                                 f"sends {n!r} to {dst} right after its producer, op id {op.id} "
+                                 f"{op.type!r}", reasons))
+    block.ops = new_ops
+    prog.attrs["channels"] = channels
+    prog.version += 1
+    return prog
+
+
+def _comm(prog: Program, type: str, ins: dict, outs: dict, attrs: dict, device: str, why: str,
+          reasons: dict) -> Op:
+    op = Op(type, ins, outs, {**attrs, "op_role": "comm", "op_device": device}, prog.new_id())
+    reasons[str(op.id)] = f"inserted by insert_comm: {why}"
+    return op

@@ -1,0 +1,187 @@
+"""Pass 5, parameter-server access: parameters leave the trainers; pulls and pushes take their place.
+
+- Dense table P: `pull_dense(P)` on each trainer type before its first op that reads P, and
+  `push_dense(P@GRAD)` right after the op that completes P@GRAD (its last contribution).
+- Sparse table W (an embedding table): each lookup `embedding(W, Ids)` becomes
+  `unique_ids(Ids) -> Unique, Index` (once per ids tensor and trainer type),
+  `pull_sparse(Unique) -> Rows` and `embedding(Rows, Index)`: the lookup gathers from the pulled
+  local rows, so its backward op yields a gradient over local rows, which
+  `push_sparse(Unique, Rows@GRAD)` sends once summed per unique id. A `sum` that accumulated W's
+  gradient over several lookups disappears: each lookup pushes, and the server sums the step's pushes.
+- Optimizer ops (op_role optimize) are removed; they become the tables' optimizers. A program
+  without optimize ops trains every parameter that gets a gradient with `config.optimizer`.
+
+The table specs go to `program.attrs["tables"]` (see `table_spec`).
+"""
+
+from __future__ import annotations
+
+from ops_registry import get_op
+
+from ..builder import Optimizer
+from ..config import TranspileConfig
+from ..ir import Op, Program, Var, grad_name
+
+_RESERVED = ("op_role", "op_device", "fwd_id")
+_STATE = {cls.type: cls.state for cls in Optimizer.__subclasses__()}
+_STATE_INIT_ATTR = {"Moment": "initial_accumulator_value", "Beta1Pow": "beta1", "Beta2Pow": "beta2"}
+
+
+def optimizer_spec(type: str, attrs: dict, param: Var) -> dict:
+    """{"type", hyper-parameters..., "state": {slot: {"out", "shape", "init"}}} for one table.
+
+    Hyper-parameters are the op's attrs over the registry defaults; state slots come from the
+    builder's optimizer classes and start at 0, except Adam's beta powers (beta1, beta2) and
+    Adagrad's accumulator (`initial_accumulator_value`).
+    """
+    if type not in _STATE:
+        raise ValueError(f"optimizer {type!r} (table {param.name!r}) is not one of {sorted(_STATE)}")
+    hyper = {k: v for k, v in {**get_op(type).attrs, **attrs}.items()
+             if k not in _RESERVED and not k.startswith("_")}
+    state = {slot: {"out": out, "shape": [1] if scalar else list(param.shape),
+                    "init": float(hyper.get(_STATE_INIT_ATTR.get(slot, ""), 0.0))}
+             for slot, out, scalar in _STATE[type]}
+    return {"type": type, **hyper, "state": state}
+
+
+def insert_ps(program: Program, config: TranspileConfig | None = None) -> Program:
+    """Add pull/push ops to placed `program` and drop its optimizer ops (in place); table specs go
+    to attrs["tables"]."""
+    config = config or TranspileConfig()
+    prog = program
+    block = prog.global_block()
+    reasons = prog.attrs.setdefault("placement", {})
+    trainer_ops = [op for op in prog.ops if op.role != "optimize"]
+    persistable = {n for n, v in block.vars.items() if v.persistable}
+    read: set[str] = set()
+    with_grad: set[str] = set()  # vars that get a gradient (or a partial one)
+    for op in trainer_ops:
+        if not op.device:
+            raise ValueError(f"op {op.type!r} (id {op.id}) has no op_device; run assign_devices first")
+        for names in op.inputs.values():
+            read.update(n for n in names if n in persistable)
+        for n in op.output_names():
+            if n in persistable:
+                raise ValueError(f"op {op.type!r} (id {op.id}) on {op.device} writes persistable var {n!r}; "
+                                 "trainers hold no state: state updated by forward ops is not supported")
+            if "@GRAD" in n:
+                with_grad.add(n.split("@GRAD")[0])
+    sparse = _sparse_tables(block, trainer_ops, read, config)
+    optim = {op.inputs["Param"][0]: optimizer_spec(op.type, op.attrs, block.var(op.inputs["Param"][0]))
+             for op in prog.ops if op.role == "optimize"}
+    if not optim:
+        hyper = {k: v for k, v in config.optimizer.items() if k != "type"}
+        optim = {n: optimizer_spec(config.optimizer["type"], hyper, block.var(n)) for n in sorted(read)
+                 if block.var(n).is_parameter and block.var(n).trainable and n in with_grad}
+
+    def emit(type: str, ins: dict, outs: dict, attrs: dict, device: str, why: str) -> Op:
+        op = Op(type, ins, outs, {**attrs, "op_role": "ps", "op_device": device}, prog.new_id())
+        reasons[str(op.id)] = f"inserted by insert_ps: {why}"
+        new_ops.append(op)
+        return op
+
+    def new_var(name: str, **kw) -> str:
+        if name not in block.vars:
+            block.create_var(name, **kw)
+        return name
+
+    new_ops: list[Op] = []
+    pulled: set[tuple[str, str]] = set()
+    uniq: dict[tuple[str, str], tuple[str, str]] = {}
+    lookup: dict[int, tuple[str, str, str, str]] = {}  # embedding op id -> table, rows, unique, index
+    push_after = {grad_name(p): p for p in optim if p not in sparse}
+    sparse_grads = {grad_name(w) for w in sparse}
+    for op in prog.ops:
+        if op.role == "optimize" or (op.type == "sum" and op.output_names()[0] in sparse_grads):
+            continue
+        dev = op.device
+        if op.type == "embedding" and op.role != "backward" and op.inputs["W"][0] in sparse:
+            w, ids = op.inputs["W"][0], op.inputs["Ids"][0]
+            table = block.var(w)
+            if (ids, dev) not in uniq:
+                u, ix = new_var(f"{ids}@UNIQUE", shape=(-1,), dtype="int64"), \
+                    new_var(f"{ids}@INDEX", shape=block.var(ids).shape, dtype="int64")
+                emit("unique_ids", {"Ids": [ids]}, {"Unique": [u], "Index": [ix]}, {}, dev,
+                     f"unique ids of {ids!r} for sparse pulls on {dev}")
+                uniq[(ids, dev)] = (u, ix)
+            u, ix = uniq[(ids, dev)]
+            rows = new_var(f"{w}@ROWS@{op.id}", shape=(-1, table.shape[1]), dtype=table.dtype)
+            emit("pull_sparse", {"Ids": [u]}, {"Out": [rows]},
+                 {"table": w, "dim": table.shape[1], "dtype": table.dtype}, dev,
+                 f"rows of sparse table {w!r} for lookup id {op.id}")
+            op.inputs = {**op.inputs, "W": [rows], "Ids": [ix]}
+            lookup[op.id] = (w, rows, u, ix)
+            new_ops.append(op)
+            continue
+        if op.type == "embedding_grad" and op.attrs.get("fwd_id") in lookup:
+            w, rows, u, ix = lookup[op.attrs["fwd_id"]]
+            op.inputs = {**op.inputs, "W": [rows], "Ids": [ix]}
+            new_ops.append(op)
+            if any(op.outputs.get("W@GRAD", [])) and w in optim:
+                g = new_var(grad_name(rows), shape=(-1, block.var(w).shape[1]), dtype=block.var(w).dtype)
+                op.outputs = {**op.outputs, "W@GRAD": [g]}
+                emit("push_sparse", {"Ids": [u], "Grad": [g]}, {}, {"table": w}, dev,
+                     f"row gradients of sparse table {w!r} from lookup id {op.attrs['fwd_id']}")
+            continue
+        for n in op.input_names():
+            if n in read and n not in sparse and (n, dev) not in pulled:
+                v = block.var(n)
+                emit("pull_dense", {}, {"Out": [n]},
+                     {"table": n, "shape": list(v.shape), "dtype": v.dtype}, dev,
+                     f"dense table {n!r} before its first use on {dev}")
+                pulled.add((n, dev))
+        new_ops.append(op)
+        for n in op.output_names():
+            if n in push_after:
+                emit("push_dense", {"Grad": [n]}, {}, {"table": push_after[n]}, dev,
+                     f"gradient of {push_after[n]!r} after its last contribution")
+    block.ops = new_ops
+    prog.attrs["tables"] = _specs(block, read | set(sparse), sparse, optim, prog.params, config)
+    prog.version += 1
+    return prog
+
+
+def _sparse_tables(block, trainer_ops: list[Op], read: set[str], config: TranspileConfig) -> set[str]:
+    """Tables served by rows: config.sparse_tables, or every is_sparse parameter only looked up."""
+    other_use: dict[str, Op] = {}
+    for op in trainer_ops:
+        for slot, names in op.inputs.items():
+            for n in names:
+                if n in read and not (op.type in ("embedding", "embedding_grad") and slot == "W"):
+                    other_use.setdefault(n, op)
+    if config.sparse_tables is None:
+        return {n for n in read if block.var(n).is_sparse and n not in other_use}
+    for n in config.sparse_tables:
+        if n not in read:
+            raise ValueError(f"config.sparse_tables names {n!r}, which no trainer op reads; parameters "
+                             f"read: {sorted(read)}")
+        if n in other_use:
+            op = other_use[n]
+            raise ValueError(f"sparse table {n!r} is read by op {op.type!r} (id {op.id}), which is not an "
+                             "embedding lookup; serve it as a dense table (leave it out of sparse_tables)")
+    return set(config.sparse_tables)
+
+
+def _specs(block, names: set[str], sparse: set[str], optim: dict, params: dict,
+           config: TranspileConfig) -> list[dict]:
+    """Table specs in name order; dense tables go to shards by size (largest first, least loaded)."""
+    specs, load = [], [0] * config.num_servers
+    for n in sorted(names, key=lambda n: (n in sparse, -_size(block.var(n)), n)):
+        v = block.var(n)
+        if n in sparse:
+            sharding = {"by": "id_hash", "num_shards": config.num_servers}
+        else:
+            k = load.index(min(load))
+            load[k] += _size(v)
+            sharding = {"by": "table", "shard": k, "num_shards": config.num_servers}
+        specs.append({"name": n, "kind": "sparse" if n in sparse else "dense", "shape": list(v.shape),
+                      "dtype": v.dtype, "initializer": None if n in params else v.initializer,
+                      "optimizer": optim.get(n), "sharding": sharding})
+    return sorted(specs, key=lambda s: s["name"])
+
+
+def _size(v: Var) -> int:
+    n = 1
+    for d in v.shape or ():
+        n *= max(d, 1)
+    return n

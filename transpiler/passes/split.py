@@ -1,0 +1,52 @@
+"""Pass 3, split: one sub-program per trainer type, its ops in the original (global) order.
+
+Each sub-program keeps op ids (so `fwd_id`, placement reasons and channels still refer to them),
+holds the vars its ops mention, and records `trainer_type`, its `feeds` (data ops) and, when the
+loss is computed there, `loss_name`. Parameter values stay out: trainers pull them.
+"""
+
+from __future__ import annotations
+
+from ..ir import Op, Program
+
+
+def split(program: Program) -> dict[str, Program]:
+    """{trainer type: sub-program} of a placed program, in `attrs["trainer_types"]` order.
+
+    The sub-programs take `program`'s Op objects (no copies: transpile owns the program it splits);
+    split a `program.clone()` to keep using the original. Vars are copied per sub-program.
+    """
+    groups: dict[str, list[Op]] = {}
+    names: dict[str, dict[str, None]] = {}
+    loss = program.attrs.get("loss_name")
+    loss_dev = None
+    for op in program.ops:
+        dev = op.attrs.get("op_device")
+        if not dev or dev == "ps":
+            raise ValueError(f"op {op.type!r} (id {op.id}) has op_device {dev!r}; run assign_devices "
+                             "and insert_ps (which moves optimizer ops to the server) before split")
+        if dev not in groups:
+            groups[dev], names[dev] = [], {}
+        groups[dev].append(op)
+        seen = names[dev]
+        for slots in (op.inputs, op.outputs):
+            for vs in slots.values():
+                seen.update(dict.fromkeys(vs))
+        if loss_dev is None and op.attrs.get("op_role") != "comm" and loss in seen \
+                and any(loss in vs for vs in op.outputs.values()):
+            loss_dev = dev
+    order = [t for t in program.attrs.get("trainer_types", []) if t in groups]
+    order += [t for t in groups if t not in order]
+    block_vars = program.global_block().vars
+    out = {}
+    for dev in order:
+        sub = Program()
+        sub._next_id = program._next_id
+        sub.global_block().vars = {n: block_vars[n].copy() for n in names[dev] if n in block_vars}
+        sub.global_block().ops = groups[dev]
+        sub.attrs = {"trainer_type": dev,
+                     "feeds": [op.outputs["Out"][0] for op in groups[dev] if op.type == "data"]}
+        if dev == loss_dev:
+            sub.attrs["loss_name"] = loss
+        out[dev] = sub
+    return out

@@ -1,0 +1,198 @@
+"""The Plan, what `transpile` returns: one sub-program per trainer type, the parameter-server tables,
+the channels between trainer types, the config, and why every op runs where it does.
+
+A plan directory holds `plan.json` (tables, channels, config, placement reasons), one
+`programs/<trainer type>.json` per sub-program and, when the source program carried parameter
+values (ONNX / Paddle imports), `params.npz`.
+
+A table spec: {"name", "kind": "dense" | "sparse", "shape", "dtype", "initializer": spec dict of
+`ops_registry.initializers` (None when `params.npz` holds the value), "optimizer": None (frozen) or
+{"type": "sgd" | "adagrad" | "adam", "lr", hyper-parameters, "state": {slot: {"out", "shape",
+"init"}}}, "sharding": {"by": "table", "shard", "num_shards"} (dense: whole table on one shard,
+balanced by size) | {"by": "id_hash", "num_shards"} (sparse: rows spread by id)}.
+A channel: {"tensor", "src", "dst", "shape", "dtype", "bytes_per_example", "direction"}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .backward import append_backward
+from .config import TranspileConfig
+from .ir import Op, Program, load_params, save_params
+from .passes import assign_devices, insert_comm, insert_ps, split, verify
+
+
+@dataclass
+class Plan:
+    """A transpiled program. `placement` maps str(op id) -> {"type", "device", "reason"} for every op
+    of the source program (optimizer ops: device "ps") and every op the passes inserted."""
+
+    programs: dict[str, Program]
+    tables: list[dict[str, Any]]
+    channels: list[dict[str, Any]]
+    config: TranspileConfig = field(default_factory=TranspileConfig)
+    placement: dict[str, dict[str, str]] = field(default_factory=dict)
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    loss_name: str | None = None
+
+    @property
+    def trainer_types(self) -> list[str]:
+        return list(self.programs)
+
+    def table(self, name: str) -> dict[str, Any]:
+        for t in self.tables:
+            if t["name"] == name:
+                return t
+        raise KeyError(f"no table {name!r} in the plan; tables: {[t['name'] for t in self.tables]}")
+
+    # -- checks and explanations ---------------------------------------------------------
+    def verify(self) -> None:
+        """Raise `PlanError` listing every problem (see transpiler.passes.verify)."""
+        verify(self)
+
+    def explain(self, op: Op | int | str) -> str:
+        """Why an op (an Op, an op id, or the name of a var it produces) runs where it does."""
+        if isinstance(op, str):
+            op = self._producer(op)
+        key = str(op.id if isinstance(op, Op) else op)
+        if key not in self.placement:
+            raise KeyError(f"op id {key} is not in this plan's placement record")
+        p = self.placement[key]
+        return f"op id {key} {p['type']!r} -> {p['device']}: {p['reason']}"
+
+    def _producer(self, var: str) -> int:
+        for prog in self.programs.values():
+            for op in prog.ops:
+                if op.role != "comm" and any(var in names for names in op.outputs.values()):
+                    return op.id
+        raise KeyError(f"no op of the plan produces {var!r}")
+
+    # -- persistence ----------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write the plan directory (plan.json, programs/<type>.json, params.npz)."""
+        path = Path(path)
+        (path / "programs").mkdir(parents=True, exist_ok=True)
+        for dev, prog in self.programs.items():
+            (path / "programs" / f"{dev}.json").write_text(prog.to_json(indent=1))
+        meta = {"version": 1, "trainer_types": self.trainer_types, "loss_name": self.loss_name,
+                "config": self.config.to_dict(), "tables": self.tables, "channels": self.channels,
+                "placement": self.placement}
+        (path / "plan.json").write_text(json.dumps(meta, indent=1))
+        if self.params:
+            save_params(self.params, path / "params.npz")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        path = Path(path)
+        if not (path / "plan.json").exists():
+            raise FileNotFoundError(f"{path} is not a plan directory: no plan.json (make one with Plan.save)")
+        meta = json.loads((path / "plan.json").read_text())
+        programs = {t: Program.from_json((path / "programs" / f"{t}.json").read_text())
+                    for t in meta["trainer_types"]}
+        params = load_params(path / "params.npz") if (path / "params.npz").exists() else {}
+        return cls(programs, meta["tables"], meta["channels"], TranspileConfig.from_dict(meta["config"]),
+                   meta["placement"], params, meta["loss_name"])
+
+    # -- views ----------------------------------------------------------------------------
+    def summary(self) -> str:
+        """Ops per trainer type, each boundary tensor with bytes per example, each table."""
+        lines = [f"plan: {len(self.programs)} trainer types, {len(self.tables)} tables, "
+                 f"{len(self.channels)} boundary tensors; ps mode {self.config.mode}, "
+                 f"{self.config.num_servers} server(s)"]
+        for dev, prog in self.programs.items():
+            roles: dict[str, int] = {}
+            for op in prog.ops:
+                roles[op.role] = roles.get(op.role, 0) + 1
+            lines.append(f"trainer {dev}: {len(prog.ops)} ops ("
+                         + ", ".join(f"{n} {r}" for r, n in roles.items()) + ")")
+        lines.append("boundary tensors (bytes per example):")
+        totals: dict[tuple[str, str], int] = {}
+        for c in self.channels:
+            shape = c["shape"] if c["shape"] is not None else "?"
+            lines.append(f"  {c['src']:>4} -> {c['dst']:<4} {c['direction']:<8} {c['tensor']:<32} "
+                         f"{c['dtype']}{shape}  {c['bytes_per_example']} B")
+            k = (c["src"], c["dst"])
+            totals[k] = totals.get(k, 0) + c["bytes_per_example"]
+        lines += [f"  total {s} -> {d}: {n} B per example" for (s, d), n in totals.items()]
+        lines.append("tables:")
+        for t in self.tables:
+            opt = t["optimizer"]
+            opt_s = "frozen" if not opt else f"{opt['type']}(lr={opt.get('lr')})"
+            shape = " x ".join(map(str, t["shape"]))
+            lines.append(f"  {t['name']:<24} {t['kind']:<6} {shape} {t['dtype']}  {opt_s}  "
+                         f"shard {t['sharding'].get('shard', 'by id hash')}")
+        return "\n".join(lines)
+
+    def to_onnx(self, path: str | Path) -> list[Path]:
+        """One `<trainer type>.onnx` per sub-program (comm and PS ops as custom-domain nodes)."""
+        import onnx
+
+        from .onnx_export import to_onnx
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        out = []
+        for dev, prog in self.programs.items():
+            f = path / f"{dev}.onnx"
+            onnx.save(to_onnx(prog), str(f))
+            out.append(f)
+        return out
+
+    def draw(self, path: str | Path) -> Path:
+        """A PNG of the op graph: ops coloured by trainer type, boundary edges red with bytes."""
+        from .draw import draw_plan
+
+        return draw_plan(self, Path(path))
+
+
+def transpile(program: Program, config: TranspileConfig | None = None) -> Plan:
+    """Split a single-process training program into a heterogeneous parameter-server Plan.
+
+    A program without backward ops but with `attrs["loss_name"]` (e.g. an ONNX import with a loss)
+    gets its backward ops first. The plan is verified before it is returned.
+    """
+    with _gc_paused():
+        return _transpile(program, config or TranspileConfig())
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Transpiling makes a few objects per op and no reference cycles; the cyclic collector's
+    repeated scans of them cost more than the passes themselves (3-7x on a 10k-op program)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _transpile(program: Program, config: TranspileConfig) -> Plan:
+    prog = program.clone()
+    loss = prog.attrs.get("loss_name") or next(
+        (op.output_names()[0] for op in prog.ops if op.role == "loss"), None)
+    if loss and not any(op.role == "backward" for op in prog.ops):
+        append_backward(prog, loss)
+    placed = assign_devices(prog, config)
+    placed.attrs["loss_name"] = loss
+    placement = {str(op.id): {"type": op.type, "device": op.device} for op in placed.ops}
+    done = insert_comm(insert_ps(placed, config))
+    placement.update({str(op.id): {"type": op.type, "device": op.device} for op in done.ops
+                      if op.role in ("comm", "ps")})
+    for k, reason in done.attrs["placement"].items():
+        placement[k]["reason"] = reason
+    plan = Plan(split(done), done.attrs["tables"], done.attrs["channels"], config, placement,
+                dict(prog.params), loss)
+    plan.verify()
+    return plan
