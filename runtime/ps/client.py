@@ -153,54 +153,69 @@ class PSClient:
 
         In sync mode pass the trainer's `step` t: the reply waits until t steps are applied.
         """
-        spec = self._check_ids(table, ids, "pull")
-        base = {"op": "pull", "table": table, "step": step}
-        if spec["kind"] == "dense":
-            return self._call({self._dense[table]: (base, [])})[self._dense[table]][1][0]
-        ids = np.asarray(ids)
-        flat = ids.reshape(-1).astype(np.int64)
-        uniq, inv = (flat, None) if _sorted_unique(flat) else np.unique(flat, return_inverse=True)
-        parts = self._split(uniq)
-        replies = self._call({k: (base, [uniq[p]]) for k, p in enumerate(parts) if p.size})
-        rows = np.empty((uniq.size, spec["shape"][1]), spec["dtype"])
-        for k, (_, arrays) in replies.items():
-            rows[parts[k]] = arrays[0]
-        return (rows if inv is None else rows[inv]).reshape(*ids.shape, spec["shape"][1])
+        return self.pull_many([(table, ids)], step=step)[0]
+
+    def pull_many(self, requests: Sequence[tuple[str, np.ndarray | None]], *,
+                  step: int | None = None) -> list[np.ndarray]:
+        """`pull` of several (table, ids or None) at once: all their shard requests are in flight
+        together, so they cost one round trip, not one per table."""
+        sends: list[tuple[int, dict, list]] = []
+        plans = []  # per request: spec, ids' shape (None: dense), unique ids, inverse, [(send, positions)]
+        for table, ids in requests:
+            spec = self._check_ids(table, ids, "pull")
+            base = {"op": "pull", "table": table, "step": step}
+            if spec["kind"] == "dense":
+                plans.append((spec, None, 0, None, [(len(sends), None)]))
+                sends.append((self._dense[table], base, []))
+                continue
+            ids = np.asarray(ids)
+            flat = ids.reshape(-1).astype(np.int64)
+            uniq, inv = (flat, None) if _sorted_unique(flat) else np.unique(flat, return_inverse=True)
+            where = []
+            for k, p in enumerate(self._split(uniq)):
+                if p.size:
+                    where.append((len(sends), p))
+                    sends.append((k, base, [uniq[p]]))
+            plans.append((spec, ids.shape, uniq.size, inv, where))
+        replies = self._exchange(sends)
+        out = []
+        for spec, shape, n, inv, where in plans:
+            if shape is None:
+                out.append(replies[where[0][0]][1][0])
+                continue
+            rows = np.empty((n, spec["shape"][1]), spec["dtype"])
+            for i, p in where:
+                rows[p] = replies[i][1][0]
+            out.append((rows if inv is None else rows[inv]).reshape(*shape, spec["shape"][1]))
+        return out
 
     def push(self, table: str, grad: np.ndarray | SparseRows, ids: np.ndarray | None = None, *,
              step: int | None = None) -> None:
         """Dense: `grad` of the parameter's shape. Sparse: row gradients `grad` [n, dim] of `ids` [n]
         (or a SparseRows). In sync mode pass the step t being pushed; in geo mode `grad` is a delta."""
-        if isinstance(grad, SparseRows):
-            ids, grad = grad.rows, grad.values
-        spec = self._check_ids(table, ids, "push")
-        base = {"op": "push", "table": table, "step": step, "pusher": self.pusher}
-        if spec["kind"] == "dense":
-            self._call({self._dense[table]: (base, [np.asarray(grad)])})
-            return
-        ids, grad = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(grad)
-        if grad.ndim != 2 or grad.shape[0] != ids.size:
-            raise PSError(f"push to {table!r}: {ids.size} ids need a gradient of shape "
-                          f"[{ids.size}, {spec['shape'][1]}], got {list(grad.shape)}")
-        if not _sorted_unique(ids):
-            merged = SparseRows(ids, grad, 0).merged(np)
-            ids, grad = merged.rows, merged.values
-        self._call({k: (base, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))})
+        self.push_many([(table, grad, ids)], step=step)
 
-    def pull_many(self, tables: Sequence[str], *, step: int | None = None) -> dict[str, np.ndarray]:
-        """Several dense tables in one round trip (`pull` of each, with the requests in flight together)."""
-        for t in tables:
-            self._check_ids(t, None, "pull_many")
-        replies = self._exchange([(self._dense[t], {"op": "pull", "table": t, "step": step}, [])
-                                  for t in tables])
-        return {t: arrays[0] for t, (_, arrays) in zip(tables, replies, strict=True)}
-
-    def push_many(self, grads: dict[str, np.ndarray], *, step: int | None = None) -> None:
-        """Gradients of several dense tables in one round trip (`push` of each, pipelined)."""
-        for t in grads:
-            self._check_ids(t, None, "push_many")
-        self._exchange([(self._dense[t], {"op": "push", "table": t, "step": step, "pusher": self.pusher},
-                         [np.asarray(g)]) for t, g in grads.items()])
+    def push_many(self, requests: Sequence[tuple[str, np.ndarray | SparseRows, np.ndarray | None]], *,
+                  step: int | None = None) -> None:
+        """`push` of several (table, grad, ids or None) at once, in one round trip."""
+        sends: list[tuple[int, dict, list]] = []
+        for table, grad, ids in requests:
+            if isinstance(grad, SparseRows):
+                ids, grad = grad.rows, grad.values
+            spec = self._check_ids(table, ids, "push")
+            base = {"op": "push", "table": table, "step": step, "pusher": self.pusher}
+            if spec["kind"] == "dense":
+                sends.append((self._dense[table], base, [np.asarray(grad)]))
+                continue
+            ids, grad = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(grad)
+            if grad.ndim != 2 or grad.shape[0] != ids.size:
+                raise PSError(f"push to {table!r}: {ids.size} ids need a gradient of shape "
+                              f"[{ids.size}, {spec['shape'][1]}], got {list(grad.shape)}")
+            if not _sorted_unique(ids):
+                merged = SparseRows(ids, grad, 0).merged(np)
+                ids, grad = merged.rows, merged.values
+            sends += [(k, base, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))]
+        self._exchange(sends)
 
     def assign(self, table: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set a table's values: dense, the whole array; sparse, rows `ids` (e.g. imported weights,

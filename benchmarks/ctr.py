@@ -1,0 +1,185 @@
+"""CTR training throughput: hetps heterogeneous (local engine, gpu emulated) vs PaddlePaddle 3.3.1.
+
+The model (DESIGN.md): Wide&Deep, batch 512, 26 categorical slots hashed into one vocabulary of
+100 000 ids, deep embedding dim 16 + wide (dim 1), 13 dense features, MLP 400-400-400, SGD.
+
+In one run this measures, on the same 20 pre-generated synthetic batches (cycled):
+1. the machine's bound: the MLP's forward + backward GEMMs alone with single-threaded BLAS, times
+   the number of cores, as examples/s (what a perfect 2-core implementation could reach);
+2. PaddlePaddle 3.3.1, single process, legacy static IR (FLAGS_enable_pir_api=0), sparse embedding
+   gradients, FLAGS_paddle_num_threads=2 (a subprocess, so its flags and threads are its own);
+3. hetps: the program transpiled by type (embeddings on cpu trainers, MLP on the emulated gpu
+   trainer, tables on parameter-server shards), trained with `runtime.train` on the local engine;
+and prints examples/s, the ratios and where hetps's time goes. Each side trains `--warmup` steps,
+then is timed over `--steps` steps.
+
+    python benchmarks/ctr.py                       # the default, best setting for a 2-core machine
+    python benchmarks/ctr.py --trainers cpu=2,gpu=1 --micro-batches 4 --mode async
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+BATCH, SLOTS, VOCAB, DIM, DENSE, HIDDEN, LR = 512, 26, 100_000, 16, 13, (400, 400, 400), 0.01
+NUM_BATCHES = 20
+
+
+def batches() -> list[dict[str, np.ndarray]]:
+    from runtime.data import SyntheticCTR
+
+    data = SyntheticCTR(vocab=VOCAB, num_slots=SLOTS, num_dense=DENSE, seed=0)
+    return [data.batch(i, BATCH) for i in range(NUM_BATCHES)]
+
+
+def bound(repeats: int = 20) -> float:
+    """examples/s of the MLP's forward+backward GEMMs on one core (single-threaded BLAS) x cores."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    dims = [SLOTS * DIM + DENSE, *HIDDEN, 1]
+    ws = [rng.normal(size=(a, b)).astype(np.float32) for a, b in zip(dims, dims[1:], strict=False)]
+    x = rng.normal(size=(BATCH, dims[0])).astype(np.float32)
+
+    def step() -> None:
+        acts = [x]
+        for w in ws:
+            acts.append(acts[-1] @ w)
+        g = np.ones((BATCH, 1), np.float32)
+        for i in reversed(range(len(ws))):
+            _ = acts[i].T @ g   # weight gradient
+            g = g @ ws[i].T     # input gradient (the first layer's feeds the embeddings)
+
+    with threadpool_limits(1):
+        step()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+    return BATCH / float(np.median(times)) * (os.cpu_count() or 1)
+
+
+def paddle_worker(steps: int, warmup: int) -> None:
+    """Runs in a subprocess (flags must be set before paddle is imported); prints a JSON line."""
+    os.environ["FLAGS_enable_pir_api"] = "0"
+    import paddle
+    import paddle.nn.functional as F
+
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        ids = paddle.static.data("sparse", [-1, SLOTS], "int64")
+        dense = paddle.static.data("dense", [-1, DENSE], "float32")
+        label = paddle.static.data("label", [-1, 1], "float32")
+        wide = paddle.static.nn.embedding(ids, size=[VOCAB, 1], is_sparse=True)
+        # paddle.sum is broken in 3.3.1's legacy IR (DESIGN.md): sum over slots = mean * slots
+        wide = paddle.mean(paddle.reshape(wide, [-1, SLOTS]), axis=1, keepdim=True) * float(SLOTS)
+        emb = paddle.static.nn.embedding(ids, size=[VOCAB, DIM], is_sparse=True)
+        h = paddle.concat([paddle.reshape(emb, [-1, SLOTS * DIM]), dense], axis=1)
+        for size in HIDDEN:
+            h = paddle.static.nn.fc(h, size, activation="relu")
+        logit = paddle.static.nn.fc(h, 1) + wide
+        loss = paddle.mean(F.binary_cross_entropy_with_logits(logit, label, reduction="none"))
+        paddle.optimizer.SGD(LR).minimize(loss)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(startup)
+    bs = batches()
+    losses = []
+    for i in range(warmup):
+        exe.run(main, feed=bs[i % NUM_BATCHES], fetch_list=[loss])
+    t0 = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        (lv,) = exe.run(main, feed=bs[i % NUM_BATCHES], fetch_list=[loss])
+        losses.append(float(lv))
+    dt = time.perf_counter() - t0
+    print(json.dumps({"examples_per_s": steps * BATCH / dt, "first_loss": losses[0], "last_loss": losses[-1]}))
+
+
+def paddle(steps: int, warmup: int, threads: int) -> dict:
+    env = {**os.environ, "FLAGS_paddle_num_threads": str(threads), "GLOG_minloglevel": "2",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, __file__, "--paddle-worker", "--steps", str(steps),
+                           "--warmup", str(warmup)], env=env, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the Paddle run failed:\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int, mode: str,
+          servers: int):
+    from runtime import train
+    from transpiler import builder as nn
+    from transpiler import transpile
+    from transpiler.models import wide_deep
+
+    model = wide_deep(num_slots=SLOTS, vocab=VOCAB, dim=DIM, num_dense=DENSE, hidden=HIDDEN,
+                      optimizer=nn.SGD(lr=LR))
+    plan = transpile(model.main)
+    bs = batches()
+    total = warmup + steps
+    hist = train(plan, bs, epochs=-(-total // NUM_BATCHES), steps=total, trainers=trainers,
+                 micro_batches=micro_batches, mode=mode, servers=servers, allow_emulation=True)
+    return plan, hist
+
+
+def parse_trainers(text: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (part.split("=") for part in text.split(","))}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200, help="timed steps (after warm-up)")
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--trainers", type=parse_trainers, default=parse_trainers("cpu=1,gpu=1"))
+    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--mode", choices=("sync", "async"), default="sync")
+    ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--paddle-threads", type=int, default=2)
+    ap.add_argument("--skip-paddle", action="store_true")
+    ap.add_argument("--paddle-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.paddle_worker:
+        paddle_worker(args.steps, args.warmup)
+        return {}
+    sys.path.insert(0, str(REPO))
+    import logging
+
+    logging.getLogger("hetps.device").setLevel(logging.ERROR)  # the emulation is stated below
+
+    print(f"CTR benchmark: batch {BATCH}, {SLOTS} slots x vocab {VOCAB} x dim {DIM} + wide, {DENSE} dense, "
+          f"MLP {'-'.join(map(str, HIDDEN))}, SGD; {args.warmup} warm-up + {args.steps} timed steps; "
+          f"{os.cpu_count()} cores")
+    out: dict = {"bound": bound()}
+    print(f"bound (MLP GEMMs, 1 BLAS thread x {os.cpu_count()} cores): {out['bound']:10,.0f} examples/s")
+    if not args.skip_paddle:
+        pd = paddle(args.steps, args.warmup, args.paddle_threads)
+        out["paddle"] = pd["examples_per_s"]
+        print(f"PaddlePaddle 3.3.1 legacy IR, {args.paddle_threads} threads: {out['paddle']:10,.0f} examples/s "
+              f"(loss {pd['first_loss']:.4f} -> {pd['last_loss']:.4f})")
+    setting = (f"trainers {args.trainers}, {args.micro_batches} micro-batches, {args.servers} server(s), "
+               f"{args.mode} mode, gpu EMULATED on cpu")
+    plan, hist = hetps(args.steps, args.warmup, args.trainers, args.micro_batches, args.mode, args.servers)
+    out["hetps"] = hist.examples_per_s(skip=args.warmup)
+    print(f"hetps ({setting}): {out['hetps']:10,.0f} examples/s (loss {np.mean(hist.loss[:10]):.4f} -> "
+          f"{np.mean(hist.loss[-10:]):.4f}; start-up {hist.startup_s:.1f} s)")
+    if "paddle" in out:
+        print(f"hetps / Paddle: {out['hetps'] / out['paddle']:.2f}x   (bar 1.5x, goal 3x)")
+    print(f"hetps / bound:  {100 * out['hetps'] / out['bound']:.0f}%   (goal 50%)")
+    print("where hetps's time goes (share of each trainer's wall time):")
+    print(hist.time_use())
+    out["trainers"] = hist.trainers
+    return out
+
+
+if __name__ == "__main__":
+    main()

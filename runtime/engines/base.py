@@ -1,0 +1,87 @@
+"""The Engine interface, and the wrapper every engine runs its entry points in."""
+
+from __future__ import annotations
+
+import signal
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ProcessFailure:
+    """A process of the run that ended while it was still needed."""
+
+    name: str
+    pid: int | None
+    how: str  # "exited with code 1", "was killed by signal SIGKILL", ...
+
+    def __str__(self) -> str:
+        return f"{self.name} (pid {self.pid}) {self.how}"
+
+
+class Engine(ABC):
+    """Starts named entry points, tells their addresses, reports the dead, tears down.
+
+    `start(name, target, kwargs)` runs `child_main(name, target, kwargs, report, secret)`, so a
+    failing entry point sends its traceback to the driver's inbox at `report` before it exits.
+    """
+
+    secret: bytes | None = None  # a key to sign the run's messages with (network-facing engines)
+
+    def place(self, needs: dict[str, dict[str, float]]) -> None:  # noqa: B027 (optional hook)
+        """Decide where every process of the run goes, before any `endpoint` is asked for:
+        `needs` maps each process name to its resource hints (e.g. {"gpu": 1}). The local engine
+        has nothing to decide; a cluster engine places (and may start) its workers here."""
+
+    @abstractmethod
+    def endpoint(self, name: str) -> str:
+        """The address process `name` binds (its inbox, or a server's socket)."""
+
+    @abstractmethod
+    def start(self, name: str, target: Callable[..., Any], kwargs: dict[str, Any], *,
+              report: str, secret: bytes | None = None, resources: dict[str, float] | None = None) -> None:
+        """Start `target(**kwargs)` as process `name`; `resources` are hints (e.g. {"gpu": 1})."""
+
+    @abstractmethod
+    def ended(self) -> dict[str, ProcessFailure | None]:
+        """Processes that have ended: None for a clean exit, else how they failed."""
+
+    @abstractmethod
+    def pids(self) -> dict[str, int | None]:
+        """{name: process id} of every started process (None where the engine cannot tell)."""
+
+    @abstractmethod
+    def stop(self, timeout: float = 3.0) -> None:
+        """End every process (politely, then by force after `timeout` s) and free the addresses."""
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def child_main(name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str,
+               secret: bytes | None = None) -> None:
+    """Run one entry point in its own process: BLAS pinned to one thread (processes share the
+    cores, and two BLAS threads per process on 2 cores ran 4x slower), Ctrl-C left to the driver
+    (which tears the run down), and an exception's traceback sent to the driver before exiting 1."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+    try:
+        target(**kwargs)
+    except BaseException:
+        text = traceback.format_exc()
+        try:
+            from ..channels import Outbox
+
+            out = Outbox(secret)
+            out.send(report, {"k": "error", "who": name, "tb": text})
+            out.close()
+        finally:
+            raise SystemExit(1) from None

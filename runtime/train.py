@@ -1,0 +1,402 @@
+"""`train`: run a Plan on trainer processes and parameter-server shards, and report a History.
+
+The driver (the calling process) transpiles a Program when given one, checks what can be checked
+before any process starts (trainer counts, devices, the data source, end conditions), then starts
+the shards (`runtime.ps.serve`) and the trainers (`runtime.trainer.run_trainer`) through an engine
+and listens on its inbox: readers announce steps, the trainers that compute the loss report each
+micro-batch's loss (and scores and labels, for the AUC), every trainer reports its time use at the
+end. A process that fails is reported with its traceback, or the signal that killed it, within a
+second; the run is then torn down and `train` raises `TrainingError` naming it. No process outlives
+`train`: success, exception and Ctrl-C all end in the engine's `stop`.
+
+End conditions (any that is given, whichever comes first): `steps`; `epochs` of a finite data source;
+`until_loss`: stop once the mean loss of the last 10 steps is <= the target (readers may run up to
+`LOOKAHEAD` - 1 steps past that step, as the driver grants steps to readers that many ahead).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from transpiler.ir import Program
+from transpiler.plan import Plan, transpile
+
+from . import sources
+from .channels import Inbox, Outbox
+from .device import array_module
+from .engines import Engine, make_engine
+from .metrics import auc
+from .ps import PSClient, serve
+from .telemetry import Telemetry, unpack_spans
+from .trainer import run_trainer
+
+LOOKAHEAD = 3
+LOSS_WINDOW = 10
+
+
+class TrainingError(RuntimeError):
+    """A process of the run failed (the message names it and holds its traceback or signal)."""
+
+    def __init__(self, who: str, detail: str) -> None:
+        self.who, self.detail = who, detail
+        super().__init__(f"{who} failed: {detail}")
+
+
+@dataclass
+class History:
+    """What a run did, one entry per step in the per-step lists.
+
+    `loss`: the loss on the step's global batch (before the step's update); `auc`: the AUC of the
+    step's predictions when labels are binary (NaN otherwise); `time`: seconds from the start of
+    training (all processes ready) to the step's last micro-batch; `trainers`: per trainer, seconds
+    busy computing (`busy_s`), in parameter-server calls (`ps_s`), waiting for messages (`wait_s`),
+    sending (`send_s`), its `wall_s` and micro-batches run; `params`: final table values when
+    asked for (`return_params=True`).
+    """
+
+    loss: list[float] = field(default_factory=list)
+    auc: list[float] = field(default_factory=list)
+    examples: list[int] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+    trainers: dict[str, dict[str, float]] = field(default_factory=dict)
+    startup_s: float = 0.0
+    wall_s: float = 0.0
+    params: dict[str, np.ndarray] | None = None
+    scores: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list, repr=False)
+
+    @property
+    def steps(self) -> int:
+        return len(self.loss)
+
+    def examples_per_s(self, skip: int = 1) -> float:
+        """Throughput over the steps after the first `skip` (warm-up) steps."""
+        if self.steps <= skip:
+            return float("nan")
+        start = self.time[skip - 1] if skip > 0 else 0.0
+        return sum(self.examples[skip:]) / max(self.time[-1] - start, 1e-9)
+
+    def auc_over(self, last: int) -> float:
+        """The AUC of the predictions of the last `last` steps pooled (NaN without binary labels)."""
+        got = self.scores[-last:]
+        if not got:
+            return float("nan")
+        return auc(np.concatenate([y for _, y in got]), np.concatenate([s for s, _ in got]))
+
+    def time_use(self) -> str:
+        """One line per trainer: busy / parameter server / waiting for messages, as % of its wall time."""
+        lines = []
+        for name, s in sorted(self.trainers.items()):
+            wall = max(s.get("wall_s", 0.0), 1e-9)
+            pct = {k: 100 * s[k] / wall for k in ("busy_s", "ps_s", "wait_s", "send_s")}
+            lines.append(f"{name:>6}: busy {pct['busy_s']:5.1f}%  ps {pct['ps_s']:5.1f}%  "
+                         f"wait {pct['wait_s']:5.1f}%  send {pct['send_s']:4.1f}%  "
+                         f"({s['items']} micro-batches, {wall:.1f} s)")
+        return "\n".join(lines)
+
+
+@dataclass
+class _Step:
+    readers: int = 0
+    items: int = 0
+    examples: int = 0
+    got: int = 0
+    loss: float = 0.0
+    scores: list = field(default_factory=list)
+    labels: list = field(default_factory=list)
+
+
+def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = None, epochs: int | None = None,
+          until_loss: float | None = None, batch_size: int | None = None,
+          trainers: dict[str, int] | None = None, servers: int | None = None, mode: str | None = None,
+          micro_batches: int = 4, engine: str | Engine = "local", device_map: dict[str, str] | None = None,
+          allow_emulation: bool = False, return_params: bool = False, checkpoint: str | None = None,
+          callback: Callable[[dict[str, Any]], None] | None = None, secret: bytes | None = None,
+          stall_timeout: float = 60.0, address: str | None = None, metrics: str | None = None,
+          trace: str | None = None, progress: bool | None = None) -> History:
+    """Train `plan_or_program` (a Program is transpiled with the default config) on `data`.
+
+    - `data`: generated data with `batch(i, n)` (then `batch_size` is the global batch size) or a
+      re-iterable of global feed dicts (see `runtime.sources`).
+    - `trainers`: processes per trainer type, default {"cpu": 2, "gpu": 1} (1 for other types);
+      the type owning the data ops reads data. `servers`, `mode`: default to the plan's config.
+    - `micro_batches`: micro-batches per reader and step (and the most a reader has in flight).
+    - `device_map` / `allow_emulation`: see `runtime.device.array_module`; a gpu type without CUDA
+      is refused before any process starts unless emulation is allowed.
+    - `callback(record)` is called in step order with {"step", "loss", "auc", "examples", "time"}.
+    - `return_params`: put the final table values in `History.params` (sparse tables need a known
+      vocab); `checkpoint`: save the servers' tables there (`runtime.ps` checkpoint format).
+    - `engine`: "local" (processes on this machine), "ray" (Ray actors; `address` = the cluster to
+      join, None = start a local Ray) or an Engine instance.
+    - `metrics`: append start / per-step / end records to this JSONL file (`hetps plot` draws it);
+      `trace`: write a Chrome-trace timeline of every trainer and server there; `progress`: a tqdm
+      bar with loss, AUC and examples/s (None: when stderr is a terminal). See runtime.telemetry.
+    """
+    plan = plan_or_program if isinstance(plan_or_program, Plan) else transpile(plan_or_program)
+    cfg = _Config.make(plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
+                       micro_batches, device_map, allow_emulation, stall_timeout)
+    eng = make_engine(engine, address)
+    secret = secret if secret is not None else eng.secret
+    tel = Telemetry(metrics, trace, progress, total=steps, meta={
+        "trainers": cfg.counts, "servers": cfg.servers, "mode": cfg.mode, "micro_batches": micro_batches,
+        "batch_size": batch_size, "engine": type(eng).__name__, "tables": len(plan.tables)})
+    history, error = History(), None
+    try:
+        _run(plan, cfg, data, eng, history, secret, tel.chain(callback), return_params, checkpoint, tel)
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        eng.stop()
+        tel.close({"steps": history.steps, "wall_s": history.wall_s, "startup_s": history.startup_s,
+                   "examples_per_s": history.examples_per_s(), "time_use": history.trainers}, error)
+    return history
+
+
+@dataclass
+class _Config:
+    counts: dict[str, int]
+    reader: str
+    mode: str
+    servers: int
+    micro_batches: int
+    steps: int | None
+    epochs: int | None
+    until_loss: float | None
+    batch_size: int | None
+    device_map: dict[str, str] | None
+    allow_emulation: bool
+    stall_timeout: float
+    loss_reduction: str
+    pushes: dict[str, int]
+
+    @classmethod
+    def make(cls, plan: Plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
+             micro_batches, device_map, allow_emulation, stall_timeout) -> _Config:
+        if steps is None and epochs is None and until_loss is None:
+            raise ValueError("train needs an end condition: steps=, epochs= or until_loss=")
+        for what, v in (("steps", steps), ("epochs", epochs), ("micro_batches", micro_batches)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"{what} must be a positive int, got {v!r}")
+        sources.check_source(data, batch_size, epochs)
+        if not plan.loss_name:
+            raise ValueError("the plan has no loss: train needs a program with a loss (minimize(loss))")
+        types = plan.trainer_types
+        readers = [t for t, p in plan.programs.items() if p.attrs.get("feeds")]
+        if len(readers) != 1:
+            raise ValueError(f"exactly one trainer type must own the data ops, found {readers or 'none'}; "
+                             "place every data op on one type (e.g. config.op_type_devices={'data': 'cpu'})")
+        if trainers is None:
+            counts = {t: {"cpu": 2, "gpu": 1}.get(t, 1) for t in types}
+        else:
+            counts = dict(trainers)
+            if set(counts) != set(types):
+                raise ValueError(f"trainers={trainers} must give a count for exactly the plan's trainer "
+                                 f"types {types}")
+            bad = {t: n for t, n in counts.items() if not isinstance(n, int) or n < 1}
+            if bad:
+                raise ValueError(f"trainer counts must be positive ints, got {bad}")
+        for t in types:  # refuses a gpu type without CUDA (unless emulated) before anything starts
+            array_module(t, device_map, allow_emulation)
+        mode = mode or plan.config.mode
+        if mode not in ("sync", "async"):
+            raise ValueError(f"mode {mode!r}: the runtime trains in 'sync' or 'async' mode")
+        loss_op = next(op for p in plan.programs.values() for op in p.ops
+                       if plan.loss_name in op.output_names() and op.role != "comm")
+        pushes: dict[str, int] = {}
+        for t, p in plan.programs.items():
+            for table in {op.attrs["table"] for op in p.ops if op.type in ("push_dense", "push_sparse")}:
+                pushes[table] = pushes.get(table, 0) + counts[t]
+        return cls(counts, readers[0], mode, servers or plan.config.num_servers, micro_batches, steps,
+                   epochs, until_loss, batch_size, device_map, allow_emulation, stall_timeout,
+                   "sum" if loss_op.type == "reduce_sum" else "mean", pushes)
+
+
+def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, secret: bytes | None,
+         callback, return_params: bool, checkpoint: str | None, tel: Telemetry) -> None:
+    names = [f"{t}:{i}" for t, n in cfg.counts.items() for i in range(n)]
+    kinds = {t: (cfg.device_map or {}).get(t, "gpu" if t.startswith("gpu") else "cpu") for t in cfg.counts}
+    needs = {**{f"ps:{k}": {} for k in range(cfg.servers)},
+             **{n: {"gpu": 1} if kinds[n.split(":")[0]] == "gpu" else {} for n in names}}
+    eng.place(needs)
+    inbox = Inbox(eng.endpoint("driver"), secret)
+    out = Outbox(secret)
+    report = inbox.endpoint
+    ps_eps = [eng.endpoint(f"ps:{k}") for k in range(cfg.servers)]
+    endpoints = {n: eng.endpoint(n) for n in names}
+    listen = _Listen(cfg, eng, inbox, out, names, endpoints, history, callback, tel)
+    try:
+        for k, ep in enumerate(ps_eps):
+            eng.start(f"ps:{k}", serve, dict(endpoint=ep, specs=plan.tables, shard=k, num_shards=cfg.servers,
+                                             mode=cfg.mode, pushes_per_step=cfg.pushes or 1, secret=secret,
+                                             trace=tel.tracing),
+                      report=report, secret=secret)
+        if plan.params:
+            _load_values(plan, ps_eps, secret)
+        for name in names:
+            t, i = name.split(":")
+            spec = _trainer_spec(plan, cfg, data, t, int(i), endpoints, ps_eps, report, secret)
+            spec["trace"] = tel.tracing
+            eng.start(name, run_trainer, {"spec": spec}, report=report, secret=secret, resources=needs[name])
+        listen.run()
+        if return_params or checkpoint or tel.tracing:
+            with PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout) as client:
+                if tel.tracing:
+                    for k, spans in enumerate(client.trace()):
+                        tel.spans(f"ps:{k}", spans)
+                if checkpoint:
+                    client.save(checkpoint)
+                if return_params:
+                    history.params = _pull_all(client, plan)
+    finally:
+        out.close()
+        inbox.close()
+
+
+def _trainer_spec(plan: Plan, cfg: _Config, data, t: str, i: int, endpoints: dict, ps_eps: list,
+                  report: str, secret) -> dict[str, Any]:
+    reader = t == cfg.reader
+    return {
+        "name": f"{t}:{i}", "type": t, "index": i, "program": plan.programs[t].to_json(),
+        "reader": cfg.reader, "counts": cfg.counts, "endpoints": endpoints, "driver": report,
+        "ps": ps_eps, "mode": cfg.mode, "micro_batches": cfg.micro_batches, "tables": plan.tables,
+        "loss": plan.loss_name, "loss_reduction": cfg.loss_reduction, "secret": secret,
+        "device_map": cfg.device_map, "allow_emulation": cfg.allow_emulation,
+        "stall_timeout": cfg.stall_timeout, "data": data if reader else None,
+        "batch_size": cfg.batch_size, "steps": cfg.steps, "epochs": cfg.epochs,
+        "grant": LOOKAHEAD if cfg.until_loss is not None else None,
+    }
+
+
+class _Listen:
+    """The driver's loop: collect reports, grant steps (until_loss), watch the processes."""
+
+    def __init__(self, cfg: _Config, eng: Engine, inbox: Inbox, out: Outbox, names: list[str],
+                 endpoints: dict, history: History, callback, tel: Telemetry) -> None:
+        self.cfg, self.eng, self.inbox, self.out = cfg, eng, inbox, out
+        self.names, self.endpoints, self.history, self.callback = names, endpoints, history, callback
+        self.tel = tel
+        self.readers = [n for n in names if n.split(":")[0] == cfg.reader]
+        self.steps: dict[int, _Step] = {}
+        self.next = 0                # next step to hand to the history
+        self.grant, self.final = LOOKAHEAD, False
+        self.ready: set[str] = set()
+        self.done: set[str] = set()
+        self.t0 = self.t_start = time.perf_counter()
+
+    def run(self) -> None:
+        last = checked = time.perf_counter()
+        while len(self.done) < len(self.names):
+            msg = self.inbox.recv(200)
+            now = time.perf_counter()
+            if msg is not None:
+                last = now
+                self._handle(*msg)
+            if now - checked >= 0.2:  # however busy the inbox, look at the processes 5 times a second
+                checked = now
+                self._check_processes()
+                if now - last > self.cfg.stall_timeout:
+                    raise TrainingError("the run", f"no report from any process for "
+                                        f"{self.cfg.stall_timeout} s (finished: {sorted(self.done)})")
+        self.history.wall_s = time.perf_counter() - self.t_start
+
+    def _handle(self, h: dict, arrays: list) -> None:
+        kind, who, now = h.get("k"), h.get("who", "?"), time.perf_counter()
+        if kind == "error":
+            raise TrainingError(who, "\n" + h["tb"])
+        if kind == "ready":
+            self.ready.add(who)
+            if len(self.ready) == len(self.names):
+                self.t_start = now
+                self.history.startup_s = now - self.t0
+        elif kind == "step":
+            st = self.steps.setdefault(h["s"], _Step())
+            st.readers, st.items, st.examples = st.readers + 1, st.items + h["items"], st.examples + h["n"]
+        elif kind == "losses":
+            st = self.steps.setdefault(h["s"], _Step())
+            st.got += len(h["items"])
+            mean = self.cfg.loss_reduction == "mean"
+            st.loss += sum(loss * (n if mean else 1) for n, loss in h["items"])
+            if len(arrays) == 2:
+                st.scores.append(arrays[0])
+                st.labels.append(arrays[1])
+        elif kind == "done":
+            self.done.add(who)
+            self.history.trainers[who] = h["stats"]
+            if arrays:  # its trace spans
+                self.tel.spans(who, unpack_spans(arrays[0]))
+        elif kind != "end":
+            raise TrainingError(who, f"sent an unknown report {h}")
+        self._advance(now)
+
+    def _advance(self, now: float) -> None:
+        """Hand completed steps to the history in order; grant more steps (until_loss)."""
+        while ((st := self.steps.get(self.next)) is not None and st.readers == len(self.readers)
+               and st.got == st.items):
+            del self.steps[self.next]
+            h = self.history
+            loss = st.loss / max(st.examples, 1) if self.cfg.loss_reduction == "mean" else st.loss
+            score = label = None
+            if st.scores:
+                score, label = np.concatenate(st.scores), np.concatenate(st.labels)
+            binary = label is not None and bool(np.isin(label, (0.0, 1.0)).all())
+            h.loss.append(loss)
+            h.auc.append(auc(label, score) if binary else float("nan"))
+            h.examples.append(st.examples)
+            h.time.append(now - self.t_start)
+            if binary:
+                h.scores.append((score, label))
+                del h.scores[:-100]
+            if self.callback is not None:
+                self.callback({"step": self.next, "loss": loss, "auc": h.auc[-1], "examples": st.examples,
+                               "time": h.time[-1]})
+            self.next += 1
+            self._grant()
+
+    def _grant(self) -> None:
+        if self.cfg.until_loss is None or self.final:
+            return
+        recent = self.history.loss[-LOSS_WINDOW:]
+        if len(recent) == LOSS_WINDOW and np.mean(recent) <= self.cfg.until_loss:
+            self.final = True
+        else:
+            self.grant = self.next + LOOKAHEAD
+        for r in self.readers:
+            self.out.send(self.endpoints[r], {"k": "grant", "upto": self.grant, "final": self.final})
+
+    def _check_processes(self) -> None:
+        """Raise TrainingError for a process that ended before it finished its part."""
+        for name, failure in self.eng.ended().items():
+            if failure is None and name in self.done:
+                continue
+            deadline = time.perf_counter() + 0.5  # its last reports (or traceback) may be on the way
+            while time.perf_counter() < deadline and name not in self.done:
+                msg = self.inbox.recv(50)
+                if msg is not None:
+                    self._handle(*msg)
+            if name in self.done and failure is None:
+                continue
+            raise TrainingError(name, failure.how if failure else "exited before the run finished")
+
+
+def _load_values(plan: Plan, ps_eps: list[str], secret) -> None:
+    """Give the servers the parameter values the plan carries (ONNX / Paddle imports)."""
+    with PSClient(ps_eps, secret=secret) as client:
+        for name, value in plan.params.items():
+            if name in client.specs:
+                sparse = client.specs[name]["kind"] == "sparse"
+                client.assign(name, value, np.arange(len(value)) if sparse else None)
+
+
+def _pull_all(client: PSClient, plan: Plan) -> dict[str, np.ndarray]:
+    out = {}
+    for t in plan.tables:
+        if t["kind"] == "dense":
+            out[t["name"]] = client.pull(t["name"])
+        elif t["shape"][0] > 0:
+            out[t["name"]] = client.pull(t["name"], np.arange(t["shape"][0]))
+    return out

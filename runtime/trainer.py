@@ -1,0 +1,575 @@
+"""The trainer process: one trainer of one type runs its sub-program over pipelined micro-batches.
+
+Work is cut into *items*: micro-batch m of step t read by reader trainer o, keyed (t, o, m) in every
+message. Reader trainers (those of the type that owns the data ops) take their rows of each global
+batch (`sources.share`), split them into `micro_batches` items, and announce each step's items to
+every trainer of the other types; an item's tensors go to the trainer of the destination type that
+`route` picks, and its gradients come back the same way. A trainer's sub-program is cut at its recv
+ops (`transpiler.passes.segments`); it runs (item, segment) pairs as soon as the segment's messages
+have arrived, oldest item first, with at most `micro_batches` of its own items in flight on a reader
+— so a CPU trainer computes item k+1's embeddings while the GPU trainer runs item k's MLP. With
+nothing runnable it blocks on its inbox (a ZeroMQ poll), giving up after `stall_timeout` seconds
+without any message with an error saying what it waits for: a run never hangs silently.
+
+Parameter-server access, per step:
+- dense tables are pulled once per step, all at once, by a background thread as soon as the step is
+  known (announced) or the previous one pushed, whichever comes first (prefetch; in sync mode the
+  reply waits until the server has applied the previous step, in async mode it does not, so a
+  step may miss the previous step's updates);
+  sparse rows are pulled per item (the item's unique ids), on the trainer's own thread;
+- gradients are accumulated over all of the step's items and pushed once per step and table — zeros
+  when the trainer got no item — so a sync server sees exactly one push per trainer per step; the
+  background thread pushes them, so the trainer goes on with the next step's work meanwhile;
+- the seed of the loss gradient (`fill_constant` into loss@GRAD) is scaled by item size / global
+  batch size (for a mean loss; 1 for a `reduce_sum` loss), so the accumulated gradients equal the
+  gradient of the loss on the whole global batch.
+In sync mode the server applies step t once every trainer pushed it, and a pull for step t+1 waits
+for that; so a trainer starts step t+1 only after pushing step t (a pull of step t+1 must never wait
+on its own push). Sync training then equals single-process training on the global batches. In
+async mode pulls do not wait and a reader may start the next step while the previous one finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ops_registry import SparseRows, get_op
+from transpiler.ir import Program
+from transpiler.passes import segments
+
+from . import sources
+from .channels import Inbox, Outbox, pack_tensors, unpack_tensors
+from .device import array_module
+from .executor import Executor
+from .ps import PSClient
+from .telemetry import Recorder, pack_spans
+
+# Loss ops whose inputs are (score, binary label): the loss trainer reports them for the AUC.
+SCORE_OPS = {"sigmoid_cross_entropy_with_logits": ("X", "Label"), "log_loss": ("Predicted", "Labels"),
+             "bce_loss": ("X", "Label")}
+
+
+def route(counts: dict[str, int], reader: str, dst_type: str, origin: int, mb: int,
+          micro_batches: int) -> int:
+    """Index of the trainer of type `dst_type` that handles micro-batch `mb` of reader `origin`:
+    the reader itself for the reader type, else round robin over (origin, mb)."""
+    if dst_type == reader:
+        return origin
+    return (origin * micro_batches + mb) % counts[dst_type]
+
+
+@dataclass
+class Item:
+    step: int
+    origin: int
+    mb: int
+    size: int
+    global_size: int
+    feed: dict[str, np.ndarray] | None = None
+    seg: int = 0
+    env: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.step, self.origin, self.mb)
+
+
+@dataclass
+class StepState:
+    items: int = 0                       # items of this step on this trainer (known so far)
+    done: int = 0
+    announced: set[int] = field(default_factory=set)   # readers whose announcement arrived
+    dense: dict[str, Any] = field(default_factory=dict)           # pulled dense tables
+    grads: dict[str, Any] = field(default_factory=dict)           # accumulated dense gradients
+    rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)  # sparse
+    reports: list[tuple[int, float, list]] = field(default_factory=list)  # (size, loss, [score, label])
+
+
+class Background:
+    """Parameter-server calls on a thread of their own (ZeroMQ sockets are not thread-safe, so the
+    thread owns its own PSClient): pushes and dense prefetches leave the trainer's critical path.
+    Tasks run in submission order; `check` raises the error of a failed one in the trainer."""
+
+    def __init__(self, make_client: Callable[[], PSClient]) -> None:
+        self.make, self.client = make_client, None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hetps-ps")
+        self.pending: list[Future] = []
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        f = self.pool.submit(self._call, fn, args)
+        self.pending.append(f)
+        return f
+
+    def _call(self, fn, args):
+        if self.client is None:
+            self.client = self.make()
+        return fn(self.client, *args)
+
+    def check(self) -> None:
+        for f in [f for f in self.pending if f.done()]:
+            self.pending.remove(f)
+            f.result()
+
+    def close(self) -> None:
+        """Wait for every task; then close the thread's client."""
+        self.pool.submit(lambda: self.client and self.client.close())
+        self.pool.shutdown(wait=True)
+        self.check()
+
+
+def _pull_dense(client: PSClient, tables: list[str], step: int | None) -> dict[str, np.ndarray]:
+    return dict(zip(tables, client.pull_many([(t, None) for t in tables], step=step), strict=True))
+
+
+class Trainer:
+    """One trainer; `spec` is built by `runtime.train` (see `train._trainer_spec`)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.name, self.type, self.index = spec["name"], spec["type"], spec["index"]
+        self.reader, self.counts = spec["reader"], spec["counts"]
+        self.is_reader = self.type == self.reader
+        self.mb_count, self.mode = spec["micro_batches"], spec["mode"]
+        self.stall_timeout = spec["stall_timeout"]
+        self.xp, _ = array_module(self.type, spec["device_map"], spec["allow_emulation"])
+        self.program = Program.from_json(spec["program"])
+        self.segs = [_segment_program(self.program, ops) for ops in segments(self.program)]
+        self.seg_recvs = [[op.attrs["tensor"] for op in seg.ops if op.type == "recv"] for seg in self.segs]
+        self.feeds = self.program.attrs.get("feeds", [])
+        self.loss = spec["loss"] if spec["loss"] in self.program.vars else None
+        self.score = next(([op.inputs[a][0], op.inputs[b][0]] for op in self.program.ops
+                           if op.type in SCORE_OPS and op.role != "backward"
+                           for a, b in [SCORE_OPS[op.type]]), None) if self.loss else None
+        self.seg_outs = _kept_outputs(self.segs, [self.loss, *(self.score or [])])
+        self.loss_scale = spec["loss_reduction"] == "mean"
+        self.seed_id = next((op.id for op in self.program.ops if op.type == "fill_constant"
+                             and op.outputs.get("Out") == [f"{self.loss}@GRAD"]), None)
+        self.pushed = {op.attrs["table"]: op.type for op in self.program.ops
+                       if op.type in ("push_dense", "push_sparse")}
+        self.dense_tables = list(dict.fromkeys(op.attrs["table"] for op in self.program.ops
+                                               if op.type == "pull_dense"))
+        self.prefetch: dict[int, Future] = {}
+        made = {n: op for op in self.program.ops for n in op.output_names()}
+        self.sparse_feeds = [(op.attrs["table"], u, made[u].inputs["Ids"][0]) for op in self.program.ops
+                             if op.type == "pull_sparse" and (u := op.inputs["Ids"][0]) in made
+                             and made[u].type == "unique_ids" and made[u].outputs["Unique"] == [u]
+                             and made[u].inputs["Ids"][0] in self.feeds]
+        self.rows_prefetch: dict[tuple, tuple[Future, int]] = {}
+        self.tables = {t["name"]: t for t in spec["tables"]}
+        self.peers = [t for t in self.counts if t != self.reader]
+        self.exe = Executor(self.xp, handlers={
+            "send": self._send, "recv": self._recv, "pull_dense": self._pull_dense,
+            "pull_sparse": self._pull_sparse, "push_dense": self._push_dense,
+            "push_sparse": self._push_sparse, "fill_constant": self._fill_constant})
+        self.fill = get_op("fill_constant")
+        # state
+        self.items: dict[tuple[int, int, int], Item] = {}
+        self.arrived: dict[tuple[int, int, int], dict[str, Any]] = {}
+        self.steps: dict[int, StepState] = {}
+        self.flushed = 0           # steps < flushed are pushed
+        self.end: int | None = None    # no step >= end runs
+        self.ends: dict[int, int] = {}  # reader index -> its end step (non-readers)
+        self.cur: Item | None = None
+        self.outgoing: list[tuple[str, str, Any]] = []
+        self.stats = {"busy_s": 0.0, "ps_s": 0.0, "wait_s": 0.0, "send_s": 0.0, "items": 0}
+        self.rec = Recorder(bool(spec.get("trace")))  # timeline spans (runtime.telemetry), when asked
+        self.peer_of = {ep: name for name, ep in spec["endpoints"].items()}
+        # reader state
+        self.batches: Iterator | None = None
+        self.next_step = 0
+        self.grant = spec.get("grant")  # None: no limit from the driver; else steps < grant may start
+        self.grant_final = False
+
+    # -- wiring ---------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        s = self.spec
+        self.inbox = Inbox(s["endpoints"][self.name], s["secret"])
+        self.out = Outbox(s["secret"])
+        def client() -> PSClient:
+            return PSClient(s["ps"], secret=s["secret"], timeout=self.stall_timeout, pusher=self.name)
+
+        self.client = client()
+        self.bg = Background(client)
+        self._prefetch(0)
+        if self.is_reader:
+            self.batches = sources.global_batches(s["data"], s["batch_size"], s["epochs"])
+
+    def _report(self, header: dict, arrays: list = ()) -> None:
+        self.out.send(self.spec["driver"], {**header, "who": self.name}, arrays)
+
+    def _endpoint(self, dst_type: str, item: Item) -> str:
+        idx = route(self.counts, self.reader, dst_type, item.origin, item.mb, self.mb_count)
+        return self.spec["endpoints"][f"{dst_type}:{idx}"]
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        self._connect()
+        parent = os.getppid()
+        start = last = time.perf_counter()
+        self._report({"k": "ready"})
+        try:
+            while not self._finished():
+                self.bg.check()
+                self._drain()
+                if self.is_reader:
+                    self._announce()
+                job = self._runnable()
+                if job is not None:
+                    self._run_segment(job)
+                    continue
+                t0 = time.perf_counter()
+                msg = self.inbox.recv(timeout_ms=1000)
+                t1 = time.perf_counter()
+                self.stats["wait_s"] += t1 - t0
+                if self.rec.on:
+                    self.rec.span("wait", "wait", t0, t1)
+                if msg is not None:
+                    self._handle(*msg)
+                    last = time.perf_counter()
+                elif os.getppid() != parent:
+                    raise SystemExit(f"{self.name}: the driver process is gone")
+                elif time.perf_counter() - last > self.stall_timeout:
+                    raise RuntimeError(f"{self.name}: no message for {self.stall_timeout} s; "
+                                       + self._waiting_for())
+            self.bg.close()
+            self.stats["wall_s"] = time.perf_counter() - start
+            self._report({"k": "done", "stats": self.stats}, [pack_spans(self.rec.take())] if self.rec.on else [])
+        finally:
+            self.out.close()
+            self.client.close()
+            self.inbox.close()
+
+    def _finished(self) -> bool:
+        if self.is_reader:
+            return self.end is not None and self.flushed >= self.end
+        if len(self.ends) < self.counts[self.reader]:
+            return False
+        ends = set(self.ends.values())
+        if len(ends) != 1:
+            raise RuntimeError(f"{self.name}: reader trainers disagree on the last step: {self.ends}")
+        return self.flushed >= ends.pop()
+
+    def _waiting_for(self) -> str:
+        waits = [f"item {it.key} segment {it.seg} waits for "
+                 f"{[n for n in self.seg_recvs[it.seg] if n not in self.arrived.get(it.key, {})]}"
+                 for it in self.items.values()]
+        if not self.is_reader:
+            told = {t: sorted(s.announced) for t, s in self.steps.items()}
+            waits.append(f"readers that announced each step: {told}; end steps from readers: {self.ends}")
+        return "; ".join(waits) or f"no item in progress (pushed {self.flushed} steps)"
+
+    def _drain(self) -> None:
+        while (msg := self.inbox.recv(0)) is not None:
+            self._handle(*msg)
+
+    def _handle(self, h: dict, arrays: list) -> None:
+        kind = h.get("k")
+        if kind == "t":
+            t0 = time.perf_counter()
+            self.arrived.setdefault((h["s"], h["o"], h["m"]), {}).update(unpack_tensors(h["v"], arrays))
+            if self.rec.on:
+                self.rec.span("recv", "comm", t0, time.perf_counter(), step=h["s"], reader=h["o"], mb=h["m"],
+                              tensors=[d[0] for d in h["v"]], bytes=sum(a.nbytes for a in arrays))
+        elif kind == "step":  # a reader announces its items of a step (non-readers only)
+            st = self._step(h["s"])
+            st.announced.add(h["o"])
+            for m, size in h["items"]:
+                self.items[(h["s"], h["o"], m)] = Item(h["s"], h["o"], m, size, h["g"])
+                st.items += 1
+            self._prefetch(h["s"])
+            self._maybe_flush()
+        elif kind == "end":
+            self.ends[h["o"]] = h["s"]
+            self._maybe_flush()
+        elif kind == "grant":
+            self.grant, self.grant_final = h["upto"], h["final"]
+        else:
+            raise RuntimeError(f"{self.name}: unexpected message kind {kind!r} (header {h})")
+
+    def _step(self, t: int) -> StepState:
+        st = self.steps.get(t)
+        if st is None:
+            st = self.steps[t] = StepState()
+        return st
+
+    # -- readers: steps and items ---------------------------------------------------------------
+    def _announce(self) -> None:
+        """Start the next step when the previous one's items have all started (sync: were pushed)."""
+        if self.end is not None or any(it.seg == 0 for it in self.items.values()):
+            return
+        t = self.next_step
+        if self.mode == "sync" and self.flushed < t:
+            return
+        limit = self.spec["steps"]
+        if self.grant is not None and t >= self.grant:
+            if not self.grant_final:
+                return
+            limit = t if limit is None else min(limit, t)
+        batch = None if limit is not None and t >= limit else next(self.batches, None)
+        if batch is None:
+            self._finish_at(t)
+            return
+        n = sources.batch_size_of(batch)
+        lo, hi = sources.share(n, self.index, self.counts[self.type])
+        parts = sources.split(lo, hi, self.mb_count)
+        st = self._step(t)
+        per_dst: dict[str, list] = {}
+        made = []
+        for m, (a, b) in enumerate(parts):
+            it = Item(t, self.index, m, b - a, n, sources.rows(batch, self.feeds, a, b))
+            self.items[it.key] = it
+            made.append(it)
+            st.items += 1
+            for dst in self.peers:
+                per_dst.setdefault(self._endpoint(dst, it), []).append([m, b - a])
+        self._prefetch_rows(t, made)
+        self._prefetch(t)
+        for dst in self.peers:
+            for k in range(self.counts[dst]):
+                ep = self.spec["endpoints"][f"{dst}:{k}"]
+                self.out.send(ep, {"k": "step", "s": t, "o": self.index, "g": n,
+                                   "items": per_dst.get(ep, [])})
+        self._report({"k": "step", "s": t, "items": len(parts), "n": hi - lo, "g": n})
+        self.next_step = t + 1
+        self._maybe_flush()
+
+    def _prefetch_rows(self, t: int, items: list[Item]) -> None:
+        """Pull the sparse rows every new item will look up, in one background round trip: the
+        rows of `unique_ids(feed)` for each pull_sparse fed that way (np.unique gives the same ids)."""
+        if not self.sparse_feeds or not items:
+            return
+        requests, where = [], {}
+        for it in items:
+            uniq = {x: np.unique(it.feed[x]) for x in {x for _, _, x in self.sparse_feeds}}
+            for table, u, x in self.sparse_feeds:
+                where[(it.key, table, u)] = len(requests)
+                requests.append((table, uniq[x]))
+        fut = self.bg.submit(lambda c, r, step: c.pull_many(r, step=step), requests, self._ps_step(t))
+        self.rows_prefetch.update({k: (fut, i) for k, i in where.items()})
+
+    def _finish_at(self, t: int) -> None:
+        self.end = t
+        for dst in self.peers:
+            for k in range(self.counts[dst]):
+                self.out.send(self.spec["endpoints"][f"{dst}:{k}"], {"k": "end", "s": t, "o": self.index})
+        self._report({"k": "end", "s": t})
+
+    # -- scheduling -----------------------------------------------------------------------------
+    def _runnable(self) -> Item | None:
+        """The oldest item whose next segment has every message it receives."""
+        in_flight = sum(1 for it in self.items.values() if it.seg > 0) if self.is_reader else 0
+        best = None
+        for it in self.items.values():
+            if best is not None and (it.step, it.mb, it.origin) >= (best.step, best.mb, best.origin):
+                continue
+            if self.mode == "sync" and it.step > self.flushed:
+                continue
+            if it.seg == 0 and self.is_reader and in_flight >= self.mb_count:
+                continue
+            got = self.arrived.get(it.key, {})
+            if all(n in got for n in self.seg_recvs[it.seg]):
+                best = it
+        return best
+
+    def _run_segment(self, it: Item) -> None:
+        t0, ps0, send0 = time.perf_counter(), self.stats["ps_s"], self.stats["send_s"]
+        self.cur = it
+        self.exe.scope = it.env
+        self.exe.run_count = it.step
+        seg, outs = self.segs[it.seg], self.seg_outs[it.seg]
+        it.env.update(zip(outs, self.exe.run(seg, feed=it.feed, fetch_list=outs, return_numpy=False),
+                          strict=True))
+        self._flush_sends(it)
+        if self.rec.on:
+            self.rec.span(f"segment {it.seg}", "compute", t0, time.perf_counter(), step=it.step,
+                          reader=it.origin, mb=it.mb)
+        it.seg += 1
+        if it.seg == len(self.segs):
+            self._item_done(it)
+        spent = time.perf_counter() - t0
+        self.stats["busy_s"] += spent - (self.stats["ps_s"] - ps0) - (self.stats["send_s"] - send0)
+
+    def _flush_sends(self, it: Item) -> None:
+        if not self.outgoing:
+            return
+        t0 = time.perf_counter()
+        by_ep: dict[str, list] = {}
+        for dst, name, value in self.outgoing:
+            by_ep.setdefault(self._endpoint(dst, it), []).append((name, _host(value)))
+        self.outgoing = []
+        for ep, values in by_ep.items():
+            t1 = time.perf_counter()
+            descs, arrays = pack_tensors(values)
+            self.out.send(ep, {"k": "t", "s": it.step, "o": it.origin, "m": it.mb, "v": descs}, arrays)
+            if self.rec.on:
+                self.rec.span("send", "comm", t1, time.perf_counter(), step=it.step, reader=it.origin,
+                              mb=it.mb, to=self.peer_of[ep], tensors=[d[0] for d in descs],
+                              bytes=sum(a.nbytes for a in arrays))
+        self.stats["send_s"] += time.perf_counter() - t0
+
+    def _item_done(self, it: Item) -> None:
+        del self.items[it.key]
+        self.arrived.pop(it.key, None)
+        self.stats["items"] += 1
+        st = self._step(it.step)
+        if self.loss is not None:
+            scores = [_host(it.env[n]).reshape(-1).astype(np.float32) for n in self.score or ()]
+            st.reports.append((it.size, float(_host(it.env[self.loss])), scores))
+        st.done += 1
+        self._maybe_flush()
+
+    def _report_losses(self, t: int, reports: list) -> None:
+        """The loss (and scores, labels) of each of a step's items, in one message to the driver."""
+        arrays = []
+        if self.score is not None:
+            arrays = [np.concatenate([r[2][0] for r in reports]), np.concatenate([r[2][1] for r in reports])]
+        self._report({"k": "losses", "s": t, "items": [[n, loss] for n, loss, _ in reports]}, arrays)
+
+    def _complete(self, t: int) -> bool:
+        st = self.steps.get(t)
+        if self.is_reader:
+            return st is not None and st.done == st.items and t < self.next_step
+        if st is None:
+            return False
+        return len(st.announced) == self.counts[self.reader] and st.done == st.items
+
+    def _maybe_flush(self) -> None:
+        """Push the gradients of every completed step, in step order (on the background thread)."""
+        while self._complete(self.flushed):
+            st = self.steps.pop(self.flushed)
+            self.prefetch.pop(self.flushed, None)
+            grads = []
+            for table, kind in self.pushed.items():
+                spec = self.tables[table]
+                if kind == "push_dense":
+                    grad = st.grads.get(table)
+                    zero = np.zeros(spec["shape"], spec["dtype"])
+                    grads.append((table, zero if grad is None else grad, None))
+                    continue
+                parts = st.rows.get(table, [])
+                ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+                rows = (np.concatenate([p[1] for p in parts]) if parts
+                        else np.zeros((0, spec["shape"][1]), spec["dtype"]))
+                grads.append((table, rows, ids))
+            if grads:
+                self.bg.submit(self._push_step, grads, self._ps_step(self.flushed))
+            if st.reports:
+                self._report_losses(self.flushed, st.reports)
+            self.flushed += 1
+            self._prefetch(self.flushed)
+
+    def _push_step(self, client: PSClient, grads: list, step: int | None) -> None:
+        """A step's gradients, pushed on the background thread (its span lands on lane 1)."""
+        t0 = time.perf_counter()
+        client.push_many(grads, step=step)
+        if self.rec.on:
+            self.rec.span("push", "ps", t0, time.perf_counter(), step=step, tables=[g[0] for g in grads])
+
+    def _ps_step(self, t: int) -> int | None:
+        """The step number a PS request carries: sync servers order by it; async ones ignore it."""
+        return t if self.mode == "sync" else None
+
+    def _prefetch(self, t: int) -> None:
+        """Pull step t's dense tables in the background (once). In sync mode only after step t-1 is
+        pushed: the pull waits for that push, which must not queue behind it on the same thread."""
+        if self.dense_tables and t not in self.prefetch and (self.mode != "sync" or t <= self.flushed):
+            self.prefetch[t] = self.bg.submit(_pull_dense, self.dense_tables, self._ps_step(t))
+
+    # -- op handlers ----------------------------------------------------------------------------
+    def _send(self, op, values) -> None:
+        self.outgoing.append((op.attrs["dst"], op.attrs["tensor"], values[op.inputs["X"][0]]))
+
+    def _recv(self, op, values) -> None:
+        v = self.arrived[self.cur.key].pop(op.attrs["tensor"])
+        values[op.outputs["Out"][0]] = v if self.xp is np else _device(self.xp, v)
+
+    def _pull_dense(self, op, values) -> None:
+        st, table = self._step(self.cur.step), op.attrs["table"]
+        if not st.dense:
+            t0 = time.perf_counter()
+            self._prefetch(self.cur.step)
+            got = self.prefetch[self.cur.step].result()
+            st.dense = got if self.xp is np else {k: self.xp.asarray(v) for k, v in got.items()}
+            t1 = time.perf_counter()
+            self.stats["ps_s"] += t1 - t0
+            if self.rec.on:
+                self.rec.span("pull dense", "ps", t0, t1, step=self.cur.step, tables=list(got))
+        values[op.outputs["Out"][0]] = st.dense[table]
+
+    def _pull_sparse(self, op, values) -> None:
+        t0 = time.perf_counter()
+        fetched = self.rows_prefetch.pop((self.cur.key, op.attrs["table"], op.inputs["Ids"][0]), None)
+        if fetched is not None:
+            rows = fetched[0].result()[fetched[1]]
+        else:
+            ids = _host(values[op.inputs["Ids"][0]])
+            rows = self.client.pull(op.attrs["table"], ids, step=self._ps_step(self.cur.step))
+        values[op.outputs["Out"][0]] = rows if self.xp is np else self.xp.asarray(rows)
+        t1 = time.perf_counter()
+        self.stats["ps_s"] += t1 - t0
+        if self.rec.on:
+            self.rec.span("pull sparse", "ps", t0, t1, step=self.cur.step, reader=self.cur.origin,
+                          mb=self.cur.mb, table=op.attrs["table"], rows=len(rows))
+
+    def _push_dense(self, op, values) -> None:
+        grad = values[op.inputs["Grad"][0]]
+        grad = _host(grad.to_dense(self.xp) if isinstance(grad, SparseRows) else grad)
+        st, table = self._step(self.cur.step), op.attrs["table"]
+        acc = st.grads.get(table)
+        if acc is None:
+            st.grads[table] = np.array(grad, copy=True)
+        else:
+            acc += grad
+
+    def _push_sparse(self, op, values) -> None:
+        ids, grad = _host(values[op.inputs["Ids"][0]]), values[op.inputs["Grad"][0]]
+        rows = _host(grad.to_dense(self.xp) if isinstance(grad, SparseRows) else grad)
+        self._step(self.cur.step).rows.setdefault(op.attrs["table"], []).append((ids, rows))
+
+    def _fill_constant(self, op, values) -> None:
+        ins = {"Like": values[op.inputs["Like"][0]]} if op.inputs.get("Like") else {}
+        attrs = {**self.fill.attrs, **op.attrs}
+        if op.id == self.seed_id and self.loss_scale:
+            attrs["value"] = attrs["value"] * self.cur.size / self.cur.global_size
+        values[op.outputs["Out"][0]] = self.fill.kernel(self.xp, ins, attrs)["Out"]
+
+
+def _kept_outputs(segs: list[Program], report: list[str | None]) -> list[list[str]]:
+    """Per segment, the outputs a later segment reads or the trainer reports (what an item keeps)."""
+    later: set[str] = {n for n in report if n}
+    kept = []
+    for seg in reversed(segs):
+        outs = dict.fromkeys(n for op in seg.ops for n in op.output_names())
+        kept.append([n for n in outs if n in later])
+        later.update(n for op in seg.ops for n in op.input_names())
+    return kept[::-1]
+
+
+def _segment_program(program: Program, ops: list) -> Program:
+    seg = Program()
+    seg.global_block().vars = program.global_block().vars
+    seg.global_block().ops = ops
+    return seg
+
+
+def _host(v: Any) -> np.ndarray:
+    """A numpy array of `v` (copied off the GPU for cupy arrays)."""
+    return v.get() if hasattr(v, "__cuda_array_interface__") else np.asarray(v)
+
+
+def _device(xp: Any, v: Any) -> Any:
+    if isinstance(v, SparseRows):
+        return SparseRows(xp.asarray(v.rows), xp.asarray(v.values), v.height)
+    return xp.asarray(v)
+
+
+def run_trainer(spec: dict[str, Any]) -> None:
+    """Entry point of a trainer process (see `Trainer`)."""
+    Trainer(spec).run()
