@@ -186,3 +186,28 @@ def test_bad_arguments_are_refused_up_front():
         train(model.main, iter([data.batch(0, 8)]), steps=1, allow_emulation=True)
     with pytest.raises(ValueError, match="batch_size"):
         train(model.main, data, steps=1, allow_emulation=True)
+
+
+def held_out_auc(model, params: dict, data: SyntheticCTR, n: int = 20000) -> float:
+    from runtime.metrics import auc
+    from transpiler import inference_program
+
+    exe = Executor()
+    exe.scope.update(params)
+    b = data.batch(10**6, n)
+    (pred,) = exe.run(inference_program(model.main, [model.pred]),
+                      feed={k: b[k] for k in model.feeds if k != "label"}, fetch_list=[model.pred])
+    return auc(b["label"], pred)
+
+
+@pytest.mark.slow
+def test_async_reaches_the_auc_of_sync_after_the_same_examples():
+    model = wide_deep(vocab=1000, dim=8, optimizer=nn.Adam(lr=0.003))
+    data = SyntheticCTR(vocab=1000, seed=11)
+    aucs = {}
+    for mode in ("sync", "async"):
+        hist = train(model.main, data, steps=400, batch_size=256, mode=mode, servers=2,
+                     allow_emulation=True, return_params=True)
+        aucs[mode] = held_out_auc(model, hist.params, data)
+    assert aucs["sync"] > 0.75, aucs
+    assert abs(aucs["async"] - aucs["sync"]) <= 0.01, aucs
