@@ -23,3 +23,23 @@ def shared_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"shared data directory {path} is missing")
     return path
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for the whole session (starting it costs 10-30 s and ~800 MB here), pinned
+    down as DESIGN.md's "Ray pitfalls" say: own temp dir, small object store, no dashboard, no
+    usage stats, 4 logical CPUs and one `gpu_trainer` custom resource so that an
+    emulated gpu trainer is placed like a real one. Skips when Ray is not installed."""
+    import os
+    import shutil
+    import tempfile
+
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    tmp = tempfile.mkdtemp(prefix="hetps-ray-test-")
+    ray.init(num_cpus=4, resources={"gpu_trainer": 1}, object_store_memory=100 << 20, _temp_dir=tmp,
+             include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
