@@ -16,7 +16,9 @@ Parameter-server access, per step:
   known (announced) or the previous one pushed, whichever comes first (prefetch; in sync mode the
   reply waits until the server has applied the previous step, in async mode it does not, so a
   step may miss the previous step's updates);
-  sparse rows are pulled per item (the item's unique ids), on the trainer's own thread;
+  sparse rows are pulled per item, for the item's unique ids: a reader pulls the rows of all of a
+  step's items in one background round trip when it announces the step (when a lookup's ids come
+  straight from a feed, as embedding lookups' do; other pulls happen when their op runs);
 - gradients are accumulated over all of the step's items and pushed once per step and table — zeros
   when the trainer got no item — so a sync server sees exactly one push per trainer per step; the
   background thread pushes them, so the trainer goes on with the next step's work meanwhile;
@@ -240,7 +242,8 @@ class Trainer:
                                        + self._waiting_for())
             self.bg.close()
             self.stats["wall_s"] = time.perf_counter() - start
-            self._report({"k": "done", "stats": self.stats}, [pack_spans(self.rec.take())] if self.rec.on else [])
+            spans = [pack_spans(self.rec.take())] if self.rec.on else []
+            self._report({"k": "done", "stats": self.stats}, spans)
         finally:
             self.out.close()
             self.client.close()

@@ -70,7 +70,7 @@ def test_sync_wide_deep_equals_single_process_and_leaves_no_process():
     eng, seen = LocalEngine(), []
     hist = train(model.main, data, steps=STEPS, batch_size=256, trainers={"cpu": 2, "gpu": 1}, servers=2,
                  mode="sync", micro_batches=4, engine=eng, allow_emulation=True, return_params=True,
-                 callback=seen.append)
+                 callback=seen.append, secret=b"every message signed (HMAC)")
     want = single_process(model, [data.batch(t, 256) for t in range(STEPS)])
     tables = [t["name"] for t in transpile(model.main).tables]
     assert len(tables) == 8
@@ -97,8 +97,8 @@ def test_sync_dlrm_with_imported_values_equals_single_process_and_simulate():
     rng = np.random.default_rng(1)
     model.main.params = {n: (v * rng.uniform(0.5, 1.5, v.shape)).astype(v.dtype)
                          for n, v in exe.scope.items()}
-    batches = dlrm_batches(STEPS, 128)
-    plan = transpile(model.main)
+    batches = dlrm_batches(STEPS - 1, 128) + dlrm_batches(1, 1, seed=9)  # the last: one example, so
+    plan = transpile(model.main)                                            # reader cpu:0 gets none
     hist = train(plan, batches, epochs=1, servers=2, micro_batches=4, allow_emulation=True,
                  return_params=True)
     assert hist.steps == STEPS and len(hist.params) == 18
@@ -110,6 +110,18 @@ def test_sync_dlrm_with_imported_values_equals_single_process_and_simulate():
     sim = [float(step[0]) for step in simulate(plan, batches, server=server)]
     np.testing.assert_allclose(hist.loss, sim, rtol=1e-5)
     assert_same_params(hist.params, server.values, sorted(hist.params))
+
+
+def test_sync_one_reader_two_gpu_trainers_uneven_micro_batches_equal_single_process():
+    """N:M routing with M > N: micro-batch k of cpu:0 goes to gpu:(k mod 2) and its gradients come
+    back; 100 examples in 3 micro-batches (33, 33, 34) check the loss-gradient scaling."""
+    model = wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.2))
+    data = SyntheticCTR(vocab=1000, seed=4)
+    hist = train(model.main, data, steps=6, batch_size=100, trainers={"cpu": 1, "gpu": 2}, micro_batches=3,
+                 allow_emulation=True, return_params=True)
+    want = single_process(model, [data.batch(t, 100) for t in range(6)])
+    assert_same_params(hist.params, want, sorted(hist.params))
+    assert [hist.trainers[f"gpu:{i}"]["items"] for i in (0, 1)] == [12, 6]
 
 
 def test_async_until_loss_stops_and_learns():
