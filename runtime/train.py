@@ -88,13 +88,15 @@ class History:
         return auc(np.concatenate([y for _, y in got]), np.concatenate([s for s, _ in got]))
 
     def time_use(self) -> str:
-        """One line per trainer: busy / parameter server / waiting for messages, as % of its wall time."""
+        """One line per trainer, as % of its wall time: computing (`busy`), in parameter-server calls
+        (`ps`), waiting for messages (`wait`), sending; and `cpu`, the CPU time it got (less than
+        busy + ps + send when other processes held the cores)."""
         lines = []
         for name, s in sorted(self.trainers.items()):
             wall = max(s.get("wall_s", 0.0), 1e-9)
-            pct = {k: 100 * s[k] / wall for k in ("busy_s", "ps_s", "wait_s", "send_s")}
+            pct = {k: 100 * s.get(k, 0.0) / wall for k in ("busy_s", "ps_s", "wait_s", "send_s", "cpu_s")}
             lines.append(f"{name:>6}: busy {pct['busy_s']:5.1f}%  ps {pct['ps_s']:5.1f}%  "
-                         f"wait {pct['wait_s']:5.1f}%  send {pct['send_s']:4.1f}%  "
+                         f"wait {pct['wait_s']:5.1f}%  send {pct['send_s']:4.1f}%  cpu {pct['cpu_s']:5.1f}%  "
                          f"({s['items']} micro-batches, {wall:.1f} s)")
         return "\n".join(lines)
 

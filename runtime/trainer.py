@@ -215,6 +215,7 @@ class Trainer:
         self._connect()
         parent = os.getppid()
         start = last = time.perf_counter()
+        cpu0 = time.process_time()
         self._report({"k": "ready"})
         try:
             while not self._finished():
@@ -242,6 +243,7 @@ class Trainer:
                                        + self._waiting_for())
             self.bg.close()
             self.stats["wall_s"] = time.perf_counter() - start
+            self.stats["cpu_s"] = time.process_time() - cpu0
             spans = [pack_spans(self.rec.take())] if self.rec.on else []
             self._report({"k": "done", "stats": self.stats}, spans)
         finally:
