@@ -47,10 +47,11 @@ class Shard:
         self.tables: dict[str, DenseTable | SparseTable] = {
             s["name"]: make_table(s, check_finite) for s in tables_of_shard(self.specs, shard, num_shards)}
         if isinstance(pushes_per_step, dict):
-            missing = sorted(set(self.tables) - set(pushes_per_step))
+            missing = sorted(n for n, t in self.tables.items()  # frozen tables are never pushed
+                             if n not in pushes_per_step and t.kernel is not None)
             if missing:
                 raise PSError(f"pushes_per_step names no count for tables {missing}")
-            self.expected = {n: int(pushes_per_step[n]) for n in self.tables}
+            self.expected = {n: int(pushes_per_step.get(n, 0)) for n in self.tables}
         else:
             self.expected = dict.fromkeys(self.tables, int(pushes_per_step))
         self.version = dict.fromkeys(self.tables, 0)
@@ -75,8 +76,8 @@ class Shard:
     def pull(self, name: str, ids: np.ndarray | None = None, step: int | None = None) -> np.ndarray:
         t = self.table(name)
         args = self._ids_args(t, ids, "pull")
-        if self.mode == "sync" and step is not None and self.version[name] < step:
-            raise NotReady(name, step)
+        if self.mode == "sync" and step is not None and self.version[name] < step and t.kernel is not None:
+            raise NotReady(name, step)  # (a frozen table never changes: nothing to wait for)
         return t.pull(*args)
 
     def push(self, name: str, grad: np.ndarray, ids: np.ndarray | None = None, step: int | None = None,
