@@ -184,6 +184,15 @@ def make_data(plan, spec: str, batch_size: int, feeds: dict[str, str], vocab: in
     return CriteoReader(files, vocab, batch_size, names=columns), None
 
 
+def describe(history) -> str:
+    """What a run did, for the terminal: steps, loss, AUC, throughput, per-trainer time use."""
+    window = max(1, min(10, history.steps // 4))
+    loss = float(np.mean(history.loss[-window:])) if history.steps else float("nan")
+    return (f"{history.steps} steps in {history.wall_s:.1f} s (+{history.startup_s:.1f} s start-up); "
+            f"loss {loss:.4f}, AUC {history.auc_over(window):.4f} (last {window} steps); "
+            f"{history.examples_per_s():,.0f} examples/s\n{history.time_use()}")
+
+
 # -- subcommands ------------------------------------------------------------------------------------
 def cmd_transpile(args: argparse.Namespace) -> int:
     from transpiler import TranspileConfig, transpile
@@ -224,16 +233,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from . import train
 
-    plan = load_plan(args.plan)
-    data, batch_size = make_data(plan, args.data, args.batch_size, parse_feeds(args.feeds), args.vocab)
+    counts, feeds = parse_counts(args.trainers), parse_feeds(args.feeds)
     if args.steps is None and args.epochs is None and args.until_loss is None:
         raise UsageError("say when to stop: --steps N, --epochs N or --until-loss X")
+    plan = load_plan(args.plan)
+    data, batch_size = make_data(plan, args.data, args.batch_size, feeds, args.vocab)
     history = train(plan, data, steps=args.steps, epochs=args.epochs, until_loss=args.until_loss,
-                    batch_size=batch_size, trainers=parse_counts(args.trainers), servers=args.servers,
+                    batch_size=batch_size, trainers=counts, servers=args.servers,
                     mode=args.mode, micro_batches=args.micro_batches, engine=args.engine,
                     address=args.address, allow_emulation=args.allow_emulation,
                     metrics=args.metrics, trace=args.trace, progress=not args.no_progress)
-    print(history.summary())
+    print(describe(history))
     if args.trace:
         print(f"timeline written to {args.trace} (open it in https://ui.perfetto.dev)")
     return EXIT_OK
@@ -257,7 +267,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
               allow_emulation=True, progress=False)
     train(plan, data, steps=args.warmup, **kw)  # the same shapes once: caches and allocator warm
     history = train(plan, data, steps=args.steps, **kw)
-    print(history.summary())
+    print(describe(history))
     return EXIT_OK
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -28,26 +29,28 @@ from typing import IO, Any
 
 import numpy as np
 
-# A recorded span: [name, category, start (wall-clock us), duration (us), args].
+# A recorded span: [name, category, start (wall-clock us), duration (us), args, lane]; lane 0 is the
+# thread that made the Recorder, lane 1 any other (e.g. a trainer's background parameter-server calls).
 Span = list
 
 
 class Recorder:
-    """Timed spans of one process. A disabled recorder costs one attribute test per call site:
-    call sites check `rec.on` before building a span's arguments."""
+    """Timed spans of one process. A disabled recorder costs one attribute test per call site.
+    `span` may be called from several threads (list.append is atomic)."""
 
-    __slots__ = ("on", "spans", "_offset")
+    __slots__ = ("on", "spans", "_offset", "_main")
 
     def __init__(self, on: bool = True) -> None:
         self.on = on
         self.spans: list[Span] = []
         self._offset = time.time() - time.perf_counter()
+        self._main = threading.get_ident()
 
     def span(self, name: str, cat: str, t0: float, t1: float, **args: Any) -> None:
         """Record `name` from perf_counter time `t0` to `t1`."""
         if self.on:
-            self.spans.append([name, cat, round((t0 + self._offset) * 1e6, 1),
-                               round((t1 - t0) * 1e6, 1), args])
+            self.spans.append([name, cat, round((t0 + self._offset) * 1e6, 1), round((t1 - t0) * 1e6, 1),
+                               args, int(threading.get_ident() != self._main)])
 
     def take(self) -> list[Span]:
         """The spans recorded so far (the recorder starts afresh)."""
@@ -73,8 +76,9 @@ def _track_order(name: str) -> tuple:
 def chrome_trace(tracks: dict[str, list[Span]], meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """A Chrome-trace JSON object: one process (pid) per track name, spans as complete ('X') events.
 
-    Tracks are named "trainer cpu:0" / "ps shard 0" and sorted servers first; timestamps start at 0
-    (the earliest span). `meta` lands in the trace's `otherData`."""
+    Tracks are named "trainer cpu:0" / "ps shard 0" and sorted servers first; a span's lane is its
+    thread (tid) within the track. Timestamps start at 0 (the earliest span). `meta` lands in the
+    trace's `otherData`."""
     t0 = min((s[2] for spans in tracks.values() for s in spans), default=0.0)
     events: list[dict[str, Any]] = []
     for pid, name in enumerate(sorted(tracks, key=_track_order), start=1):
@@ -82,9 +86,11 @@ def chrome_trace(tracks: dict[str, list[Span]], meta: dict[str, Any] | None = No
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
                        "args": {"sort_index": pid}})
-        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": name}})
-        for span_name, cat, ts, dur, args in tracks[name]:
-            events.append({"name": span_name, "cat": cat, "ph": "X", "pid": pid, "tid": 0,
+        for lane in sorted({s[5] for s in tracks[name]} | {0}):
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": lane,
+                           "args": {"name": name if lane == 0 else f"{name} background"}})
+        for span_name, cat, ts, dur, args, lane in tracks[name]:
+            events.append({"name": span_name, "cat": cat, "ph": "X", "pid": pid, "tid": lane,
                            "ts": round(ts - t0, 1), "dur": dur, "args": args})
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta or {}}
 
