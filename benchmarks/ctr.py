@@ -8,13 +8,16 @@ In one run this measures, on the same 20 pre-generated synthetic batches (cycled
    the number of cores, as examples/s (what a perfect 2-core implementation could reach);
 2. PaddlePaddle 3.3.1, single process, legacy static IR (FLAGS_enable_pir_api=0), sparse embedding
    gradients, FLAGS_paddle_num_threads=2 (a subprocess, so its flags and threads are its own);
-3. hetps: the program transpiled by type (embeddings on cpu trainers, MLP on the emulated gpu
-   trainer, tables on parameter-server shards), trained with `runtime.train` on the local engine;
-and prints examples/s, the ratios and where hetps's time goes. Each side trains `--warmup` steps,
-then is timed over `--steps` steps.
+3. for reference, the untranspiled program in one process with hetps's own Executor;
+4. hetps: the program transpiled by type (embeddings on cpu trainers, MLP on the emulated gpu
+   trainer, tables on parameter-server shards), trained with `runtime.train` on the local engine,
+   in each of `--modes` (async first: the best setting measured on this 2-core machine);
+and prints examples/s, the ratios and where hetps's time goes (each trainer's time use, and the CPU
+milliseconds every process spends per step). Each side trains `--warmup` steps, then is timed over
+`--steps` steps.
 
     python benchmarks/ctr.py                       # the default, best setting for a 2-core machine
-    python benchmarks/ctr.py --trainers cpu=2,gpu=1 --micro-batches 4 --mode async
+    python benchmarks/ctr.py --trainers cpu=2,gpu=1 --micro-batches 8 --modes sync --skip-paddle
 """
 
 from __future__ import annotations
@@ -117,21 +120,62 @@ def paddle(steps: int, warmup: int, threads: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int, mode: str,
-          servers: int):
-    from runtime import train
+def single_process(steps: int, warmup: int) -> float:
+    """examples/s of the untranspiled program in this process (hetps's Executor, one BLAS thread):
+    the same kernels as the trainers, without any distribution."""
+    from threadpoolctl import threadpool_limits
+
+    from runtime import Executor
+
+    model = build()
+    bs = batches()
+    exe = Executor()
+    exe.run(model.startup)
+    with threadpool_limits(1):
+        for i in range(warmup):
+            exe.run(model.main, feed=bs[i % NUM_BATCHES])
+        t0 = time.perf_counter()
+        for i in range(warmup, warmup + steps):
+            exe.run(model.main, feed=bs[i % NUM_BATCHES])
+    return steps * BATCH / (time.perf_counter() - t0)
+
+
+def build():
     from transpiler import builder as nn
-    from transpiler import transpile
     from transpiler.models import wide_deep
 
-    model = wide_deep(num_slots=SLOTS, vocab=VOCAB, dim=DIM, num_dense=DENSE, hidden=HIDDEN,
-                      optimizer=nn.SGD(lr=LR))
-    plan = transpile(model.main)
+    return wide_deep(num_slots=SLOTS, vocab=VOCAB, dim=DIM, num_dense=DENSE, hidden=HIDDEN,
+                     optimizer=nn.SGD(lr=LR))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int, mode: str,
+          servers: int):
+    """Train the model; also returns each process's CPU ms per timed step (driver included)."""
+    from runtime import train
+    from runtime.engines import LocalEngine
+    from transpiler import transpile
+
+    plan = transpile(build().main)
     bs = batches()
     total = warmup + steps
+    eng, marks = LocalEngine(), []
+
+    def mark(record: dict) -> None:  # CPU times of every process when warm-up ends and at the end
+        if record["step"] in (warmup - 1, total - 1):
+            marks.append({**{n: cpu_seconds(p) for n, p in eng.pids().items()},
+                          "driver": time.process_time()})
+
     hist = train(plan, bs, epochs=-(-total // NUM_BATCHES), steps=total, trainers=trainers,
-                 micro_batches=micro_batches, mode=mode, servers=servers, allow_emulation=True)
-    return plan, hist
+                 micro_batches=micro_batches, mode=mode, servers=servers, allow_emulation=True,
+                 engine=eng, callback=mark)
+    cpu_ms = {n: 1e3 * (marks[1][n] - marks[0][n]) / steps for n in marks[0]}
+    return hist, cpu_ms
 
 
 def parse_trainers(text: str) -> dict[str, int]:
@@ -168,10 +212,12 @@ def main(argv: list[str] | None = None) -> dict:
         out["paddle"] = pd["examples_per_s"]
         print(f"PaddlePaddle 3.3.1 legacy IR, {args.paddle_threads} threads:  {out['paddle']:8,.0f} "
               f"examples/s (loss {pd['first_loss']:.4f} -> {pd['last_loss']:.4f})")
+    out["single"] = single_process(args.steps, args.warmup)
+    print(f"hetps single process (no distribution, 1 BLAS thread):  {out['single']:8,.0f} examples/s")
     for mode in args.modes.split(","):
         setting = (f"{mode}, trainers {args.trainers}, {args.micro_batches} micro-batches, "
                    f"{args.servers} server(s), gpu EMULATED on cpu")
-        _, hist = hetps(args.steps, args.warmup, args.trainers, args.micro_batches, mode, args.servers)
+        hist, cpu_ms = hetps(args.steps, args.warmup, args.trainers, args.micro_batches, mode, args.servers)
         rate = out[f"hetps_{mode}"] = hist.examples_per_s(skip=args.warmup)
         ratio = f"{rate / out['paddle']:.2f}x Paddle, " if "paddle" in out else ""
         print(f"hetps {mode:>5}:  {rate:8,.0f} examples/s = {ratio}{100 * rate / out['bound']:.0f}% of the "
@@ -179,6 +225,9 @@ def main(argv: list[str] | None = None) -> dict:
               f"start-up {hist.startup_s:.1f} s, load average {os.getloadavg()[0]:.1f}]")
         print("  where the time goes (share of each trainer's wall time; cpu = CPU time it got):")
         print("  " + hist.time_use().replace("\n", "\n  "))
+        print("  CPU ms per step: " + ", ".join(f"{n} {ms:.1f}" for n, ms in cpu_ms.items())
+              + f"; total {sum(cpu_ms.values()):.1f} (the MLP's GEMMs alone: "
+              f"{1e3 * BATCH * (os.cpu_count() or 1) / out['bound']:.1f} ms on one core)")
         out[f"trainers_{mode}"] = hist.trainers
     print("(bar: 1.5x Paddle; goal: 3x Paddle and 50% of the bound)")
     return out

@@ -16,9 +16,10 @@ Parameter-server access, per step:
   known (announced) or the previous one pushed, whichever comes first (prefetch; in sync mode the
   reply waits until the server has applied the previous step, in async mode it does not, so a
   step may miss the previous step's updates);
-  sparse rows are pulled per item, for the item's unique ids: a reader pulls the rows of all of a
-  step's items in one background round trip when it announces the step (when a lookup's ids come
-  straight from a feed, as embedding lookups' do; other pulls happen when their op runs);
+  sparse rows are pulled for the item's unique ids: a reader pulls the rows of all of a step's items
+  (the union of their ids) in one background round trip when it announces the step, when a
+  lookup's ids come straight from a feed, as embedding lookups' do; other pulls happen per item
+  when their op runs;
 - gradients are accumulated over all of the step's items and pushed once per step and table — zeros
   when the trainer got no item — so a sync server sees exactly one push per trainer per step; the
   background thread pushes them, so the trainer goes on with the next step's work meanwhile;
@@ -163,7 +164,7 @@ class Trainer:
                              if op.type == "pull_sparse" and (u := op.inputs["Ids"][0]) in made
                              and made[u].type == "unique_ids" and made[u].outputs["Unique"] == [u]
                              and made[u].inputs["Ids"][0] in self.feeds]
-        self.rows_prefetch: dict[tuple, tuple[Future, int]] = {}
+        self.rows_prefetch: dict[tuple, tuple[Future, int, np.ndarray]] = {}
         self.tables = {t["name"]: t for t in spec["tables"]}
         self.peers = [t for t in self.counts if t != self.reader]
         self.exe = Executor(self.xp, handlers={
@@ -346,18 +347,18 @@ class Trainer:
         self._maybe_flush()
 
     def _prefetch_rows(self, t: int, items: list[Item]) -> None:
-        """Pull the sparse rows every new item will look up, in one background round trip: the
-        rows of `unique_ids(feed)` for each pull_sparse fed that way (np.unique gives the same ids)."""
+        """Pull the sparse rows the new items will look up, in one background round trip: for each
+        lookup of `unique_ids(feed)`, the rows of the union of the items' ids (each item then takes
+        its unique ids' rows from them), so ids shared by micro-batches travel once."""
         if not self.sparse_feeds or not items:
             return
-        requests, where = [], {}
+        union = {x: np.unique(np.concatenate([np.ravel(it.feed[x]) for it in items]))
+                 for x in {x for _, _, x in self.sparse_feeds}}
+        fut = self.bg.submit(lambda c, r, step: c.pull_many(r, step=step),
+                             [(table, union[x]) for table, _, x in self.sparse_feeds], self._ps_step(t))
         for it in items:
-            uniq = {x: np.unique(it.feed[x]) for x in {x for _, _, x in self.sparse_feeds}}
-            for table, u, x in self.sparse_feeds:
-                where[(it.key, table, u)] = len(requests)
-                requests.append((table, uniq[x]))
-        fut = self.bg.submit(lambda c, r, step: c.pull_many(r, step=step), requests, self._ps_step(t))
-        self.rows_prefetch.update({k: (fut, i) for k, i in where.items()})
+            for i, (table, u, x) in enumerate(self.sparse_feeds):
+                self.rows_prefetch[(it.key, table, u)] = (fut, i, union[x])
 
     def _finish_at(self, t: int) -> None:
         self.end = t
@@ -510,11 +511,12 @@ class Trainer:
 
     def _pull_sparse(self, op, values) -> None:
         t0 = time.perf_counter()
+        ids = _host(values[op.inputs["Ids"][0]])
         fetched = self.rows_prefetch.pop((self.cur.key, op.attrs["table"], op.inputs["Ids"][0]), None)
         if fetched is not None:
-            rows = fetched[0].result()[fetched[1]]
+            fut, i, union = fetched
+            rows = fut.result()[i].take(np.searchsorted(union, ids), axis=0)
         else:
-            ids = _host(values[op.inputs["Ids"][0]])
             rows = self.client.pull(op.attrs["table"], ids, step=self._ps_step(self.cur.step))
         values[op.outputs["Out"][0]] = rows if self.xp is np else self.xp.asarray(rows)
         t1 = time.perf_counter()
@@ -534,9 +536,13 @@ class Trainer:
             acc += grad
 
     def _push_sparse(self, op, values) -> None:
+        """Keep the row gradients for the step's push. A SparseRows over positions in Ids stays one
+        row per lookup (ids repeat): the push merges the step's rows once, with a sort, instead of
+        a scatter-add per micro-batch."""
         ids, grad = _host(values[op.inputs["Ids"][0]]), values[op.inputs["Grad"][0]]
-        rows = _host(grad.to_dense(self.xp) if isinstance(grad, SparseRows) else grad)
-        self._step(self.cur.step).rows.setdefault(op.attrs["table"], []).append((ids, rows))
+        if isinstance(grad, SparseRows):
+            ids, grad = ids[_host(grad.rows)], grad.values
+        self._step(self.cur.step).rows.setdefault(op.attrs["table"], []).append((ids, _host(grad)))
 
     def _fill_constant(self, op, values) -> None:
         ins = {"Like": values[op.inputs["Like"][0]]} if op.inputs.get("Like") else {}
