@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -386,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"hetps {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `hetps inspect plan | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return EXIT_OK
     except Exception as e:  # the work failed: say why in one line (the traceback with -v)
         if args.verbose:
             traceback.print_exc()

@@ -155,19 +155,21 @@ def step_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class Progress:
-    """A tqdm progress bar over steps showing loss, AUC and examples/s; `total` None = unknown."""
+    """A tqdm progress bar over steps showing loss, AUC and examples/s; `total` None = unknown.
+    The bar appears with the first step, so its clock leaves out the processes' start-up."""
 
     def __init__(self, total: int | None, desc: str = "train", enabled: bool = True) -> None:
+        self.total, self.desc, self.enabled = total, desc, enabled
         self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, leave=True)
 
     def update(self, n: int = 1, loss: float | None = None, auc: float | None = None,
                examples_per_s: float | None = None) -> None:
-        if self.bar is None:
+        if not self.enabled:
             return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, desc=self.desc, unit="step", dynamic_ncols=True, leave=True)
         post = {}
         if loss is not None:
             post["loss"] = f"{loss:.4f}"
@@ -181,7 +183,7 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-            self.bar = None
+        self.bar, self.enabled = None, False
 
 
 class Telemetry:
