@@ -243,7 +243,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                     batch_size=batch_size, trainers=counts, servers=args.servers,
                     mode=args.mode, micro_batches=args.micro_batches, engine=args.engine,
                     address=args.address, allow_emulation=args.allow_emulation,
-                    metrics=args.metrics, trace=args.trace, progress=not args.no_progress)
+                    metrics=args.metrics, trace=args.trace,
+                    progress=False if args.no_progress else None)
     print(describe(history))
     if args.trace:
         print(f"timeline written to {args.trace} (open it in https://ui.perfetto.dev)")
