@@ -5,7 +5,8 @@ The model (DESIGN.md): Wide&Deep, batch 512, 26 categorical slots hashed into on
 
 In one run this measures, on the same 20 pre-generated synthetic batches (cycled):
 1. the machine's bound: the MLP's forward + backward GEMMs alone with single-threaded BLAS, times
-   the number of cores, as examples/s (what a perfect 2-core implementation could reach);
+   the number of cores, as examples/s (what a perfect 2-core implementation could reach); and, to
+   see what the cores give together, the same GEMMs run back to back by 1 and by `cores` processes;
 2. PaddlePaddle 3.3.1, single process, legacy static IR (FLAGS_enable_pir_api=0), sparse embedding
    gradients, FLAGS_paddle_num_threads=2 (a subprocess, so its flags and threads are its own);
 3. for reference, the untranspiled program in one process with hetps's own Executor;
@@ -44,25 +45,31 @@ def batches() -> list[dict[str, np.ndarray]]:
     return [data.batch(i, BATCH) for i in range(NUM_BATCHES)]
 
 
-def bound(repeats: int = 30) -> float:
-    """examples/s of the MLP's forward+backward GEMMs on one core (single-threaded BLAS) x cores,
-    from the fastest of `repeats` timings (the least disturbed by other processes)."""
-    from threadpoolctl import threadpool_limits
-
+def _mlp_step(batch: int = BATCH):
+    """A function running the MLP's forward + backward GEMMs once (numpy, float32)."""
     rng = np.random.default_rng(0)
     dims = [SLOTS * DIM + DENSE, *HIDDEN, 1]
     ws = [rng.normal(size=(a, b)).astype(np.float32) for a, b in zip(dims, dims[1:], strict=False)]
-    x = rng.normal(size=(BATCH, dims[0])).astype(np.float32)
+    x = rng.normal(size=(batch, dims[0])).astype(np.float32)
 
     def step() -> None:
         acts = [x]
         for w in ws:
             acts.append(acts[-1] @ w)
-        g = np.ones((BATCH, 1), np.float32)
+        g = np.ones((batch, 1), np.float32)
         for i in reversed(range(len(ws))):
             _ = acts[i].T @ g   # weight gradient
             g = g @ ws[i].T     # input gradient (the first layer's feeds the embeddings)
 
+    return step
+
+
+def bound(repeats: int = 30) -> float:
+    """examples/s of the MLP's forward+backward GEMMs on one core (single-threaded BLAS) x cores,
+    from the fastest of `repeats` timings (the least disturbed by other processes)."""
+    from threadpoolctl import threadpool_limits
+
+    step = _mlp_step()
     with threadpool_limits(1):
         step()
         times = []
@@ -71,6 +78,35 @@ def bound(repeats: int = 30) -> float:
             step()
             times.append(time.perf_counter() - t0)
     return BATCH / min(times) * (os.cpu_count() or 1)
+
+
+def _gemm_worker(seconds: float, out) -> None:
+    from threadpoolctl import threadpool_limits
+
+    step = _mlp_step()
+    with threadpool_limits(1):
+        step()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            step()
+            n += 1
+    out.put(n * BATCH / (time.perf_counter() - t0))
+
+
+def parallel_gemms(processes: int, seconds: float = 4.0) -> float:
+    """examples/s of the same GEMMs run back to back for `seconds` by `processes` processes at once
+    (summed): what the cores really give together, disturbances included."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_gemm_worker, args=(seconds, out)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    rates = [out.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(rates)
 
 
 def paddle_worker(steps: int, warmup: int) -> None:
@@ -207,6 +243,10 @@ def main(argv: list[str] | None = None) -> dict:
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     out: dict = {"bound": bound()}
     print(f"bound (MLP GEMMs, 1 BLAS thread x {os.cpu_count()} cores):  {out['bound']:8,.0f} examples/s")
+    cores = os.cpu_count() or 1
+    one, out["parallel"] = parallel_gemms(1), parallel_gemms(cores)
+    print(f"  the same GEMMs back to back for 4 s: 1 process {one:,.0f} examples/s, {cores} processes at "
+          f"once {out['parallel']:,.0f} in all ({out['parallel'] / one:.2f}x one)")
     if not args.skip_paddle:
         pd = paddle(args.steps, args.warmup, args.paddle_threads)
         out["paddle"] = pd["examples_per_s"]
