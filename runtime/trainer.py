@@ -159,6 +159,8 @@ class Trainer:
         self.dense_tables = list(dict.fromkeys(op.attrs["table"] for op in self.program.ops
                                                if op.type == "pull_dense"))
         self.prefetch: dict[int, Future] = {}
+        self.pushing: list[tuple[Future, list[tuple[str, np.ndarray]]]] = []  # pushes in flight + buffers
+        self.free_bufs: dict[str, list[np.ndarray]] = {}
         made = {n: op for op in self.program.ops for n in op.output_names()}
         self.sparse_feeds = [(op.attrs["table"], u, made[u].inputs["Ids"][0]) for op in self.program.ops
                              if op.type == "pull_sparse" and (u := op.inputs["Ids"][0]) in made
@@ -456,8 +458,8 @@ class Trainer:
                 spec = self.tables[table]
                 if kind == "push_dense":
                     grad = st.grads.get(table)
-                    zero = np.zeros(spec["shape"], spec["dtype"])
-                    grads.append((table, zero if grad is None else grad, None))
+                    grads.append((table, np.zeros(spec["shape"], spec["dtype"]) if grad is None else grad,
+                                  None))
                     continue
                 parts = st.rows.get(table, [])
                 ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
@@ -465,7 +467,8 @@ class Trainer:
                         else np.zeros((0, spec["shape"][1]), spec["dtype"]))
                 grads.append((table, rows, ids))
             if grads:
-                self.bg.submit(self._push_step, grads, self._ps_step(self.flushed))
+                fut = self.bg.submit(self._push_step, grads, self._ps_step(self.flushed))
+                self.pushing.append((fut, list(st.grads.items())))
             if st.reports:
                 self._report_losses(self.flushed, st.reports)
             self.flushed += 1
@@ -531,9 +534,24 @@ class Trainer:
         st, table = self._step(self.cur.step), op.attrs["table"]
         acc = st.grads.get(table)
         if acc is None:
-            st.grads[table] = np.array(grad, copy=True)
+            st.grads[table] = self._buffer(table, grad)
         else:
             acc += grad
+
+    def _buffer(self, table: str, grad: np.ndarray) -> np.ndarray:
+        """A copy of `grad` in a reused buffer: a step's dense gradients are summed in place into
+        buffers that go back to a free list once their push has been answered (zmq no longer
+        reads them), so steady training allocates no fresh multi-MB arrays (first-touch page
+        faults cost more than the copy)."""
+        done = [p for p in self.pushing if p[0].done()]
+        for p in done:
+            self.pushing.remove(p)
+            for name, buf in p[1]:
+                self.free_bufs.setdefault(name, []).append(buf)
+        free = self.free_bufs.get(table)
+        buf = free.pop() if free else np.empty_like(grad)
+        np.copyto(buf, grad)
+        return buf
 
     def _push_sparse(self, op, values) -> None:
         """Keep the row gradients for the step's push. A SparseRows over positions in Ids stays one
