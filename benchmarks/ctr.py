@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--paddle-threads", type=int, default=2)
     ap.add_argument("--skip-paddle", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1, help="alternate Paddle and hetps this many times")
     ap.add_argument("--paddle-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.paddle_worker:
@@ -247,28 +248,50 @@ def main(argv: list[str] | None = None) -> dict:
     one, out["parallel"] = parallel_gemms(1), parallel_gemms(cores)
     print(f"  the same GEMMs back to back for 4 s: 1 process {one:,.0f} examples/s, {cores} processes at "
           f"once {out['parallel']:,.0f} in all ({out['parallel'] / one:.2f}x one)")
-    if not args.skip_paddle:
-        pd = paddle(args.steps, args.warmup, args.paddle_threads)
-        out["paddle"] = pd["examples_per_s"]
-        print(f"PaddlePaddle 3.3.1 legacy IR, {args.paddle_threads} threads:  {out['paddle']:8,.0f} "
-              f"examples/s (loss {pd['first_loss']:.4f} -> {pd['last_loss']:.4f})")
     out["single"] = single_process(args.steps, args.warmup)
     print(f"hetps single process (no distribution, 1 BLAS thread):  {out['single']:8,.0f} examples/s")
-    for mode in args.modes.split(","):
-        setting = (f"{mode}, trainers {args.trainers}, {args.micro_batches} micro-batches, "
-                   f"{args.servers} server(s), gpu EMULATED on cpu")
-        hist, cpu_ms = hetps(args.steps, args.warmup, args.trainers, args.micro_batches, mode, args.servers)
-        rate = out[f"hetps_{mode}"] = hist.examples_per_s(skip=args.warmup)
-        ratio = f"{rate / out['paddle']:.2f}x Paddle, " if "paddle" in out else ""
-        print(f"hetps {mode:>5}:  {rate:8,.0f} examples/s = {ratio}{100 * rate / out['bound']:.0f}% of the "
-              f"bound  [{setting}; loss {np.mean(hist.loss[:10]):.4f} -> {np.mean(hist.loss[-10:]):.4f}, "
-              f"start-up {hist.startup_s:.1f} s, load average {os.getloadavg()[0]:.1f}]")
-        print("  where the time goes (share of each trainer's wall time; cpu = CPU time it got):")
-        print("  " + hist.time_use().replace("\n", "\n  "))
-        print("  CPU ms per step: " + ", ".join(f"{n} {ms:.1f}" for n, ms in cpu_ms.items())
-              + f"; total {sum(cpu_ms.values()):.1f} (the MLP's GEMMs alone: "
-              f"{1e3 * BATCH * (os.cpu_count() or 1) / out['bound']:.1f} ms on one core)")
-        out[f"trainers_{mode}"] = hist.trainers
+    modes = args.modes.split(",")
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds):
+        got: dict[str, float] = {}
+        rounds.append(got)
+        if args.rounds > 1:
+            print(f"-- round {r + 1} of {args.rounds} (Paddle and hetps alternate, so both see similar load)")
+        if not args.skip_paddle:
+            pd = paddle(args.steps, args.warmup, args.paddle_threads)
+            got["paddle"] = pd["examples_per_s"]
+            print(f"PaddlePaddle 3.3.1 legacy IR, {args.paddle_threads} threads:  {got['paddle']:8,.0f} "
+                  f"examples/s (loss {pd['first_loss']:.4f} -> {pd['last_loss']:.4f}; load average "
+                  f"{os.getloadavg()[0]:.1f})")
+        for mode in modes:
+            setting = (f"{mode}, trainers {args.trainers}, {args.micro_batches} micro-batches, "
+                       f"{args.servers} server(s), gpu EMULATED on cpu")
+            hist, cpu_ms = hetps(args.steps, args.warmup, args.trainers, args.micro_batches, mode,
+                                 args.servers)
+            rate = got[mode] = hist.examples_per_s(skip=args.warmup)
+            ratio = f"{rate / got['paddle']:.2f}x Paddle, " if "paddle" in got else ""
+            print(f"hetps {mode:>5}:  {rate:8,.0f} examples/s = {ratio}{100 * rate / out['bound']:.0f}% of "
+                  f"the bound  [{setting}; loss {np.mean(hist.loss[:10]):.4f} -> "
+                  f"{np.mean(hist.loss[-10:]):.4f}, start-up {hist.startup_s:.1f} s, load average "
+                  f"{os.getloadavg()[0]:.1f}]")
+            print("  where the time goes (share of each trainer's wall time; cpu = CPU time it got):")
+            print("  " + hist.time_use().replace("\n", "\n  "))
+            print("  CPU ms per step: " + ", ".join(f"{n} {ms:.1f}" for n, ms in cpu_ms.items())
+                  + f"; total {sum(cpu_ms.values()):.1f} (the MLP's GEMMs alone: "
+                  f"{1e3 * BATCH * (os.cpu_count() or 1) / out['bound']:.1f} ms on one core)")
+            out[f"trainers_{mode}"] = hist.trainers
+    out["rounds"] = rounds
+    if args.rounds > 1:
+        print(f"-- medians over {args.rounds} rounds")
+        for key in [k for k in ("paddle", *modes) if k in rounds[0]]:
+            rates = [r[key] for r in rounds]
+            line = (f"{key:>6}: {float(np.median(rates)):8,.0f} examples/s "
+                    f"(range {min(rates):,.0f} - {max(rates):,.0f})")
+            if key != "paddle" and "paddle" in rounds[0]:
+                ratios = [r[key] / r["paddle"] for r in rounds]
+                line += (f"; x Paddle of its round: median {float(np.median(ratios)):.2f} "
+                         f"(range {min(ratios):.2f} - {max(ratios):.2f})")
+            print(line)
     print("(bar: 1.5x Paddle; goal: 3x Paddle and 50% of the bound)")
     return out
 
