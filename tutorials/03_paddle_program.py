@@ -1,6 +1,6 @@
 """Tutorial 3: bring your PaddlePaddle program — device_guard placement, import, heterogeneous training.
 
-    python tutorials/03_paddle_program.py                 # ~1 min on 2 cores: AUC ~0.75
+    python tutorials/03_paddle_program.py                 # ~25 s on 2 cores: AUC ~0.80
     python tutorials/03_paddle_program.py --steps 40      # the CI setting
 
 A Paddle user already has a `paddle.static` training program. This tutorial takes one, unchanged,

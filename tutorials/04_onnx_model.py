@@ -1,6 +1,6 @@
 """Tutorial 4: an ONNX model — import it, train it heterogeneously, export its sub-programs to ONNX.
 
-    python tutorials/04_onnx_model.py                       # ~1 min on 2 cores: held-out AUC ~0.75
+    python tutorials/04_onnx_model.py                       # ~30 s on 2 cores: held-out AUC ~0.71
     python tutorials/04_onnx_model.py --steps 60            # the CI setting
 
 ONNX is how models leave their framework. `../shared/models/wide_deep.onnx` is a Wide&Deep that
