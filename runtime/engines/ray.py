@@ -169,7 +169,7 @@ class RayEngine(Engine):
         if name in self.runs:
             raise ValueError(f"a process named {name!r} was already started")
         if name not in self.actors:
-            self.place({name: resources or {}})
+            raise KeyError(f"process {name!r} has not been placed; call place() with every process first")
         self.runs[name] = self.actors[name].run.remote(name, target, kwargs, report, secret)
 
     def ended(self) -> dict[str, ProcessFailure | None]:
