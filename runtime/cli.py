@@ -231,9 +231,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def check_engine(args: argparse.Namespace) -> None:
+    if args.address is not None and args.engine != "ray":
+        raise UsageError(f"--address {args.address} names a Ray cluster: add --engine ray")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from . import train
 
+    check_engine(args)
     counts, feeds = parse_counts(args.trainers), parse_feeds(args.feeds)
     if args.steps is None and args.epochs is None and args.until_loss is None:
         raise UsageError("say when to stop: --steps N, --epochs N or --until-loss X")
@@ -254,6 +260,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import train
 
+    check_engine(args)
     if args.plan:
         plan = load_plan(args.plan)
     else:

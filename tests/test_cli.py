@@ -177,6 +177,16 @@ def test_bad_run_options_exit_2(round_trip, capsys):
     assert "say when to stop" in capsys.readouterr().err
     assert main(["train", plan, "--data", "nowhere.txt", "--steps", "1", *feeds]) == 2
     assert "expected 'synthetic', a .npz file" in capsys.readouterr().err
+    assert main(["train", plan, "--data", "synthetic", "--steps", "1", "--address", "auto", *feeds]) == 2
+    assert "add --engine ray" in capsys.readouterr().err
+
+
+def test_bench_reports_throughput(capsys):
+    argv = ["bench", "--steps", "3", "--warmup", "1", "--vocab", "200", "--dim", "4", "--hidden", "8",
+            "--batch-size", "32", "--trainers", "cpu=1,gpu=1", "--micro-batches", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "3 steps in" in out and "examples/s" in out and "gpu:0: busy" in out
 
 
 def test_a_failing_command_exits_1_with_one_line(tmp_path, capsys):
