@@ -295,7 +295,7 @@ def _run_options(p: argparse.ArgumentParser, trainers: str) -> None:
     p.add_argument("--trainers", default=trainers,
                    help="trainers per type, e.g. cpu=2,gpu=1 (default %(default)s)")
     p.add_argument("--servers", type=int, default=1, help="parameter-server shards (default 1)")
-    p.add_argument("--mode", choices=("sync", "async", "geo"), default="sync", help="parameter-server mode")
+    p.add_argument("--mode", choices=("sync", "async"), default="sync", help="parameter-server mode")
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches in flight per reader trainer")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: processes on this machine; ray: actors on a Ray cluster "
