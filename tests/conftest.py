@@ -7,6 +7,7 @@ test runs, two OpenBLAS threads per process made a 256x221 @ 221x64 GEMM 30x slo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy  # noqa: F401  (loads OpenBLAS: threadpoolctl limits only libraries already loaded)
@@ -14,6 +15,8 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 threadpool_limits(1)
+# Ray is imported by tests and tutorials: keep every local Ray on loopback (see runtime/engines/ray.py).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +34,6 @@ def ray_local():
     down as DESIGN.md's "Ray pitfalls" say: own temp dir, small object store, no dashboard, no
     usage stats, 4 logical CPUs and one `gpu_trainer` custom resource so that an
     emulated gpu trainer is placed like a real one. Skips when Ray is not installed."""
-    import os
     import shutil
     import tempfile
 

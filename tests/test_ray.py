@@ -64,6 +64,7 @@ def test_sync_training_on_ray_equals_the_local_engine(plan, ray_local):
     assert on_ray.loss[-1] != on_ray.loss[0]  # it trained: the comparison is not of two no-ops
     # every process was an actor with a tcp address on the Ray node, and none survives
     node = ray_local.nodes()[0]["NodeManagerAddress"]
+    assert node == "127.0.0.1"  # a local Ray stays on loopback (conftest / RayEngine)
     assert set(eng.addresses) == {"ps:0", "cpu:0", "cpu:1", "gpu:0"}
     assert all(a.startswith(f"tcp://{node}:") for a in eng.addresses.values()), eng.addresses
     assert set(on_ray.trainers) == {"cpu:0", "cpu:1", "gpu:0"}

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -76,6 +77,10 @@ class RayEngine(Engine):
 
     def __init__(self, address: str | None = None, *, gpu_resource: str | None = None, num_cpus: float = 1,
                  placement_timeout: float = 60.0, init: dict[str, Any] | None = None) -> None:
+        if address is None and "ray" not in sys.modules:
+            # A private local Ray stays on loopback: on Linux Ray otherwise advertises (and its
+            # actors bind) the host's network address; this switch makes it use 127.0.0.1.
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         try:
             import ray  # noqa: F401
         except ImportError:
