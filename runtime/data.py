@@ -70,7 +70,8 @@ class CriteoReader:
 
     def __init__(self, paths, vocab: int, batch_size: int, shard: tuple[int, int] = (0, 1),
                  names: tuple[str, str, str] = ("sparse", "dense", "label")) -> None:
-        self.paths = [paths] if isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__") else list(paths)
+        single = isinstance(paths, (str, bytes)) or hasattr(paths, "__fspath__")
+        self.paths = [paths] if single else list(paths)
         self.vocab, self.batch_size, self.shard, self.names = vocab, batch_size, shard, names
 
     def _lines(self):
