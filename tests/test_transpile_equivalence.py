@@ -94,3 +94,59 @@ def test_fetch_list_and_micro_batch_keys():
         np.testing.assert_allclose(gl, loss, rtol=1e-12)
     with pytest.raises(KeyError, match="wide_emb.w_0.*it is a table"):
         simulate(transpile(m.main), batches[:1], fetch_list=["wide_emb.w_0"])
+
+
+def test_free_running_trainers_do_not_deadlock():
+    """Each sub-program in its own thread, nothing coordinating them: sends never block, a recv
+    blocks (10 s timeout) until its message arrives. Every step finishes and the losses equal
+    simulate's — deadlock freedom by construction, not by the scheduler."""
+    import queue
+    import threading
+
+    m, batches = build("dlrm", "adam")
+    plan = transpile(m.main, THREE_STAGE)
+    server = InMemoryServer(plan)
+    boxes: dict = {}
+    lock = threading.Lock()
+
+    def box(key):
+        with lock:
+            return boxes.setdefault(key, queue.Queue())
+
+    def handlers(me):
+        def push(op, v):
+            g = v[op.inputs["Grad"][0]]
+            if op.type == "push_sparse":
+                server.push(op.attrs["table"], g.to_dense(np), v[op.inputs["Ids"][0]])
+            else:
+                server.push(op.attrs["table"], g)
+        return {
+            "send": lambda op, v: box((op.attrs["tensor"], op.attrs["dst"])).put(v[op.inputs["X"][0]]),
+            "recv": lambda op, v: v.__setitem__(op.outputs["Out"][0],
+                                                box((op.attrs["tensor"], me)).get(timeout=10)),
+            "pull_dense": lambda op, v: v.__setitem__(op.outputs["Out"][0], server.pull(op.attrs["table"])),
+            "pull_sparse": lambda op, v: v.__setitem__(
+                op.outputs["Out"][0], server.pull(op.attrs["table"], v[op.inputs["Ids"][0]])),
+            "push_dense": push, "push_sparse": push}
+
+    exes = {t: Executor(handlers=handlers(t)) for t in plan.programs}
+    losses, errors = [], []
+    for feed in batches:
+        out = {}
+
+        def run(t, feed=feed, out=out):
+            try:
+                fetch = [m.loss.name] if plan.programs[t].attrs.get("loss_name") else []
+                out[t] = exes[t].run(plan.programs[t], feed=feed, fetch_list=fetch)
+            except Exception as e:  # noqa: BLE001  (reported below)
+                errors.append(f"{t}: {e!r}")
+
+        threads = [threading.Thread(target=run, args=(t,)) for t in reversed(list(plan.programs))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert not errors and not any(th.is_alive() for th in threads), errors
+        server.apply()
+        losses.append(out["cpu"][0])
+    np.testing.assert_allclose(losses, [x[0] for x in simulate(plan, batches)], rtol=1e-12)

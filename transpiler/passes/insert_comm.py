@@ -36,26 +36,32 @@ def insert_comm(program: Program) -> Program:
     sends: dict[int, list[tuple[str, str]]] = defaultdict(list)   # producer id -> [(tensor, dst)]
     channels = []
     for op in prog.ops:
-        dev = op.device
-        for n in dict.fromkeys(op.input_names()):
-            if n in have[dev] or n not in where:
-                continue
-            src, producer = where[n]
-            recvs[op.id].append((n, src))
-            sends[producer.id].append((n, dev))
-            have[dev].add(n)
-            var = block.vars.get(n)
-            channels.append({"tensor": n, "src": src, "dst": dev,
-                             "shape": list(var.shape) if var and var.shape is not None else None,
-                             "dtype": var.dtype if var else None,
-                             "bytes_per_example": bytes_per_example(var),
-                             "direction": "backward" if producer.role == "backward" else "forward"})
-        for n in op.output_names():
-            if op.role != "ps":
-                for d in have:
-                    have[d].discard(n)
-            have[dev].add(n)
-            where[n] = (dev, op)
+        dev = op.attrs["op_device"]
+        mine = have[dev]
+        for names in op.inputs.values():
+            for n in names:
+                if n in mine or n not in where:
+                    continue
+                src, producer = where[n]
+                recvs[op.id].append((n, src))
+                sends[producer.id].append((n, dev))
+                mine.add(n)
+                var = block.vars.get(n)
+                channels.append({"tensor": n, "src": src, "dst": dev,
+                                 "shape": list(var.shape) if var and var.shape is not None else None,
+                                 "dtype": var.dtype if var else None,
+                                 "bytes_per_example": bytes_per_example(var),
+                                 "direction": "backward" if producer.role == "backward" else "forward"})
+        local_copy = op.attrs.get("op_role") == "ps"
+        for names in op.outputs.values():
+            for n in names:
+                if not n:
+                    continue
+                if not local_copy:
+                    for held in have.values():
+                        held.discard(n)
+                mine.add(n)
+                where[n] = (dev, op)
 
     new_ops = []
     for op in prog.ops:

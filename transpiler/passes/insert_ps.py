@@ -51,22 +51,32 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
     prog = program
     block = prog.global_block()
     reasons = prog.attrs.setdefault("placement", {})
-    trainer_ops = [op for op in prog.ops if op.role != "optimize"]
     persistable = {n for n, v in block.vars.items() if v.persistable}
     read: set[str] = set()
     with_grad: set[str] = set()  # vars that get a gradient (or a partial one)
-    for op in trainer_ops:
-        if not op.device:
+    other_use: dict[str, Op] = {}  # parameter -> an op reading it that is not an embedding lookup
+    for op in prog.ops:
+        if op.attrs.get("op_role") == "optimize":
+            continue
+        if not op.attrs.get("op_device"):
             raise ValueError(f"op {op.type!r} (id {op.id}) has no op_device; run assign_devices first")
-        for names in op.inputs.values():
-            read.update(n for n in names if n in persistable)
-        for n in op.output_names():
-            if n in persistable:
-                raise ValueError(f"op {op.type!r} (id {op.id}) on {op.device} writes persistable var {n!r}; "
-                                 "trainers hold no state: state updated by forward ops is not supported")
-            if "@GRAD" in n:
-                with_grad.add(n.split("@GRAD")[0])
-    sparse = _sparse_tables(block, trainer_ops, read, config)
+        lookup = op.type in ("embedding", "embedding_grad")
+        for slot, names in op.inputs.items():
+            params = persistable.intersection(names)
+            if params:
+                read |= params
+                if not (lookup and slot == "W"):
+                    for n in params:
+                        other_use.setdefault(n, op)
+        for names in op.outputs.values():
+            for n in names:
+                if n in persistable:
+                    raise ValueError(f"op {op.type!r} (id {op.id}) on {op.device} writes persistable var "
+                                     f"{n!r}; trainers hold no state: state updated by forward ops is not "
+                                     "supported")
+                if "@GRAD" in n:
+                    with_grad.add(n.split("@GRAD")[0])
+    sparse = _sparse_tables(block, read, other_use, config)
     optim = {op.inputs["Param"][0]: optimizer_spec(op.type, op.attrs, block.var(op.inputs["Param"][0]))
              for op in prog.ops if op.role == "optimize"}
     if not optim:
@@ -91,10 +101,11 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
     lookup: dict[int, tuple[str, str, str, str]] = {}  # embedding op id -> table, rows, unique, index
     push_after = {grad_name(p): p for p in optim if p not in sparse}
     sparse_grads = {grad_name(w) for w in sparse}
+    dense_read = read - sparse
     for op in prog.ops:
         if op.role == "optimize" or (op.type == "sum" and op.output_names()[0] in sparse_grads):
             continue
-        dev = op.device
+        dev = op.attrs["op_device"]
         if op.type == "embedding" and op.role != "backward" and op.inputs["W"][0] in sparse:
             w, ids = op.inputs["W"][0], op.inputs["Ids"][0]
             table = block.var(w)
@@ -124,15 +135,14 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
                      f"row gradients of sparse table {w!r} from lookup id {op.attrs['fwd_id']}")
             continue
         for n in op.input_names():
-            if n in read and n not in sparse and (n, dev) not in pulled:
+            if n in dense_read and (n, dev) not in pulled:
                 v = block.var(n)
                 emit("pull_dense", {}, {"Out": [n]},
                      {"table": n, "shape": list(v.shape), "dtype": v.dtype}, dev,
                      f"dense table {n!r} before its first use on {dev}")
                 pulled.add((n, dev))
         new_ops.append(op)
-        for n in op.output_names():
-            if n in push_after:
+        for n in [n for n in op.output_names() if n in push_after]:
                 emit("push_dense", {"Grad": [n]}, {}, {"table": push_after[n]}, dev,
                      f"gradient of {push_after[n]!r} after its last contribution")
     block.ops = new_ops
@@ -141,14 +151,8 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
     return prog
 
 
-def _sparse_tables(block, trainer_ops: list[Op], read: set[str], config: TranspileConfig) -> set[str]:
+def _sparse_tables(block, read: set[str], other_use: dict[str, Op], config: TranspileConfig) -> set[str]:
     """Tables served by rows: config.sparse_tables, or every is_sparse parameter only looked up."""
-    other_use: dict[str, Op] = {}
-    for op in trainer_ops:
-        for slot, names in op.inputs.items():
-            for n in names:
-                if n in read and not (op.type in ("embedding", "embedding_grad") and slot == "W"):
-                    other_use.setdefault(n, op)
     if config.sparse_tables is None:
         return {n for n in read if block.var(n).is_sparse and n not in other_use}
     for n in config.sparse_tables:

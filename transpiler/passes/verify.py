@@ -139,22 +139,22 @@ def verify(plan: Plan) -> None:
 
 
 def _check_table(dev: str, prog: Program, op: Op, table: dict | None) -> list[str]:
-    where = f"trainer {dev}: {op.type} op id {op.id}"
-    if table is None:
-        return [f"{where} names table {op.attrs.get('table')!r}, which the plan does not have"]
     kind = op.type.split("_")[1]
-    if table["kind"] != kind:
-        return [f"{where} accesses {table['kind']} table {table['name']!r} as {kind}"]
-    if op.type.startswith("push"):
-        return [] if table.get("optimizer") else [f"{where} pushes to {table['name']!r}, which has no "
-                                                  "optimizer"]
-    var = prog.vars.get(op.outputs["Out"][0])
-    if var is not None and var.dtype != table["dtype"]:
-        return [f"{where} pulls {table['name']!r} ({table['dtype']}) into {var.name!r} of dtype {var.dtype}"]
-    if kind == "dense" and var is not None and list(var.shape or ()) != list(table["shape"]):
-        return [f"{where} pulls {table['name']!r} of shape {table['shape']} into {var.name!r} of shape "
-                f"{list(var.shape or ())}"]
-    return []
+    problem = None
+    if table is None:
+        problem = f"names table {op.attrs.get('table')!r}, which the plan does not have"
+    elif table["kind"] != kind:
+        problem = f"accesses {table['kind']} table {table['name']!r} as {kind}"
+    elif op.type.startswith("push"):
+        problem = None if table.get("optimizer") else f"pushes to {table['name']!r}, which has no optimizer"
+    else:
+        var = prog.vars.get(op.outputs["Out"][0])
+        if var is not None and var.dtype != table["dtype"]:
+            problem = f"pulls {table['name']!r} ({table['dtype']}) into {var.name!r} of dtype {var.dtype}"
+        elif kind == "dense" and var is not None and list(var.shape or ()) != table["shape"]:
+            problem = (f"pulls {table['name']!r} of shape {table['shape']} into {var.name!r} of shape "
+                       f"{list(var.shape or ())}")
+    return [f"trainer {dev}: {op.type} op id {op.id} {problem}"] if problem else []
 
 
 def _sig(var) -> tuple:
