@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from ops_registry import SparseRows, get_op, init_rows
-from transpiler.ir import Op, Program, Var
-from transpiler.passes import schedule, segments
+from transpiler.ir import Op, Var
+from transpiler.passes import schedule, segment_programs
 from transpiler.plan import Plan
 
 from .executor import Executor
@@ -108,7 +108,7 @@ def simulate(plan: Plan, batches: Iterable[dict[str, Any]], fetch_list: list[str
     names = [f.name if isinstance(f, Var) else f for f in fetch_list]
     owner = {n: _owner(plan, n) for n in names}
     order = schedule(plan.programs)
-    segs = {t: [_segment_program(p, s) for s in segments(p)] for t, p in plan.programs.items()}
+    segs = {t: segment_programs(p) for t, p in plan.programs.items()}
     mailbox: dict[tuple[str, int, str], Any] = {}
     step = [0]
     exes = {t: Executor(handlers=_handlers(t, mailbox, step, server)) for t in plan.programs}
@@ -153,13 +153,6 @@ def _handlers(me: str, mailbox: dict, step: list[int], server: InMemoryServer) -
 
     return {"send": send, "recv": recv, "pull_dense": pull_dense, "pull_sparse": pull_sparse,
             "push_dense": push_dense, "push_sparse": push_sparse}
-
-
-def _segment_program(program: Program, ops: list[Op]) -> Program:
-    seg = Program()
-    seg.global_block().vars = program.global_block().vars
-    seg.global_block().ops = ops
-    return seg
 
 
 def _owner(plan: Plan, name: str) -> str:

@@ -45,7 +45,7 @@ import numpy as np
 
 from ops_registry import SparseRows, get_op
 from transpiler.ir import Program
-from transpiler.passes import segments
+from transpiler.passes import segment_programs
 
 from . import sources
 from .channels import Inbox, Outbox, pack_tensors, unpack_tensors
@@ -143,7 +143,7 @@ class Trainer:
         self.stall_timeout = spec["stall_timeout"]
         self.xp, _ = array_module(self.type, spec["device_map"], spec["allow_emulation"])
         self.program = Program.from_json(spec["program"])
-        self.segs = [_segment_program(self.program, ops) for ops in segments(self.program)]
+        self.segs = segment_programs(self.program)
         self.seg_recvs = [[op.attrs["tensor"] for op in seg.ops if op.type == "recv"] for seg in self.segs]
         self.feeds = self.program.attrs.get("feeds", [])
         self.loss = spec["loss"] if spec["loss"] in self.program.vars else None
@@ -579,13 +579,6 @@ def _kept_outputs(segs: list[Program], report: list[str | None]) -> list[list[st
         kept.append([n for n in outs if n in later])
         later.update(n for op in seg.ops for n in op.input_names())
     return kept[::-1]
-
-
-def _segment_program(program: Program, ops: list) -> Program:
-    seg = Program()
-    seg.global_block().vars = program.global_block().vars
-    seg.global_block().ops = ops
-    return seg
 
 
 def _host(v: Any) -> np.ndarray:

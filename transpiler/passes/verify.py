@@ -41,6 +41,17 @@ def segments(program: Program) -> list[list[Op]]:
     return segs
 
 
+def segment_programs(program: Program) -> list[Program]:
+    """`segments(program)` as Programs sharing `program`'s vars, each ready for `Executor.run`."""
+    out = []
+    for ops in segments(program):
+        seg = Program()
+        seg.global_block().vars = program.global_block().vars
+        seg.global_block().ops = ops
+        out.append(seg)
+    return out
+
+
 def schedule(programs: dict[str, Program]) -> list[tuple[str, int]]:
     """A global order of (trainer type, segment index) in which every recv finds its message.
 
