@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+from procs import wait_dead
 
 from runtime import TrainingError, train
 from runtime.data import SyntheticCTR
@@ -23,25 +24,6 @@ from transpiler import transpile
 from transpiler.models import wide_deep
 
 pytestmark = pytest.mark.usefixtures("ray_local")
-
-
-def alive(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        out.append(pid)
-    return out
-
-
-def wait_dead(pids, timeout: float = 10.0) -> list[int]:
-    """Ray reaps a killed actor's worker asynchronously: give it a few seconds."""
-    deadline = time.monotonic() + timeout
-    while (left := alive(pids)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 import pytest
+from procs import alive
 
 from runtime import Executor, InMemoryServer, TrainingError, simulate, train
 from runtime.data import SyntheticCTR
@@ -26,17 +27,6 @@ from transpiler import transpile
 from transpiler.models import dlrm, wide_deep
 
 STEPS = 20
-
-
-def alive(pids) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        out.append(pid)
-    return out
 
 
 def single_process(model, batches) -> dict[str, np.ndarray]:
