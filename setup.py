@@ -17,6 +17,7 @@ setup(
         "tqdm>=4.60",
         "matplotlib>=3.7",
         "PyYAML>=6.0",
+        "tensorboardX>=2.6",
     ],
     extras_require={
         "test": [
@@ -26,6 +27,7 @@ setup(
             "onnxruntime>=1.16",
             "ray[default]==2.60.0",
             "ruff>=0.5",
+            "tensorboard>=2.16",
         ],
         "paddle": ["paddlepaddle==3.3.1"],
         "ray": ["ray[default]==2.60.0"],

@@ -249,11 +249,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                     batch_size=batch_size, trainers=counts, servers=args.servers,
                     mode=args.mode, micro_batches=args.micro_batches, engine=args.engine,
                     address=args.address, allow_emulation=args.allow_emulation,
-                    metrics=args.metrics, trace=args.trace,
+                    metrics=args.metrics, trace=args.trace, tensorboard=args.tensorboard,
                     progress=False if args.no_progress else None)
     print(describe(history))
     if args.trace:
         print(f"timeline written to {args.trace} (open it in https://ui.perfetto.dev)")
+    if args.tensorboard:
+        print(f"TensorBoard events written to {args.tensorboard} "
+              f"(view them: tensorboard --logdir {args.tensorboard})")
     return EXIT_OK
 
 
@@ -356,6 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run gpu trainers on CPU kernels when no CUDA device exists (logged)")
     s.add_argument("--metrics", help="append metrics (loss, AUC, examples/s) to this JSONL file")
     s.add_argument("--trace", help="write a Chrome-trace timeline (Perfetto) of every trainer and server")
+    s.add_argument("--tensorboard", metavar="DIR",
+                   help="write loss, AUC and examples/s as TensorBoard event files in DIR")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     s = _command(sub, "bench", cmd_bench, help="measure training throughput on synthetic CTR data",

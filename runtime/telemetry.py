@@ -5,6 +5,8 @@
   rewriting) means a crashed run still leaves every step it finished; `read_metrics` reads it back
   and `runtime.plot.plot_metrics` draws it.
 - `Progress` is a tqdm bar with loss, AUC and examples/s, shown on long runs.
+- `TensorBoardLog` writes the same per-step scalars (`loss`, `auc`, `examples_per_s`) as TensorBoard
+  event files through tensorboardX (`tensorboard --logdir DIR` shows them), beside the JSONL file.
 - `Recorder` collects timed spans inside one trainer or server process (segments, sends, recvs,
   pulls, pushes, each tagged with its micro-batch); processes ship them to the driver, which writes
   one Chrome-trace file (`chrome_trace`, opens in Perfetto / chrome://tracing) with one track per
@@ -186,8 +188,33 @@ class Progress:
         self.bar, self.enabled = None, False
 
 
+class TensorBoardLog:
+    """Per-step scalars as TensorBoard event files in `logdir` (one new file per run, as TensorBoard
+    expects): `loss`, `auc` (left out while it is undefined: a window with one class only) and
+    `examples_per_s`, each at its step number. The run's settings go in as the text `run`."""
+
+    def __init__(self, logdir: str | Path, meta: dict[str, Any] | None = None) -> None:
+        from tensorboardX import SummaryWriter
+
+        self.logdir = Path(logdir)
+        self.writer = SummaryWriter(logdir=str(self.logdir))
+        if meta:
+            self.writer.add_text("run", json.dumps(meta, default=str), 0)
+
+    def step(self, step: int, loss: float, auc: float | None, examples_per_s: float | None) -> None:
+        self.writer.add_scalar("loss", loss, step)
+        if auc is not None and math.isfinite(auc):
+            self.writer.add_scalar("auc", auc, step)
+        if examples_per_s is not None:
+            self.writer.add_scalar("examples_per_s", examples_per_s, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 class Telemetry:
-    """The driver's side of one run: the metrics file, the progress bar and the trace, each optional.
+    """The driver's side of one run: the metrics file, TensorBoard events, the progress bar and the
+    trace, each optional.
 
     `step(record)` takes the driver's per-step record {"step", "loss", "auc", "examples", "time"}
     (time: seconds since training started); examples/s is taken over the last `window` steps,
@@ -196,9 +223,11 @@ class Telemetry:
 
     def __init__(self, metrics: str | Path | None = None, trace: str | Path | None = None,
                  progress: bool | None = None, total: int | None = None,
-                 meta: dict[str, Any] | None = None, window: int = 10) -> None:
+                 meta: dict[str, Any] | None = None, window: int = 10,
+                 tensorboard: str | Path | None = None) -> None:
         self.meta = dict(meta or {})
         self.log = MetricsLog(metrics) if metrics else None
+        self.tb = TensorBoardLog(tensorboard, self.meta) if tensorboard else None
         self.trace_path = Path(trace) if trace else None
         self.tracks: dict[str, list[Span]] = {}
         self.bar = Progress(total, enabled=sys.stderr.isatty() if progress is None else progress)
@@ -228,6 +257,8 @@ class Telemetry:
         if self.log:
             self.log.write("step", step=record["step"], loss=record["loss"], auc=record.get("auc"),
                            examples=self.total_examples, examples_per_s=rate, elapsed_s=record["time"])
+        if self.tb:
+            self.tb.step(record["step"], record["loss"], record.get("auc"), rate)
         self.bar.update(1, record["loss"], record.get("auc"), rate)
 
     def spans(self, who: str, spans: list[Span]) -> None:
@@ -242,5 +273,7 @@ class Telemetry:
                 end["error"] = f"{type(error).__name__}: {error}"
             self.log.write("end", **end)
             self.log.close()
+        if self.tb:
+            self.tb.close()
         if self.trace_path is not None and self.tracks:
             write_trace(self.trace_path, self.tracks, self.meta)

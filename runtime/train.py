@@ -119,7 +119,7 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
           allow_emulation: bool = False, return_params: bool = False, checkpoint: str | None = None,
           callback: Callable[[dict[str, Any]], None] | None = None, secret: bytes | None = None,
           stall_timeout: float = 60.0, address: str | None = None, metrics: str | None = None,
-          trace: str | None = None, progress: bool | None = None) -> History:
+          trace: str | None = None, progress: bool | None = None, tensorboard: str | None = None) -> History:
     """Train `plan_or_program` (a Program is transpiled with the default config) on `data`.
 
     - `data`: generated data with `batch(i, n)` (then `batch_size` is the global batch size) or a
@@ -136,7 +136,9 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
       join, None = start a local Ray) or an Engine instance.
     - `metrics`: append start / per-step / end records to this JSONL file (`hetps plot` draws it);
       `trace`: write a Chrome-trace timeline of every trainer and server there; `progress`: a tqdm
-      bar with loss, AUC and examples/s (None: when stderr is a terminal). See runtime.telemetry.
+      bar with loss, AUC and examples/s (None: when stderr is a terminal); `tensorboard`: write the
+      per-step loss, AUC and examples/s as TensorBoard event files in this directory. See
+      runtime.telemetry.
     """
     plan = plan_or_program if isinstance(plan_or_program, Plan) else transpile(plan_or_program)
     cfg = _Config.make(plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
@@ -145,7 +147,8 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
     secret = secret if secret is not None else eng.secret
     tel = Telemetry(metrics, trace, progress, total=steps, meta={
         "trainers": cfg.counts, "servers": cfg.servers, "mode": cfg.mode, "micro_batches": micro_batches,
-        "batch_size": batch_size, "engine": type(eng).__name__, "tables": len(plan.tables)})
+        "batch_size": batch_size, "engine": type(eng).__name__, "tables": len(plan.tables)},
+        tensorboard=tensorboard)
     history, error = History(), None
     try:
         _run(plan, cfg, data, eng, history, secret, tel.chain(callback), return_params, checkpoint, tel)

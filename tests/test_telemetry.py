@@ -112,3 +112,51 @@ def test_plot_compares_runs_and_refuses_files_without_steps(tmp_path):
     empty.close()
     with pytest.raises(ValueError, match="holds no step records"):
         plot_metrics([tmp_path / "empty.jsonl"], tmp_path / "e.png")
+
+
+def read_tensorboard(logdir) -> dict[str, list[tuple[int, float]]]:
+    """Scalars of the event files in `logdir` as TensorBoard itself reads them: {tag: [(step, value)]}."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})  # 0: keep every event
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_tensorboard_events_hold_the_history_beside_the_jsonl(tmp_path):
+    """A real run with `tensorboard=` and `metrics=`: TensorBoard's own reader finds loss, AUC and
+    examples/s at every step, equal to the History (loss, AUC) and to the JSONL file (examples/s),
+    and `hetps plot` still draws that JSONL file."""
+    import numpy as np
+
+    from runtime import train
+    from runtime.data import SyntheticCTR
+    from transpiler import builder as nn
+    from transpiler import transpile
+    from transpiler.models import wide_deep
+
+    plan = transpile(wide_deep(vocab=100, dim=4, hidden=(8,), optimizer=nn.SGD(lr=0.1)).main)
+    steps = 6
+    hist = train(plan, SyntheticCTR(vocab=100, seed=1), steps=steps, batch_size=64,
+                 trainers={"cpu": 1, "gpu": 1}, servers=1, micro_batches=1, allow_emulation=True,
+                 progress=False, metrics=str(tmp_path / "run.jsonl"), tensorboard=str(tmp_path / "tb"))
+    assert hist.steps == steps and all(math.isfinite(a) for a in hist.auc)
+    got = read_tensorboard(tmp_path / "tb")
+    assert set(got) == {"loss", "auc", "examples_per_s"}
+    assert [s for s, _ in got["loss"]] == [s for s, _ in got["auc"]] == list(range(steps))
+    # event files hold float32: equal to the History's float64 values at float32 precision
+    np.testing.assert_allclose([v for _, v in got["loss"]], hist.loss, rtol=1e-6)
+    np.testing.assert_allclose([v for _, v in got["auc"]], hist.auc, rtol=1e-6)
+    jsonl = [r for r in read_metrics(tmp_path / "run.jsonl") if r["kind"] == "step"]
+    rates = {r["step"]: r["examples_per_s"] for r in jsonl if r["examples_per_s"] is not None}
+    assert rates and dict(got["examples_per_s"]) == pytest.approx(rates, rel=1e-6)
+    assert plot_metrics([tmp_path / "run.jsonl"], tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_tensorboard_leaves_out_undefined_auc(tmp_path):
+    tel = Telemetry(progress=False, tensorboard=tmp_path)
+    for step, a in enumerate([float("nan"), 0.75]):
+        tel.step({"step": step, "loss": 1.0 - step / 4, "auc": a, "examples": 10, "time": step + 1.0})
+    tel.close()
+    got = read_tensorboard(tmp_path)
+    assert got["auc"] == [(1, 0.75)] and got["loss"] == [(0, 1.0), (1, 0.75)]
