@@ -18,6 +18,7 @@ setup(
         "matplotlib>=3.7",
         "PyYAML>=6.0",
         "tensorboardX>=2.6",
+        "pygraphviz>=2.0",
     ],
     extras_require={
         "test": [

@@ -2,7 +2,7 @@
 
     hetps transpile MODEL --out PLAN_DIR [--config cfg.yaml] [--loss bce]
     hetps inspect PLAN_DIR [--explain VAR] [--program TYPE]
-    hetps draw PLAN_DIR -o plan.png
+    hetps draw PLAN_DIR -o plan.png        (or plan.svg for big graphs)
     hetps export PLAN_DIR -o ONNX_DIR
     hetps train PLAN_DIR --data synthetic --steps N --trainers cpu=2,gpu=1 --servers 1 --mode sync
     hetps bench [--steps N] [--trainers cpu=1,gpu=1]
@@ -221,6 +221,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_draw(args: argparse.Namespace) -> int:
+    from transpiler.draw import FORMATS
+
+    if Path(args.output).suffix.lower().lstrip(".") not in FORMATS:
+        raise UsageError(f"-o {args.output}: name a .png, .svg or .pdf file (.svg suits big graphs)")
     print(f"placement drawn to {load_plan(args.plan).draw(args.output)}")
     return EXIT_OK
 
@@ -336,9 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="why the op producing VAR runs where it does")
     s.add_argument("--program", metavar="TYPE", help="print the sub-program of trainer type TYPE")
 
-    s = _command(sub, "draw", cmd_draw, help="draw a plan's op graph coloured by trainer type (PNG)")
+    s = _command(sub, "draw", cmd_draw, help="draw a plan's op graph by trainer type (PNG, SVG or PDF)")
     s.add_argument("plan", help="plan directory")
-    s.add_argument("-o", "--output", required=True, help="PNG file to write")
+    s.add_argument("-o", "--output", required=True,
+                   help="file to write: .png, .svg (sharp and searchable for big graphs) or .pdf")
 
     s = _command(sub, "export", cmd_export, help="export each sub-program of a plan to ONNX")
     s.add_argument("plan", help="plan directory")

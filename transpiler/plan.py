@@ -149,7 +149,9 @@ class Plan:
         return out
 
     def draw(self, path: str | Path) -> Path:
-        """A PNG of the op graph: ops coloured by trainer type, boundary edges red with bytes."""
+        """A picture of the op graph laid out by Graphviz `dot` (`.png`, `.svg` for big graphs, `.pdf`):
+        ops in one box per trainer type, data feeds and boundary tensors labelled with their names,
+        dtype[shape] and bytes per example, a legend (see transpiler/draw.py)."""
         from .draw import draw_plan
 
         return draw_plan(self, Path(path))
