@@ -13,13 +13,17 @@ How a run goes:
    local engine: a failure's traceback goes to the driver's inbox).
 3. `ended()` reads the actors' run calls without waiting: a returned call is an exit code, an
    `ActorDiedError` is a dead process (killed, out of memory, node lost), reported like a failed
-   local process.
+   local process. A lost node takes all the run's processes on it: the report waits up to
+   `LOST_NODE_WAIT` s for the others placed on the same node and names every one that died, with
+   the node's address and whether Ray has marked the node dead.
 4. `stop()` kills the actors; a Ray instance the engine started itself is shut down too.
 
 Without `address` and with no Ray running, the engine starts a private local Ray sized for the run
 (its own temp dir, a small object store, no dashboard, usage stats off, and one `gpu_trainer`
 resource per gpu trainer on a machine without GPUs). `address="auto"` joins the cluster of
 `ray start --head`; `"ray://host:10001"` connects through Ray Client (see docs/cluster.md).
+`resources={"cpu": {"head": 1}}` adds custom resource requests per process kind (`ps`, or a
+trainer type), so processes can be pinned to nodes that offer those resources.
 
 Over tcp every message is signed: the engine makes a random secret per run (`Engine.secret`),
 which reaches the actors through Ray.
@@ -39,18 +43,19 @@ from typing import Any
 from .base import Engine, ProcessFailure, child_main
 
 GPU_RESOURCE = "gpu_trainer"  # the custom resource a CPU-only cluster offers for emulated gpu trainers
+LOST_NODE_WAIT = 2.0  # seconds a death report waits for the other processes on the same node
 
 
 class ProcessHost:
     """The actor class: reserves its address, then runs one entry point."""
 
-    def where(self) -> tuple[str, int]:
-        """(tcp address on this node with a free port, pid)."""
+    def where(self) -> tuple[str, int, str]:
+        """(tcp address on this node with a free port, pid, Ray node id)."""
         import ray
 
         node = ray.get_runtime_context().get_node_id()
         ip = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node)
-        return f"tcp://{ip}:{_free_port(ip)}", os.getpid()
+        return f"tcp://{ip}:{_free_port(ip)}", os.getpid(), node
 
     def run(self, name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str,
             secret: bytes | None) -> int:
@@ -72,11 +77,14 @@ def _free_port(ip: str) -> int:
 class RayEngine(Engine):
     """Processes as Ray actors. `gpu_resource`: the resource a gpu trainer asks for: None picks
     `GPU` (num_gpus) when the cluster has GPUs, else the custom resource `gpu_trainer` when the
-    cluster offers it; `num_cpus`: CPUs each actor reserves; `placement_timeout`: seconds to wait
-    for Ray to place every actor; `init`: extra `ray.init` arguments for a locally started Ray."""
+    cluster offers it; `num_cpus`: CPUs each actor reserves; `resources`: extra custom resources
+    each process of a kind asks for, by kind (`"ps"` or a trainer type, e.g. `{"cpu": {"head": 1}}`);
+    `placement_timeout`: seconds to wait for Ray to place every actor; `init`: extra `ray.init`
+    arguments for a locally started Ray."""
 
     def __init__(self, address: str | None = None, *, gpu_resource: str | None = None, num_cpus: float = 1,
-                 placement_timeout: float = 60.0, init: dict[str, Any] | None = None) -> None:
+                 resources: dict[str, dict[str, float]] | None = None, placement_timeout: float = 60.0,
+                 init: dict[str, Any] | None = None) -> None:
         if address is None and "ray" not in sys.modules:
             # A private local Ray stays on loopback: on Linux Ray otherwise advertises (and its
             # actors bind) the host's network address; this switch makes it use 127.0.0.1.
@@ -86,12 +94,14 @@ class RayEngine(Engine):
         except ImportError:
             raise ImportError("the ray engine needs Ray: pip install 'hetps[ray]'") from None
         self.address, self.gpu_resource, self.num_cpus = address, gpu_resource, num_cpus
+        self.resources = {kind: dict(res) for kind, res in (resources or {}).items()}
         self.placement_timeout, self.init_kwargs = placement_timeout, dict(init or {})
         self.secret = os.urandom(32)
         self.owns_ray, self.tmp = False, None
         self.actors: dict[str, Any] = {}
         self.addresses: dict[str, str] = {}
         self.pid_of: dict[str, int] = {}
+        self.node_of: dict[str, str] = {}  # process -> Ray node id
         self.runs: dict[str, Any] = {}
         self.results: dict[str, ProcessFailure | None] = {}
 
@@ -137,6 +147,9 @@ class RayEngine(Engine):
             if name in self.actors:
                 raise ValueError(f"a process named {name!r} was already placed")
             opts = {"num_cpus": self.num_cpus, **(self._gpu_option(res["gpu"]) if res.get("gpu") else {})}
+            extra = self.resources.get(name.partition(":")[0], {})
+            if extra:
+                opts["resources"] = {**opts.get("resources", {}), **extra}
             wanted[name] = {"CPU": self.num_cpus, **opts.get("resources", {}),
                             **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {})}
             opts_of[name] = opts
@@ -160,7 +173,7 @@ class RayEngine(Engine):
                 f"Ray did not place or start {late} within {self.placement_timeout} s; they ask for "
                 f"{ {n: wanted[n] for n in late} }, the cluster has {ray.available_resources()} free")
         for name, ref in refs.items():
-            self.addresses[name], self.pid_of[name] = ray.get(ref)
+            self.addresses[name], self.pid_of[name], self.node_of[name] = ray.get(ref)
 
     def endpoint(self, name: str) -> str:
         if name == "driver":  # bound by the driver itself, any free port
@@ -181,22 +194,58 @@ class RayEngine(Engine):
         import ray
         from ray.exceptions import RayActorError
 
-        open_runs = {ref: name for name, ref in self.runs.items() if name not in self.results}
-        if open_runs:
-            ready, _ = ray.wait(list(open_runs), num_returns=len(open_runs), timeout=0)
-            for ref in ready:
-                name = open_runs[ref]
-                try:
-                    code = ray.get(ref)
-                    self.results[name] = None if code == 0 else ProcessFailure(
-                        name, self.pid_of.get(name), f"exited with code {code}")
-                except RayActorError as e:
-                    self.results[name] = ProcessFailure(name, self.pid_of.get(name),
-                                                        f"died (its Ray actor is lost: {_first_line(e)})")
-                except Exception as e:  # the run call itself failed in Ray
-                    how = f"failed in Ray: {type(e).__name__}: {_first_line(e)}"
-                    self.results[name] = ProcessFailure(name, self.pid_of.get(name), how)
+        lost: list[tuple[str, RayActorError]] = []
+        for name in self._ready(0):
+            try:
+                code = ray.get(self.runs[name])
+                self.results[name] = None if code == 0 else ProcessFailure(
+                    name, self.pid_of.get(name), f"exited with code {code}")
+            except RayActorError as e:
+                lost.append((name, e))
+            except Exception as e:  # the run call itself failed in Ray
+                how = f"failed in Ray: {type(e).__name__}: {_first_line(e)}"
+                self.results[name] = ProcessFailure(name, self.pid_of.get(name), how)
+        for name, e in lost:
+            if name not in self.results:
+                self._report_lost(name, e)
         return dict(self.results)
+
+    def _ready(self, timeout: float, names: list[str] | None = None) -> list[str]:
+        """The processes (of `names`, default all) whose run call has ended and is not yet read."""
+        import ray
+
+        open_runs = {self.runs[n]: n for n in (self.runs if names is None else names)
+                     if n in self.runs and n not in self.results}
+        if not open_runs:
+            return []
+        ready, _ = ray.wait(list(open_runs), num_returns=len(open_runs), timeout=timeout)
+        return [open_runs[ref] for ref in ready]
+
+    def _report_lost(self, name: str, error: BaseException) -> None:
+        """A lost actor, and every other process of the run lost with its node (they die together):
+        each gets one report that names them all, the node's address, and whether Ray has marked
+        the node dead. Waits up to LOST_NODE_WAIT s for the others on the node to be reported."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        node = self.node_of.get(name)
+        peers = [p for p, n in self.node_of.items() if n == node and p != name]
+        self._ready(LOST_NODE_WAIT, peers)  # returns as soon as all of them have ended
+        lost = [name]
+        for p in self._ready(0, peers):
+            try:
+                ray.get(self.runs[p])
+            except RayActorError:
+                lost.append(p)
+            except Exception:  # a failure of its own: ended() reads it on its next call
+                continue
+        info = next((n for n in ray.nodes() if n["NodeID"] == node), None)
+        where = f"Ray node {info['NodeManagerAddress']} (id {node[:8]})" if info else f"Ray node {node}"
+        state = "marked dead by Ray" if info and not info.get("Alive") else "still listed alive by Ray"
+        how = (f"died (its Ray actor is lost: {_first_line(error)}); processes of this run lost on {where}, "
+               f"{state}: {', '.join(sorted(lost))}")
+        for p in lost:
+            self.results[p] = ProcessFailure(p, self.pid_of.get(p), how)
 
     def pids(self) -> dict[str, int | None]:
         return dict(self.pid_of)  # kept after stop, so callers can check that nothing survived
