@@ -12,8 +12,10 @@ What a reader sees:
 
 Comm and PS ops are left out: the boundary boxes are the sends/recvs, and pulls/pushes only feed
 parameters (an id tensor passed through `unique_ids` / `pull_sparse` keeps its producer's edge).
-`dot` routes every edge around the node boxes; `tests/test_transpile_plan.py` checks that on the
-layout's coordinates. Write `.svg` for big graphs (text stays sharp and searchable), `.png` or `.pdf`.
+Edges never run through a node box: `edges_through_nodes` checks the layout's coordinates, and when
+Graphviz's global ranking (which reads best: time flows down across the trainer boxes) routes an
+edge through a box, the graph is laid out again with per-box ranking (tests/test_transpile_draw.py).
+Write `.svg` for big graphs (text stays sharp and searchable), `.png` or `.pdf`.
 """
 
 from __future__ import annotations
