@@ -17,6 +17,7 @@ setup(
         "tqdm>=4.60",
         "matplotlib>=3.7",
         "PyYAML>=6.0",
+        "pyarrow>=14",
     ],
     extras_require={
         "test": [

@@ -204,7 +204,8 @@ class Trainer:
         self.bg = Background(client)
         self._prefetch(0)
         if self.is_reader:
-            self.batches = sources.global_batches(s["data"], s["batch_size"], s["epochs"])
+            self.batches = sources.reader_batches(s["data"], s["batch_size"], s["epochs"], self.index,
+                                                  self.counts[self.type])
 
     def _report(self, header: dict, arrays: list = ()) -> None:
         self.out.send(self.spec["driver"], {**header, "who": self.name}, arrays)
@@ -320,12 +321,11 @@ class Trainer:
             if not self.grant_final:
                 return
             limit = t if limit is None else min(limit, t)
-        batch = None if limit is not None and t >= limit else next(self.batches, None)
-        if batch is None:
+        got = None if limit is not None and t >= limit else next(self.batches, None)
+        if got is None:
             self._finish_at(t)
             return
-        n = sources.batch_size_of(batch)
-        lo, hi = sources.share(n, self.index, self.counts[self.type])
+        batch, n, lo, hi = got  # rows [lo, hi) of batch are this reader's share of a global batch of n
         parts = sources.split(lo, hi, self.mb_count)
         st = self._step(t)
         per_dst: dict[str, list] = {}
