@@ -361,3 +361,37 @@ def test_two_readers_train_on_their_shards_as_one_process_on_the_joined_batches(
     assert hist.examples == [len(b["label"]) for b in joined] * 2 and sum(hist.examples) == 150
     assert_same_params(hist.params, want, [t["name"] for t in transpile(model.main).tables])
     assert not alive(eng.pids().values())
+
+
+def test_cli_trains_a_plan_on_parquet_by_schema_and_refuses_bad_combinations(tmp_path, capsys):
+    from runtime.cli import main
+    from transpiler import builder as nn
+    from transpiler import transpile
+    from transpiler.models import wide_deep
+
+    write_parquet(tmp_path, 64, 2, 8)
+    schema = tmp_path / "schema.yaml"
+    schema.write_text("label: click\ndense: [row]\ntransform: standardize\nsparse: [cat]\nvocab: 16\n")
+    plan = tmp_path / "plan"
+    transpile(
+        wide_deep(num_slots=1, num_dense=1, vocab=16, dim=4, hidden=(8,), optimizer=nn.SGD(0.1)).main
+    ).save(plan)
+    data = str(tmp_path / "pq" / "*.parquet")
+    common = ["--data", data, "--schema", schema, "--batch-size", "16", "--allow-emulation", "--no-progress"]
+    assert main(["train", str(plan), *map(str, common), "--epochs", "2"]) == 0
+    assert capsys.readouterr().out.startswith("8 steps")  # 2 epochs of 64 rows in global batches of 16
+    for argv, message in (
+        ([*common, "--epochs", "1"], "give a PLAN_DIR"),
+        ([plan, *common, "--model", "dlrm", "--epochs", "1"], "give a PLAN_DIR"),
+        (["--data", data, "--model", "dlrm", "--epochs", "1"], "add --schema"),
+        (
+            [plan, *common, "--eval-data", data, "--epochs", "1"],
+            "--eval-data scores a model built by --model",
+        ),
+        (
+            ["--data", str(tmp_path / "none.csv"), "--schema", schema, "--model", "dlrm", "--epochs", "1"],
+            "none.csv",
+        ),
+    ):
+        assert main(["train", *map(str, argv)]) == 2
+        assert message in capsys.readouterr().err
