@@ -395,3 +395,50 @@ def test_cli_trains_a_plan_on_parquet_by_schema_and_refuses_bad_combinations(tmp
     ):
         assert main(["train", *map(str, argv)]) == 2
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_file_larger_than_the_memory_limit_streams(tmp_path):
+    """A 2.5 GiB CSV read under a 2.2 GiB address-space limit (the baseline of a Python process
+    with numpy and pyarrow is ~1.6 GiB of address space): every row arrives, and reading the file
+    whole under the same limit fails, so the limit binds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "big.csv"
+    rows_per_block, blocks = 2000, 1360
+    line = "{i},1,{pad}\n"
+    block = "".join(line.format(i=i % 7, pad="x" * 1000) for i in range(rows_per_block)).encode()
+    with open(path, "wb") as f:
+        f.write(b"x,click,pad\n")
+        for _ in range(blocks):
+            f.write(block)
+    assert path.stat().st_size > 2.5 * 2**30 > 2.2 * 2**30
+    limit = int(2.2 * 2**30)
+    code = (
+        "import resource, sys\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))\n"
+        "from runtime.data import open_dataset\n"
+        "if sys.argv[1] == 'whole':\n"
+        "    data = open(sys.argv[2], 'rb').read()\n"
+        "else:\n"
+        "    ds = open_dataset(sys.argv[2], {'label': 'click', 'dense': ['x']}, batch_size=65536)\n"
+        "    n = s = 0\n"
+        "    for b in ds:\n"
+        "        n += len(b['label']); s += float(b['dense'].sum())\n"
+        "    print(n, s)\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    run = lambda how: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code, how, str(path)], capture_output=True, text=True, timeout=900, cwd=root
+    )
+    try:
+        whole, streamed = run("whole"), run("stream")
+    finally:
+        path.unlink()  # 2.5 GiB: not left for pytest's kept temporary directories
+    assert whole.returncode != 0 and "MemoryError" in whole.stderr
+    assert streamed.returncode == 0, streamed.stderr
+    n, s = streamed.stdout.split()
+    assert int(n) == rows_per_block * blocks
+    assert float(s) == sum(i % 7 for i in range(rows_per_block)) * blocks
