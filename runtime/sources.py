@@ -12,7 +12,7 @@ A data source is either
   parse it once into arrays and use `ArrayReader` when that is costly); or
 - a sharded source with `shard(index, count)` (`runtime.data.open_dataset`): each reader reads only
   its shard, and global batch t is the readers' local batches t together (runtime/ingest/dataset.py
-  states the semantics); `plan(count)` is called once in the driver (`prepare`).
+  states the semantics); its `prepare(count)` runs once in the driver (`prepare`).
 """
 
 from __future__ import annotations
@@ -56,15 +56,14 @@ def global_batches(data: Any, batch_size: int | None, epochs: int | None) -> Ite
 
 
 def is_sharded(data: Any) -> bool:
-    return callable(getattr(data, "shard", None)) and callable(getattr(data, "plan", None))
+    return callable(getattr(data, "shard", None)) and callable(getattr(data, "prepare", None))
 
 
 def prepare(data: Any, readers: int) -> None:
-    """Work a sharded source does once in the driver for `readers` readers (its shard plan),
+    """Work a sharded source does once in the driver for `readers` readers (e.g. its shard plan),
     before the source is copied to the reader trainers; nothing for other sources."""
     if is_sharded(data):
-        data.shard(0, readers)
-        data.plan(readers)
+        data.prepare(readers)
 
 
 def reader_batches(data: Any, batch_size: int | None, epochs: int | None, index: int,

@@ -442,3 +442,34 @@ def test_a_file_larger_than_the_memory_limit_streams(tmp_path):
     n, s = streamed.stdout.split()
     assert int(n) == rows_per_block * blocks
     assert float(s) == sum(i % 7 for i in range(rows_per_block)) * blocks
+
+
+def test_a_bad_row_in_a_readers_shard_fails_the_run_naming_the_file(tmp_path):
+    from procs import alive
+
+    from runtime import TrainingError, train
+    from runtime.engines import LocalEngine
+    from transpiler import builder as nn
+    from transpiler.models import wide_deep
+
+    rows = [f"{i % 2},{i},u{i % 7},{'p' * 40}" for i in range(4000)]  # 200 KB
+    rows[3000] = "1,not-a-number,u3,p"  # in the second reader's half, past the first 64 KiB
+    path = tmp_path / "clicks.csv"
+    path.write_text("click,x,user,pad\n" + "\n".join(rows) + "\n")
+    ds = open_dataset(
+        path, {"label": "click", "dense": ["x"], "sparse": ["user"], "vocab": 32}, batch_size=16
+    )
+    model = wide_deep(num_slots=1, num_dense=1, vocab=32, dim=4, hidden=(4,), optimizer=nn.SGD(lr=0.1))
+    eng = LocalEngine()
+    with pytest.raises(TrainingError, match="clicks.csv: cannot read it as csv.*not-a-number") as err:
+        train(
+            model.main,
+            ds,
+            epochs=1,
+            trainers={"cpu": 2, "gpu": 1},
+            engine=eng,
+            allow_emulation=True,
+            progress=False,
+        )
+    assert err.value.who == "cpu:1"
+    assert not alive(eng.pids().values())

@@ -92,6 +92,13 @@ class Dataset:
             self._plans[readers] = formats.plan(self.files, self.format, readers)
         return self._plans[readers]
 
+    def prepare(self, readers: int) -> None:
+        """What `train` has the driver do once, before the dataset is copied to `readers` reader
+        trainers: count each shard's rows and read the feeds' widths."""
+        self.shard(0, readers)
+        self.plan(readers)
+        self._empty()
+
     def rows(self) -> int:
         return sum(p.rows for p in self.plan(1)[0])
 
@@ -145,9 +152,11 @@ class Dataset:
             first = next((p for p in self.plan(1)[0] if p.rows), None)
             if first is None:
                 raise ValueError(f"{self.files}: no rows to read")
-            cols = next(
-                formats.read_piece(first, self.format, self.names, self._types(self.schema.columns), 1)
-            )
+            if first.stop > first.start + (1 << 16) and self.format != "parquet":  # its first 64 KiB will do
+                head = formats.Piece(first.path, first.start, first.start + (1 << 16), 0)
+                first = head if formats.count_rows(head.path, head.start, head.stop, self.format) else first
+            types = self._types(self.schema.columns)
+            cols = next(formats.read_piece(first, self.format, self.names, types, 1))
             feed = self.schema.feeds({c: a.slice(0, 1) for c, a in cols.items()})
             self._template = {k: v[:0] for k, v in feed.items()}
         return self._template

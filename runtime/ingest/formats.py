@@ -173,8 +173,9 @@ def count_rows(path: str, start: int, stop: int, fmt: str) -> int:
     return int(lines) - (fmt in ("csv", "tsv") and start == 0 and lines > 0)
 
 
-def line_blocks(piece: Piece) -> Iterator[bytes]:
-    """Blocks of whole lines (each ends with a newline) of the lines starting in the piece."""
+def line_blocks(piece: Piece) -> Iterator[tuple[int, bytes]]:
+    """(offset, block): blocks of whole lines (each ends with a newline) of the lines starting in
+    the piece, and where each block starts in the (uncompressed) file."""
     with _open(piece.path) as f:
         pos = 0  # the file offset of the first byte not yet yielded
         if piece.start > 0:
@@ -187,17 +188,17 @@ def line_blocks(piece: Piece) -> Iterator[bytes]:
             chunk = f.read(BLOCK)
             if not chunk:
                 if carry:  # a last line without a newline
-                    yield carry + b"\n"
+                    yield pos, carry + b"\n"
                 return
             data = carry + chunk
             cut = data.rfind(b"\n") + 1
             block, carry = data[:cut], data[cut:]
             if stop is not None and pos + len(block) > stop:  # keep the lines starting before `stop`
-                yield block[: block.index(b"\n", stop - 1 - pos) + 1]
+                yield pos, block[: block.index(b"\n", stop - 1 - pos) + 1]
                 return
-            pos += len(block)
             if block:
-                yield block
+                yield pos, block
+            pos += len(block)
 
 
 def _parse_options(fmt: str) -> pcsv.ParseOptions:
@@ -226,7 +227,7 @@ def read_piece(
             yield {c: b.column(c) for c in types}
         return
     skip = int(piece.start == 0 and fmt in ("csv", "tsv"))  # the header line
-    for block in line_blocks(piece):
+    for offset, block in line_blocks(piece):
         try:
             if fmt == "slot":
                 yield _slot_columns(_lines(block), list(types))
@@ -246,7 +247,8 @@ def read_piece(
             )
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
             raise ValueError(
-                f"{piece.path} (bytes from {piece.start}): cannot read it as {fmt}: {e}"
+                f"{piece.path}: cannot read it as {fmt} (in the lines from byte {offset}; rows counted "
+                f"from there{', the header being row #1' if skip else ''}): {e}"
             ) from None
         skip = 0
         yield {c: table.column(c).combine_chunks() for c in types}
