@@ -71,11 +71,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rows", type=int, default=40_000, help="rows of the click log (80%% train)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--model", default="wide_deep", choices=("wide_deep", "deepfm", "dlrm"))
-    ap.add_argument("--out", help="directory for the files (default: a new temporary one)")
+    ap.add_argument("--out", help="directory for the files, kept (default: a temporary one, removed)")
     args = ap.parse_args(argv)
 
+    if args.out is None:  # files in a temporary directory, removed at the end
+        with tempfile.TemporaryDirectory(prefix="hetps-tutorial-06-") as tmp:
+            return run(args, Path(tmp))
+    return run(args, Path(args.out))
+
+
+def run(args: argparse.Namespace, out: Path) -> dict:
     # 1. The click log: train.csv and a held-out test.csv.
-    out = Path(args.out or tempfile.mkdtemp(prefix="hetps-tutorial-06-"))
     out.mkdir(parents=True, exist_ok=True)
     lines = click_log(args.rows)
     cut = len(lines) * 4 // 5
