@@ -473,3 +473,10 @@ def test_a_bad_row_in_a_readers_shard_fails_the_run_naming_the_file(tmp_path):
         )
     assert err.value.who == "cpu:1"
     assert not alive(eng.pids().values())
+
+
+def test_files_with_different_headers_are_refused(tmp_path):
+    (tmp_path / "a.csv").write_text("click,x\n1,2\n")
+    (tmp_path / "b.csv").write_text("click,y\n1,2\n")
+    with pytest.raises(ValueError, match="b.csv has the columns \\['click', 'y'\\].*same header"):
+        open_dataset(tmp_path, {"label": "click", "dense": ["x"]}, batch_size=2)

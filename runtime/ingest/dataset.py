@@ -55,6 +55,12 @@ def open_dataset(
         raise ValueError(f"format {fmt!r}: expected one of {formats.FORMATS}")
     schema = Schema.load(schema)
     names = formats.CRITEO_COLUMNS if fmt == "criteo" else formats.header(files[0], fmt)
+    other = next((f for f in files[1:] if formats.header(f, fmt) != names), None)
+    if other is not None:
+        raise ValueError(
+            f"{other} has the columns {formats.header(other, fmt)}, {files[0]} has {names}: "
+            "the files of one dataset need the same header"
+        )
     missing = [c for c in schema.columns if names is not None and c not in names]
     if missing:
         raise ValueError(f"the schema reads columns {missing} that {files[0]} lacks; its columns: {names}")

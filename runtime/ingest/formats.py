@@ -111,11 +111,8 @@ def plan(files: list[str], fmt: str, readers: int) -> list[list[Piece]]:
     """Each reader's pieces: plain text split into `readers` byte ranges of the files end to end;
     .gz files and Parquet row groups whole, each to the reader its middle byte / row falls to."""
     if fmt == "parquet":
-        units = [
-            (f, g, g + 1, pq.ParquetFile(f).metadata.row_group(g).num_rows)
-            for f in files
-            for g in range(pq.ParquetFile(f).metadata.num_row_groups)
-        ]
+        metas = [(f, pq.ParquetFile(f).metadata) for f in files]
+        units = [(f, g, g + 1, m.row_group(g).num_rows) for f, m in metas for g in range(m.num_row_groups)]
         return _by_middle(units, readers, lambda u: u[3], lambda f, a, b, rows: Piece(f, a, b, rows))
     plain = [f for f in files if not f.endswith(".gz")]
     if len(plain) != len(files) and plain:
