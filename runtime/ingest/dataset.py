@@ -55,7 +55,7 @@ def open_dataset(
         raise ValueError(f"format {fmt!r}: expected one of {formats.FORMATS}")
     schema = Schema.load(schema)
     names = formats.CRITEO_COLUMNS if fmt == "criteo" else formats.header(files[0], fmt)
-    other = next((f for f in files[1:] if formats.header(f, fmt) != names), None)
+    other = next((f for f in files[1:] if fmt in ("csv", "tsv") and formats.header(f, fmt) != names), None)
     if other is not None:
         raise ValueError(
             f"{other} has the columns {formats.header(other, fmt)}, {files[0]} has {names}: "
