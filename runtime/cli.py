@@ -243,7 +243,7 @@ def open_schema_data(args: argparse.Namespace):
     from .data import open_dataset
 
     try:
-        data = open_dataset(args.data.split(","), args.schema, batch_size=args.batch_size)
+        data = open_dataset(args.data.split(","), args.schema, batch_size=args.batch_size, shuffle=args.shuffle)
         held_out = None
         if args.eval_data:
             held_out = open_dataset(args.eval_data.split(","), data.schema, batch_size=4096)
@@ -388,6 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="build this model from the schema's feeds instead of a PLAN_DIR")
     s.add_argument("--eval-data", help="held-out files (read by --schema): print the trained model's AUC")
     s.add_argument("--lr", type=float, default=0.01, help="Adam learning rate of a --model (default 0.01)")
+    s.add_argument("--shuffle", type=int, default=0, metavar="ROWS",
+                   help="with --schema: shuffle windows of ROWS rows (seeded; default 0, file order)")
     s.add_argument("--feeds", help="data column -> program feed, e.g. sparse=a,dense=b,label=c")
     s.add_argument("--vocab", type=int, help="id range of categorical data (default: smallest sparse table)")
     s.add_argument("--steps", type=int, help="stop after N steps")

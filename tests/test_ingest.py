@@ -480,3 +480,45 @@ def test_files_with_different_headers_are_refused(tmp_path):
     (tmp_path / "b.csv").write_text("click,y\n1,2\n")
     with pytest.raises(ValueError, match="b.csv has the columns \\['click', 'y'\\].*same header"):
         open_dataset(tmp_path, {"label": "click", "dense": ["x"]}, batch_size=2)
+
+
+def test_vocab_files_give_listed_values_their_own_ids_and_hash_the_rest(tmp_path):
+    (tmp_path / "items.txt").write_text("10\n11\n")
+    (tmp_path / "genres.txt").write_text("Drama\nComedy\nAction\n")
+    (tmp_path / "ratings.csv").write_text(MOVIES)
+    (tmp_path / "schema.yaml").write_text(
+        "label: rating\nlabel_threshold: 4\nsparse: [user_id, item_id]\nmulti: {genres: '|'}\nmax_len: 4\n"
+        "vocab: 40\nvocab_files: {item_id: items.txt, genres: genres.txt}\n"
+    )
+    (b,) = list(open_dataset(tmp_path / "ratings.csv", tmp_path / "schema.yaml", batch_size=8))
+
+    # K = 5 listed values: item ids 1, 2; genres 3, 4, 5 (in file order); others hash into [6, 40)
+    def hashed(column: str, value: str) -> int:
+        return 6 + fnv1a_64(f"{column}\x1f{value}".encode()) % 34
+
+    np.testing.assert_array_equal(b["sparse"][:, 0], [hashed("user_id", u) for u in "1234"])
+    np.testing.assert_array_equal(b["sparse"][:, 1], [1, 2, 1, hashed("item_id", "12")])
+    np.testing.assert_array_equal(
+        b["genres"],
+        [
+            [4, 3, 0, 0],
+            [5, 0, 0, 0],
+            [4, 3, hashed("genres", "Romance"), hashed("genres", "War")],
+            [0, 0, 0, 0],
+        ],
+    )
+    with pytest.raises(ValueError, match="vocab 6 must exceed the 5 values"):
+        Schema.load(
+            {
+                "label": "rating",
+                "sparse": ["item_id"],
+                "multi": {"genres": "|"},
+                "vocab": 6,
+                "vocab_files": {
+                    "item_id": str(tmp_path / "items.txt"),
+                    "genres": str(tmp_path / "genres.txt"),
+                },
+            }
+        )
+    with pytest.raises(FileNotFoundError, match="no vocab file for 'item_id'"):
+        Schema.load({"label": "rating", "sparse": ["item_id"], "vocab_files": {"item_id": "missing.txt"}})

@@ -7,10 +7,14 @@
     sparse: [user_id, gender]  # categorical -> `sparse` int64 [n, len(sparse)], one id per column
     multi: {genres: "|"}     # multi-valued categorical -> feed `genres` int64 [n, max_len] (pad 0)
     max_len: 8               # ids kept per multi-valued column (longer bags are cut)
-    vocab: 1000000           # the hash space
+    vocab: 1000000           # the id space
+    vocab_files: {item_id: items.txt}  # optional: a column's known values, one per line
 
 Ids are a stable hash: FNV-1a 64 of `column + "\\x1f" + value` (the value's text; a number's decimal
-form), mapped to [1, vocab): id 0 is never a value's id, it pads the bags. A missing categorical
+form), mapped to [1, vocab): id 0 is never a value's id, it pads the bags. With `vocab_files`
+(paths relative to the schema file), the K values they list get ids 1..K in the files' order
+(each column's block after the previous one's), collision-free; other values hash into
+[K + 1, vocab). A missing categorical
 value hashes as the empty string; a missing dense value is 0 (before the transform). `log1p` is
 log(1 + max(x, 0)), as DLRM reads Criteo's counts. `standardize` is (x - mean) / std with the
 mean and std of the data (`stats`: measured by `open_dataset` when not given).
@@ -31,7 +35,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 TRANSFORMS = ("none", "log1p", "standardize")
-_KEYS = {"label", "label_threshold", "dense", "transform", "sparse", "multi", "max_len", "vocab", "stats"}
+_KEYS = {
+    "label",
+    "label_threshold",
+    "dense",
+    "transform",
+    "sparse",
+    "multi",
+    "max_len",
+    "vocab",
+    "stats",
+    "vocab_files",
+}
 FNV_OFFSET, FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
 
 
@@ -48,13 +63,14 @@ class Schema:
     transform: tuple[tuple[str, str], ...] = ()  # (dense column, transform); absent: none
     max_len: int = 8
     stats: tuple[tuple[str, float, float], ...] = field(default=(), compare=False)  # (column, mean, std)
+    known: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (column, its values from its vocab file)
 
     @classmethod
     def load(cls, source: str | Path | dict[str, Any] | Schema) -> Schema:
         if isinstance(source, Schema):
             return source
         if isinstance(source, dict):
-            return cls.from_dict(source, "the schema")
+            return cls.from_dict(source, "the schema", Path.cwd())
         import yaml
 
         path = Path(source)
@@ -63,10 +79,11 @@ class Schema:
         d = yaml.safe_load(path.read_text())
         if not isinstance(d, dict):
             raise ValueError(f"schema {path}: expected a mapping (label:, dense:, sparse:, ...), got {d!r}")
-        return cls.from_dict(d, f"schema {path}")
+        return cls.from_dict(d, f"schema {path}", path.parent)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "the schema") -> Schema:
+    def from_dict(cls, d: dict[str, Any], where: str = "the schema", base: Path | None = None) -> Schema:
+        """A checked schema from a dict; `vocab_files` paths are relative to `base` (default: cwd)."""
         unknown = set(d) - _KEYS
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)}; a schema has {sorted(_KEYS)}")
@@ -101,6 +118,12 @@ class Schema:
         if thr is not None and not isinstance(thr, (int, float)):
             raise ValueError(f"{where}: label_threshold must be a number, got {thr!r}")
         stats = tuple((c, float(m), float(s)) for c, (m, s) in (d.get("stats") or {}).items())
+        known = _vocab_files(d.get("vocab_files") or {}, [*sparse, *multi], base or Path.cwd(), where)
+        if sum(len(v) for _, v in known) + 2 > vocab:
+            raise ValueError(
+                f"{where}: vocab {vocab} must exceed the {sum(len(v) for _, v in known)} values "
+                "of the vocab files by 2 or more (id 0 pads, one id at least for other values)"
+            )
         return cls(
             d["label"],
             dense,
@@ -111,23 +134,21 @@ class Schema:
             tuple((c, v) for c, v in per.items() if v != "none"),
             max_len,
             stats,
+            known,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "label": self.label,
-            "dense": list(self.dense),
-            "sparse": list(self.sparse),
-            "multi": dict(self.multi),
-            "vocab": self.vocab,
-            "max_len": self.max_len,
-            "transform": dict(self.transform),
-        }
-        if self.label_threshold is not None:
-            d["label_threshold"] = self.label_threshold
-        if self.stats:
-            d["stats"] = {c: [m, s] for c, m, s in self.stats}
-        return d
+    def ids(self, col, name: str) -> np.ndarray:
+        """Ids of a categorical column's values: from its vocab file when listed there, else hashed."""
+        first = 1 + sum(len(v) for _, v in self.known)
+        ids = hash_ids(col, name, self.vocab, first)
+        offset = 1
+        for column, values in self.known:
+            if column == name:
+                at = pc.index_in(pc.fill_null(_as_text(col), ""), value_set=pa.array(values, pa.string()))
+                at = pc.fill_null(at, -1).to_numpy(zero_copy_only=False)
+                return np.where(at >= 0, offset + at, ids)
+            offset += len(values)
+        return ids
 
     @property
     def columns(self) -> list[str]:
@@ -148,9 +169,7 @@ class Schema:
         if self.dense:
             out["dense"] = np.concatenate([self._dense(c, columns[c], n) for c in self.dense], axis=1)
         if self.sparse:
-            out["sparse"] = np.stack(
-                [hash_ids(_single(columns[c], c), c, self.vocab) for c in self.sparse], 1
-            )
+            out["sparse"] = np.stack([self.ids(_single(columns[c], c), c) for c in self.sparse], 1)
         for c, sep in self.multi:
             out[c], out[f"{c}_len"] = self._bag(columns[c], c, sep, n)
         return out
@@ -189,7 +208,7 @@ class Schema:
         values = pc.list_flatten(col)
         keep = pc.not_equal(values, "").to_numpy(zero_copy_only=False) if len(values) else np.zeros(0, bool)
         rows = pc.list_parent_indices(col).to_numpy()[keep]
-        ids = hash_ids(values.filter(pa.array(keep)), name, self.vocab)
+        ids = self.ids(values.filter(pa.array(keep)), name)
         lengths = np.bincount(rows, minlength=n)
         pos = np.arange(len(rows)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         short = pos < self.max_len
@@ -279,8 +298,24 @@ def fnv1a(prefix: bytes, col: pa.Array) -> np.ndarray:
     return h
 
 
-def hash_ids(col, name: str, vocab: int) -> np.ndarray:
-    """Ids in [1, vocab) of a categorical column's values (see the module docstring)."""
+def _vocab_files(files: Any, columns: list[str], base: Path, where: str) -> tuple:
+    if not isinstance(files, dict) or any(c not in columns for c in files):
+        raise ValueError(f"{where}: vocab_files maps categorical columns ({columns}) to files, got {files!r}")
+    out = []
+    for column, name in files.items():
+        path = base / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{where}: no vocab file for {column!r} at {path}")
+        values = path.read_text(encoding="utf-8").splitlines()
+        if len(set(values)) != len(values):
+            dup = next(v for v in values if values.count(v) > 1)
+            raise ValueError(f"{where}: vocab file {path} lists {dup!r} more than once")
+        out.append((column, tuple(values)))
+    return tuple(out)
+
+
+def hash_ids(col, name: str, vocab: int, first: int = 1) -> np.ndarray:
+    """Ids in [first, vocab) of a categorical column's values (see the module docstring)."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     prefix = name.encode() + b"\x1f"
     if pa.types.is_dictionary(col.type):  # hash each distinct value once (and "" for nulls)
@@ -289,4 +324,4 @@ def hash_ids(col, name: str, vocab: int) -> np.ndarray:
         h = fnv1a(prefix, words)[codes]
     else:
         h = fnv1a(prefix, pc.fill_null(_as_text(col), ""))
-    return (h % np.uint64(vocab - 1)).astype(np.int64) + 1
+    return (h % np.uint64(vocab - first)).astype(np.int64) + first
