@@ -243,7 +243,7 @@ def open_schema_data(args: argparse.Namespace):
     from .data import open_dataset
 
     try:
-        data = open_dataset(args.data.split(","), args.schema, batch_size=args.batch_size, shuffle=args.shuffle)
+        data = open_dataset(args.data.split(","), args.schema, args.batch_size, shuffle=args.shuffle)
         held_out = None
         if args.eval_data:
             held_out = open_dataset(args.eval_data.split(","), data.schema, batch_size=4096)
