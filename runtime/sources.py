@@ -59,11 +59,13 @@ def is_sharded(data: Any) -> bool:
     return callable(getattr(data, "shard", None)) and callable(getattr(data, "prepare", None))
 
 
-def prepare(data: Any, readers: int) -> None:
+def prepare(data: Any, readers: int, program: Any) -> None:
     """Work a sharded source does once in the driver for `readers` readers (e.g. its shard plan),
-    before the source is copied to the reader trainers; nothing for other sources."""
+    before the source is copied to the reader trainers, and its check that it makes the feeds of
+    the readers' `program`; nothing for other sources."""
     if is_sharded(data):
         data.prepare(readers)
+        data.check_feeds({n: program.var(n).shape for n in program.attrs.get("feeds", [])})
 
 
 def reader_batches(data: Any, batch_size: int | None, epochs: int | None, index: int,

@@ -143,7 +143,7 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
     plan = plan_or_program if isinstance(plan_or_program, Plan) else transpile(plan_or_program)
     cfg = _Config.make(plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
                        micro_batches, device_map, allow_emulation, stall_timeout)
-    sources.prepare(data, cfg.counts[cfg.reader])  # a sharded source plans its shards once, here
+    sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # plans and checks shards
     eng = make_engine(engine, address)
     secret = secret if secret is not None else eng.secret
     tel = Telemetry(metrics, trace, progress, total=steps, meta={

@@ -522,3 +522,19 @@ def test_vocab_files_give_listed_values_their_own_ids_and_hash_the_rest(tmp_path
         )
     with pytest.raises(FileNotFoundError, match="no vocab file for 'item_id'"):
         Schema.load({"label": "rating", "sparse": ["item_id"], "vocab_files": {"item_id": "missing.txt"}})
+
+
+def test_train_refuses_a_dataset_whose_feeds_do_not_fit_the_program(tmp_path):
+    from runtime import train
+    from transpiler import builder as nn
+    from transpiler.models import dlrm, wide_deep
+
+    path = tmp_path / "r.csv"
+    path.write_text(MOVIES)
+    ds = open_dataset(path, movie_schema(), batch_size=2)  # sparse [n, 3], dense [n, 1], genres bags
+    with pytest.raises(
+        ValueError, match="feed 'sparse': the program takes \\[-1, 26\\], the data gives \\[n, 3\\]"
+    ):
+        train(wide_deep(optimizer=nn.SGD(0.1)).main, ds, epochs=1, allow_emulation=True)
+    with pytest.raises(ValueError, match="reads the feeds \\['slot_0'"):
+        train(dlrm(optimizer=nn.SGD(0.1)).main, ds, epochs=1, allow_emulation=True)

@@ -105,6 +105,23 @@ class Dataset:
         self.plan(readers)
         self._empty()
 
+    def check_feeds(self, wanted: dict[str, tuple | list | None]) -> None:
+        """ValueError unless the dataset makes every feed a program reads ({name: shape with -1 for
+        the example axis}), each of that shape."""
+        have = self.feed_shapes()
+        missing = sorted(n for n in wanted if n not in have)
+        if missing:
+            raise ValueError(
+                f"the program reads the feeds {missing}, which the schema does not make; it makes "
+                f"{sorted(have)} (label, dense, sparse, and one per multi-valued column)"
+            )
+        for n, shape in wanted.items():
+            if shape is not None and any(w not in (-1, h) for w, h in zip(shape[1:], have[n], strict=False)):
+                raise ValueError(
+                    f"feed {n!r}: the program takes {list(shape)}, the data gives "
+                    f"[n, {', '.join(map(str, have[n]))}]; match the model to the schema"
+                )
+
     def rows(self) -> int:
         return sum(p.rows for p in self.plan(1)[0])
 
