@@ -2,7 +2,8 @@
 
 Work is cut into *items*: micro-batch m of step t read by reader trainer o, keyed (t, o, m) in every
 message. Reader trainers (those of the type that owns the data ops) take their rows of each global
-batch (`sources.share`), split them into `micro_batches` items, and announce each step's items to
+batch (`sources.share`; a sharded dataset hands each reader its own rows: `sources.reader_batches`),
+split them into `micro_batches` items, and announce each step's items to
 every trainer of the other types; an item's tensors go to the trainer of the destination type that
 `route` picks, and its gradients come back the same way. A trainer's sub-program is cut at its recv
 ops (`transpiler.passes.segments`); it runs (item, segment) pairs as soon as the segment's messages
