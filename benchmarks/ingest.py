@@ -139,9 +139,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                     f"= {rows / secs / ref:.1f}x the reference"
                 )
             out[f"readers{count}"] = sum(g[1] for g in got) / wall
-            print(f"{count} reader(s) together: {out[f'readers{count}']:,.0f} lines/s")
+            out[f"cpu{count}"] = sum(g[3] for g in got)
+            print(
+                f"{count} reader(s) together: {out[f'readers{count}']:,.0f} lines/s, "
+                f"{out[f'cpu{count}']:.2f} CPU s in all"
+            )
         ratio = out["readers2"] / out["readers1"]
-        print(f"2 readers / 1 reader: {ratio:.2f}x (on a machine shared with other jobs, a lower bound)")
+        print(
+            f"2 readers / 1 reader: {ratio:.2f}x lines/s (on a machine shared with other jobs, a lower "
+            f"bound); CPU s in all: {out['cpu2'] / out['cpu1']:.2f}x (1.0: no line parsed twice)"
+        )
         share, per_step = data_wait(ds, args.steps)
         out["wait_share"] = share
         print(
