@@ -227,28 +227,35 @@ def read_piece(
     for offset, block in line_blocks(piece):
         try:
             if fmt == "slot":
-                yield _slot_columns(_lines(block), list(types))
-                continue
-            table = pcsv.read_csv(
-                pa.py_buffer(block),
-                read_options=pcsv.ReadOptions(
-                    column_names=names, use_threads=False, block_size=len(block) + 1, skip_rows=skip
-                ),
-                parse_options=_parse_options(fmt),
-                convert_options=pcsv.ConvertOptions(
-                    include_columns=list(types),
-                    column_types=types,
-                    strings_can_be_null=True,
-                    quoted_strings_can_be_null=False,
-                ),
-            )
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                cols = _slot_columns(_lines(block), list(types))
+            else:
+                cols = _csv_columns(block, fmt, names, types, skip)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as e:
             raise ValueError(
                 f"{piece.path}: cannot read it as {fmt} (in the lines from byte {offset}; rows counted "
                 f"from there{', the header being row #1' if skip else ''}): {e}"
             ) from None
         skip = 0
-        yield {c: table.column(c).combine_chunks() for c in types}
+        yield cols
+
+
+def _csv_columns(
+    block: bytes, fmt: str, names: list[str] | None, types: dict[str, pa.DataType], skip: int
+) -> dict[str, pa.Array]:
+    table = pcsv.read_csv(
+        pa.py_buffer(block),
+        read_options=pcsv.ReadOptions(
+            column_names=names, use_threads=False, block_size=len(block) + 1, skip_rows=skip
+        ),
+        parse_options=_parse_options(fmt),
+        convert_options=pcsv.ConvertOptions(
+            include_columns=list(types),
+            column_types=types,
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        ),
+    )
+    return {c: table.column(c).combine_chunks() for c in types}
 
 
 def _lines(block: bytes) -> pa.Array:
