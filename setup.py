@@ -19,6 +19,7 @@ setup(
         "PyYAML>=6.0",
         "tensorboardX>=2.6",
         "pygraphviz>=2.0",
+        "pyarrow>=14",
     ],
     extras_require={
         "test": [

@@ -5,6 +5,8 @@
     hetps draw PLAN_DIR -o plan.png        (or plan.svg for big graphs)
     hetps export PLAN_DIR -o ONNX_DIR
     hetps train PLAN_DIR --data synthetic --steps N --trainers cpu=2,gpu=1 --servers 1 --mode sync
+    hetps train PLAN_DIR --data 'train/*.parquet' --schema schema.yaml --epochs 1
+    hetps train --data train.csv --schema schema.yaml --model wide_deep --epochs 2 --eval-data test.csv
     hetps bench [--steps N] [--trainers cpu=1,gpu=1]
     hetps plot METRICS.jsonl [...] -o curves.png
 
@@ -240,6 +242,20 @@ def check_engine(args: argparse.Namespace) -> None:
         raise UsageError(f"--address {args.address} names a Ray cluster: add --engine ray")
 
 
+def open_schema_data(args: argparse.Namespace):
+    """--data read by --schema (train data), and --eval-data read with the same schema and stats."""
+    from .data import open_dataset
+
+    try:
+        data = open_dataset(args.data.split(","), args.schema, args.batch_size, shuffle=args.shuffle)
+        held_out = None
+        if args.eval_data:
+            held_out = open_dataset(args.eval_data.split(","), data.schema, batch_size=4096)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    return data, held_out
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from . import train
 
@@ -247,14 +263,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     counts, feeds = parse_counts(args.trainers), parse_feeds(args.feeds)
     if args.steps is None and args.epochs is None and args.until_loss is None:
         raise UsageError("say when to stop: --steps N, --epochs N or --until-loss X")
+    if (args.plan is None) == (args.model is None):
+        raise UsageError("give a PLAN_DIR to train, or --model wide_deep|deepfm|dlrm (with --schema) "
+                         "to build one")
+    if (args.model or args.eval_data) and not args.schema:
+        raise UsageError("--model and --eval-data read the data by a schema: add --schema schema.yaml")
+    if args.eval_data and not args.model:
+        raise UsageError("--eval-data scores a model built by --model")
+    run = dict(steps=args.steps, epochs=args.epochs, until_loss=args.until_loss, trainers=counts,
+               servers=args.servers, mode=args.mode, micro_batches=args.micro_batches, engine=args.engine,
+               address=args.address, allow_emulation=args.allow_emulation, metrics=args.metrics,
+               trace=args.trace, tensorboard=args.tensorboard, progress=False if args.no_progress else None)
+    if args.model:
+        from .ingest.models import fit
+
+        data, held_out = open_schema_data(args)
+        _, history, score = fit(args.model, data, eval_data=held_out, lr=args.lr, **run)
+        print(describe(history))
+        if held_out is not None:
+            print(f"held-out AUC {score:.4f} on {held_out.rows()} rows of {args.eval_data}")
+        return EXIT_OK
     plan = load_plan(args.plan)
-    data, batch_size = make_data(plan, args.data, args.batch_size, feeds, args.vocab)
-    history = train(plan, data, steps=args.steps, epochs=args.epochs, until_loss=args.until_loss,
-                    batch_size=batch_size, trainers=counts, servers=args.servers,
-                    mode=args.mode, micro_batches=args.micro_batches, engine=args.engine,
-                    address=args.address, allow_emulation=args.allow_emulation,
-                    metrics=args.metrics, trace=args.trace, tensorboard=args.tensorboard,
-                    progress=False if args.no_progress else None)
+    if args.schema:
+        data, batch_size = open_schema_data(args)[0], None
+    else:
+        data, batch_size = make_data(plan, args.data, args.batch_size, feeds, args.vocab)
+    history = train(plan, data, batch_size=batch_size, **run)
     print(describe(history))
     if args.trace:
         print(f"timeline written to {args.trace} (open it in https://ui.perfetto.dev)")
@@ -309,7 +343,8 @@ def _run_options(p: argparse.ArgumentParser, trainers: str) -> None:
                    "(pip install hetps[ray])")
     p.add_argument("--address", default=None,
                    help="Ray cluster to join ('auto', 'ray://host:10001'); default: start a local Ray")
-    p.add_argument("--batch-size", type=int, default=512, help="examples per step for generated data")
+    p.add_argument("--batch-size", type=int, default=512,
+                   help="examples per step for generated data and --schema data")
 
 
 def _command(sub: Any, name: str, func: Any, **kw: Any) -> argparse.ArgumentParser:
@@ -350,10 +385,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", required=True, help="directory for <trainer type>.onnx files")
 
     s = _command(sub, "train", cmd_train, help="train a plan on trainer and parameter-server processes")
-    s.add_argument("plan", help="plan directory")
+    s.add_argument("plan", nargs="?", help="plan directory (or build a model with --model)")
     s.add_argument("--data", required=True,
                    help="'synthetic[:seed=N]', a .npz of arrays, or Criteo text files "
-                   "(comma-separated, or a directory)")
+                   "(comma-separated, or a directory); with --schema: CSV / TSV / Criteo / slot text "
+                   "(.gz too) / Parquet files, directories or globs ('train/*.parquet')")
+    s.add_argument("--schema", help="YAML schema: label, dense, sparse, multi columns -> feeds "
+                   "(runtime/ingest/schema.py)")
+    s.add_argument("--model", choices=("wide_deep", "deepfm", "dlrm"),
+                   help="build this model from the schema's feeds instead of a PLAN_DIR")
+    s.add_argument("--eval-data", help="held-out files (read by --schema): print the trained model's AUC")
+    s.add_argument("--lr", type=float, default=0.01, help="Adam learning rate of a --model (default 0.01)")
+    s.add_argument("--shuffle", type=int, default=0, metavar="ROWS",
+                   help="with --schema: shuffle windows of ROWS rows (seeded; default 0, file order)")
     s.add_argument("--feeds", help="data column -> program feed, e.g. sparse=a,dense=b,label=c")
     s.add_argument("--vocab", type=int, help="id range of categorical data (default: smallest sparse table)")
     s.add_argument("--steps", type=int, help="stop after N steps")

@@ -129,3 +129,12 @@ class ArrayReader:
         for k, s in enumerate(starts):
             if k % n == i:
                 yield {name: a[s:s + self.batch_size] for name, a in self.arrays.items()}
+
+
+def __getattr__(name: str):
+    """`open_dataset`, `Dataset` and `Schema` live in runtime.ingest (imported on first use: pyarrow)."""
+    if name in ("open_dataset", "Dataset", "Schema"):
+        from . import ingest
+
+        return getattr(ingest, name)
+    raise AttributeError(f"module 'runtime.data' has no attribute {name!r}")

@@ -9,7 +9,10 @@ A data source is either
   endless; or
 - a re-iterable of feed dicts {name: array with a leading example axis} (a list, `ArrayReader`,
   `CriteoReader`): one pass is one epoch. Every reader iterates it (a file is parsed by each reader;
-  parse it once into arrays and use `ArrayReader` when that is costly).
+  parse it once into arrays and use `ArrayReader` when that is costly); or
+- a sharded source with `shard(index, count)` (`runtime.data.open_dataset`): each reader reads only
+  its shard, and global batch t is the readers' local batches t together (runtime/ingest/dataset.py
+  states the semantics); its `prepare(count)` runs once in the driver (`prepare`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,34 @@ def global_batches(data: Any, batch_size: int | None, epochs: int | None) -> Ite
         return
     for _ in range(epochs) if epochs is not None else itertools.count():
         yield from data
+
+
+def is_sharded(data: Any) -> bool:
+    return callable(getattr(data, "shard", None)) and callable(getattr(data, "prepare", None))
+
+
+def prepare(data: Any, readers: int, program: Any) -> None:
+    """Work a sharded source does once in the driver for `readers` readers (e.g. its shard plan),
+    before the source is copied to the reader trainers, and its check that it makes the feeds of
+    the readers' `program`; nothing for other sources."""
+    if is_sharded(data):
+        data.prepare(readers)
+        data.check_feeds({n: program.var(n).shape for n in program.attrs.get("feeds", [])})
+
+
+def reader_batches(data: Any, batch_size: int | None, epochs: int | None, index: int,
+                   count: int) -> Iterator[tuple[dict[str, Any], int, int, int]]:
+    """What reader `index` of `count` trains on, step after step: (batch, global batch size g, lo,
+    hi): rows [lo, hi) of `batch`, its share of a global batch of g examples."""
+    if not is_sharded(data):
+        for batch in global_batches(data, batch_size, epochs):
+            n = batch_size_of(batch)
+            yield (batch, n, *share(n, index, count))
+        return
+    shard = data.shard(index, count)
+    for _ in range(epochs) if epochs is not None else itertools.count():
+        for local, g in shard:
+            yield local, g, 0, batch_size_of(local)
 
 
 def share(n: int, index: int, count: int) -> tuple[int, int]:

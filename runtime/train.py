@@ -56,7 +56,8 @@ class History:
     training (all processes ready) to the step's last micro-batch; `trainers`: per trainer, seconds
     busy computing (`busy_s`), in parameter-server calls (`ps_s`), waiting for messages (`wait_s`),
     sending (`send_s`), its `wall_s` and micro-batches run; `params`: final table values when
-    asked for (`return_params=True`).
+    asked for (`return_params=True`); `tables`: per table at the end, rows and bytes held by the
+    servers (summed over shards; see runtime/ps/entry.py for admission and eviction).
     """
 
     loss: list[float] = field(default_factory=list)
@@ -67,6 +68,7 @@ class History:
     startup_s: float = 0.0
     wall_s: float = 0.0
     params: dict[str, np.ndarray] | None = None
+    tables: dict[str, dict[str, int]] = field(default_factory=dict)
     scores: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list, repr=False)
 
     @property
@@ -143,6 +145,7 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
     plan = plan_or_program if isinstance(plan_or_program, Plan) else transpile(plan_or_program)
     cfg = _Config.make(plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
                        micro_batches, device_map, allow_emulation, stall_timeout)
+    sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # plans and checks shards
     eng = make_engine(engine, address)
     secret = secret if secret is not None else eng.secret
     tel = Telemetry(metrics, trace, progress, total=steps, meta={
@@ -158,7 +161,8 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
     finally:
         eng.stop()
         tel.close({"steps": history.steps, "wall_s": history.wall_s, "startup_s": history.startup_s,
-                   "examples_per_s": history.examples_per_s(), "time_use": history.trainers}, error)
+                   "examples_per_s": history.examples_per_s(), "time_use": history.trainers,
+                   "tables": history.tables}, error)
     return history
 
 
@@ -248,15 +252,17 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
             spec["trace"] = tel.tracing
             eng.start(name, run_trainer, {"spec": spec}, report=report, secret=secret, resources=needs[name])
         listen.run()
-        if return_params or checkpoint or tel.tracing:
-            with PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout) as client:
-                if tel.tracing:
-                    for k, spans in enumerate(client.trace()):
-                        tel.spans(f"ps:{k}", spans)
-                if checkpoint:
-                    client.save(checkpoint)
-                if return_params:
-                    history.params = _pull_all(client, plan)
+        with PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout) as client:
+            stats = client.stats()  # per shard; the tables' memory goes to History.tables and metrics
+            history.tables = {n: {k: sum(s[n][k] for s in stats if n in s) for k in ("rows", "bytes")}
+                              for n in client.specs}
+            if tel.tracing:
+                for k, spans in enumerate(client.trace()):
+                    tel.spans(f"ps:{k}", spans)
+            if checkpoint:
+                client.save(checkpoint)
+            if return_params:
+                history.params = _pull_all(client, plan)
     finally:
         out.close()
         inbox.close()

@@ -2,7 +2,8 @@
 
 Work is cut into *items*: micro-batch m of step t read by reader trainer o, keyed (t, o, m) in every
 message. Reader trainers (those of the type that owns the data ops) take their rows of each global
-batch (`sources.share`), split them into `micro_batches` items, and announce each step's items to
+batch (`sources.share`; a sharded dataset hands each reader its own rows: `sources.reader_batches`),
+split them into `micro_batches` items, and announce each step's items to
 every trainer of the other types; an item's tensors go to the trainer of the destination type that
 `route` picks, and its gradients come back the same way. A trainer's sub-program is cut at its recv
 ops (`transpiler.passes.segments`); it runs (item, segment) pairs as soon as the segment's messages
@@ -204,7 +205,8 @@ class Trainer:
         self.bg = Background(client)
         self._prefetch(0)
         if self.is_reader:
-            self.batches = sources.global_batches(s["data"], s["batch_size"], s["epochs"])
+            self.batches = sources.reader_batches(s["data"], s["batch_size"], s["epochs"], self.index,
+                                                  self.counts[self.type])
 
     def _report(self, header: dict, arrays: list = ()) -> None:
         self.out.send(self.spec["driver"], {**header, "who": self.name}, arrays)
@@ -320,12 +322,11 @@ class Trainer:
             if not self.grant_final:
                 return
             limit = t if limit is None else min(limit, t)
-        batch = None if limit is not None and t >= limit else next(self.batches, None)
-        if batch is None:
+        got = None if limit is not None and t >= limit else next(self.batches, None)
+        if got is None:
             self._finish_at(t)
             return
-        n = sources.batch_size_of(batch)
-        lo, hi = sources.share(n, self.index, self.counts[self.type])
+        batch, n, lo, hi = got  # rows [lo, hi) of batch are this reader's share of a global batch of n
         parts = sources.split(lo, hi, self.mb_count)
         st = self._step(t)
         per_dst: dict[str, list] = {}

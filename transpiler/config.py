@@ -38,6 +38,9 @@ class TranspileConfig:
     - `mode`: parameter-server mode, `sync` | `async` | `geo` (read by the runtime).
     - `optimizer`: the table optimizer for programs that carry no optimize ops (e.g. ONNX imports).
     - `num_servers`: parameter-server shards the plan's sharding info is computed for.
+    - `sparse_entry`, `evict_after`: feature admission ({"type": "count", "threshold": k} or
+      {"type": "probability", "p": p, "seed": s}) and eviction of rows untouched for T pushes, for
+      every sparse table (runtime/ps/entry.py; checked when the servers start).
     """
 
     trainer_types: list[str] = field(default_factory=lambda: ["cpu", "gpu"])
@@ -49,6 +52,8 @@ class TranspileConfig:
     mode: str = "sync"
     optimizer: dict[str, Any] = field(default_factory=lambda: {"type": "sgd", "lr": 0.01})
     num_servers: int = 1
+    sparse_entry: dict[str, Any] | None = None
+    evict_after: int | None = None
 
     def __post_init__(self) -> None:
         self.trainer_types = list(self.trainer_types)

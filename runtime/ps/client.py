@@ -243,7 +243,7 @@ class PSClient:
         self._call({k: ({"op": "load", "dir": path}, []) for k in range(len(self._socks))})
 
     def stats(self) -> list[dict]:
-        """Per shard: {table: {"rows": n, "version": applied sync steps}}."""
+        """Per shard: {table: {"rows": n, "bytes": memory held, "version": applied sync steps}}."""
         r = self._call({k: ({"op": "stats"}, []) for k in range(len(self._socks))})
         return [r[k][0]["tables"] for k in sorted(r)]
 

@@ -67,6 +67,9 @@ class RowIndex:
             self.main_slots = np.insert(self.main_slots, pos, self.delta_slots)
             self.delta_keys, self.delta_slots = _EMPTY, _EMPTY
 
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.main_keys, self.main_slots, self.delta_keys, self.delta_slots))
+
     def ids_by_slot(self) -> np.ndarray:
         """The id stored in each slot 0..len-1."""
         out = np.empty(len(self), np.int64)
@@ -102,6 +105,10 @@ class DirectIndex:
         self.size += new_ids.size
         slots[miss] = self.plus1[ids[miss]] - 1
         return slots, new_ids, new_slots
+
+    def nbytes(self) -> int:
+        """The whole array's size (untouched pages of it cost no memory)."""
+        return self.plus1.nbytes
 
     def ids_by_slot(self) -> np.ndarray:
         """The id stored in each slot 0..len-1."""

@@ -123,7 +123,8 @@ class _Loop:
             return {}, [pack_spans(self.rec.take())]
         if op == "stats":
             return {"tables": {n: {"rows": len(t) if isinstance(t, SparseTable) else t.param.shape[0],
-                                   "version": s.version[n]} for n, t in s.tables.items()}}, []
+                                   "bytes": t.memory_bytes(), "version": s.version[n]}
+                               for n, t in s.tables.items()}}, []
         raise PSError(f"unknown request op {op!r}; known ops: {', '.join(OPS)}")
 
     def release(self, table: str) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 from ops_registry import SparseRows, get_op, init_rows, scatter_add
 from transpiler.builder import SGD, Adagrad, Adam, Optimizer
 
+from .entry import Entry, check_entry
 from .index import make_index
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
@@ -74,6 +75,13 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
         raise PSError(f"table {name!r}: a xavier initializer needs a known vocab (shape[0] = -1)")
     if spec.get("optimizer") is not None:
         _optimizer(name, spec["optimizer"])
+    if spec.get("entry") is not None or spec.get("evict_after") is not None:
+        if kind != "sparse":
+            raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")
+        try:
+            check_entry(name, spec.get("entry"), spec.get("evict_after"))
+        except ValueError as e:
+            raise PSError(str(e)) from None
     return {**spec, "shape": list(shape), "dtype": dtype.name, "initializer": init,
             "optimizer": spec.get("optimizer")}
 
@@ -139,6 +147,9 @@ class DenseTable(Table):
     def pull(self) -> np.ndarray:
         return self._value().copy()
 
+    def memory_bytes(self) -> int:
+        return self.param.nbytes + sum(a.nbytes for a in self.state.values())
+
     def push(self, grad: np.ndarray) -> None:
         """One optimizer step with `grad`."""
         self._apply(self._value(), self.check_grad(grad, self.shape, "gradient"), self.state)
@@ -168,6 +179,8 @@ class SparseTable(Table):
         self.index = make_index(self.vocab)
         self.rows = np.empty((0, self.dim), self.dtype)
         self.row_state = {s: np.empty((0, self.dim), self.dtype) for s in self.state_slots}
+        streaming = self.spec.get("entry") is not None or self.spec.get("evict_after") is not None
+        self.entry = Entry(self.spec, self.vocab) if streaming else None  # admission / eviction
 
     def __len__(self) -> int:
         return len(self.index)
@@ -222,18 +235,58 @@ class SparseTable(Table):
         return slots
 
     def pull(self, ids: np.ndarray) -> np.ndarray:
-        """Rows of `ids` ([len(ids), dim], a copy)."""
-        slots = self.slots(self.check_ids(ids))
+        """Rows of `ids` ([len(ids), dim], a copy); zeros for ids not admitted (runtime/ps/entry.py)."""
+        ids = self.check_ids(ids)
+        if self.entry is not None and self.entry.waiting is not None:
+            found = self.index.find(ids)
+            have = found >= 0
+            out = np.zeros((ids.size, self.dim), self.dtype)
+            out[have] = self.rows.take(found[have], axis=0)
+            self.entry.touch(found[have], len(self.index))
+            return out
+        slots = self.slots(ids)
+        if self.entry is not None:
+            self.entry.touch(slots, len(self.index))
         return self.rows.take(slots, axis=0)
 
     def push(self, grad: np.ndarray, ids: np.ndarray) -> None:
         """One optimizer step with the row-sparse gradient (`ids` may repeat; their rows are summed)."""
         ids = self.check_ids(ids)
         grad = self.check_grad(grad, (ids.size, self.dim), "gradient")
+        if self.entry is not None and self.entry.waiting is not None:  # admission
+            uniq, inv = np.unique(ids, return_inverse=True)
+            ok = self.entry.admitted(self.index.find(uniq) >= 0, uniq)[inv.ravel()]
+            ids, grad = ids[ok], grad[ok]
         slots = self.slots(ids)
         n = len(self.index)
         state = {s: a[:n] for s, a in self.row_state.items()}
         self._apply(self.rows[:n], SparseRows(slots, grad, n), state)
+        if self.entry is not None:
+            self.entry.touch(slots, n)
+            keep = self.entry.expired(n)
+            if keep is not None:
+                self._keep(keep)
+
+    def _keep(self, keep: np.ndarray) -> None:
+        """Drop the rows (and their optimizer state) whose slot is unset in `keep` (eviction)."""
+        ids, old = self.index.ids_by_slot()[keep], np.flatnonzero(keep)
+        self.index = make_index(self.vocab)
+        slots, _, _ = self.index.find_or_add(ids)
+
+        def moved(a: np.ndarray) -> np.ndarray:
+            out = np.empty((ids.size, self.dim), self.dtype)
+            out[slots] = a[old]
+            return out
+
+        self.rows = moved(self.rows)
+        self.row_state = {s: moved(a) for s, a in self.row_state.items()}
+        self.entry.kept(keep, slots)
+
+    def memory_bytes(self) -> int:
+        """Bytes held: rows and optimizer state (allocated capacity), the id index, admission and
+        eviction bookkeeping."""
+        return (self.rows.nbytes + sum(a.nbytes for a in self.row_state.values()) + self.index.nbytes()
+                + (self.entry.nbytes() if self.entry is not None else 0))
 
     def add(self, delta: np.ndarray, ids: np.ndarray) -> None:
         """rows[ids] += delta (GEO merge; repeated ids accumulate)."""

@@ -181,6 +181,10 @@ def _specs(block, names: set[str], sparse: set[str], optim: dict, params: dict,
         specs.append({"name": n, "kind": "sparse" if n in sparse else "dense", "shape": list(v.shape),
                       "dtype": v.dtype, "initializer": None if n in params else v.initializer,
                       "optimizer": optim.get(n), "sharding": sharding})
+        if n in sparse and config.sparse_entry is not None:
+            specs[-1]["entry"] = dict(config.sparse_entry)
+        if n in sparse and config.evict_after is not None:
+            specs[-1]["evict_after"] = config.evict_after
     return sorted(specs, key=lambda s: s["name"])
 
 
