@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.ps import CheckpointError, PSClient, Servers, Shard, save_shards
+from runtime.ps import CheckpointError, Servers, Shard, save_shards
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = [
@@ -54,8 +54,9 @@ def _same(a: dict, b: dict) -> None:
 
 
 def test_two_shard_checkpoint_loads_into_three_shards(tmp_path):
-    with Servers(SPECS, num_shards=2) as two, Servers(SPECS, num_shards=3) as three:
-        c2, c3 = PSClient(two.endpoints), PSClient(three.endpoints)
+    with Servers(SPECS, num_shards=2, checkpoint_root=tmp_path) as two, \
+            Servers(SPECS, num_shards=3, checkpoint_root=tmp_path) as three:
+        c2, c3 = two.client(), three.client()
         push2 = lambda t, g, i: c2.push(t, g, i)
         pull2 = lambda t, i: c2.pull(t, i)
         c2.assign("fc_b", np.array([1, 2, 3], np.float32))  # e.g. imported weights
@@ -113,18 +114,26 @@ _saved_shards(Path({path!r}))
 """
 
 
-def test_killed_mid_save_is_detected_as_incomplete(tmp_path):
+def test_killed_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     path = tmp_path / "ckpt"
     _saved_shards(path)                                  # a complete checkpoint first
-    Shard(SPECS).load(path)
-    before = {p.name: p.stat().st_mtime_ns for p in path.iterdir()}
+    expected = _pulls(_loaded(path).pull, np.arange(5))
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
     proc = subprocess.run([sys.executable, "-c", KILLER.format(repo=str(REPO), path=str(path))],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    rewritten = [p.name for p in path.iterdir() if p.stat().st_mtime_ns != before.get(p.name)]
-    assert len(rewritten) == 2 and "manifest.json" not in os.listdir(path)
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before   # not a byte changed
+    _same(_pulls(_loaded(path).pull, np.arange(5)), expected)
+    stage = [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt.new-")]
+    assert len(stage) == 1 and "manifest.json" not in os.listdir(stage[0])  # the unfinished save
     with pytest.raises(CheckpointError, match="incomplete: it has no manifest.json"):
-        Shard(SPECS).load(path)
+        Shard(SPECS).load(stage[0])
+
+
+def _loaded(path: Path) -> Shard:
+    shard = Shard(SPECS)
+    shard.load(path)
+    return shard
 
 
 def test_corrupted_file_is_refused(tmp_path):
