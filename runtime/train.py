@@ -16,6 +16,7 @@ End conditions (any that is given, whichever comes first): `steps`; `epochs` of 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from .device import array_module
 from .engines import Engine, make_engine
 from .metrics import auc
 from .ps import PSClient, serve
+from .ps.checkpoint import check_target
 from .telemetry import Telemetry, unpack_spans
 from .trainer import run_trainer
 
@@ -45,6 +47,17 @@ class TrainingError(RuntimeError):
     def __init__(self, who: str, detail: str) -> None:
         self.who, self.detail = who, detail
         super().__init__(f"{who} failed: {detail}")
+
+
+class CheckpointSaveError(TrainingError):
+    """Training finished but its final checkpoint could not be saved; `history` is the run's result."""
+
+    def __init__(self, path: str, cause: BaseException, history: History) -> None:
+        self.history = history
+        super().__init__("the final checkpoint", (
+            f"training finished ({history.steps} steps), but saving to {path!r} failed: "
+            f"{type(cause).__name__}: {cause}; the previous checkpoint there (if any) is intact, and "
+            "the run's History is this error's .history"))
 
 
 @dataclass
@@ -131,7 +144,9 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
       is refused before any process starts unless emulation is allowed.
     - `callback(record)` is called in step order with {"step", "loss", "auc", "examples", "time"}.
     - `return_params`: put the final table values in `History.params` (sparse tables need a known
-      vocab); `checkpoint`: save the servers' tables there (`runtime.ps` checkpoint format).
+      vocab); `checkpoint`: save the servers' tables there (`runtime.ps` checkpoint format; its
+      directory is checked before anything starts, and a failed save raises CheckpointSaveError,
+      which carries the History).
     - `engine`: "local" (processes on this machine), "ray" (Ray actors; `address` = the cluster to
       join, None = start a local Ray) or an Engine instance.
     - `metrics`: append start / per-step / end records to this JSONL file (`hetps plot` draws it);
@@ -141,6 +156,8 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
     plan = plan_or_program if isinstance(plan_or_program, Plan) else transpile(plan_or_program)
     cfg = _Config.make(plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
                        micro_batches, device_map, allow_emulation, stall_timeout)
+    if checkpoint is not None:
+        check_target(checkpoint)  # refuses an unwritable directory before training, not after
     eng = make_engine(engine, address)
     secret = secret if secret is not None else eng.secret
     tel = Telemetry(metrics, trace, progress, total=steps, meta={
@@ -229,16 +246,18 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
     out = Outbox(secret)
     report = inbox.endpoint
     ps_eps = [eng.endpoint(f"ps:{k}") for k in range(cfg.servers)]
+    admin = os.urandom(32)  # assign / save / load: only this driver may (the trainers lack this key)
+    root = os.path.dirname(os.path.abspath(checkpoint)) if checkpoint else None
     endpoints = {n: eng.endpoint(n) for n in names}
     listen = _Listen(cfg, eng, inbox, out, names, endpoints, history, callback, tel)
     try:
         for k, ep in enumerate(ps_eps):
             eng.start(f"ps:{k}", serve, dict(endpoint=ep, specs=plan.tables, shard=k, num_shards=cfg.servers,
                                              mode=cfg.mode, pushes_per_step=cfg.pushes or 1, secret=secret,
-                                             trace=tel.tracing),
+                                             trace=tel.tracing, admin_secret=admin, checkpoint_root=root),
                       report=report, secret=secret)
         if plan.params:
-            _load_values(plan, ps_eps, secret)
+            _load_values(plan, ps_eps, secret, admin)
         for name in names:
             t, i = name.split(":")
             spec = _trainer_spec(plan, cfg, data, t, int(i), endpoints, ps_eps, report, secret)
@@ -246,14 +265,17 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
             eng.start(name, run_trainer, {"spec": spec}, report=report, secret=secret, resources=needs[name])
         listen.run()
         if return_params or checkpoint or tel.tracing:
-            with PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout) as client:
+            with PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout, admin_secret=admin) as client:
                 if tel.tracing:
                     for k, spans in enumerate(client.trace()):
                         tel.spans(f"ps:{k}", spans)
-                if checkpoint:
-                    client.save(checkpoint)
                 if return_params:
                     history.params = _pull_all(client, plan)
+                if checkpoint:
+                    try:
+                        client.save(checkpoint)
+                    except Exception as e:
+                        raise CheckpointSaveError(checkpoint, e, history) from e
     finally:
         out.close()
         inbox.close()
@@ -385,9 +407,9 @@ class _Listen:
             raise TrainingError(name, failure.how if failure else "exited before the run finished")
 
 
-def _load_values(plan: Plan, ps_eps: list[str], secret) -> None:
+def _load_values(plan: Plan, ps_eps: list[str], secret, admin: bytes) -> None:
     """Give the servers the parameter values the plan carries (ONNX / Paddle imports)."""
-    with PSClient(ps_eps, secret=secret) as client:
+    with PSClient(ps_eps, secret=secret, admin_secret=admin) as client:
         for name, value in plan.params.items():
             if name in client.specs:
                 sparse = client.specs[name]["kind"] == "sparse"
