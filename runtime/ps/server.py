@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from ..telemetry import Recorder, pack_spans
-from ..wire import AuthError, ReplayGuard, WireError, decode_signed, encode
+from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode
 from .shard import Limits, NotReady, Shard
 from .table import PSError, SparseTable
 
@@ -94,6 +94,10 @@ class _Loop:
             msg = decode_signed(frames, self.keys, max_bytes=self.limits.max_message_bytes)
             if self.replays is not None:
                 self.replays.check(msg.header)
+        except ReplayError as e:
+            log.error("shard %d: refused a replayed request: %s", self.shard.shard, e)
+            self.reply(ident, None, {"ok": False, "error": f"authentication failed: {e}"}, sign=False)
+            return False
         except AuthError as e:
             log.error("shard %d: rejected an unauthenticated request: %s", self.shard.shard, e)
             self.reply(ident, None, {"ok": False, "error": f"authentication failed: {e}"}, sign=False)

@@ -100,8 +100,9 @@ class Shard:
         limit = self.limits.max_new_rows
         if not isinstance(t, SparseTable) or t.vocab > 0 or ids is None or np.size(ids) <= limit:
             return  # (fewer ids than the limit cannot create more rows than it)
-        new = int(np.count_nonzero(t.index.find(np.unique(t.check_ids(ids))) < 0))
-        if new > limit:
+        ids = t.check_ids(ids)
+        missing = ids[t.index.find(ids) < 0]
+        if missing.size > limit and (new := np.unique(missing).size) > limit:
             raise PSError(f"{what} of unbounded table {t.name!r} would create {new} rows in one request, "
                           f"more than max_new_rows={limit}; send fewer new ids per request")
 
