@@ -83,6 +83,14 @@ def _kill_all(pids: list[int]) -> None:
                     pass
 
 
+def _last_line(text: str) -> str:
+    """The gist of an error: a traceback's last line (the exception), else the first line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    return (lines[-1] if any(ln.startswith("Traceback") for ln in lines) else lines[0])[:90]
+
+
 def driver_main(handshake: str, result: str, steps: int) -> None:
     """The driver of one process row: trains, tells its pids at step 2, writes how the run ended."""
     from runtime import TrainingError, train
@@ -117,7 +125,7 @@ def driver_main(handshake: str, result: str, steps: int) -> None:
         )
         out["steps"] = h.steps
     except TrainingError as e:
-        out = {"ok": False, "who": e.who, "detail": str(e)}
+        out = {"ok": False, "who": e.who, "detail": e.detail}
     except BaseException as e:  # noqa: BLE001 (any ending is a result here)
         out = {"ok": False, "who": "?", "detail": f"{type(e).__name__}: {e}"}
     out["t"] = time.time()
@@ -141,7 +149,9 @@ def process_row(victim: str, sig: signal.Signals, tmp: Path) -> Row:
         deadline = time.monotonic() + 180
         while not hs.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                row.named = f"driver did not start: {log.read_text()[-200:]}"
+                why = json.loads(res.read_text())["detail"] if res.exists() else log.read_text()
+                print(f"{row.fault}: the run ended before step 2:\n{why}", file=sys.stderr)
+                row.named = f"run ended before the fault: {_last_line(why)}"
                 return row
             time.sleep(0.1)
         info = json.loads(hs.read_text())
@@ -183,8 +193,7 @@ def process_row(victim: str, sig: signal.Signals, tmp: Path) -> Row:
                 row.named = "-"
             else:
                 row.time_to_error = f"{out['t'] - t0:.1f} s"
-                first = out["detail"].split(": ", 1)[-1].strip().splitlines()
-                row.named = f"{out['who']}: {first[0][:60] if first else ''}"
+                row.named = f"{out['who']}: {_last_line(out['detail'])}"
             row.left = f"{sum(_alive(p) for p in pids)} of {len(pids)}"
         if info["run_dir"] and os.path.exists(info["run_dir"]):
             row.left += " + run dir"
@@ -230,7 +239,7 @@ def disk_row(tmp: Path) -> Row:
                 row.named = "the save did not fail?"
             except PSError as e:
                 row.time_to_error = f"{1e3 * (time.perf_counter() - t0):.0f} ms"
-                row.named = "save: " + ("No space left on device" if "No space" in str(e) else str(e)[:60])
+                row.named = "save: " + ("No space left on device" if "No space" in str(e) else str(e)[:90])
             stray = [p.name for p in mnt.iterdir() if p.name != "ckpt"]
             row.left = f"{len(stray)} stray dirs"
             c.push("emb", np.ones((100, 4), np.float32), ids)  # then load the old one back
@@ -353,9 +362,9 @@ def hostile_rows() -> list[Row]:
                 row.time_to_error = f"{1e3 * dt:.0f} ms"
                 err = reply.get("error", "accepted!") if not reply.get("ok") else "ACCEPTED"
                 row.named = (
-                    err.split(": ", 1)[-1][:60]
+                    err.split(": ", 1)[-1][:90]
                     if err.startswith(("malformed", "authentication"))
-                    else err[:60]
+                    else err[:90]
                 )
             alive = all(p.is_alive() for p in servers.processes)
             row.left = "shard alive" if alive else "SHARD DIED"
@@ -458,7 +467,7 @@ def load_row(clients: int, seconds: float) -> Row:
     return Row(
         f"{clients} clients x {seconds:g} s",
         time_to_error=f"no error ({pushes} pushes)" if not errors else f"{len(errors)} errors",
-        named=errors[0][:60] if errors else f"p99 pull {p99:.1f} ms",
+        named=errors[0][:90] if errors else f"p99 pull {p99:.1f} ms",
         left="shard alive" if alive else "SHARD DIED",
         lost="none" if exact else "?",
         exact="yes" if exact else "NO",

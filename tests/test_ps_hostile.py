@@ -22,8 +22,14 @@ ONE = {"type": "constant", "value": 1.0}
 SGD = {"type": "sgd", "lr": LR}
 SPECS = [
     {"name": "w", "kind": "dense", "shape": [3, 2], "dtype": "float32", "initializer": ONE, "optimizer": SGD},
-    {"name": "emb", "kind": "sparse", "shape": [-1, DIM], "dtype": "float32", "initializer": ONE,
-     "optimizer": SGD},
+    {
+        "name": "emb",
+        "kind": "sparse",
+        "shape": [-1, DIM],
+        "dtype": "float32",
+        "initializer": ONE,
+        "optimizer": SGD,
+    },
 ]
 LIMITS = Limits(max_message_bytes=1 << 20, max_new_rows=100, max_steps_ahead=4, max_buffered=3, max_parked=5)
 
@@ -32,8 +38,9 @@ LIMITS = Limits(max_message_bytes=1 << 20, max_new_rows=100, max_steps_ahead=4, 
 def sync_server(tmp_path_factory):
     """One sync shard that waits for 2 pushers per step: pulls of later steps park, pushes buffer."""
     root = tmp_path_factory.mktemp("ckroot")
-    with Servers(SPECS, mode="sync", pushes_per_step=2, limits=LIMITS, checkpoint_root=root,
-                 log_dir=root) as s:
+    with Servers(
+        SPECS, mode="sync", pushes_per_step=2, limits=LIMITS, checkpoint_root=root, log_dir=root
+    ) as s:
         yield s
 
 
@@ -93,28 +100,42 @@ HOSTILE = {  # name: (frames for Raw, expected error text)
     "65 dimensions": (lambda r: r.signed_raw(_header([["<f4", [1] * 65]]), b"\0" * 4), "65 dimensions"),
     "shape [0, 2**63]": (lambda r: r.signed_raw(_header([["<f4", [0, 2**63]]]), b""), "not a valid array"),
     "shape [0, 2**62]": (lambda r: r.signed_raw(_header([["<f4", [0, 2**62]]]), b""), "not a valid array"),
-    "message over max_message_bytes": (lambda r: r.sign({"op": "push", "table": "w"},
-                                                        [np.zeros(300_000, np.float32)]),
-                                       "more than the limit of 1048576"),
+    "message over max_message_bytes": (
+        lambda r: r.sign({"op": "push", "table": "w"}, [np.zeros(300_000, np.float32)]),
+        "more than the limit of 1048576",
+    ),
     "header over 1 MiB": (lambda r: r.signed_raw(b" " * (1 << 20) + b"{}"), "more than"),
     "not JSON": (lambda r: r.signed_raw(b"\xff\xfe"), "not JSON"),
     "a JSON list": (lambda r: r.signed_raw(b"[1]"), "JSON object"),
-    "huge integer": (lambda r: r.signed_raw(b'{"arrays":[],"op":"pull","x":' + b"9" * 5000 + b"}"),
-                     "not JSON"),
+    "huge integer": (
+        lambda r: r.signed_raw(b'{"arrays":[],"op":"pull","x":' + b"9" * 5000 + b"}"),
+        "not JSON",
+    ),
     "unknown op": (lambda r: r.sign({"op": "rm -rf"}), "unknown request op"),
     "table of the wrong type": (lambda r: r.sign({"op": "pull", "table": ["w"]}), "needs field 'table'"),
-    "step of the wrong type": (lambda r: r.sign({"op": "pull", "table": "w", "step": "1"}),
-                               "needs field 'step'"),
+    "step of the wrong type": (
+        lambda r: r.sign({"op": "pull", "table": "w", "step": "1"}),
+        "needs field 'step'",
+    ),
     "too many new rows in an unbounded table": (
         lambda r: r.sign({"op": "pull", "table": "emb"}, [np.arange(101, dtype=np.int64) * 7]),
-        "would create 101 rows in one request, more than max_new_rows=100"),
-    "pull too many steps ahead": (lambda r: r.sign({"op": "pull", "table": "w", "step": 10**18}),
-                                  "max_steps_ahead=4"),
-    "push too many steps ahead": (lambda r: r.sign({"op": "push", "table": "w", "step": 5, "pusher": "x"},
-                                                   [np.ones((3, 2), np.float32)]), "max_steps_ahead=4"),
+        "would create 101 rows in one request, more than max_new_rows=100",
+    ),
+    "pull too many steps ahead": (
+        lambda r: r.sign({"op": "pull", "table": "w", "step": 10**18}),
+        "max_steps_ahead=4",
+    ),
+    "push too many steps ahead": (
+        lambda r: r.sign(
+            {"op": "push", "table": "w", "step": 5, "pusher": "x"}, [np.ones((3, 2), np.float32)]
+        ),
+        "max_steps_ahead=4",
+    ),
     "unsigned": (lambda r: encode({"op": "hello", "cid": "x", "seq": 1}), "authentication failed"),
-    "wrong key": (lambda r: encode({"op": "hello", "cid": "x", "seq": 1}, [], b"guess"),
-                  "authentication failed"),
+    "wrong key": (
+        lambda r: encode({"op": "hello", "cid": "x", "seq": 1}, [], b"guess"),
+        "authentication failed",
+    ),
     "signed but no sequence number": (lambda r: encode({"op": "hello"}, [], r.key), "sequence number"),
 }
 
@@ -141,12 +162,17 @@ def test_parked_pulls_and_buffered_pushes_are_bounded_and_then_served(sync_serve
     over = raw.ask(raw.sign({"op": "push", "table": "w", "step": 4, "pusher": "a"}, [g]))
     assert over["ok"] is False and "max_buffered=3" in over["error"]
     # step 0 from both pushers: the parked pulls get the value after that one step
-    with PSClient(sync_server.endpoints, secret=sync_server.secret, pusher="b") as b, \
-            PSClient(sync_server.endpoints, secret=sync_server.secret, pusher="a") as a:
+    with (
+        PSClient(sync_server.endpoints, secret=sync_server.secret, pusher="b") as b,
+        PSClient(sync_server.endpoints, secret=sync_server.secret, pusher="a") as a,
+    ):
         a.push("w", g, step=0)
         b.push("w", g, step=0)
-        answers = [decode(raw.sock.recv_multipart(), raw.key) for _ in range(LIMITS.max_parked)
-                   if raw.sock.poll(10_000)]
+        answers = [
+            decode(raw.sock.recv_multipart(), raw.key)
+            for _ in range(LIMITS.max_parked)
+            if raw.sock.poll(10_000)
+        ]
         assert sorted(h["rid"] for h, _ in answers) == [f"p{i}" for i in range(LIMITS.max_parked)]
         for _, (value,) in answers:
             np.testing.assert_array_equal(value, np.full((3, 2), 1.0 - LR * 2 * 0.25, np.float32))
@@ -157,16 +183,25 @@ def test_parked_pulls_and_buffered_pushes_are_bounded_and_then_served(sync_serve
 
 
 # -- item 4: the NaN/Inf guard checks the value as the table stores it ----------------------------
-@pytest.mark.parametrize("table_dtype, grad_dtype, value", [
-    ("float32", "float64", 1e39),      # finite in float64, inf in float32 (was written as -inf)
-    ("float16", "float32", 7e4),       # float16's largest finite value is 65504
-    ("float16", "float64", -1e5),
-])
+@pytest.mark.parametrize(
+    "table_dtype, grad_dtype, value",
+    [
+        ("float32", "float64", 1e39),  # finite in float64, inf in float32 (was written as -inf)
+        ("float16", "float32", 7e4),  # float16's largest finite value is 65504
+        ("float16", "float64", -1e5),
+    ],
+)
 @pytest.mark.parametrize("kind", ["dense", "sparse"])
 def test_a_gradient_that_overflows_the_table_dtype_is_refused(table_dtype, grad_dtype, value, kind):
     assert abs(value) > float(np.finfo(table_dtype).max) and np.isfinite(np.array(value, grad_dtype))
-    spec = {"name": "t", "kind": kind, "shape": [5, 2], "dtype": table_dtype, "initializer": ONE,
-            "optimizer": SGD}
+    spec = {
+        "name": "t",
+        "kind": kind,
+        "shape": [5, 2],
+        "dtype": table_dtype,
+        "initializer": ONE,
+        "optimizer": SGD,
+    }
     shard = Shard([spec])
     ids = np.array([1, 3]) if kind == "sparse" else None
     grad = np.full((2, 2) if ids is not None else (5, 2), value, grad_dtype)
@@ -200,9 +235,11 @@ def test_servers_have_a_random_secret_by_default(async_server):
 def test_admin_requests_need_the_admin_key(async_server, tmp_path):
     servers, root = async_server
     with PSClient(servers.endpoints, secret=servers.secret, timeout=10) as trainer:
-        for call in (lambda: trainer.assign("w", np.zeros((3, 2), np.float32)),
-                     lambda: trainer.save(root / "ckpts" / "a"),
-                     lambda: trainer.load(root / "ckpts" / "a")):
+        for call in (
+            lambda: trainer.assign("w", np.zeros((3, 2), np.float32)),
+            lambda: trainer.save(root / "ckpts" / "a"),
+            lambda: trainer.load(root / "ckpts" / "a"),
+        ):
             with pytest.raises(PSError, match="admin request: only the driver"):
                 call()
         raw = Raw(servers, cid="shutdown-try")
@@ -237,8 +274,10 @@ def test_a_captured_signed_push_replayed_three_times_is_refused(async_server):
         sent = []
         sock = c._socks[0]
         real_send = sock.send_multipart
-        sock.send_multipart = lambda frames, **kw: (sent.append([bytes(f) for f in frames]),
-                                                    real_send(frames, **kw))[1]
+        sock.send_multipart = lambda frames, **kw: (
+            sent.append([bytes(f) for f in frames]),
+            real_send(frames, **kw),
+        )[1]
         g = np.array([[0.5, 1.0, 1.5, 2.0]], np.float32)
         c.push("emb", g, np.array([12345]))
         sock.send_multipart = real_send

@@ -24,8 +24,15 @@ def test_an_unusable_checkpoint_directory_is_refused_before_any_process_starts(t
     eng = LocalEngine()
     t = time.monotonic()
     with pytest.raises(CheckpointError, match="cannot save a checkpoint at"):
-        train(wide_deep(vocab=100, dim=4, optimizer=nn.SGD(lr=0.1)).main, SyntheticCTR(vocab=100), steps=2, batch_size=32,
-              engine=eng, allow_emulation=True, checkpoint=str(tmp_path / "a_file" / "ckpt"))
+        train(
+            wide_deep(vocab=100, dim=4, optimizer=nn.SGD(lr=0.1)).main,
+            SyntheticCTR(vocab=100),
+            steps=2,
+            batch_size=32,
+            engine=eng,
+            allow_emulation=True,
+            checkpoint=str(tmp_path / "a_file" / "ckpt"),
+        )
     assert time.monotonic() - t < 5 and eng.pids() == {}
 
 
@@ -40,7 +47,7 @@ def test_a_failed_final_save_keeps_the_history_and_the_previous_checkpoint(tmp_p
         model = wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1))
         kw = dict(steps=3, batch_size=64, trainers={"cpu": 1, "gpu": 1}, allow_emulation=True)
         train(model.main, SyntheticCTR(vocab=1000), checkpoint=str(mnt / "ckpt"), **kw)
-        Shard(transpile(model.main).tables).load(mnt / "ckpt")   # the first run's checkpoint
+        Shard(transpile(model.main).tables).load(mnt / "ckpt")  # the first run's checkpoint
         before = {p.name: p.read_bytes() for p in (mnt / "ckpt").iterdir()}
         (mnt / "filler").write_bytes(b"\0" * (os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize - 4096))
         eng = LocalEngine()
