@@ -159,7 +159,7 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
     if checkpoint is not None:
         check_target(checkpoint)  # refuses an unwritable directory before training, not after
     eng = make_engine(engine, address)
-    secret = secret if secret is not None else eng.secret
+    secret = secret if secret is not None else eng.secret or os.urandom(32)
     tel = Telemetry(metrics, trace, progress, total=steps, meta={
         "trainers": cfg.counts, "servers": cfg.servers, "mode": cfg.mode, "micro_batches": micro_batches,
         "batch_size": batch_size, "engine": type(eng).__name__, "tables": len(plan.tables)})

@@ -301,3 +301,11 @@ def test_a_reordered_message_is_refused(async_server):
     reply = raw.ask(later)  # sequence number below the last one accepted
     raw.close()
     assert reply["ok"] is False and "replayed or reordered" in reply["error"]
+
+
+def test_a_frame_far_over_the_limit_is_dropped_by_zeromq_unread_and_the_shard_still_serves(sync_server):
+    raw = Raw(sync_server, cid="huge")
+    raw.sock.send_multipart(raw.sign({"op": "push", "table": "w"}, [np.zeros(3 << 18, np.float32)]))  # 3 MiB
+    assert not raw.sock.poll(2000)  # over 2 x max_message_bytes: the connection is dropped, no reply
+    raw.close()
+    _still_serves(sync_server)

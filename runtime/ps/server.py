@@ -62,8 +62,9 @@ class _Loop:
     def __init__(self, sock: zmq.Socket, shard: Shard, secret: bytes | None, trace: bool = False,
                  admin_secret: bytes | None = None, checkpoint_root: str | None = None) -> None:
         self.sock, self.shard, self.secret = sock, shard, secret
-        self.keys = tuple(k for k in (secret, admin_secret) if k is not None)
-        self.admin_key = 1 if secret is not None and admin_secret is not None else None
+        # without a data key nothing is authenticated (a private endpoint): an admin key alone means nothing
+        self.keys = () if secret is None else (secret,) if admin_secret is None else (secret, admin_secret)
+        self.admin_key = 1 if len(self.keys) == 2 else None
         self.replays = ReplayGuard() if self.keys else None
         self.root = os.path.realpath(checkpoint_root) if checkpoint_root is not None else None
         self.limits = shard.limits
@@ -233,6 +234,9 @@ def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int =
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.linger = 0
+    # ZeroMQ drops the connection of a peer sending one frame over twice the limit before buffering it
+    # (memory stays bounded); a message up to that size gets decode's clear error reply instead
+    sock.maxmsgsize = 2 * (limits or Limits()).max_message_bytes
     try:
         loop = _Loop(sock, Shard(specs, shard=shard, num_shards=num_shards, mode=mode,
                                  pushes_per_step=pushes_per_step, check_finite=check_finite,
