@@ -150,6 +150,14 @@ def test_hostile_message_gets_an_error_reply_and_the_shard_still_serves(sync_ser
     _still_serves(sync_server)
 
 
+def test_a_frame_far_over_the_limit_is_dropped_by_zeromq_unread_and_the_shard_still_serves(sync_server):
+    raw = Raw(sync_server, cid="huge")
+    raw.sock.send_multipart(raw.sign({"op": "push", "table": "w"}, [np.zeros(3 << 18, np.float32)]))  # 3 MiB
+    assert not raw.sock.poll(2000)  # over 2 x max_message_bytes: the connection is dropped, no reply
+    raw.close()
+    _still_serves(sync_server)
+
+
 def test_parked_pulls_and_buffered_pushes_are_bounded_and_then_served(sync_server):
     raw = Raw(sync_server, cid="parker")
     for i in range(LIMITS.max_parked):  # pulls of step 1 wait for step 0: parked, no reply yet
@@ -301,11 +309,3 @@ def test_a_reordered_message_is_refused(async_server):
     reply = raw.ask(later)  # sequence number below the last one accepted
     raw.close()
     assert reply["ok"] is False and "replayed or reordered" in reply["error"]
-
-
-def test_a_frame_far_over_the_limit_is_dropped_by_zeromq_unread_and_the_shard_still_serves(sync_server):
-    raw = Raw(sync_server, cid="huge")
-    raw.sock.send_multipart(raw.sign({"op": "push", "table": "w"}, [np.zeros(3 << 18, np.float32)]))  # 3 MiB
-    assert not raw.sock.poll(2000)  # over 2 x max_message_bytes: the connection is dropped, no reply
-    raw.close()
-    _still_serves(sync_server)
