@@ -190,6 +190,16 @@ def test_parked_pulls_and_buffered_pushes_are_bounded_and_then_served(sync_serve
     raw.close()
 
 
+def test_new_rows_are_counted_once_per_distinct_id_and_a_refusal_creates_none():
+    shard = Shard(SPECS, limits=Limits(max_new_rows=100))
+    shard.pull("emb", np.repeat(np.arange(60) * 1000, 5))  # 300 ids, 60 new rows: allowed
+    with pytest.raises(PSError, match="would create 101 rows"):
+        shard.push("emb", np.ones((101, DIM), np.float32), np.arange(101) + 10**12)
+    assert len(shard.tables["emb"]) == 60
+    shard.pull("emb", np.arange(160) * 1000)  # 60 known + 100 new: allowed
+    assert len(shard.tables["emb"]) == 160
+
+
 # -- item 4: the NaN/Inf guard checks the value as the table stores it ----------------------------
 @pytest.mark.parametrize(
     "table_dtype, grad_dtype, value",

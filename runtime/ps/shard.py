@@ -48,6 +48,12 @@ class Limits:
     max_parked: int = MAX_PARKED
 
 
+def _count_distinct(ids: np.ndarray) -> int:
+    """len(np.unique(ids)), by a sort: numpy 2.4's hash-based unique is ~15x slower on 1M int64."""
+    s = np.sort(ids)
+    return int(np.count_nonzero(s[1:] != s[:-1])) + 1 if s.size else 0
+
+
 class NotReady(Exception):
     """A sync-mode pull for a step whose predecessor has not been applied yet."""
 
@@ -102,7 +108,7 @@ class Shard:
             return  # (fewer ids than the limit cannot create more rows than it)
         ids = t.check_ids(ids)
         missing = ids[t.index.find(ids) < 0]
-        if missing.size > limit and (new := np.unique(missing).size) > limit:
+        if missing.size > limit and (new := _count_distinct(missing)) > limit:
             raise PSError(f"{what} of unbounded table {t.name!r} would create {new} rows in one request, "
                           f"more than max_new_rows={limit}; send fewer new ids per request")
 
