@@ -200,6 +200,22 @@ def test_new_rows_are_counted_once_per_distinct_id_and_a_refusal_creates_none():
     assert len(shard.tables["emb"]) == 160
 
 
+def test_limits_leave_legitimate_requests_alone():
+    frozen = {
+        "name": "f",
+        "kind": "dense",
+        "shape": [2],
+        "dtype": "float32",
+        "initializer": ONE,
+        "optimizer": None,
+    }
+    shard = Shard([*SPECS, frozen], mode="sync", limits=Limits(max_new_rows=10, max_steps_ahead=4))
+    np.testing.assert_array_equal(shard.pull("f", step=1000), np.ones(2, np.float32))  # never steps
+    values = np.full((50, DIM), 3.0, np.float32)
+    shard.assign("emb", values, np.arange(50))  # the driver's import: not a request to bound
+    np.testing.assert_array_equal(shard.pull("emb", np.arange(50)), values)
+
+
 # -- item 4: the NaN/Inf guard checks the value as the table stores it ----------------------------
 @pytest.mark.parametrize(
     "table_dtype, grad_dtype, value",

@@ -113,8 +113,9 @@ class Shard:
                           f"more than max_new_rows={limit}; send fewer new ids per request")
 
     def _check_step(self, t: DenseTable | SparseTable, step: int | None, what: str) -> None:
-        ahead = self.limits.max_steps_ahead
-        if self.mode == "sync" and step is not None and step > self.version[t.name] + ahead:
+        ahead = self.limits.max_steps_ahead  # (a frozen table never counts steps: nothing to bound)
+        if self.mode == "sync" and step is not None and t.kernel is not None \
+                and step > self.version[t.name] + ahead:
             raise PSError(f"sync {what} of {t.name!r} for step {step}: the table has applied "
                           f"{self.version[t.name]} steps, and requests may be at most "
                           f"max_steps_ahead={ahead} steps ahead")
@@ -172,9 +173,7 @@ class Shard:
     def assign(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set values (imported weights); optimizer state and sync step counts are untouched."""
         t = self.table(name)
-        args = self._ids_args(t, ids, "assign")
-        self._check_new_rows(t, ids, "assign")
-        t.assign(values, *args)
+        t.assign(values, *self._ids_args(t, ids, "assign"))  # (admin only: imports may be large)
 
     # -- checkpoints --------------------------------------------------------------------------
     def save(self, path: str | Path) -> list[dict]:
