@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import zmq  # noqa: E402
 
 from runtime.ps import Limits, PSClient, PSError, Servers  # noqa: E402
-from runtime.wire import AuthError, decode, encode  # noqa: E402
+from runtime.wire import AuthError, decode, encode, sign  # noqa: E402
 
 STALL_S = 8.0  # the driver's stall_timeout in the process rows (SIGSTOP rows wait for it)
 EXACT = 2.0**-10  # gradients of this size sum exactly in float32
@@ -267,9 +267,7 @@ class Raw:
         return encode({**header, "cid": self.cid, "seq": self.seq}, arrays, self.key)
 
     def signed_raw(self, header: bytes, *buffers: bytes) -> list:
-        from runtime.wire import _tag
-
-        return [header, *buffers, _tag(self.key, [header, *buffers])]
+        return sign([header, *buffers], self.key)
 
     def ask(self, frames: list, timeout_s: float = 30) -> dict | None:
         self.sock.send_multipart(frames)

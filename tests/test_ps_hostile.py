@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from runtime.ps import Limits, PSClient, PSError, Servers, Shard
-from runtime.wire import AuthError, decode, encode
+from runtime.wire import AuthError, decode, encode, sign
 
 LR, DIM = 0.5, 4
 ONE = {"type": "constant", "value": 1.0}
@@ -61,10 +61,8 @@ class Raw:
 
     def signed_raw(self, header_bytes: bytes, *buffers: bytes) -> list:
         """Frames whose header is exactly `header_bytes` (e.g. not valid JSON), signed with the key."""
-        from runtime.wire import _tag
-
         frames = [header_bytes, *buffers]
-        return [*frames, _tag(self.key, frames)]
+        return sign(frames, self.key)
 
     def ask(self, frames: list, timeout_ms: int = 10_000) -> dict:
         self.sock.send_multipart(frames)
