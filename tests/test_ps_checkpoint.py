@@ -216,3 +216,13 @@ def test_a_target_that_cannot_hold_a_checkpoint_is_refused_before_saving(tmp_pat
     with pytest.raises(CheckpointError, match=r"holding other files \(\['notes.txt'\]\)"):
         save_shards([Shard(SPECS)], home)
     assert [p.name for p in home.iterdir()] == ["notes.txt"] and len(list(tmp_path.iterdir())) == 2
+
+
+def test_a_save_through_a_symlink_replaces_the_checkpoint_it_points_to(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    _saved_shards(tmp_path / "link")
+    _saved_shards(tmp_path / "link")  # a second save swaps the directory behind the link
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "manifest.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
+    Shard(SPECS).load(tmp_path / "link")

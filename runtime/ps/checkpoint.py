@@ -86,6 +86,8 @@ def check_target(path: str | os.PathLike) -> Path:
     its parent can be made and written, and `path` is absent, empty or a checkpoint. CheckpointError
     saying what is wrong otherwise."""
     path = Path(path).absolute()
+    if path.is_symlink():  # replace what it points to, not the link
+        path = path.resolve()
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r} exists and is not a directory")
     if path.is_dir():
