@@ -156,8 +156,9 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
     plan = plan_or_program if isinstance(plan_or_program, Plan) else transpile(plan_or_program)
     cfg = _Config.make(plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
                        micro_batches, device_map, allow_emulation, stall_timeout)
-    if checkpoint is not None:
-        check_target(checkpoint)  # refuses an unwritable directory before training, not after
+    # an unusable checkpoint directory is refused now, not after training; the servers may write
+    # only beside it (a save writes a new directory there, then swaps it in)
+    root = None if checkpoint is None else str(check_target(checkpoint).parent)
     eng = make_engine(engine, address)
     secret = secret if secret is not None else eng.secret or os.urandom(32)
     tel = Telemetry(metrics, trace, progress, total=steps, meta={
@@ -165,7 +166,7 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
         "batch_size": batch_size, "engine": type(eng).__name__, "tables": len(plan.tables)})
     history, error = History(), None
     try:
-        _run(plan, cfg, data, eng, history, secret, tel.chain(callback), return_params, checkpoint, tel)
+        _run(plan, cfg, data, eng, history, secret, tel.chain(callback), return_params, checkpoint, tel, root)
     except BaseException as e:
         error = e
         raise
@@ -236,7 +237,7 @@ class _Config:
 
 
 def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, secret: bytes | None,
-         callback, return_params: bool, checkpoint: str | None, tel: Telemetry) -> None:
+         callback, return_params: bool, checkpoint: str | None, tel: Telemetry, root: str | None) -> None:
     names = [f"{t}:{i}" for t, n in cfg.counts.items() for i in range(n)]
     kinds = {t: (cfg.device_map or {}).get(t, "gpu" if t.startswith("gpu") else "cpu") for t in cfg.counts}
     needs = {**{f"ps:{k}": {} for k in range(cfg.servers)},
@@ -247,7 +248,6 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
     report = inbox.endpoint
     ps_eps = [eng.endpoint(f"ps:{k}") for k in range(cfg.servers)]
     admin = os.urandom(32)  # assign / save / load: only this driver may (the trainers lack this key)
-    root = os.path.dirname(os.path.abspath(checkpoint)) if checkpoint else None
     endpoints = {n: eng.endpoint(n) for n in names}
     listen = _Listen(cfg, eng, inbox, out, names, endpoints, history, callback, tel)
     try:
