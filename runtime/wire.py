@@ -15,9 +15,10 @@ it does not stop a recorded message from being replayed: a receiver that must re
 parameter server does) also checks the header's sender id `cid` and sequence number `seq` with a
 `ReplayGuard`. Parameter servers and trainer-to-trainer channels share this format.
 
-Limits (each a WireError naming it): a message of more than `max_bytes` (`MAX_MESSAGE_BYTES`), a header
-of more than `MAX_HEADER_BYTES` or nested deeper than `MAX_JSON_DEPTH`, an array of more than
-`MAX_DIMS` dimensions or of more elements than memory can address.
+Limits (each a WireError naming it): a message of more than `max_bytes` when the receiver gives one
+(the parameter server does: `MAX_MESSAGE_BYTES` by default), a header of more than
+`MAX_HEADER_BYTES` or nested deeper than `MAX_JSON_DEPTH`, an array of more than `MAX_DIMS`
+dimensions or of more elements than memory can address.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-MAX_MESSAGE_BYTES = 1 << 30   # all frames of one message together
+MAX_MESSAGE_BYTES = 1 << 30   # all frames of one request to a parameter server together
 MAX_HEADER_BYTES = 1 << 20
 MAX_JSON_DEPTH = 16           # nesting of the header's objects and lists
 MAX_DIMS = 32                 # dimensions of one array (numpy allows 64)
@@ -102,7 +103,7 @@ def sign(frames: Sequence[Any], secret: bytes) -> list[Any]:
 
 
 def decode(frames: Sequence[Any], secret: bytes | None = None, *,
-           max_bytes: int = MAX_MESSAGE_BYTES) -> tuple[dict[str, Any], list[np.ndarray]]:
+           max_bytes: int | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
     """(header, arrays) from frames; arrays are read-only views of the frames.
 
     Raises AuthError when `secret` is set and the tag is missing or wrong, WireError when the
@@ -123,12 +124,12 @@ class Signed:
 
 
 def decode_signed(frames: Sequence[Any], keys: Sequence[bytes] = (), *,
-                  max_bytes: int = MAX_MESSAGE_BYTES) -> Signed:
+                  max_bytes: int | None = None) -> Signed:
     """`decode` for an endpoint that accepts several keys (e.g. a data key and an admin key): the
     message must be signed by one of `keys` (none: unsigned), and `Signed.key` says which."""
     bufs = [_as_buffer(f) for f in frames]
     total = sum(len(b) for b in bufs)
-    if total > max_bytes:
+    if max_bytes is not None and total > max_bytes:
         raise WireError(f"message is {total} bytes, more than the limit of {max_bytes} "
                         "(max_message_bytes)")
     key = None
