@@ -138,14 +138,16 @@ def finish(stage: str | os.PathLike, path: str | os.PathLike, specs: list[dict],
     _fsync_dir(stage)
     if not path.exists():
         os.rename(stage, path)
+        old = None
     elif _exchange(stage, path):
-        shutil.rmtree(stage)  # now the previous checkpoint
+        old = stage  # now holds the previous checkpoint
     else:
         old = path.parent / f".{path.name}.old-{uuid.uuid4().hex}"
         os.rename(path, old)
         os.rename(stage, path)
-        shutil.rmtree(old)
     _fsync_dir(path.parent)
+    if old is not None:  # the new checkpoint is in place: removing the old one may fail harmlessly
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _exchange(a: Path, b: Path) -> bool:
