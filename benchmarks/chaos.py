@@ -264,7 +264,7 @@ class Raw:
 
     def sign(self, header: dict, arrays: list = ()) -> list:
         self.seq += 1
-        return encode({**header, "cid": self.cid, "seq": self.seq}, arrays, self.key)
+        return encode({**header, "cid": self.cid, "seq": self.seq, "to": 0}, arrays, self.key)
 
     def signed_raw(self, header: bytes, *buffers: bytes) -> list:
         return sign([header, *buffers], self.key)

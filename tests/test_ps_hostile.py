@@ -57,7 +57,7 @@ class Raw:
 
     def sign(self, header: dict, arrays: list = ()) -> list:
         self.seq += 1
-        return encode({**header, "cid": self.cid, "seq": self.seq}, arrays, self.key)
+        return encode({**header, "cid": self.cid, "seq": self.seq, "to": 0}, arrays, self.key)
 
     def signed_raw(self, header_bytes: bytes, *buffers: bytes) -> list:
         """Frames whose header is exactly `header_bytes` (e.g. not valid JSON), signed with the key."""
@@ -134,7 +134,14 @@ HOSTILE = {  # name: (frames for Raw, expected error text)
         lambda r: encode({"op": "hello", "cid": "x", "seq": 1}, [], b"guess"),
         "authentication failed",
     ),
-    "signed but no sequence number": (lambda r: encode({"op": "hello"}, [], r.key), "sequence number"),
+    "signed but no sequence number": (
+        lambda r: encode({"op": "hello", "to": 0}, [], r.key),
+        "sequence number",
+    ),
+    "signed for another shard": (
+        lambda r: encode({"op": "hello", "cid": "x", "seq": 1, "to": 1}, [], r.key),
+        "addressed to shard 1, this is shard 0",
+    ),
 }
 
 
@@ -333,3 +340,28 @@ def test_a_reordered_message_is_refused(async_server):
     reply = raw.ask(later)  # sequence number below the last one accepted
     raw.close()
     assert reply["ok"] is False and "replayed or reordered" in reply["error"]
+
+
+def test_a_request_captured_on_its_way_to_one_shard_is_refused_by_another():
+    with Servers(SPECS, num_shards=2) as servers, servers.client(timeout=10) as c:
+        sent: dict[int, list] = {0: [], 1: []}
+        for k, sock in enumerate(c._socks):
+            real = sock.send_multipart
+            sock.send_multipart = lambda frames, k=k, real=real, **kw: (
+                sent[k].append([bytes(f) for f in frames]),
+                real(frames, **kw),
+            )[1]
+        ids = np.arange(40)
+        c.push("emb", np.full((40, DIM), 0.5, np.float32), ids)  # a sparse push goes to both shards
+        raw = Raw(servers, cid="cross")
+        reply = raw.ask(sent[1][-1])  # shard 1's part (sent after shard 0's: a newer number) to shard 0
+        raw.close()
+        assert reply["ok"] is False and "addressed to shard 1, this is shard 0" in reply["error"]
+        with PSClient(servers.endpoints, secret=servers.secret) as check:
+            assert [s["emb"]["rows"] for s in check.stats()] == [
+                len(sent[0][-1][1]) // 8,
+                40 - len(sent[0][-1][1]) // 8,
+            ]
+            np.testing.assert_array_equal(
+                check.pull("emb", ids), np.full((40, DIM), 1.0 - LR * 0.5, np.float32)
+            )

@@ -195,7 +195,7 @@ _SEQ = iter(range(10**9))
 
 def _signed(header: dict, arrays: list = ()) -> list:
     """A request as a client signs it (with a sender id and sequence number), built by hand."""
-    return encode({**header, "cid": "raw-test", "seq": next(_SEQ)}, arrays, SECRET)
+    return encode({**header, "cid": "raw-test", "seq": next(_SEQ), "to": 0}, arrays, SECRET)
 
 
 def _raw_request(endpoint: str, frames: list) -> dict:

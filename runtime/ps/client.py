@@ -6,12 +6,12 @@ then split, and goes to every shard (with zero rows where it has none), so every
 per pusher and step (sync mode counts on it; Adam's per-table step counters stay equal across
 shards). Dense tables live whole on one shard (`place_dense`).
 
-Requests are signed with `secret` and carry a random client id and an increasing sequence number
-(the server refuses replays); admin requests (assign, save, load) are signed with `admin_secret`
-when given (the driver's key; see server.py). Every request waits at most `timeout` seconds for its
-reply and then raises PSTimeoutError naming the shard: a client never hangs on a dead or stuck
-server. A client is not thread-safe (ZeroMQ sockets are not): give each thread its own.
-"""
+Requests are signed with `secret` and carry a random client id, an increasing sequence number and
+the shard they are for (the server refuses replays, also to another shard); admin requests (assign,
+save, load) are signed with `admin_secret` when given (the driver's key; see server.py). Every
+request waits at most `timeout` seconds for its reply and then raises PSTimeoutError naming the
+shard: a client never hangs on a dead or stuck server. A client is not thread-safe (ZeroMQ sockets
+are not): give each thread its own. """
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ class PSClient:
         for i, (k, header, arrays) in enumerate(requests):
             rid = next(self._rid)
             key = self.admin_secret if header.get("op") in ADMIN_OPS else self.secret
-            frames = encode({**header, "rid": rid, "cid": self._cid, "seq": rid}, arrays, key)
+            frames = encode({**header, "rid": rid, "cid": self._cid, "seq": rid, "to": k}, arrays, key)
             self._socks[k].send_multipart(frames, copy=False)
             pending[rid] = i
             due[k] += 1

@@ -9,12 +9,13 @@ must wait for its step is parked, not blocking the loop, and answered as soon as
 applied. With `trace=True` the server records the time it spends on each pull and push
 (`runtime.telemetry.Recorder`) and hands the spans out on a `trace` request.
 
-Security: with a `secret`, every request must carry its HMAC and a sender id and sequence number
-newer than that sender's last (`wire.ReplayGuard`), so a captured request cannot be replayed or
-reordered. Admin requests (`ADMIN_OPS`: assign, save, load, shutdown) must be signed with
-`admin_secret` when one is given (only the driver holds it; trainers get `secret` alone), and save /
-load only touch directories inside `checkpoint_root`. `Servers` makes both keys at random.
-Limits on what a request may cost: `shard.Limits`.
+Security: with a `secret`, every request must carry its HMAC, a sender id and sequence number newer
+than that sender's last (`wire.ReplayGuard`) and the index of the shard it is for (`to`), so a
+captured request cannot be replayed, reordered or sent to another shard. Admin requests
+(`ADMIN_OPS`: assign, save, load, shutdown) must be signed with `admin_secret` when one is given
+(only the driver holds it; trainers get `secret` alone), and save / load only touch directories
+inside `checkpoint_root`. `Servers` makes both keys at random. Limits on what a request may cost:
+`shard.Limits`.
 
 The server binds 127.0.0.1 by default; `ipc://` endpoints work too. It stops on SIGTERM/SIGINT, a
 `shutdown` request, or when its parent process dies, closing its socket before exiting.
@@ -94,6 +95,9 @@ class _Loop:
         try:
             msg = decode_signed(frames, self.keys, max_bytes=self.limits.max_message_bytes)
             if self.replays is not None:
+                if msg.header.get("to") != self.shard.shard:  # a request captured on its way to another
+                    raise ReplayError(f"request addressed to shard {msg.header.get('to')!r:.20}, this is "
+                                      f"shard {self.shard.shard}; refused")
                 self.replays.check(msg.header)
         except ReplayError as e:
             log.error("shard %d: refused a replayed request: %s", self.shard.shard, e)
