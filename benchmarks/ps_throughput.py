@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from threadpoolctl import threadpool_limits  # noqa: E402
 
 from runtime.data import SyntheticCTR  # noqa: E402
-from runtime.ps import PSClient, Servers, make_table  # noqa: E402
+from runtime.ps import Servers, make_table  # noqa: E402
 
 VOCAB, DIM = 100_000, 16
 
@@ -75,7 +75,7 @@ def throughput(n_steps: int, rounds: int) -> None:
         return warm(run)
 
     with Servers([spec()], transport="tcp") as tcp, Servers([spec()], transport="ipc") as ipc, \
-            PSClient(tcp.endpoints) as c_tcp, PSClient(ipc.endpoints) as c_ipc:
+            tcp.client() as c_tcp, ipc.client() as c_ipc:
         cases = {"bound: take + np.add.at": bound,
                  "in-process table (sgd)": table_step(make_table(spec("sgd"))),
                  "in-process table (adagrad)": table_step(make_table(spec("adagrad"))),

@@ -16,6 +16,7 @@ End conditions (any that is given, whichever comes first): `steps`; `epochs` of 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from .device import array_module
 from .engines import Engine, make_engine
 from .metrics import auc
 from .ps import PSClient, serve
+from .ps.checkpoint import check_target
 from .telemetry import Telemetry, unpack_spans
 from .trainer import run_trainer
 
@@ -45,6 +47,17 @@ class TrainingError(RuntimeError):
     def __init__(self, who: str, detail: str) -> None:
         self.who, self.detail = who, detail
         super().__init__(f"{who} failed: {detail}")
+
+
+class CheckpointSaveError(TrainingError):
+    """Training finished but its final checkpoint could not be saved; `history` is the run's result."""
+
+    def __init__(self, path: str, cause: BaseException, history: History) -> None:
+        self.history = history
+        super().__init__("the final checkpoint", (
+            f"training finished ({history.steps} steps), but saving to {path!r} failed: "
+            f"{type(cause).__name__}: {cause}; the previous checkpoint there (if any) is intact, and "
+            "the run's History is this error's .history"))
 
 
 @dataclass
@@ -133,7 +146,9 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
       is refused before any process starts unless emulation is allowed.
     - `callback(record)` is called in step order with {"step", "loss", "auc", "examples", "time"}.
     - `return_params`: put the final table values in `History.params` (sparse tables need a known
-      vocab); `checkpoint`: save the servers' tables there (`runtime.ps` checkpoint format).
+      vocab); `checkpoint`: save the servers' tables there (`runtime.ps` checkpoint format; its
+      directory is checked before anything starts, and a failed save raises CheckpointSaveError,
+      which carries the History).
     - `engine`: "local" (processes on this machine), "ray" (Ray actors; `address` = the cluster to
       join, None = start a local Ray) or an Engine instance.
     - `metrics`: append start / per-step / end records to this JSONL file (`hetps plot` draws it);
@@ -146,15 +161,18 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
     cfg = _Config.make(plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
                        micro_batches, device_map, allow_emulation, stall_timeout)
     sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # plans and checks shards
+    # an unusable checkpoint directory is refused now, not after training; the servers may write
+    # only beside it (a save writes a new directory there, then swaps it in)
+    root = None if checkpoint is None else str(check_target(checkpoint).parent)
     eng = make_engine(engine, address)
-    secret = secret if secret is not None else eng.secret
+    secret = secret if secret is not None else eng.secret or os.urandom(32)
     tel = Telemetry(metrics, trace, progress, total=steps, meta={
         "trainers": cfg.counts, "servers": cfg.servers, "mode": cfg.mode, "micro_batches": micro_batches,
         "batch_size": batch_size, "engine": type(eng).__name__, "tables": len(plan.tables)},
         tensorboard=tensorboard)
     history, error = History(), None
     try:
-        _run(plan, cfg, data, eng, history, secret, tel.chain(callback), return_params, checkpoint, tel)
+        _run(plan, cfg, data, eng, history, secret, tel.chain(callback), return_params, checkpoint, tel, root)
     except BaseException as e:
         error = e
         raise
@@ -226,7 +244,7 @@ class _Config:
 
 
 def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, secret: bytes | None,
-         callback, return_params: bool, checkpoint: str | None, tel: Telemetry) -> None:
+         callback, return_params: bool, checkpoint: str | None, tel: Telemetry, root: str | None) -> None:
     names = [f"{t}:{i}" for t, n in cfg.counts.items() for i in range(n)]
     kinds = {t: (cfg.device_map or {}).get(t, "gpu" if t.startswith("gpu") else "cpu") for t in cfg.counts}
     needs = {**{f"ps:{k}": {} for k in range(cfg.servers)},
@@ -236,16 +254,17 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
     out = Outbox(secret)
     report = inbox.endpoint
     ps_eps = [eng.endpoint(f"ps:{k}") for k in range(cfg.servers)]
+    admin = os.urandom(32)  # assign / save / load: only this driver may (the trainers lack this key)
     endpoints = {n: eng.endpoint(n) for n in names}
     listen = _Listen(cfg, eng, inbox, out, names, endpoints, history, callback, tel)
     try:
         for k, ep in enumerate(ps_eps):
             eng.start(f"ps:{k}", serve, dict(endpoint=ep, specs=plan.tables, shard=k, num_shards=cfg.servers,
                                              mode=cfg.mode, pushes_per_step=cfg.pushes or 1, secret=secret,
-                                             trace=tel.tracing),
+                                             trace=tel.tracing, admin_secret=admin, checkpoint_root=root),
                       report=report, secret=secret)
         if plan.params:
-            _load_values(plan, ps_eps, secret)
+            _load_values(plan, ps_eps, secret, admin)
         for name in names:
             t, i = name.split(":")
             spec = _trainer_spec(plan, cfg, data, t, int(i), endpoints, ps_eps, report, secret)
@@ -263,6 +282,18 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
                 client.save(checkpoint)
             if return_params:
                 history.params = _pull_all(client, plan)
+        if return_params or checkpoint or tel.tracing:
+            with PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout, admin_secret=admin) as client:
+                if tel.tracing:
+                    for k, spans in enumerate(client.trace()):
+                        tel.spans(f"ps:{k}", spans)
+                if return_params:
+                    history.params = _pull_all(client, plan)
+                if checkpoint:
+                    try:
+                        client.save(checkpoint)
+                    except Exception as e:
+                        raise CheckpointSaveError(checkpoint, e, history) from e
     finally:
         out.close()
         inbox.close()
@@ -394,9 +425,9 @@ class _Listen:
             raise TrainingError(name, failure.how if failure else "exited before the run finished")
 
 
-def _load_values(plan: Plan, ps_eps: list[str], secret) -> None:
+def _load_values(plan: Plan, ps_eps: list[str], secret, admin: bytes) -> None:
     """Give the servers the parameter values the plan carries (ONNX / Paddle imports)."""
-    with PSClient(ps_eps, secret=secret) as client:
+    with PSClient(ps_eps, secret=secret, admin_secret=admin) as client:
         for name, value in plan.params.items():
             if name in client.specs:
                 sparse = client.specs[name]["kind"] == "sparse"

@@ -10,9 +10,15 @@ receiver rebuilds arrays with `np.frombuffer` after checking every dtype against
 and every buffer length against its shape, so a hostile peer can at worst earn an exception.
 
 With a secret, the tag covers every other frame (each prefixed by its 8-byte length, so frames cannot
-be re-cut) and is checked before the header is parsed. The tag authenticates the sender; it does not
-stop a recorded message from being replayed, so a secret is no substitute for a private network.
-Parameter servers and trainer-to-trainer channels share this format.
+be re-cut) and is checked before the header is parsed. The tag authenticates the sender; on its own
+it does not stop a recorded message from being replayed: a receiver that must refuse replays (the
+parameter server does) also checks the header's sender id `cid` and sequence number `seq` with a
+`ReplayGuard`. Parameter servers and trainer-to-trainer channels share this format.
+
+Limits (each a WireError naming it): a message of more than `max_bytes` when the receiver gives one
+(the parameter server does: `MAX_MESSAGE_BYTES` by default), a header of more than
+`MAX_HEADER_BYTES` or nested deeper than `MAX_JSON_DEPTH`, an array of more than `MAX_DIMS`
+dimensions or of more elements than memory can address.
 """
 
 from __future__ import annotations
@@ -21,12 +27,18 @@ import hashlib
 import hmac
 import json
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+MAX_MESSAGE_BYTES = 1 << 30   # all frames of one request to a parameter server together
 MAX_HEADER_BYTES = 1 << 20
+MAX_JSON_DEPTH = 16           # nesting of the header's objects and lists
+MAX_DIMS = 32                 # dimensions of one array (numpy allows 64)
+MAX_SENDERS = 4096            # sender ids a ReplayGuard remembers (least recently seen forgotten first)
 TAG_BYTES = 32
 DTYPES = frozenset(np.dtype(t).str for t in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -39,6 +51,10 @@ class WireError(ValueError):
 
 class AuthError(WireError):
     """A message whose HMAC tag is missing or wrong for this endpoint's shared secret."""
+
+
+class ReplayError(AuthError):
+    """An authentic message whose sequence number is not newer than the last one of its sender."""
 
 
 def _tag(secret: bytes, frames: Sequence[Any]) -> bytes:
@@ -77,24 +93,53 @@ def encode(header: dict[str, Any], arrays: Sequence[np.ndarray] = (),
         bufs.append(memoryview(a).cast("B") if a.size else b"")
     frames: list[Any] = [json.dumps({**header, "arrays": descs}, separators=(",", ":")).encode()]
     frames += bufs
-    if secret is not None:
-        frames.append(_tag(secret, frames))
-    return frames
+    return frames if secret is None else sign(frames, secret)
 
 
-def decode(frames: Sequence[Any], secret: bytes | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+def sign(frames: Sequence[Any], secret: bytes) -> list[Any]:
+    """`frames` with their HMAC tag appended (what `encode` does with a secret; also lets tests and
+    benchmarks sign frames that `encode` would never produce)."""
+    return [*frames, _tag(secret, frames)]
+
+
+def decode(frames: Sequence[Any], secret: bytes | None = None, *,
+           max_bytes: int | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
     """(header, arrays) from frames; arrays are read-only views of the frames.
 
     Raises AuthError when `secret` is set and the tag is missing or wrong, WireError when the
     message is malformed (too few / many frames, bad JSON, a dtype off the allow-list, a buffer whose
-    length does not match its shape).
+    length does not match its shape) or over a limit (see the module docstring).
     """
+    signed = decode_signed(frames, () if secret is None else (secret,), max_bytes=max_bytes)
+    return signed.header, signed.arrays
+
+
+@dataclass
+class Signed:
+    """A decoded message and which of the receiver's keys signed it (None: unsigned)."""
+
+    header: dict[str, Any]
+    arrays: list[np.ndarray]
+    key: int | None
+
+
+def decode_signed(frames: Sequence[Any], keys: Sequence[bytes] = (), *,
+                  max_bytes: int | None = None) -> Signed:
+    """`decode` for an endpoint that accepts several keys (e.g. a data key and an admin key): the
+    message must be signed by one of `keys` (none: unsigned), and `Signed.key` says which."""
     bufs = [_as_buffer(f) for f in frames]
-    if secret is not None:
+    total = sum(len(b) for b in bufs)
+    if max_bytes is not None and total > max_bytes:
+        raise WireError(f"message is {total} bytes, more than the limit of {max_bytes} "
+                        "(max_message_bytes)")
+    key = None
+    if keys:
         if len(bufs) < 2 or len(bufs[-1]) != TAG_BYTES:
             raise AuthError("message carries no HMAC tag, but this endpoint requires one "
                             "(is the sender configured with the shared secret?)")
-        if not hmac.compare_digest(_tag(secret, bufs[:-1]), bytes(bufs[-1])):
+        tag = bytes(bufs[-1])
+        key = next((i for i, k in enumerate(keys) if hmac.compare_digest(_tag(k, bufs[:-1]), tag)), None)
+        if key is None:
             raise AuthError("message HMAC does not match: sender uses a different shared secret "
                             "or the frames were altered")
         bufs = bufs[:-1]
@@ -104,8 +149,12 @@ def decode(frames: Sequence[Any], secret: bytes | None = None) -> tuple[dict[str
         raise WireError(f"header frame is {len(bufs[0])} bytes, more than {MAX_HEADER_BYTES}")
     try:
         header = json.loads(bytes(bufs[0]))
+    except RecursionError:
+        raise WireError(f"header JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (UnicodeDecodeError, ValueError) as e:
         raise WireError(f"header frame is not JSON: {e}") from None
+    if _depth(header) > MAX_JSON_DEPTH:
+        raise WireError(f"header JSON is nested deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(header, dict) or not isinstance(header.get("arrays"), list):
         raise WireError("header must be a JSON object with an 'arrays' list")
     descs = header.pop("arrays")
@@ -113,7 +162,22 @@ def decode(frames: Sequence[Any], secret: bytes | None = None) -> tuple[dict[str
         extra = " (an HMAC tag, but this endpoint has no secret?)" if len(bufs) - 1 == len(descs) + 1 else ""
         raise WireError(f"header describes {len(descs)} arrays but {len(bufs) - 1} buffer frames "
                         f"follow{extra}")
-    return header, [_array(i, d, b) for i, (d, b) in enumerate(zip(descs, bufs[1:], strict=True))]
+    arrays = [_array(i, d, b) for i, (d, b) in enumerate(zip(descs, bufs[1:], strict=True))]
+    return Signed(header, arrays, key)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
+        if items is None:
+            continue
+        deepest = max(deepest, d)
+        if d <= MAX_JSON_DEPTH:
+            todo.extend((x, d + 1) for x in items)
+    return deepest
 
 
 def _array(i: int, desc: Any, buf: memoryview) -> np.ndarray:
@@ -121,13 +185,43 @@ def _array(i: int, desc: Any, buf: memoryview) -> np.ndarray:
           and isinstance(desc[1], list)
           and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in desc[1]))
     if not ok:
-        raise WireError(f"array {i}: descriptor {desc!r} is not [dtype string, [non-negative dims]]")
+        raise WireError(f"array {i}: descriptor {desc!r:.200} is not [dtype string, [non-negative dims]]")
     dtype, shape = desc
     if dtype not in DTYPES:
-        raise WireError(f"array {i}: dtype {dtype!r} not allowed; allowed: {sorted(DTYPES)}")
+        raise WireError(f"array {i}: dtype {dtype!r:.40} not allowed; allowed: {sorted(DTYPES)}")
+    if len(shape) > MAX_DIMS:
+        raise WireError(f"array {i}: {len(shape)} dimensions, more than the limit of {MAX_DIMS}")
     dt = np.dtype(dtype)
     count = math.prod(shape)
     if count * dt.itemsize != len(buf):
         raise WireError(f"array {i}: shape {shape} of {dtype} needs {count * dt.itemsize} bytes, "
                         f"frame has {len(buf)}")
-    return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+    try:
+        return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
+    except (ValueError, OverflowError) as e:  # e.g. [0, 2**63]: no bytes, but no such numpy shape
+        raise WireError(f"array {i}: shape {shape} is not a valid array shape: {e}") from None
+
+
+class ReplayGuard:
+    """Refuses replayed or reordered messages: each sender (header `cid`, a string) numbers its
+    messages (`seq`, an int) in increasing order, and a message not newer than the last one accepted
+    from its sender raises ReplayError. Use it only on authenticated messages (an unsigned sender
+    could forge any number). Remembers the last `max_senders` senders."""
+
+    def __init__(self, max_senders: int = MAX_SENDERS) -> None:
+        self.max_senders = max_senders
+        self.last: OrderedDict[str, int] = OrderedDict()
+
+    def check(self, header: dict[str, Any]) -> None:
+        cid, seq = header.get("cid"), header.get("seq")
+        if not isinstance(cid, str) or not isinstance(seq, int) or isinstance(seq, bool):
+            raise ReplayError(f"a signed message needs a sender id 'cid' (string) and sequence number "
+                              f"'seq' (int), got cid={cid!r:.80}, seq={seq!r:.80}")
+        last = self.last.get(cid)
+        if last is not None and seq <= last:
+            raise ReplayError(f"sender {cid!r:.80} sent sequence number {seq} after {last}: a replayed "
+                              "or reordered message; refused")
+        self.last[cid] = seq
+        self.last.move_to_end(cid)
+        while len(self.last) > self.max_senders:
+            self.last.popitem(last=False)

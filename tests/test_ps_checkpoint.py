@@ -1,6 +1,8 @@
 """Checkpoints: a 2-shard save loads into 3 shards with identical pulls and optimizer state; a save
-killed mid-way (a real SIGKILL) and a corrupted file are detected, never loaded as valid."""
+killed mid-way (a real SIGKILL) or failing on a full disk leaves the previous checkpoint intact; a
+corrupted file or an array of the wrong shape is refused, never loaded as valid."""
 
+import hashlib
 import json
 import os
 import signal
@@ -11,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.ps import CheckpointError, PSClient, Servers, Shard, save_shards
+from runtime.ps import CheckpointError, PSError, Servers, Shard, save_shards
+from runtime.ps.checkpoint import check_target
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = [
@@ -54,8 +57,9 @@ def _same(a: dict, b: dict) -> None:
 
 
 def test_two_shard_checkpoint_loads_into_three_shards(tmp_path):
-    with Servers(SPECS, num_shards=2) as two, Servers(SPECS, num_shards=3) as three:
-        c2, c3 = PSClient(two.endpoints), PSClient(three.endpoints)
+    with Servers(SPECS, num_shards=2, checkpoint_root=tmp_path) as two, \
+            Servers(SPECS, num_shards=3, checkpoint_root=tmp_path) as three:
+        c2, c3 = two.client(), three.client()
         push2 = lambda t, g, i: c2.push(t, g, i)
         pull2 = lambda t, i: c2.pull(t, i)
         c2.assign("fc_b", np.array([1, 2, 3], np.float32))  # e.g. imported weights
@@ -113,18 +117,26 @@ _saved_shards(Path({path!r}))
 """
 
 
-def test_killed_mid_save_is_detected_as_incomplete(tmp_path):
+def test_killed_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     path = tmp_path / "ckpt"
     _saved_shards(path)                                  # a complete checkpoint first
-    Shard(SPECS).load(path)
-    before = {p.name: p.stat().st_mtime_ns for p in path.iterdir()}
+    expected = _pulls(_loaded(path).pull, np.arange(5))
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
     proc = subprocess.run([sys.executable, "-c", KILLER.format(repo=str(REPO), path=str(path))],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    rewritten = [p.name for p in path.iterdir() if p.stat().st_mtime_ns != before.get(p.name)]
-    assert len(rewritten) == 2 and "manifest.json" not in os.listdir(path)
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before   # not a byte changed
+    _same(_pulls(_loaded(path).pull, np.arange(5)), expected)
+    stage = [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt.new-")]
+    assert len(stage) == 1 and "manifest.json" not in os.listdir(stage[0])  # the unfinished save
     with pytest.raises(CheckpointError, match="incomplete: it has no manifest.json"):
-        Shard(SPECS).load(path)
+        Shard(SPECS).load(stage[0])
+
+
+def _loaded(path: Path) -> Shard:
+    shard = Shard(SPECS)
+    shard.load(path)
+    return shard
 
 
 def test_corrupted_file_is_refused(tmp_path):
@@ -136,3 +148,81 @@ def test_corrupted_file_is_refused(tmp_path):
     victim.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=f"file '{victim.name}' .* does not match"):
         Shard(SPECS).load(path)
+
+
+# -- atomic saves: a failed save keeps the previous checkpoint (issue 11, item 6) ---------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs: a file system that fills up (needs root, as in CI; skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_a_save_that_fills_the_disk_keeps_the_previous_checkpoint(small_disk):
+    with Servers(SPECS, num_shards=2, checkpoint_root=small_disk) as servers, servers.client() as c:
+        ids = _train(lambda t, g, i: c.push(t, g, i), steps=2)
+        c.save(small_disk / "ckpt")                      # small: fits
+        saved = _pulls(lambda t, i: c.pull(t, i), ids)
+        before = _tree(small_disk)
+        many = np.arange(200_000, dtype=np.int64) * 7919  # 200k Adam rows: ~10 MB, does not fit
+        for part in np.array_split(many, 4):
+            c.push("emb", np.ones((part.size, 4), np.float32), part)
+        with pytest.raises(PSError, match="No space left on device"):
+            c.save(small_disk / "ckpt")
+        assert _tree(small_disk) == before                # the old one untouched, the new one removed
+        assert [p.name for p in small_disk.iterdir()] == ["ckpt"]
+        c.load(small_disk / "ckpt")                       # and it still loads, with the saved values
+        _same(_pulls(lambda t, i: c.pull(t, i), ids), saved)
+
+
+def test_an_array_whose_shape_differs_from_the_spec_is_refused_on_load(tmp_path):
+    path = tmp_path / "ckpt"
+    _saved_shards(path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    entry = next(e for e in manifest["files"] if e["table"] == "fc_b")
+    with np.load(path / entry["file"]) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["Param"] = np.array([42.0], np.float32)       # [1] where the spec says [3]: would broadcast
+    np.savez(path / entry["file"], **arrays)
+    entry["bytes"] = (path / entry["file"]).stat().st_size
+    entry["sha256"] = hashlib.sha256((path / entry["file"]).read_bytes()).hexdigest()
+    (path / "manifest.json").write_text(json.dumps(manifest))  # a consistent checksum, a wrong shape
+    wrong = r"'fc_b' holds arrays .*'Param': \[1\].*needs .*'Param': \[3\]"
+    with pytest.raises(CheckpointError, match=wrong):
+        Shard(SPECS).load(path)
+
+
+def test_a_target_that_cannot_hold_a_checkpoint_is_refused_before_saving(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(CheckpointError, match="cannot save a checkpoint at"):
+        check_target(tmp_path / "a_file" / "ckpt")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match=r"holding other files \(\['notes.txt'\]\)"):
+        save_shards([Shard(SPECS)], home)
+    assert [p.name for p in home.iterdir()] == ["notes.txt"] and len(list(tmp_path.iterdir())) == 2
+
+
+def test_a_save_through_a_symlink_replaces_the_checkpoint_it_points_to(tmp_path):
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    _saved_shards(tmp_path / "link")
+    _saved_shards(tmp_path / "link")  # a second save swaps the directory behind the link
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "manifest.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
+    Shard(SPECS).load(tmp_path / "link")

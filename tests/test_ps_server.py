@@ -92,8 +92,8 @@ def test_sync_two_clients_equal_one_step_on_the_summed_gradient(sync_servers, op
     emb, w = specs[f"emb_{opt}"], specs[f"w_{opt}"]
     ref_emb = Reference(init_rows(emb["initializer"], (VOCAB, DIM), "float32"), OPTIMIZERS[opt])
     ref_w = Reference(init_rows(w["initializer"], (6, 3), "float32"), OPTIMIZERS[opt])
-    clients = [PSClient(servers.endpoints, pusher=r, timeout=20) for r in range(2)]
-    waiting = PSClient(servers.endpoints, pusher=9, timeout=0.3)
+    clients = [servers.client(pusher=r, timeout=20) for r in range(2)]
+    waiting = servers.client(pusher=9, timeout=0.3)
     all_ids = np.arange(VOCAB)
     for step in range(3):
         g_emb, g_w, touched = np.zeros((VOCAB, DIM)), np.zeros((6, 3)), np.zeros(VOCAB, bool)
@@ -173,7 +173,7 @@ def test_async_concurrent_pushes_lose_no_update(async_servers):
 
 def test_geo_concurrent_delta_pushes_lose_no_update(geo_servers):
     def work(i):
-        with PSClient(geo_servers.endpoints, pusher=i) as c:
+        with geo_servers.client(pusher=i) as c:
             emb, w = GeoTable(c, "emb_sgd", k=3), GeoTable(c, "w_sgd", k=3)
             for ids, rows, dense in _grads(i, 10):
                 emb.pull(ids)
@@ -184,12 +184,20 @@ def test_geo_concurrent_delta_pushes_lose_no_update(geo_servers):
 
     _run_threads(work)
     emb, w = _expected(10)
-    with PSClient(geo_servers.endpoints) as c:
+    with geo_servers.client() as c:
         np.testing.assert_array_equal(c.pull("emb_sgd", np.arange(VOCAB)), emb)
         np.testing.assert_array_equal(c.pull("w_sgd"), w)
 
 
 # -- 4. bad input: a clear error on the client, and the server keeps serving ---------------------
+_SEQ = iter(range(10**9))
+
+
+def _signed(header: dict, arrays: list = ()) -> list:
+    """A request as a client signs it (with a sender id and sequence number), built by hand."""
+    return encode({**header, "cid": "raw-test", "seq": next(_SEQ), "to": 0}, arrays, SECRET)
+
+
 def _raw_request(endpoint: str, frames: list) -> dict:
     """Send frames as they are; the reply header (signed, or unsigned for an auth refusal)."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -221,13 +229,13 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(async_server
         with pytest.raises(PSError, match=r"ids out of range \[0, 40\): \[40\]"):
             c.pull("emb_sgd", np.array([3, 40]))
         # what a buggy or hostile peer might send, bypassing the client
-        h = _raw_request(eps[0], encode({"op": "push", "table": "nope"}, [np.ones(2)], SECRET))
+        h = _raw_request(eps[0], _signed({"op": "push", "table": "nope"}, [np.ones(2)]))
         assert h["ok"] is False and "unknown table 'nope'" in h["error"]
-        h = _raw_request(eps[0], encode({"op": "frobnicate"}, [], SECRET))
+        h = _raw_request(eps[0], _signed({"op": "frobnicate"}))
         assert h["ok"] is False and "unknown request op 'frobnicate'" in h["error"]
-        h = _raw_request(eps[0], encode({"op": "pull"}, [], SECRET))
+        h = _raw_request(eps[0], _signed({"op": "pull"}))
         assert h["ok"] is False and "needs field 'table'" in h["error"]
-        frames = encode({"op": "pull", "table": "w_sgd"}, [], SECRET)
+        frames = _signed({"op": "pull", "table": "w_sgd"})
         h = _raw_request(eps[0], [frames[0][:-1], *frames[1:]])  # altered header
         assert h["ok"] is False and "authentication failed" in h["error"]
         with pytest.raises(PSError, match="authentication failed: message carries no HMAC"):

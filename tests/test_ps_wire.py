@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zmq
 
-from runtime.wire import AuthError, WireError, decode, encode
+from runtime.wire import AuthError, ReplayError, ReplayGuard, WireError, decode, decode_signed, encode
 
 KEY = b"shared-secret"
 
@@ -75,10 +75,56 @@ def _raw(header: dict, *buffers: bytes) -> list[bytes]:
     (_raw({"arrays": [["<f4", [-1]]]}, b""), "non-negative dims"),
     (_raw({"arrays": [["<f4", [1]]]}), "describes 1 arrays but 0 buffer frames"),
     ([], "empty message"),
+    ([b'{"arrays":[],"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"], "nested deeper than 16"),
+    ([b'{"arrays":[],"x":' + b"[" * 16 + b"]" * 16 + b"}"], "nested deeper than 16"),
+    (_raw({"arrays": [["<f4", [1] * 33]]}, b"\0" * 4), "33 dimensions, more than the limit of 32"),
+    (_raw({"arrays": [["<f4", [0, 2**63]]]}, b""), "not a valid array shape"),
+    (_raw({"arrays": [["<f4", [0, 2**62, 2**62]]]}, b""), "not a valid array shape"),
+    ([b" " * (1 << 20) + b"{}"], "header frame is 1048578 bytes"),
 ])
 def test_malformed_messages_are_refused_with_a_reason(frames, message):
     with pytest.raises(WireError, match=message):
         decode(frames)
+
+
+def test_a_message_over_max_bytes_is_refused_before_it_is_parsed():
+    frames = encode({"op": "push"}, [np.zeros(1000, np.float32)])
+    assert decode(frames, max_bytes=5000)[1][0].size == 1000
+    with pytest.raises(WireError, match="more than the limit of 3000"):
+        decode(frames, max_bytes=3000)
+
+
+def test_a_header_just_inside_the_depth_limit_is_accepted():
+    x = 1
+    for _ in range(15):
+        x = [x]
+    header = {"x": x}  # 16 levels with the object itself
+    assert decode(encode(header))[0] == header
+    with pytest.raises(WireError, match="nested deeper than 16"):
+        decode(encode({"x": [x]}))
+
+
+def test_decode_signed_says_which_key_signed():
+    data, admin = b"data-key", b"admin-key"
+    assert decode_signed(encode({"op": "pull"}, [], data), [data, admin]).key == 0
+    assert decode_signed(encode({"op": "save"}, [], admin), [data, admin]).key == 1
+    with pytest.raises(AuthError, match="does not match"):
+        decode_signed(encode({"op": "save"}, [], b"other"), [data, admin])
+
+
+def test_replay_guard_refuses_old_and_repeated_sequence_numbers_per_sender():
+    guard = ReplayGuard(max_senders=2)
+    guard.check({"cid": "a", "seq": 1})
+    guard.check({"cid": "a", "seq": 5})           # gaps are fine (requests to other shards)
+    guard.check({"cid": "b", "seq": 1})           # senders are independent
+    for seq in (5, 4):
+        with pytest.raises(ReplayError, match="replayed or reordered"):
+            guard.check({"cid": "a", "seq": seq})
+    for bad in ({"seq": 9}, {"cid": "a"}, {"cid": "a", "seq": True}, {"cid": 3, "seq": 1}):
+        with pytest.raises(ReplayError, match="needs a sender id"):
+            guard.check(bad)
+    guard.check({"cid": "c", "seq": 1})           # a third sender: "a", the least recent, is forgotten
+    assert set(guard.last) == {"b", "c"}
 
 
 def test_encode_refuses_object_arrays_and_the_reserved_key():

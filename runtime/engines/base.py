@@ -29,7 +29,7 @@ class Engine(ABC):
     failing entry point sends its traceback to the driver's inbox at `report` before it exits.
     """
 
-    secret: bytes | None = None  # a key to sign the run's messages with (network-facing engines)
+    secret: bytes | None = None  # the run's random key to sign its messages with (train's default)
 
     def place(self, needs: dict[str, dict[str, float]]) -> None:  # noqa: B027 (optional hook)
         """Decide where every process of the run goes, before any `endpoint` is asked for:

@@ -2,12 +2,15 @@
 
 Addresses are `ipc://` sockets in a private temporary directory. Processes are daemonic and also
 watch their parent (trainers and servers exit when it disappears), so none outlives the run, even
-when the driver is killed. `stop` sends SIGTERM, waits, then SIGKILLs what is left and reaps all.
+when the driver is killed. Messages are signed with a random per-run key (`secret`), so another
+local process cannot inject requests. `stop` sends SIGTERM, waits, then SIGKILLs what is left and
+reaps all.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import shutil
 import signal
 import tempfile
@@ -30,6 +33,7 @@ def describe_exit(code: int) -> str:
 
 class LocalEngine(Engine):
     def __init__(self) -> None:
+        self.secret = os.urandom(32)  # every message of the run is signed, also on this machine
         self.tmp: str | None = None  # made on first use, removed by stop
         self.ctx = mp.get_context("spawn")
         self.procs: dict[str, mp.process.BaseProcess] = {}

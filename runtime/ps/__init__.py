@@ -11,12 +11,12 @@ from .checkpoint import CheckpointError
 from .client import PSClient, PSTimeoutError
 from .geo import GeoTable
 from .server import Servers, serve
-from .shard import MODES, NotReady, Shard, save_shards
+from .shard import MODES, Limits, NotReady, Shard, save_shards
 from .sharding import place_dense, shard_of
 from .table import DenseTable, PSError, SparseTable, check_spec, make_table
 
 __all__ = [
-    "MODES", "CheckpointError", "DenseTable", "GeoTable", "NotReady", "PSClient", "PSError",
+    "MODES", "CheckpointError", "DenseTable", "GeoTable", "Limits", "NotReady", "PSClient", "PSError",
     "PSTimeoutError", "Servers", "Shard", "SparseTable", "check_spec", "make_table", "place_dense",
     "save_shards", "serve", "shard_of",
 ]

@@ -9,19 +9,25 @@ A sparse file holds `ids`, `Param`, the per-row optimizer state and the scalar s
 the whole array and its state. Loading into any number of shards reads every file of a table and
 keeps the ids that hash to the loading shard (`sharding.shard_of`), so 2 shards load into 3.
 
-Atomicity: `begin` removes an old manifest (and fsyncs the directory) before any data file is
-replaced; each file is written to a temporary name, fsynced and renamed; the manifest is written the
-same way, last. So a save killed at any point leaves no manifest, which `read_manifest` reports as
-an incomplete checkpoint; `read_arrays` checks each file's sha256, so torn or mixed files are
-refused too.
+Atomicity: a save never touches the previous checkpoint until the new one is complete. `begin`
+makes a new hidden directory beside the target (`.<name>.new-<random>`); every file, then the
+manifest, is written there and fsynced; `finish` swaps it with the target in one rename (Linux
+`renameat2(RENAME_EXCHANGE)`; elsewhere two renames, the old one moved aside first), fsyncs the
+parent and removes the old one. A save that fails (full disk, read-only directory) or is killed
+leaves the previous checkpoint as it was, and at most a `.new-` directory, which `abort` (called on
+failure) removes. A directory that holds anything but checkpoint files is never replaced. Reading
+checks each file's size, sha256 and array shapes against the manifest and the table specs.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -72,13 +78,48 @@ def file_name(table_index: int, table: str, shard: int) -> str:
     return f"{table_index:03d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', table)}.shard{shard}.npz"
 
 
-def begin(path: str | os.PathLike) -> Path:
-    """Make the directory and invalidate any checkpoint in it before its files get replaced."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / MANIFEST).unlink(missing_ok=True)
-    _fsync_dir(path)
+_CHECKPOINT_FILE = re.compile(r"(manifest\.json|\d{3}-.+\.shard\d+\.npz|\..+\.tmp-[0-9a-f]{32})")
+
+
+def check_target(path: str | os.PathLike) -> Path:
+    """`path` as a Path, after checking a checkpoint can be saved there (before any work is done):
+    its parent can be made and written, and `path` is absent, empty or a checkpoint. CheckpointError
+    saying what is wrong otherwise."""
+    path = Path(path).absolute()
+    if path.is_symlink():  # replace what it points to, not the link
+        path = path.resolve()
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} exists and is not a directory")
+    if path.is_dir():
+        foreign = sorted(p.name for p in path.iterdir() if not _CHECKPOINT_FILE.fullmatch(p.name))
+        if foreign:
+            raise CheckpointError(f"checkpoint {str(path)!r} is a directory holding other files "
+                                  f"({foreign[:3]}); a save replaces the whole directory, so give it a "
+                                  "new or checkpoint-only directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.rmdir(_new_stage(path))
+    except OSError as e:
+        raise CheckpointError(f"cannot save a checkpoint at {str(path)!r}: {e.strerror or e} in "
+                              f"{str(path.parent)!r} (a save writes a new directory there)") from None
     return path
+
+
+def _new_stage(path: Path) -> Path:
+    """A new, empty hidden directory beside `path` (the staging area of a save)."""
+    stage = path.parent / f".{path.name}.new-{uuid.uuid4().hex}"
+    stage.mkdir()
+    return stage
+
+
+def begin(path: str | os.PathLike) -> Path:
+    """The staging directory for a new checkpoint at `path` (see the module docstring)."""
+    return _new_stage(check_target(path))
+
+
+def abort(stage: str | os.PathLike) -> None:
+    """Remove a staging directory of a save that failed (the previous checkpoint stays)."""
+    shutil.rmtree(stage, ignore_errors=True)
 
 
 def write_arrays(path: str | os.PathLike, name: str, table: str, arrays: dict[str, np.ndarray]) -> dict:
@@ -88,10 +129,40 @@ def write_arrays(path: str | os.PathLike, name: str, table: str, arrays: dict[st
     return {"table": table, "file": name, "bytes": target.stat().st_size, "sha256": _sha256(target)}
 
 
-def finish(path: str | os.PathLike, specs: list[dict], files: list[dict], **meta: Any) -> None:
-    """Write the manifest (atomically, last): from now on the checkpoint loads."""
+def finish(stage: str | os.PathLike, path: str | os.PathLike, specs: list[dict], files: list[dict],
+           **meta: Any) -> None:
+    """Write the manifest into `stage`, then make `stage` the checkpoint at `path` (atomically)."""
+    stage, path = Path(stage), check_target(path)
     doc = {"format": FORMAT, "tables": specs, "files": files, **meta}
-    _atomic_write(Path(path) / MANIFEST, lambda f: f.write(json.dumps(doc, indent=1).encode()))
+    _atomic_write(stage / MANIFEST, lambda f: f.write(json.dumps(doc, indent=1).encode()))
+    _fsync_dir(stage)
+    if not path.exists():
+        os.rename(stage, path)
+        old = None
+    elif _exchange(stage, path):
+        old = stage  # now holds the previous checkpoint
+    else:
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex}"
+        os.rename(path, old)
+        os.rename(stage, path)
+    _fsync_dir(path.parent)
+    if old is not None:  # the new checkpoint is in place: removing the old one may fail harmlessly
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"{os.strerror(err)}: swapping {str(a)!r} with {str(b)!r}")
 
 
 def read_manifest(path: str | os.PathLike) -> dict:

@@ -6,10 +6,12 @@ then split, and goes to every shard (with zero rows where it has none), so every
 per pusher and step (sync mode counts on it; Adam's per-table step counters stay equal across
 shards). Dense tables live whole on one shard (`place_dense`).
 
-Every request waits at most `timeout` seconds for its reply and then raises PSTimeoutError naming
-the shard: a client never hangs on a dead or stuck server. A client is not thread-safe (ZeroMQ
-sockets are not): give each thread its own.
-"""
+Requests are signed with `secret` and carry a random client id, an increasing sequence number and
+the shard they are for (the server refuses replays, also to another shard); admin requests (assign,
+save, load) are signed with `admin_secret` when given (the driver's key; see server.py). Every
+request waits at most `timeout` seconds for its reply and then raises PSTimeoutError naming the
+shard: a client never hangs on a dead or stuck server. A client is not thread-safe (ZeroMQ sockets
+are not): give each thread its own. """
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from ops_registry import SparseRows
 from ..telemetry import unpack_spans
 from ..wire import AuthError, decode, encode
 from . import checkpoint
+from .server import ADMIN_OPS
 from .sharding import place_dense, shard_of
 from .table import PSError
 
@@ -42,9 +45,11 @@ class PSTimeoutError(PSError, TimeoutError):
 
 class PSClient:
     def __init__(self, endpoints: Sequence[str], *, secret: bytes | None = None, timeout: float = 30.0,
-                 pusher: int | str = 0) -> None:
+                 pusher: int | str = 0, admin_secret: bytes | None = None) -> None:
         self.endpoints, self.secret, self.timeout = list(endpoints), secret, timeout
+        self.admin_secret = admin_secret if admin_secret is not None else secret
         self.pusher = str(pusher)
+        self._cid = os.urandom(8).hex()  # with _rid, the (sender, sequence number) a server checks
         self._ctx = zmq.Context.instance()
         self._socks = []
         for ep in self.endpoints:
@@ -82,7 +87,9 @@ class PSClient:
         due = dict.fromkeys((k for k, _, _ in requests), 0)
         for i, (k, header, arrays) in enumerate(requests):
             rid = next(self._rid)
-            self._socks[k].send_multipart(encode({**header, "rid": rid}, arrays, self.secret), copy=False)
+            key = self.admin_secret if header.get("op") in ADMIN_OPS else self.secret
+            frames = encode({**header, "rid": rid, "cid": self._cid, "seq": rid, "to": k}, arrays, key)
+            self._socks[k].send_multipart(frames, copy=False)
             pending[rid] = i
             due[k] += 1
         poller = zmq.Poller()
@@ -229,13 +236,18 @@ class PSClient:
 
     # -- admin --------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Checkpoint every shard into directory `path` (on a file system the servers share)."""
-        path = checkpoint.begin(path)
-        replies = self._call({k: ({"op": "save", "dir": str(path.resolve())}, [])
-                              for k in range(len(self._socks))})
-        files = [e for k in sorted(replies) for e in replies[k][0]["files"]]
-        checkpoint.finish(path, list(self.specs.values()), files, num_shards=len(self._socks),
-                          mode=self.mode)
+        """Checkpoint every shard into directory `path` (on a file system the servers share, inside
+        their checkpoint root), replacing the checkpoint there only once the new one is complete."""
+        stage = checkpoint.begin(path)
+        try:
+            replies = self._call({k: ({"op": "save", "dir": str(stage.resolve())}, [])
+                                  for k in range(len(self._socks))})
+            files = [e for k in sorted(replies) for e in replies[k][0]["files"]]
+            checkpoint.finish(stage, path, list(self.specs.values()), files, num_shards=len(self._socks),
+                              mode=self.mode)
+        except BaseException:
+            checkpoint.abort(stage)
+            raise
 
     def load(self, path: str | os.PathLike) -> None:
         """Load checkpoint `path` (saved with any shard count) into every shard."""

@@ -9,21 +9,49 @@
   right after step t is applied (see server.py), so trainers cannot read half-updated parameters.
 - `geo`: a push is a delta the trainer accumulated locally over k steps; it is added to the rows.
 
+Limits (`Limits`, each refused with a PSError naming its option): a request may create at most
+`max_new_rows` rows of an unbounded (`vocab=-1`) table; a sync push or pull may be at most
+`max_steps_ahead` steps past the table's applied steps, and at most `max_buffered` pushes may wait
+for later steps per table. The server adds its own (message bytes, parked pulls; see server.py).
+
 The same object runs inside the server process and in-process (tests, reference runs).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..wire import MAX_MESSAGE_BYTES
 from . import checkpoint
 from .sharding import shard_of, tables_of_shard
 from .table import DenseTable, PSError, SparseTable, check_spec, make_table
 
 MODES = ("sync", "async", "geo")
+MAX_NEW_ROWS = 1 << 20       # rows one request may create in an unbounded sparse table
+MAX_STEPS_AHEAD = 64         # how far past the applied steps a sync push or pull may be
+MAX_BUFFERED = 1024          # sync pushes per table waiting for later steps
+MAX_PARKED = 4096            # sync pulls a server holds until their step is applied
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request, or all waiting requests together, may cost a parameter server."""
+
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    max_new_rows: int = MAX_NEW_ROWS
+    max_steps_ahead: int = MAX_STEPS_AHEAD
+    max_buffered: int = MAX_BUFFERED
+    max_parked: int = MAX_PARKED
+
+
+def _count_distinct(ids: np.ndarray) -> int:
+    """len(np.unique(ids)), by a sort: numpy 2.4's hash-based unique is ~15x slower on 1M int64."""
+    s = np.sort(ids)
+    return int(np.count_nonzero(s[1:] != s[:-1])) + 1 if s.size else 0
 
 
 class NotReady(Exception):
@@ -33,7 +61,7 @@ class NotReady(Exception):
 class Shard:
     def __init__(self, specs: list[dict[str, Any]], *, shard: int = 0, num_shards: int = 1,
                  mode: str = "async", pushes_per_step: int | dict[str, int] = 1,
-                 check_finite: bool = True) -> None:
+                 check_finite: bool = True, limits: Limits | None = None) -> None:
         if mode not in MODES:
             raise PSError(f"mode {mode!r} is not one of {MODES}")
         if not 0 <= shard < num_shards:
@@ -43,7 +71,7 @@ class Shard:
         if len(set(names)) != len(names):
             raise PSError(f"table names repeat: {names}")
         self.shard, self.num_shards, self.mode = shard, num_shards, mode
-        self.check_finite = check_finite
+        self.check_finite, self.limits = check_finite, limits or Limits()
         self.tables: dict[str, DenseTable | SparseTable] = {
             s["name"]: make_table(s, check_finite) for s in tables_of_shard(self.specs, shard, num_shards)}
         if isinstance(pushes_per_step, dict):
@@ -73,11 +101,32 @@ class Shard:
             raise PSError(f"{what} of dense table {t.name!r} takes no ids")
         return () if ids is None else (ids,)
 
+    def _check_new_rows(self, t: DenseTable | SparseTable, ids: np.ndarray | None, what: str) -> None:
+        """PSError when `ids` would create more than `max_new_rows` rows of an unbounded table."""
+        limit = self.limits.max_new_rows
+        if not isinstance(t, SparseTable) or t.vocab > 0 or ids is None or np.size(ids) <= limit:
+            return  # (fewer ids than the limit cannot create more rows than it)
+        ids = t.check_ids(ids)
+        missing = ids[t.index.find(ids) < 0]
+        if missing.size > limit and (new := _count_distinct(missing)) > limit:
+            raise PSError(f"{what} of unbounded table {t.name!r} would create {new} rows in one request, "
+                          f"more than max_new_rows={limit}; send fewer new ids per request")
+
+    def _check_step(self, t: DenseTable | SparseTable, step: int | None, what: str) -> None:
+        ahead = self.limits.max_steps_ahead  # (a frozen table never counts steps: nothing to bound)
+        if self.mode == "sync" and step is not None and t.kernel is not None \
+                and step > self.version[t.name] + ahead:
+            raise PSError(f"sync {what} of {t.name!r} for step {step}: the table has applied "
+                          f"{self.version[t.name]} steps, and requests may be at most "
+                          f"max_steps_ahead={ahead} steps ahead")
+
     def pull(self, name: str, ids: np.ndarray | None = None, step: int | None = None) -> np.ndarray:
         t = self.table(name)
         args = self._ids_args(t, ids, "pull")
+        self._check_step(t, step, "pull")
         if self.mode == "sync" and step is not None and self.version[name] < step and t.kernel is not None:
             raise NotReady(name, step)  # (a frozen table never changes: nothing to wait for)
+        self._check_new_rows(t, ids, "pull")
         return t.pull(*args)
 
     def push(self, name: str, grad: np.ndarray, ids: np.ndarray | None = None, step: int | None = None,
@@ -85,6 +134,7 @@ class Shard:
         """Apply or buffer one push; True when a step was applied (sync: parked pulls may go on)."""
         t = self.table(name)
         args = self._ids_args(t, ids, "push")
+        self._check_new_rows(t, ids, "push")
         if self.mode == "sync":
             return self._sync_push(t, grad, ids, step, str(pusher))
         (t.add if self.mode == "geo" else t.push)(grad, *args)
@@ -95,6 +145,11 @@ class Shard:
         if step is None or step < v:
             raise PSError(f"sync push to {name!r}: step {step} is not a pending step (table has "
                           f"applied {v} steps, so pushes for step >= {v} are expected)")
+        self._check_step(t, step, "push")
+        waiting = sum(len(got) for s, got in self.pending[name].items() if s != v)
+        if step != v and waiting >= self.limits.max_buffered:
+            raise PSError(f"sync push to {name!r} for step {step}: {waiting} pushes already wait for "
+                          f"steps after {v}, the limit max_buffered={self.limits.max_buffered}")
         if isinstance(t, SparseTable):
             ids = t.check_ids(ids)
             grad = t.check_grad(grad, (ids.size, t.dim), "gradient")
@@ -118,7 +173,7 @@ class Shard:
     def assign(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set values (imported weights); optimizer state and sync step counts are untouched."""
         t = self.table(name)
-        t.assign(values, *self._ids_args(t, ids, "assign"))
+        t.assign(values, *self._ids_args(t, ids, "assign"))  # (admin only: imports may be large)
 
     # -- checkpoints --------------------------------------------------------------------------
     def save(self, path: str | Path) -> list[dict]:
@@ -145,6 +200,7 @@ class Shard:
                 raise checkpoint.CheckpointError(f"checkpoint {str(path)!r} has no file for table {name!r}")
             for e in entries:
                 arrays = checkpoint.read_arrays(path, e)
+                _check_shapes(path, e, new, arrays)
                 version = int(arrays.pop("version")[0])
                 if isinstance(new, SparseTable):
                     mine = shard_of(arrays["ids"], self.num_shards) == self.shard
@@ -157,8 +213,29 @@ class Shard:
             self.pending[name].clear()
 
 
+def _check_shapes(path: str | Path, entry: dict, t: DenseTable | SparseTable,
+                  arrays: dict[str, np.ndarray]) -> None:
+    """CheckpointError unless the file holds exactly the arrays table `t` needs, in its shapes."""
+    n = arrays["ids"].shape[0] if isinstance(t, SparseTable) and "ids" in arrays else 0
+    want = {"version": (1,), **{s: (1,) for s in t.scalars}}
+    if isinstance(t, SparseTable):
+        want.update({"ids": (n,), "Param": (n, t.dim), **{s: (n, t.dim) for s in t.state_slots}})
+    else:
+        want.update({"Param": t.shape, **{s: t.shape for s in t.state_slots}})
+    got = {k: a.shape for k, a in arrays.items()}
+    if got != want:
+        shapes = lambda d: {k: list(v) for k, v in sorted(d.items())}
+        raise checkpoint.CheckpointError(
+            f"checkpoint {str(path)!r}: file {entry['file']!r} of table {t.name!r} holds arrays "
+            f"{shapes(got)}; the table's spec needs {shapes(want)}")
+
+
 def save_shards(shards: list[Shard], path: str | Path) -> None:
     """Checkpoint in-process shards into `path` (PSClient.save does the same for server processes)."""
-    path = checkpoint.begin(path)
-    files = [e for s in shards for e in s.save(path)]
-    checkpoint.finish(path, shards[0].specs, files, num_shards=len(shards), mode=shards[0].mode)
+    stage = checkpoint.begin(path)
+    try:
+        files = [e for s in shards for e in s.save(stage)]
+        checkpoint.finish(stage, path, shards[0].specs, files, num_shards=len(shards), mode=shards[0].mode)
+    except BaseException:
+        checkpoint.abort(stage)
+        raise

@@ -115,10 +115,13 @@ class Table:
         if grad.shape != shape:
             raise PSError(f"table {self.name!r} (shape {list(self.shape)}): {what} has shape "
                           f"{list(grad.shape)}, expected {list(shape)}")
-        if self.check_finite and not np.isfinite(grad).all():
-            raise PSError(f"table {self.name!r}: {what} contains NaN or Inf; rejected (start the "
-                          "server with check_finite=False to apply non-finite values)")
-        return grad.astype(self.dtype, copy=False)
+        with np.errstate(over="ignore"):  # a finite float64 beyond float32's range becomes inf here...
+            grad = grad.astype(self.dtype, copy=False)
+        if self.check_finite and not np.isfinite(grad).all():  # ...and is refused here
+            raise PSError(f"table {self.name!r}: {what} contains NaN or Inf; rejected (checked as "
+                          f"{self.dtype}, the table's dtype; start the server with check_finite=False "
+                          "to apply non-finite values)")
+        return grad
 
     def _apply(self, param: np.ndarray, grad: Any, state: dict[str, np.ndarray]) -> None:
         """One optimizer step through the registry kernel; row state is updated in place."""

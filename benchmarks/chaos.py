@@ -1,0 +1,529 @@
+"""Fault matrix: what hetps does when its processes are killed or paused, its disk fills up, a peer
+sends hostile messages, or 16 clients hammer one server; prints one table.
+
+Rows (issue 11):
+- SIGKILL / SIGSTOP of a trainer (gpu:0), of a server shard (ps:0) and of the driver, SIGTERM of the
+  driver: a real `train` run (Wide&Deep, local engine, 2 cpu + 1 emulated gpu trainers, 2 shards)
+  driven from a child process (this script with `--driver`), the fault sent at step 2. Measured: the
+  time from the fault to the driver's error (driver faults: to the last child's exit), the process
+  the error names, processes of the run still alive 2 s after the driver ended (10 s after a driver
+  fault) and whether the run directory (/tmp/hetps-run-*) was left. A paused driver is resumed
+  after 3 s: the run must then finish.
+- full disk: a 1 MiB tmpfs holds a checkpoint; a bigger save there must fail and leave the old
+  one loadable with its values (needs root to mount; skipped otherwise).
+- hostile messages, each sent through a raw ZeroMQ socket to a running sync shard (default limits,
+  but max_message_bytes=16 MiB to spare memory): time to its error reply; afterwards the shard must
+  be alive and a pull must give the exact expected values.
+- load: 16 client threads pull and push for `--load-seconds` against one async shard; the final
+  values must equal the count of pushes, exactly (gradients are powers of two).
+
+Anything the script started is killed at the end of its row (leftovers are counted first).
+
+    python benchmarks/chaos.py                      # all rows, about 3 minutes on 2 cores
+    python benchmarks/chaos.py --only hostile,load  # some groups: process, disk, hostile, load
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import zmq  # noqa: E402
+
+from runtime.ps import Limits, PSClient, PSError, Servers  # noqa: E402
+from runtime.wire import AuthError, decode, encode, sign  # noqa: E402
+
+STALL_S = 8.0  # the driver's stall_timeout in the process rows (SIGSTOP rows wait for it)
+EXACT = 2.0**-10  # gradients of this size sum exactly in float32
+ONE = {"type": "constant", "value": 1.0}
+SGD = {"type": "sgd", "lr": 1.0}
+
+
+@dataclass
+class Row:
+    fault: str
+    time_to_error: str = "-"
+    named: str = "-"
+    left: str = "-"
+    lost: str = "-"
+    exact: str = "-"
+
+
+# -- processes -----------------------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    """True for a process that exists and is not a zombie (its parent may never reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        if _alive(pid):
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+
+def _last_line(text: str) -> str:
+    """The gist of an error: a traceback's last line (the exception), else the first line."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    return (lines[-1] if any(ln.startswith("Traceback") for ln in lines) else lines[0])[:90]
+
+
+def driver_main(handshake: str, result: str, steps: int) -> None:
+    """The driver of one process row: trains, tells its pids at step 2, writes how the run ended."""
+    from runtime import TrainingError, train
+    from runtime.data import SyntheticCTR
+    from runtime.engines import LocalEngine
+    from transpiler import builder as nn
+    from transpiler.models import wide_deep
+
+    eng, told = LocalEngine(), []
+
+    def tell(record: dict) -> None:
+        if record["step"] == 2 and not told:
+            info = {"pids": eng.pids(), "run_dir": eng.tmp, "driver": os.getpid()}
+            Path(handshake + ".tmp").write_text(json.dumps(info))
+            os.replace(handshake + ".tmp", handshake)
+            told.append(1)
+
+    out: dict = {"ok": True}
+    try:
+        h = train(
+            wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1)).main,
+            SyntheticCTR(vocab=1000),
+            steps=steps,
+            batch_size=128,
+            trainers={"cpu": 2, "gpu": 1},
+            servers=2,
+            engine=eng,
+            allow_emulation=True,
+            callback=tell,
+            stall_timeout=STALL_S,
+            progress=False,
+        )
+        out["steps"] = h.steps
+    except TrainingError as e:
+        out = {"ok": False, "who": e.who, "detail": e.detail}
+    except BaseException as e:  # noqa: BLE001 (any ending is a result here)
+        out = {"ok": False, "who": "?", "detail": f"{type(e).__name__}: {e}"}
+    out["t"] = time.time()
+    Path(result).write_text(json.dumps(out))
+
+
+def process_row(victim: str, sig: signal.Signals, tmp: Path) -> Row:
+    row = Row(f"{sig.name} {victim}")
+    hs, res = tmp / f"hs-{victim}-{sig.name}", tmp / f"res-{victim}-{sig.name}"
+    steps = 40 if sig == signal.SIGSTOP and victim == "driver" else 100_000
+    log = tmp / f"driver-{victim}-{sig.name}.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--driver", str(hs), str(res), str(steps)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    pids: list[int] = []
+    info: dict = {}
+    try:
+        deadline = time.monotonic() + 180
+        while not hs.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                why = json.loads(res.read_text())["detail"] if res.exists() else log.read_text()
+                print(f"{row.fault}: the run ended before step 2:\n{why}", file=sys.stderr)
+                row.named = f"run ended before the fault: {_last_line(why)}"
+                return row
+            time.sleep(0.1)
+        info = json.loads(hs.read_text())
+        pids = [p for p in info["pids"].values() if p]
+        target = info["driver"] if victim == "driver" else info["pids"][victim]
+        t0 = time.time()
+        os.kill(target, sig)
+        if victim == "driver" and sig == signal.SIGSTOP:
+            time.sleep(3)
+            os.kill(target, signal.SIGCONT)
+        if victim == "driver" and sig != signal.SIGSTOP:
+            end = time.monotonic() + 10
+            while any(_alive(p) for p in pids) and time.monotonic() < end:
+                time.sleep(0.05)
+            still = [p for p in pids if _alive(p)]
+            row.time_to_error = f"{time.time() - t0:.1f} s (children gone)" if not still else "> 10 s"
+            row.left = f"{len(still)} of {len(pids)}"
+            row.named = "(driver gone)"
+            try:
+                code = proc.wait(10)
+            except subprocess.TimeoutExpired:
+                code = None
+            if sig == signal.SIGTERM:
+                row.named = f"driver exit code {code}"
+        else:
+            try:
+                proc.wait(STALL_S + 120)
+            except subprocess.TimeoutExpired:
+                row.named = "driver hung"
+                return row
+            time.sleep(2)
+            out = (
+                json.loads(res.read_text())
+                if res.exists()
+                else {"ok": False, "who": "?", "detail": "no result"}
+            )
+            if out["ok"]:
+                row.time_to_error = f"none: finished {out.get('steps')} of {steps} steps"
+                row.named = "-"
+            else:
+                row.time_to_error = f"{out['t'] - t0:.1f} s"
+                row.named = f"{out['who']}: {_last_line(out['detail'])}"
+            row.left = f"{sum(_alive(p) for p in pids)} of {len(pids)}"
+        if info["run_dir"] and os.path.exists(info["run_dir"]):
+            row.left += " + run dir"
+        return row
+    finally:
+        _kill_all([*pids, proc.pid])
+        proc.wait()
+        if pids and info.get("run_dir"):
+            shutil.rmtree(info["run_dir"], ignore_errors=True)
+
+
+# -- full disk -------------------------------------------------------------------------------------
+def disk_row(tmp: Path) -> Row:
+    row = Row("full disk during a checkpoint")
+    if os.geteuid() != 0:
+        row.named = "skipped: mounting a tmpfs needs root"
+        return row
+    mnt = tmp / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode != 0:
+        row.named = "skipped: cannot mount a tmpfs"
+        return row
+    specs = [
+        {
+            "name": "emb",
+            "kind": "sparse",
+            "shape": [-1, 4],
+            "dtype": "float32",
+            "initializer": ONE,
+            "optimizer": {"type": "adam", "lr": 0.01},
+        }
+    ]
+    try:
+        with Servers(specs, checkpoint_root=mnt) as servers, servers.client() as c:
+            ids = np.arange(100)
+            c.push("emb", np.ones((100, 4), np.float32), ids)
+            c.save(mnt / "ckpt")
+            saved = c.pull("emb", ids)
+            c.push("emb", np.ones((200_000, 4), np.float32), np.arange(200_000) * 7 + 1000)
+            t0 = time.perf_counter()
+            try:
+                c.save(mnt / "ckpt")
+                row.named = "the save did not fail?"
+            except PSError as e:
+                row.time_to_error = f"{1e3 * (time.perf_counter() - t0):.0f} ms"
+                row.named = "save: " + ("No space left on device" if "No space" in str(e) else str(e)[:90])
+            stray = [p.name for p in mnt.iterdir() if p.name != "ckpt"]
+            row.left = f"{len(stray)} stray dirs"
+            c.push("emb", np.ones((100, 4), np.float32), ids)  # then load the old one back
+            c.load(mnt / "ckpt")
+            same = np.array_equal(c.pull("emb", ids), saved)
+            row.lost = "none: previous checkpoint loads" if same else "previous checkpoint LOST"
+            row.exact = "yes" if same else "no"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+    return row
+
+
+# -- hostile messages --------------------------------------------------------------------------------
+class Raw:
+    """A DEALER socket that signs like a client but sends whatever frames it is given."""
+
+    def __init__(self, servers: Servers, cid: str) -> None:
+        self.key, self.cid, self.seq = servers.secret, cid, 0
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(servers.endpoints[0])
+
+    def sign(self, header: dict, arrays: list = ()) -> list:
+        self.seq += 1
+        return encode({**header, "cid": self.cid, "seq": self.seq, "to": 0}, arrays, self.key)
+
+    def signed_raw(self, header: bytes, *buffers: bytes) -> list:
+        return sign([header, *buffers], self.key)
+
+    def ask(self, frames: list, timeout_s: float = 30) -> dict | None:
+        self.sock.send_multipart(frames)
+        if not self.sock.poll(timeout_s * 1000):
+            return None
+        reply = self.sock.recv_multipart()
+        try:
+            return decode(reply, self.key)[0]
+        except AuthError:
+            return decode(reply, None)[0]
+
+
+def _push_hdr(arrays: list) -> bytes:
+    return json.dumps({"op": "push", "table": "w", "arrays": arrays}).encode()
+
+
+def _flood_parked(r: Raw, limits: Limits) -> list:
+    for _ in range(limits.max_parked):
+        r.sock.send_multipart(r.sign({"op": "pull", "table": "w", "step": 1}))
+    return r.sign({"op": "pull", "table": "w", "step": 1})
+
+
+def _flood_future(r: Raw, limits: Limits) -> list:
+    g = np.zeros((4, 2), np.float32)
+    n = 0
+    for step in range(1, limits.max_steps_ahead + 1):
+        for k in range(limits.max_buffered // limits.max_steps_ahead):
+            r.sock.send_multipart(r.sign({"op": "push", "table": "w", "step": step, "pusher": f"f{k}"}, [g]))
+            n += 1
+    for _ in range(n):  # their replies (all accepted)
+        r.sock.poll(30_000) and r.sock.recv_multipart()
+    return r.sign({"op": "push", "table": "w", "step": 1, "pusher": "one-too-many"}, [g])
+
+
+def hostile_rows() -> list[Row]:
+    limits = Limits(max_message_bytes=16 << 20)
+    specs = [
+        {
+            "name": "w",
+            "kind": "dense",
+            "shape": [4, 2],
+            "dtype": "float32",
+            "initializer": ONE,
+            "optimizer": SGD,
+        },
+        {
+            "name": "emb",
+            "kind": "sparse",
+            "shape": [-1, 2],
+            "dtype": "float32",
+            "initializer": ONE,
+            "optimizer": SGD,
+        },
+    ]
+    nested = b'{"op":"hello","arrays":[],"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    cases = {
+        "JSON nested 100 000 deep": lambda r: r.signed_raw(nested),
+        "65 dimensions": lambda r: r.signed_raw(_push_hdr([["<f4", [1] * 65]]), b"\0" * 4),
+        "shape [0, 2**63]": lambda r: r.signed_raw(_push_hdr([["<f4", [0, 2**63]]]), b""),
+        "17 MiB message": lambda r: r.sign({"op": "push", "table": "w"}, [np.zeros(17 << 18, np.float32)]),
+        "header over 1 MiB": lambda r: r.signed_raw(b" " * (1 << 20) + b"{}"),
+        f"{limits.max_new_rows + 1} new rows, vocab -1": lambda r: r.sign(
+            {"op": "pull", "table": "emb"}, [np.arange(limits.max_new_rows + 1, dtype=np.int64)]
+        ),
+        f"{limits.max_parked + 1} parked sync pulls": lambda r: _flood_parked(r, limits),
+        f"{limits.max_buffered + 1} pushes for future steps": lambda r: _flood_future(r, limits),
+        "pull for step 10**18": lambda r: r.sign({"op": "pull", "table": "w", "step": 10**18}),
+        "shutdown with the data key": lambda r: r.sign({"op": "shutdown"}),
+        "save with the data key": lambda r: r.sign({"op": "save", "dir": "/tmp/x"}),
+        "unsigned assign": lambda r: encode(
+            {"op": "assign", "table": "w", "cid": "x", "seq": 1}, [np.zeros((4, 2), np.float32)]
+        ),
+    }
+    rows = []
+    with (
+        Servers(specs, mode="sync", pushes_per_step=2, limits=limits) as servers,
+        PSClient(servers.endpoints, secret=servers.secret, timeout=30) as check,
+    ):
+        for name, make in cases.items():
+            r = Raw(servers, cid=name)
+            frames = make(r)
+            t0 = time.perf_counter()
+            reply = r.ask(frames)
+            dt = time.perf_counter() - t0
+            r.sock.close()
+            row = Row(name)
+            if reply is None:
+                row.named = "NO REPLY"
+            else:
+                row.time_to_error = f"{1e3 * dt:.0f} ms"
+                err = reply.get("error", "accepted!") if not reply.get("ok") else "ACCEPTED"
+                row.named = (
+                    err.split(": ", 1)[-1][:90]
+                    if err.startswith(("malformed", "authentication"))
+                    else err[:90]
+                )
+            alive = all(p.is_alive() for p in servers.processes)
+            row.left = "shard alive" if alive else "SHARD DIED"
+            exact = alive and np.array_equal(check.pull("w"), np.ones((4, 2), np.float32))
+            row.exact = "yes" if exact else "no"
+            row.lost = "none" if exact else "?"
+            rows.append(row)
+        rows.append(replay_row(servers, check))
+    return rows
+
+
+def replay_row(servers: Servers, c: PSClient) -> Row:
+    """A signed push captured off the client's socket and replayed 3 times: applied once."""
+    row = Row("signed push replayed 3x")
+    sock, sent = c._socks[0], []
+    real = sock.send_multipart
+    sock.send_multipart = lambda frames, **kw: (sent.append([bytes(f) for f in frames]), real(frames, **kw))[
+        1
+    ]
+    g = np.full((1, 2), EXACT, np.float32)
+    with PSClient(servers.endpoints, secret=servers.secret, pusher="b") as b:
+        c.push("emb", g, np.array([5]), step=0)
+        sock.send_multipart = real
+        b.push("emb", g, np.array([5]), step=0)
+        r = Raw(servers, cid="replayer")
+        t0 = time.perf_counter()
+        replies = [r.ask(sent[0]) for _ in range(3)]
+        row.time_to_error = f"{1e3 * (time.perf_counter() - t0) / 3:.0f} ms"
+        r.sock.close()
+        refused = sum(1 for h in replies if h and not h["ok"] and "replayed" in h["error"])
+        row.named = f"{refused}/3 refused as replays"
+        exact = np.array_equal(c.pull("emb", np.array([5])), np.full((1, 2), 1 - 2 * EXACT, np.float32))
+    row.left = "shard alive" if all(p.is_alive() for p in servers.processes) else "SHARD DIED"
+    row.exact = "yes (one step)" if exact else "no"
+    row.lost = "none" if exact else "?"
+    return row
+
+
+# -- load --------------------------------------------------------------------------------------------
+def load_row(clients: int, seconds: float) -> Row:
+    vocab = 1000
+    specs = [
+        {
+            "name": "w",
+            "kind": "dense",
+            "shape": [64, 16],
+            "dtype": "float32",
+            "initializer": ONE,
+            "optimizer": SGD,
+        },
+        {
+            "name": "emb",
+            "kind": "sparse",
+            "shape": [vocab, 8],
+            "dtype": "float32",
+            "initializer": ONE,
+            "optimizer": SGD,
+        },
+    ]
+    counts = np.zeros(vocab, np.int64)
+    dense_pushes, lat, errors = [0], [], []
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        rng = np.random.default_rng(i)
+        mine, n_dense, my_lat = np.zeros(vocab, np.int64), 0, []
+        try:
+            with PSClient(servers.endpoints, secret=servers.secret, pusher=i, timeout=60) as c:
+                while time.perf_counter() < stop:
+                    ids = np.unique(rng.integers(0, vocab, 64))
+                    t = time.perf_counter()
+                    c.pull("emb", ids)
+                    my_lat.append(time.perf_counter() - t)
+                    c.push("emb", np.full((ids.size, 8), EXACT, np.float32), ids)
+                    mine[ids] += 1
+                    c.push("w", np.full((64, 16), EXACT, np.float32))
+                    n_dense += 1
+        except Exception as e:  # noqa: BLE001 (reported in the table)
+            errors.append(f"client {i}: {e}")
+        with lock:
+            counts[:] += mine
+            dense_pushes[0] += n_dense
+            lat.extend(my_lat)
+
+    with Servers(specs, mode="async") as servers:
+        stop = time.perf_counter() + seconds
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        with PSClient(servers.endpoints, secret=servers.secret) as c:
+            emb, w = c.pull("emb", np.arange(vocab)), c.pull("w")
+        alive = all(p.is_alive() for p in servers.processes)
+    pushes = 2 * dense_pushes[0]  # one sparse and one dense push per round
+    exact = np.array_equal(
+        emb, np.repeat((1 - counts * EXACT)[:, None], 8, 1).astype(np.float32)
+    ) and np.array_equal(w, np.full((64, 16), 1 - dense_pushes[0] * EXACT, np.float32))
+    p99 = 1e3 * float(np.percentile(lat, 99)) if lat else float("nan")
+    return Row(
+        f"{clients} clients x {seconds:g} s",
+        time_to_error=f"no error ({pushes} pushes)" if not errors else f"{len(errors)} errors",
+        named=errors[0][:90] if errors else f"p99 pull {p99:.1f} ms",
+        left="shard alive" if alive else "SHARD DIED",
+        lost="none" if exact else "?",
+        exact="yes" if exact else "NO",
+    )
+
+
+# -- main --------------------------------------------------------------------------------------------
+def print_table(rows: list[Row]) -> None:
+    cols = [
+        ("fault", "fault"),
+        ("time_to_error", "time to the error"),
+        ("named", "who / what is named"),
+        ("left", "processes left"),
+        ("lost", "data lost"),
+        ("exact", "sums exact"),
+    ]
+    width = {k: max(len(title), *(len(getattr(r, k)) for r in rows)) for k, title in cols}
+    print("| " + " | ".join(title.ljust(width[k]) for k, title in cols) + " |")
+    print("|" + "|".join("-" * (width[k] + 2) for k, _ in cols) + "|")
+    for r in rows:
+        print("| " + " | ".join(getattr(r, k).ljust(width[k]) for k, _ in cols) + " |")
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--only", default="process,disk,hostile,load", help="groups to run, comma-separated (default: all)"
+    )
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--load-seconds", type=float, default=5.0)
+    ap.add_argument("--driver", nargs=3, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.driver:
+        driver_main(args.driver[0], args.driver[1], int(args.driver[2]))
+        return []
+    groups = set(args.only.split(","))
+    rows: list[Row] = []
+    tmp = Path(tempfile.mkdtemp(prefix="hetps-chaos-"))
+    t_start = time.perf_counter()
+    try:
+        if "process" in groups:
+            for victim in ("gpu:0", "ps:0", "driver"):
+                for sig in (signal.SIGKILL, signal.SIGSTOP):
+                    rows.append(process_row(victim, sig, tmp))
+                    print(f"  {rows[-1].fault}: done", file=sys.stderr)
+            rows.append(process_row("driver", signal.SIGTERM, tmp))
+        if "disk" in groups:
+            rows.append(disk_row(tmp))
+        if "hostile" in groups:
+            rows += hostile_rows()
+        if "load" in groups:
+            rows.append(load_row(args.clients, args.load_seconds))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print_table(rows)
+    print(f"\n{len(rows)} rows in {time.perf_counter() - t_start:.0f} s")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
