@@ -271,29 +271,20 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
             spec["trace"] = tel.tracing
             eng.start(name, run_trainer, {"spec": spec}, report=report, secret=secret, resources=needs[name])
         listen.run()
-        with PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout) as client:
+        with PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout, admin_secret=admin) as client:
             stats = client.stats()  # per shard; the tables' memory goes to History.tables and metrics
             history.tables = {n: {k: sum(s[n][k] for s in stats if n in s) for k in ("rows", "bytes")}
                               for n in client.specs}
             if tel.tracing:
                 for k, spans in enumerate(client.trace()):
                     tel.spans(f"ps:{k}", spans)
-            if checkpoint:
-                client.save(checkpoint)
             if return_params:
                 history.params = _pull_all(client, plan)
-        if return_params or checkpoint or tel.tracing:
-            with PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout, admin_secret=admin) as client:
-                if tel.tracing:
-                    for k, spans in enumerate(client.trace()):
-                        tel.spans(f"ps:{k}", spans)
-                if return_params:
-                    history.params = _pull_all(client, plan)
-                if checkpoint:
-                    try:
-                        client.save(checkpoint)
-                    except Exception as e:
-                        raise CheckpointSaveError(checkpoint, e, history) from e
+            if checkpoint:
+                try:
+                    client.save(checkpoint)
+                except Exception as e:
+                    raise CheckpointSaveError(checkpoint, e, history) from e
     finally:
         out.close()
         inbox.close()

@@ -113,7 +113,7 @@ def test_bad_streaming_specs_are_refused():
 def test_server_stats_report_rows_and_bytes():
     with (
         Servers([spec({"type": "count", "threshold": 1}, evict_after=2, vocab=-1)], 2) as srv,
-        PSClient(srv.endpoints) as client,
+        srv.client() as client,
     ):
         ids = np.arange(100)
         client.push("emb", grad(ids), ids)
