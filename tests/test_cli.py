@@ -1,5 +1,6 @@
 """The `hetps` command line: the round trip transpile -> inspect -> draw -> train -> plot on the
-team's ONNX model, the formats `transpile` reads, and exit codes / usage on bad arguments.
+torch-exported ONNX model (tutorials/models), the formats `transpile` reads, and exit codes / usage
+on bad arguments.
 
 The round trip trains `widedeep_bce_ts.onnx` (a torch export with its BCE loss inside, batch fixed
 at 4) on the local engine; its first step's loss is checked against the single-process Executor
@@ -15,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from assets import MODELS
 
 from runtime import Executor
 from runtime.cli import main
@@ -39,10 +41,10 @@ def near(pixels: np.ndarray, hex_colour: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def round_trip(tmp_path_factory, shared_dir):
+def round_trip(tmp_path_factory):
     """Run the whole session once; tests below look at its pieces."""
     tmp = tmp_path_factory.mktemp("cli")
-    model = shared_dir / "models" / "widedeep_bce_ts.onnx"
+    model = MODELS / "widedeep_bce_ts.onnx"
     outs = {}
 
     def run(*argv):
