@@ -207,3 +207,57 @@ def test_console_script_exit_codes():
     assert ok.returncode == 0 and "--trainers" in ok.stdout
     bad = subprocess.run([*cmd, "inspect"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "usage: hetps inspect" in bad.stderr
+
+
+def test_version_is_the_installed_distributions(capsys):
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"hetps {version('hetps')}"
+
+
+def test_inspect_explain_prints_only_the_explanation(round_trip, capsys):
+    tmp, _, _ = round_trip
+    assert main(["inspect", str(tmp / "plan"), "--explain", "36"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu" in out and "plan:" not in out and "tables:" not in out
+
+
+def test_config_errors_exit_2_and_name_the_file(tmp_path, capsys):
+    model = str(MODELS / "wide_deep.onnx")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mode: [sync\n")
+    for config, message in ((bad, f"--config {bad}: "), (tmp_path / "missing.yaml", "no such file")):
+        argv = ["transpile", model, "--loss", "bce", "--out", str(tmp_path / "p"), "--config", str(config)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "usage: hetps transpile" in err and message in err
+
+
+def test_training_errors_name_cli_flags_and_fit_one_line(round_trip, capsys, monkeypatch):
+    from runtime import cli, device
+    from runtime.train import TrainingError
+
+    tmp, _, _ = round_trip
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    argv = ["train", str(tmp / "plan"), "--data", "synthetic", "--feeds", "sparse=a,dense=b,label=c",
+            "--steps", "1"]
+    assert main(argv) == 2
+    assert "pass --allow-emulation" in capsys.readouterr().err
+    e = TrainingError("gpu:0", "\nTraceback (most recent call last):\n  File 'x'\nValueError: boom\n")
+    expected = "gpu:0 failed: ValueError: boom (hetps -v ... shows its traceback)"
+    assert cli.one_line(e, verbose=False) == expected
+    assert "Traceback" in cli.one_line(e, verbose=True)
+
+
+def test_emulation_is_announced_once_per_run(tmp_path):
+    """The driver logs it; trainer processes do not repeat it (they printed it 2-4 times)."""
+    plan = tmp_path / "plan"
+    cmd = [sys.executable, "-m", "runtime.cli"]
+    subprocess.run([*cmd, "transpile", str(MODELS / "wide_deep.onnx"), "--loss", "bce", "--out", str(plan)],
+                   check=True, capture_output=True, timeout=120)
+    run = subprocess.run([*cmd, "train", str(plan), "--data", "synthetic", "--steps", "2", "--batch-size",
+                          "64", "--allow-emulation", "--no-progress"], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("EMULATING") == 1, run.stderr
