@@ -19,7 +19,6 @@ from runtime.cli import main
 from runtime.data import SyntheticCTR
 from runtime.telemetry import read_metrics
 from transpiler import OnnxImportError, Plan, from_onnx
-from transpiler.onnx_batch import free_batch
 
 TORCH = MODELS / "widedeep_bce_ts.onnx"
 PRED = "/Sigmoid_output_0"
@@ -67,6 +66,8 @@ def test_fixed_batch_is_made_dynamic_and_computes_what_the_graph_does():
 
 
 def test_a_batch_written_into_a_reshape_stays_fixed_and_says_why():
+    from transpiler.onnx_batch import free_batch
+
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2, 3])
     shape = helper.make_tensor("shape", TensorProto.INT64, [3], [4, 2, 3])
