@@ -20,6 +20,7 @@ to more than two trainer types, takes the cheapest trainer type op by op (a gree
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from collections import defaultdict
 
@@ -46,6 +47,7 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
     config = config or TranspileConfig()
     prog = program
     ops = prog.ops
+    check_name_patterns(ops, config.name_devices)
     by_id = {op.id: op for op in ops}
     reasons: dict[str, str] = {}
     unit_of: dict[int, int] = {}
@@ -90,6 +92,19 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
     prog.attrs["trainer_types"] = list(config.trainer_types)
     prog.version += 1
     return prog
+
+
+def check_name_patterns(ops: list[Op], name_devices: dict[str, str]) -> None:
+    """Every `name_devices` pattern must match an output of a forward op: a pattern that matches
+    nothing (a name from another model, a typo) would otherwise be ignored without a word."""
+    outputs = [n for op in ops if op.role not in ("backward", "optimize") for n in op.output_names()]
+    for pattern in name_devices:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in outputs):
+            close = difflib.get_close_matches(pattern.replace("*", ""), outputs, n=4, cutoff=0.3)
+            hint = f"; close names: {', '.join(close)}" if close else ""
+            raise ValueError(f"TranspileConfig.name_devices pattern {pattern!r} matches no op output of "
+                             f"this program (it has {len(outputs)}, e.g. {', '.join(outputs[:4])}){hint}; "
+                             "`hetps inspect PLAN --program TYPE` lists every op with its outputs")
 
 
 def _rule(op: Op, config: TranspileConfig) -> tuple[str, str] | None:
