@@ -57,8 +57,9 @@ def blocks(lang: str | None = None) -> list[Block]:
     for page in PAGES:
         text = page.read_text()
         for m in BLOCK.finditer(text):
-            b = Block(page.relative_to(ROOT).as_posix(), text[:m.start()].count("\n") + 1, m.group(1),
-                      m.group(2))
+            b = Block(
+                page.relative_to(ROOT).as_posix(), text[: m.start()].count("\n") + 1, m.group(1), m.group(2)
+            )
             if lang is None or b.lang == lang:
                 out.append(b)
     return out
@@ -115,8 +116,9 @@ def check_run(metrics: Path, trace: Path, steps: int, trainers: dict[str, int], 
     assert all(np.isfinite(losses)) and 0.3 < losses[0] < 3  # a BCE of an untrained model
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    want = [f"ps shard {i}" for i in range(servers)] + [f"trainer {t}:{i}" for t, n in trainers.items()
-                                                         for i in range(n)]
+    want = [f"ps shard {i}" for i in range(servers)] + [
+        f"trainer {t}:{i}" for t, n in trainers.items() for i in range(n)
+    ]
     assert sorted(names.values()) == sorted(want)
     assert {e["pid"] for e in events if e["ph"] == "X"} == set(names)  # every track has spans
 
@@ -130,8 +132,9 @@ def test_readme_python_tour_runs_as_a_script_and_writes_what_it_says(tmp_path):
     script = tmp_path / "tour.py"
     script.write_text(small(readme_tour().text))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "boundary tensors (bytes per example)" in proc.stdout  # plan.summary()
     for trainer in ("cpu:0", "cpu:1", "gpu:0"):  # hist.time_use()
@@ -197,8 +200,12 @@ def test_cli_config_example_places_what_its_comments_say(tmp_path):
     placed = {p["type"]: p["device"] for p in plan.placement.values() if p["type"] in ("reduce_sum",)}
     assert placed == {"reduce_sum": "cpu"}
     assert "matches 'p2o.pd_op.matmul.3*'" in plan.explain("p2o.pd_op.matmul.3.0")
-    assert plan.placement[next(k for k, r in plan.placement.items()
-                               if "p2o.pd_op.matmul.3*" in r.get("reason", ""))]["device"] == "cpu"
+    assert (
+        plan.placement[
+            next(k for k, r in plan.placement.items() if "p2o.pd_op.matmul.3*" in r.get("reason", ""))
+        ]["device"]
+        == "cpu"
+    )
     assert {t["optimizer"]["type"] for t in plan.tables if t["optimizer"]} == {"adam"}
 
 
@@ -230,8 +237,11 @@ def shell_blocks(page: str) -> list[Block]:
 
 def hetps_blocks() -> list[Block]:
     """Shell blocks of `hetps` commands that run on one machine (each in a directory of its own)."""
-    return [b for b in blocks("bash") if "hetps train" in b.text and not is_cluster(b)
-            and b.page != "docs/cluster.md"]
+    return [
+        b
+        for b in blocks("bash")
+        if "hetps train" in b.text and not is_cluster(b) and b.page != "docs/cluster.md"
+    ]
 
 
 @pytest.mark.parametrize("block", hetps_blocks(), ids=str)
@@ -242,8 +252,13 @@ def test_shell_blocks_run_through_the_cli_and_write_what_they_say(block, tmp_pat
     option = {a: train[i + 1] for i, a in enumerate(train) if a.startswith("--") and i + 1 < len(train)}
     counts = dict(p.split("=") for p in option.get("--trainers", "cpu=2,gpu=1").split(","))
     assert "--metrics" in option and "--trace" in option, f"{block}: a tour records metrics and a trace"
-    check_run(tmp_path / option["--metrics"], tmp_path / option["--trace"], STEPS,
-              {k: int(v) for k, v in counts.items()}, int(option.get("--servers", 1)))
+    check_run(
+        tmp_path / option["--metrics"],
+        tmp_path / option["--trace"],
+        STEPS,
+        {k: int(v) for k, v in counts.items()},
+        int(option.get("--servers", 1)),
+    )
     for png in re.findall(r"-o (\S+\.png)", block.text):
         check_png(tmp_path / png)
 
@@ -256,8 +271,9 @@ def test_cluster_shell_blocks(ray_local, tmp_path):
     from ray.scripts.scripts import start
 
     ray_start_flags = {o.split("=")[0] for p in start.params for o in p.opts}
-    run_hetps(["hetps", "transpile", "tutorials/models/wide_deep.onnx", "--loss", "bce", "--out", "plan/"],
-              tmp_path)  # the plan/ the page's commands train
+    run_hetps(
+        ["hetps", "transpile", "tutorials/models/wide_deep.onnx", "--loss", "bce", "--out", "plan/"], tmp_path
+    )  # the plan/ the page's commands train
     criteo_file(tmp_path / "criteo_day0.txt")
     ran = 0
     for b in shell_blocks("docs/cluster.md"):
@@ -293,7 +309,13 @@ def test_readme_quick_start_commands(tmp_path):
         else:
             assert argv[0] == "python" and argv[1].startswith("tutorials/")
             env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-            proc = subprocess.run([sys.executable, str(ROOT / argv[1]), *argv[2:], "--steps", "20"],
-                                  cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+            proc = subprocess.run(
+                [sys.executable, str(ROOT / argv[1]), *argv[2:], "--steps", "20"],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert proc.returncode == 0, proc.stdout + proc.stderr
             assert "final held-out AUC" in proc.stdout

@@ -37,7 +37,7 @@ def ort_run(model: onnx.ModelProto, feed: dict, outputs: list[str]) -> list[np.n
 def in_fours(model: onnx.ModelProto, feed: dict, outputs: list[str]) -> list[np.ndarray]:
     """The fixed-batch-4 graph run by onnxruntime on consecutive slices of 4, results stacked."""
     n = len(next(iter(feed.values())))
-    parts = [ort_run(model, {k: v[i:i + 4] for k, v in feed.items()}, outputs) for i in range(0, n, 4)]
+    parts = [ort_run(model, {k: v[i : i + 4] for k, v in feed.items()}, outputs) for i in range(0, n, 4)]
     return [np.stack([p[k] for p in parts]) for k in range(len(outputs))]
 
 
@@ -48,8 +48,10 @@ def batch(n: int, seed: int = 0) -> dict[str, np.ndarray]:
 def rank_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Mann-Whitney AUC: the share of (positive, negative) pairs ordered right, ties count half."""
     pos, neg = scores[labels == 1], scores[labels == 0]
-    return float(((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum())
-                 / (len(pos) * len(neg)))
+    return float(
+        ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum())
+        / (len(pos) * len(neg))
+    )
 
 
 def test_fixed_batch_is_made_dynamic_and_computes_what_the_graph_does():
@@ -71,8 +73,9 @@ def test_a_batch_written_into_a_reshape_stays_fixed_and_says_why():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 2, 3])
     shape = helper.make_tensor("shape", TensorProto.INT64, [3], [4, 2, 3])
-    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"], name="r")], "g", [x], [y],
-                              [shape])
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"], name="r")], "g", [x], [y], [shape]
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     same, what = free_batch(model)
     assert same is model and what.fixed == 4 and not what.freed
@@ -117,16 +120,51 @@ def test_log_clamp_bounds_the_logs_of_a_saturated_prediction():
 
 def test_cli_trains_the_torch_export_with_its_default_batch_and_reports_its_auc(tmp_path, capsys):
     plan = tmp_path / "plan"
-    assert main(["transpile", str(TORCH), "--out", str(plan), "--clamp-log", "1e-7",
-                 "--optimizer", "adam", "--lr", "0.01"]) == 0
+    assert (
+        main(
+            [
+                "transpile",
+                str(TORCH),
+                "--out",
+                str(plan),
+                "--clamp-log",
+                "1e-7",
+                "--optimizer",
+                "adam",
+                "--lr",
+                "0.01",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "optimizer: adam(lr=0.01) for every trained parameter" in out
     assert "float32[-1, 208]  832 B" in out  # bytes per example, not per exported batch of 4
     assert {t["optimizer"]["type"] for t in Plan.load(plan).tables if t["optimizer"]} == {"adam"}
     metrics = tmp_path / "run.jsonl"
-    assert main(["train", str(plan), "--data", "synthetic", "--feeds", "sparse=a,dense=b,label=c",
-                 "--steps", "3", "--trainers", "cpu=1,gpu=1", "--micro-batches", "1", "--allow-emulation",
-                 "--metrics", str(metrics), "--no-progress"]) == 0  # --batch-size: the default 512
+    assert (
+        main(
+            [
+                "train",
+                str(plan),
+                "--data",
+                "synthetic",
+                "--feeds",
+                "sparse=a,dense=b,label=c",
+                "--steps",
+                "3",
+                "--trainers",
+                "cpu=1,gpu=1",
+                "--micro-batches",
+                "1",
+                "--allow-emulation",
+                "--metrics",
+                str(metrics),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )  # --batch-size: the default 512
     assert "AUC 0." in capsys.readouterr().out
     steps = [r for r in read_metrics(metrics) if r["kind"] == "step"]
     assert steps[0]["examples"] == 512
@@ -141,8 +179,21 @@ def test_cli_names_the_batch_size_a_fixed_batch_plan_needs(tmp_path, capsys):
     plan = str(tmp_path / "plan")
     assert main(["transpile", str(TORCH), "--out", plan, "--fixed-batch"]) == 0
     capsys.readouterr()
-    argv = ["train", plan, "--data", "synthetic", "--feeds", "sparse=a,dense=b,label=c", "--steps", "1",
-            "--allow-emulation", "--trainers", "cpu=2,gpu=1", "--micro-batches", "4"]
+    argv = [
+        "train",
+        plan,
+        "--data",
+        "synthetic",
+        "--feeds",
+        "sparse=a,dense=b,label=c",
+        "--steps",
+        "1",
+        "--allow-emulation",
+        "--trainers",
+        "cpu=2,gpu=1",
+        "--micro-batches",
+        "4",
+    ]
     assert main(argv) == 2
     assert "--batch-size must be 4 x 2 cpu reader(s) x 4 micro-batch(es) = 32" in capsys.readouterr().err
 
@@ -152,8 +203,10 @@ def test_train_optimizer_options_replace_the_plans_table_optimizers(tmp_path, ca
 
     plan_dir = tmp_path / "plan"
     assert main(["transpile", str(TORCH), "--out", str(plan_dir)]) == 0
-    assert "optimizer: sgd(lr=0.01) for every trained parameter (the model carries none; the default" \
+    assert (
+        "optimizer: sgd(lr=0.01) for every trained parameter (the model carries none; the default"
         in capsys.readouterr().out
+    )
     plan = Plan.load(plan_dir)
     assert set_optimizer(plan, "adagrad", 0.1).startswith("adagrad(")
     for t in plan.tables:

@@ -16,9 +16,18 @@ from onnx import numpy_helper, shape_inference
 
 # Inputs (by position) that ONNX ops read as a shape, sizes or indices: a batch size written into
 # one of them (Reshape to [4, 208]) ties the graph to that batch.
-SHAPE_INPUTS = {"Reshape": (1,), "Expand": (1,), "ConstantOfShape": (0,), "Tile": (1,),
-                "Slice": (1, 2), "Range": (0, 1, 2), "Resize": (3,), "Split": (1,), "Pad": (1,),
-                "Upsample": (1,)}
+SHAPE_INPUTS = {
+    "Reshape": (1,),
+    "Expand": (1,),
+    "ConstantOfShape": (0,),
+    "Tile": (1,),
+    "Slice": (1, 2),
+    "Range": (0, 1, 2),
+    "Resize": (3,),
+    "Split": (1,),
+    "Pad": (1,),
+    "Upsample": (1,),
+}
 BATCH_DIM = "batch"
 
 
@@ -38,10 +47,14 @@ class BatchDim:
         if self.fixed is None:
             return ""
         if self.freed:
-            return (f"the graph's inputs have a fixed batch dimension of {self.fixed}; it was made dynamic "
-                    "(any batch size trains). Keep it fixed with dynamic_batch=False (CLI: --fixed-batch)")
-        return (f"the graph's inputs have a fixed batch dimension of {self.fixed}, kept ({self.why_not}): "
-                f"every micro-batch must have exactly {self.fixed} examples")
+            return (
+                f"the graph's inputs have a fixed batch dimension of {self.fixed}; it was made dynamic "
+                "(any batch size trains). Keep it fixed with dynamic_batch=False (CLI: --fixed-batch)"
+            )
+        return (
+            f"the graph's inputs have a fixed batch dimension of {self.fixed}, kept ({self.why_not}): "
+            f"every micro-batch must have exactly {self.fixed} examples"
+        )
 
 
 def leading_batch(model: onnx.ModelProto) -> int | None:
@@ -69,8 +82,10 @@ def _batch_in_shape_constant(model: onnx.ModelProto, batch: int) -> str:
             if k < len(node.input) and node.input[k] in consts:
                 value = consts[node.input[k]]
                 if value.dtype.kind in "iu" and batch in value.reshape(-1).tolist():
-                    return (f"{node.op_type} node {node.name or f'#{i}'} reads the constant "
-                            f"{value.reshape(-1).tolist()}, which may be the batch size")
+                    return (
+                        f"{node.op_type} node {node.name or f'#{i}'} reads the constant "
+                        f"{value.reshape(-1).tolist()}, which may be the batch size"
+                    )
     return ""
 
 

@@ -34,7 +34,8 @@ class _Graph:
         self.graph = model.graph
         self.producer = {o: n for n in self.graph.node for o in n.output}
         self.consts = {t.name for t in self.graph.initializer} | {
-            n.output[0] for n in self.graph.node if n.op_type == "Constant"}
+            n.output[0] for n in self.graph.node if n.op_type == "Constant"
+        }
         self.inputs = [vi.name for vi in self.graph.input if vi.name not in self.consts]
 
     def ancestors(self, name: str) -> set[str]:
@@ -85,8 +86,10 @@ def find_score(model: onnx.ModelProto, loss: str, pred: str | None = None) -> Sc
     upstream = g.ancestors(loss)
     if pred is not None:
         if pred not in upstream:
-            raise OnnxImportError(f"pred {pred!r} is not a value the loss {loss!r} is computed from; "
-                                  "name the tensor holding the model's prediction (probability or logit)")
+            raise OnnxImportError(
+                f"pred {pred!r} is not a value the loss {loss!r} is computed from; "
+                "name the tensor holding the model's prediction (probability or logit)"
+            )
     else:
         pred = _detect_pred(g, upstream)
         if pred is None:
@@ -112,8 +115,13 @@ def unclamped_logs(model: onnx.ModelProto, loss: str) -> int:
     """How many Logs the loss is computed from read a value with no Clip before it."""
     g = _Graph(model)
     upstream = g.ancestors(loss)
-    return sum(1 for n in g.graph.node if n.op_type == "Log" and n.output[0] in upstream
-               and getattr(g.producer.get(n.input[0]), "op_type", None) != "Clip")
+    return sum(
+        1
+        for n in g.graph.node
+        if n.op_type == "Log"
+        and n.output[0] in upstream
+        and getattr(g.producer.get(n.input[0]), "op_type", None) != "Clip"
+    )
 
 
 def clamp_logs(model: onnx.ModelProto, loss: str, eps: float) -> tuple[onnx.ModelProto, int]:
@@ -129,10 +137,18 @@ def clamp_logs(model: onnx.ModelProto, loss: str, eps: float) -> tuple[onnx.Mode
         if node.op_type == "Log" and node.output[0] in upstream:
             eps_name, clipped = f"{node.output[0]}.clamp_min", f"{node.output[0]}.clamped_input"
             dtype = helper.tensor_dtype_to_np_dtype(_elem_type(out, node.input[0]))
-            nodes.append(helper.make_node("Constant", [], [eps_name], name=f"{node.name or i}.clamp_min",
-                                          value=numpy_helper.from_array(np.array(eps, dtype=dtype))))
-            nodes.append(helper.make_node("Clip", [node.input[0], eps_name], [clipped],
-                                          name=f"{node.name or i}.clamp"))
+            nodes.append(
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [eps_name],
+                    name=f"{node.name or i}.clamp_min",
+                    value=numpy_helper.from_array(np.array(eps, dtype=dtype)),
+                )
+            )
+            nodes.append(
+                helper.make_node("Clip", [node.input[0], eps_name], [clipped], name=f"{node.name or i}.clamp")
+            )
             node.input[0] = clipped
             done += 1
         nodes.append(node)
