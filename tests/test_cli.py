@@ -261,3 +261,24 @@ def test_emulation_is_announced_once_per_run(tmp_path):
                          timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stderr.count("EMULATING") == 1, run.stderr
+
+
+def test_start_up_time_counts_placement(round_trip, monkeypatch):
+    """Placing the processes (on Ray: ray.init and creating the actors) is start-up time; the Ray
+    engine printed "+0.0 s start-up" because the clock started after it. Here placement is made to
+    take 5 s on the local engine (otherwise instant): the run's start-up and wall time must account
+    for all but the tear-down of the time `train` took."""
+    import time
+
+    from runtime import train
+    from runtime.engines.local import LocalEngine
+
+    tmp, _, _ = round_trip
+    monkeypatch.setattr(LocalEngine, "place", lambda self, needs: time.sleep(5), raising=False)
+    data = SyntheticCTR(vocab=1000, seed=0, sparse_name="a", dense_name="b", label_name="c")
+    t = time.perf_counter()
+    hist = train(Plan.load(tmp / "plan"), data, steps=2, batch_size=8, trainers={"cpu": 1, "gpu": 1},
+                 micro_batches=1, allow_emulation=True, progress=False)
+    total = time.perf_counter() - t
+    assert hist.startup_s >= 5
+    assert total - hist.startup_s - hist.wall_s < 5  # tear-down only: it was >= 5 before
