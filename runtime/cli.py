@@ -342,10 +342,10 @@ def check_fixed_batch(plan, batch_size: int, micro_batches: int, counts: dict[st
     n = counts.get(readers, 1)
     need = f * n * micro_batches
     if batch_size != need:
-        raise UsageError(f"the plan's feeds have a fixed batch of {f} examples (the model was imported "
-                         f"with it), so --batch-size must be {f} x {n} {readers} reader(s) x "
-                         f"{micro_batches} micro-batch(es) = {need}; or transpile again without "
-                         "--fixed-batch to make the batch dynamic")
+        raise UsageError(f"the plan's feeds have a fixed batch of {f} examples (written in the model), "
+                         f"so --batch-size must be {f} x {n} {readers} reader(s) x {micro_batches} "
+                         f"micro-batch(es) = {need} (or change --trainers / --micro-batches); a model "
+                         "transpiled with --fixed-batch can be transpiled again without it")
 
 
 def check_engine(args: argparse.Namespace) -> None:
