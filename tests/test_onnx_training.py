@@ -213,3 +213,13 @@ def test_train_optimizer_options_replace_the_plans_table_optimizers(tmp_path, ca
         if t["optimizer"]:
             assert t["optimizer"]["type"] == "adagrad" and t["optimizer"]["lr"] == 0.1
             assert t["optimizer"]["state"]["Moment"]["shape"] == list(t["shape"])
+
+
+def test_bytes_per_example_are_per_example_when_the_batch_stays_fixed():
+    """A plan kept at the export's batch of 4 reported 3328 B "per example" for [4, 208] float32."""
+    from transpiler import transpile
+
+    plan = transpile(from_onnx(TORCH, dynamic_batch=False))
+    flat = next(c for c in plan.channels if c["tensor"] == "/Flatten_output_0")
+    assert flat["shape"] == [4, 208] and flat["bytes_per_example"] == 208 * 4
+    assert "float32[4, 208]  832 B" in plan.summary()

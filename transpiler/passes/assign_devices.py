@@ -32,14 +32,26 @@ from ..config import TranspileConfig
 from ..ir import Op, Program, Var
 
 
-def bytes_per_example(var: Var | None) -> int:
-    """Bytes of one example of `var` (its batch dim, -1, counted as 1; unknown shape = 1 element)."""
+def bytes_per_example(var: Var | None, batch: int | None = None) -> int:
+    """Bytes of one example of `var` (its batch dim, -1, counted as 1; unknown shape = 1 element).
+    `batch`: the program's fixed batch size (`fixed_batch`), a leading dim equal to it is the batch."""
     if var is None:
         return 0
+    shape = list(var.shape or ())
+    if batch and shape and shape[0] == batch:
+        shape[0] = -1
     n = 1
-    for d in var.shape or ():
+    for d in shape:
         n *= d if d > 0 else 1
     return n * np.dtype(var.dtype).itemsize
+
+
+def fixed_batch(program: Program) -> int | None:
+    """The batch size a program's data inputs all fix (an ONNX export kept with a fixed batch), or
+    None when their leading dim is dynamic (-1) or they do not agree."""
+    dims = {tuple(op.attrs.get("shape") or (-1,))[0] for op in program.ops if op.type == "data"}
+    (dim,) = dims if len(dims) == 1 else (None,)
+    return dim if dim is not None and dim > 0 else None
 
 
 def assign_devices(program: Program, config: TranspileConfig | None = None) -> Program:
@@ -165,6 +177,7 @@ def _edges(prog: Program, ops: list[Op], unit_of: dict[int, int],
                 writer[n] = u
     edges = []
     block_vars = prog.global_block().vars
+    batch = fixed_batch(prog)
     for n, u in writer.items():
         members = readers.get(n)
         if not members or (u not in flex and flex.isdisjoint(members)):
@@ -172,7 +185,7 @@ def _edges(prog: Program, ops: list[Op], unit_of: dict[int, int],
         var = block_vars.get(n)
         members = members | {u}
         if len(members) > 1 and not (var is not None and var.persistable):
-            edges.append((sorted(members), bytes_per_example(var)))
+            edges.append((sorted(members), bytes_per_example(var, batch)))
     return edges, pref
 
 
