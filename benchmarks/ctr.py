@@ -1,6 +1,6 @@
 """CTR training throughput: hetps heterogeneous (local engine, gpu emulated) vs PaddlePaddle 3.3.1.
 
-The model (DESIGN.md): Wide&Deep, batch 512, 26 categorical slots hashed into one vocabulary of
+The model (docs/design.md): Wide&Deep, batch 512, 26 categorical slots hashed into one vocabulary of
 100 000 ids, deep embedding dim 16 + wide (dim 1), 13 dense features, MLP 400-400-400, SGD.
 
 In one run this measures, on the same 20 pre-generated synthetic batches (cycled):
@@ -122,7 +122,7 @@ def paddle_worker(steps: int, warmup: int) -> None:
         dense = paddle.static.data("dense", [-1, DENSE], "float32")
         label = paddle.static.data("label", [-1, 1], "float32")
         wide = paddle.static.nn.embedding(ids, size=[VOCAB, 1], is_sparse=True)
-        # paddle.sum is broken in 3.3.1's legacy IR (DESIGN.md): sum over slots = mean * slots
+        # paddle.sum is broken in 3.3.1's legacy IR (docs/design.md): sum over slots = mean * slots
         wide = paddle.mean(paddle.reshape(wide, [-1, SLOTS]), axis=1, keepdim=True) * float(SLOTS)
         emb = paddle.static.nn.embedding(ids, size=[VOCAB, DIM], is_sparse=True)
         h = paddle.concat([paddle.reshape(emb, [-1, SLOTS * DIM]), dense], axis=1)

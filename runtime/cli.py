@@ -1,6 +1,6 @@
 """The `hetps` command line: transpile a model into a plan, look at it, train it, plot the run.
 
-    hetps transpile MODEL --out PLAN_DIR [--config cfg.yaml] [--loss bce]
+    hetps transpile MODEL --out PLAN_DIR [--config cfg.yaml] [--loss bce] [--optimizer adam --lr 0.01]
     hetps inspect PLAN_DIR [--explain VAR] [--program TYPE]
     hetps draw PLAN_DIR -o plan.png        (or plan.svg for big graphs)
     hetps export PLAN_DIR -o ONNX_DIR
@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,15 +94,22 @@ def _paddle_scope(paddle, prefix: str):
     return scope
 
 
-def load_model(path: Path, loss: str | None, label: str | None):
+def load_model(path: Path, loss: str | None, label: str | None, onnx: OnnxOptions | None = None):
     """A training Program from any model file `model_kind` recognises."""
     kind, f = model_kind(path)
-    if loss is not None and kind != "onnx":
-        raise UsageError(f"--loss applies to ONNX models only; {f} is a {kind} program")
+    onnx = onnx or OnnxOptions()
+    if kind != "onnx":
+        for flag, value in (("--loss", loss), *onnx.given()):
+            if value is not None:
+                raise UsageError(f"{flag} applies to ONNX models only; {f} is a {kind} program")
     if kind == "onnx":
         from transpiler import from_onnx
 
-        program = from_onnx(f, loss=loss, label=label)
+        if loss is not None and (onnx.pred is not None or onnx.clamp_log is not None):
+            raise UsageError("--pred / --clamp-log apply to a loss inside the model; with --loss the "
+                             "prediction is the model's first output")
+        program = from_onnx(f, loss=loss, label=label, dynamic_batch=not onnx.fixed_batch,
+                            pred=onnx.pred, log_clamp=onnx.clamp_log)
     elif kind == "hetps":
         from transpiler import Program
 
@@ -109,6 +117,71 @@ def load_model(path: Path, loss: str | None, label: str | None):
     else:
         program = load_paddle(kind, f)
     return program
+
+
+@dataclass(frozen=True)
+class OnnxOptions:
+    """transpile's options for ONNX models (see `transpiler.from_onnx`)."""
+
+    fixed_batch: bool = False
+    pred: str | None = None
+    clamp_log: float | None = None
+
+    def given(self) -> list[tuple[str, Any]]:
+        """(flag, value or None) of the options the user set."""
+        return [("--fixed-batch", True if self.fixed_batch else None), ("--pred", self.pred),
+                ("--clamp-log", self.clamp_log)]
+
+
+def load_config(path: str | None, optimizer: str | None, lr: float | None):
+    """The TranspileConfig of --config (YAML or JSON), with --optimizer / --lr over its optimizer."""
+    from transpiler import TranspileConfig
+
+    config = TranspileConfig()
+    if path is not None:
+        if not Path(path).is_file():
+            raise UsageError(f"--config {path}: no such file")
+        try:
+            config = TranspileConfig.load(path)
+        except Exception as e:  # YAML / JSON syntax, unknown keys, bad values
+            raise UsageError(f"--config {path}: {e}") from None
+    if optimizer is not None or lr is not None:
+        same = optimizer is None or optimizer == config.optimizer["type"]
+        opt = dict(config.optimizer) if same else {"type": optimizer}
+        if lr is not None:
+            opt["lr"] = lr
+        config.optimizer = opt
+    return config
+
+
+def has_optimizer_ops(program) -> bool:
+    return any(op.role == "optimize" for op in program.ops)
+
+
+def describe_optimizer(opt: dict[str, Any]) -> str:
+    """'adam(lr=0.01)' for an optimizer spec {"type", hyper-parameters..., "state"?}."""
+    hyper = ", ".join(f"{k}={v}" for k, v in opt.items() if k not in ("type", "state"))
+    return f"{opt['type']}({hyper})"
+
+
+def set_optimizer(plan, optimizer: str | None, lr: float | None) -> str:
+    """Replace the optimizer of every trained table of `plan` (--optimizer / --lr of train);
+    returns what the tables now use, for the terminal."""
+    from transpiler.ir import Var
+    from transpiler.passes.insert_ps import optimizer_spec
+
+    used = set()
+    for t in plan.tables:
+        old = t.get("optimizer")
+        if not old:
+            continue  # frozen
+        kind = optimizer or old["type"]
+        hyper = {k: v for k, v in old.items() if k not in ("type", "state")} if kind == old["type"] else {}
+        if lr is not None:
+            hyper["lr"] = lr
+        t["optimizer"] = optimizer_spec(kind, hyper, Var(t["name"], shape=tuple(t["shape"])))
+        used.add(describe_optimizer(t["optimizer"]))
+    return ", ".join(sorted(used)) or "no trained tables"
 
 
 def load_plan(path: str):
@@ -198,13 +271,23 @@ def describe(history) -> str:
 
 # -- subcommands ------------------------------------------------------------------------------------
 def cmd_transpile(args: argparse.Namespace) -> int:
-    from transpiler import TranspileConfig, transpile
+    from transpiler import transpile
 
-    config = TranspileConfig.load(args.config) if args.config else None
-    program = load_model(Path(args.model), args.loss, args.label)
+    config = load_config(args.config, args.optimizer, args.lr)
+    onnx = OnnxOptions(args.fixed_batch, args.pred, args.clamp_log)
+    program = load_model(Path(args.model), args.loss, args.label, onnx)
     plan = transpile(program, config)
     plan.save(args.out)
     print(plan.summary())
+    if has_optimizer_ops(program):
+        if args.optimizer or args.lr is not None:
+            print("note: the model carries its own optimizer ops; --optimizer / --lr were not used "
+                  "(use them with `hetps train` to override the plan's tables)")
+    else:
+        source = "--optimizer/--lr" if args.optimizer or args.lr is not None else \
+            "--config" if args.config else "the default; change it with --optimizer / --lr"
+        print(f"optimizer: {describe_optimizer(config.optimizer)} for every trained parameter "
+              f"(the model carries none; {source})")
     print(f"plan written to {args.out}")
     return EXIT_OK
 
@@ -216,9 +299,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             raise UsageError(f"--program {args.program!r}: the plan's trainer types are {plan.trainer_types}")
         print(plan.programs[args.program])
         return EXIT_OK
+    if args.explain:
+        for name in args.explain:
+            print(plan.explain(name))
+        return EXIT_OK
     print(plan.summary())
-    for name in args.explain or []:
-        print(plan.explain(name))
     return EXIT_OK
 
 
@@ -235,6 +320,38 @@ def cmd_export(args: argparse.Namespace) -> int:
     for f in load_plan(args.plan).to_onnx(args.output):
         print(f"wrote {f}")
     return EXIT_OK
+
+
+def check_devices(plan, allow_emulation: bool) -> None:
+    """A gpu trainer type without a CUDA device is a usage error naming --allow-emulation."""
+    from .device import array_module
+
+    if allow_emulation:
+        return
+    for t in plan.trainer_types:
+        try:
+            array_module(t)
+        except RuntimeError:
+            raise UsageError(f"trainer type {t!r} needs a CUDA GPU (cupy) and none was found: pass "
+                             "--allow-emulation to run it on CPU kernels, or install hetps[gpu] on a "
+                             "CUDA machine") from None
+
+
+def check_fixed_batch(plan, batch_size: int, micro_batches: int, counts: dict[str, int]) -> None:
+    """A plan whose feeds have a fixed leading dimension F takes micro-batches of exactly F
+    examples: --batch-size must be F x readers x micro-batches. Raises UsageError naming it."""
+    readers = next((t for t, prog in plan.programs.items() if prog.attrs.get("feeds")), None)
+    fixed = {v.shape[0] for v in feed_vars(plan).values() if v.shape and v.shape[0] > 0}
+    if readers is None or len(fixed) != 1:
+        return
+    (f,) = fixed
+    n = counts.get(readers, 1)
+    need = f * n * micro_batches
+    if batch_size != need:
+        raise UsageError(f"the plan's feeds have a fixed batch of {f} examples (written in the model), "
+                         f"so --batch-size must be {f} x {n} {readers} reader(s) x {micro_batches} "
+                         f"micro-batch(es) = {need} (or change --trainers / --micro-batches); a model "
+                         "transpiled with --fixed-batch can be transpiled again without it")
 
 
 def check_engine(args: argparse.Namespace) -> None:
@@ -278,7 +395,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         from .ingest.models import fit
 
         data, held_out = open_schema_data(args)
-        _, history, score = fit(args.model, data, eval_data=held_out, lr=args.lr, **run)
+        if args.optimizer:
+            raise UsageError("--model trains with Adam; --lr sets its learning rate "
+                             "(--optimizer is for a PLAN_DIR)")
+        lr = 0.01 if args.lr is None else args.lr
+        _, history, score = fit(args.model, data, eval_data=held_out, lr=lr, **run)
         print(describe(history))
         if held_out is not None:
             print(f"held-out AUC {score:.4f} on {held_out.rows()} rows of {args.eval_data}")
@@ -288,6 +409,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         data, batch_size = open_schema_data(args)[0], None
     else:
         data, batch_size = make_data(plan, args.data, args.batch_size, feeds, args.vocab)
+        check_fixed_batch(plan, args.batch_size, args.micro_batches, counts)
+    check_devices(plan, args.allow_emulation)
+    run["servers"] = args.servers or plan.config.num_servers
+    if args.optimizer or args.lr is not None:
+        print(f"optimizer: {set_optimizer(plan, args.optimizer, args.lr)} (--optimizer/--lr)")
     history = train(plan, data, batch_size=batch_size, **run)
     print(describe(history))
     if args.trace:
@@ -335,7 +461,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def _run_options(p: argparse.ArgumentParser, trainers: str) -> None:
     p.add_argument("--trainers", default=trainers,
                    help="trainers per type, e.g. cpu=2,gpu=1 (default %(default)s)")
-    p.add_argument("--servers", type=int, default=1, help="parameter-server shards (default 1)")
+    p.add_argument("--servers", type=int, default=None,
+                   help="parameter-server shards (default: the plan's num_servers, 1 unless configured)")
     p.add_argument("--mode", choices=("sync", "async"), default="sync", help="parameter-server mode")
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches in flight per reader trainer")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
@@ -344,7 +471,24 @@ def _run_options(p: argparse.ArgumentParser, trainers: str) -> None:
     p.add_argument("--address", default=None,
                    help="Ray cluster to join ('auto', 'ray://host:10001'); default: start a local Ray")
     p.add_argument("--batch-size", type=int, default=512,
-                   help="examples per step for generated data and --schema data")
+                   help="examples per global batch (one step), for every kind of --data and --schema data "
+                   "(default %(default)s)")
+
+
+def _optimizer_options(p: argparse.ArgumentParser, what: str) -> None:
+    from transpiler.config import OPTIMIZERS
+
+    p.add_argument("--optimizer", choices=OPTIMIZERS, help=f"table optimizer: {what}")
+    p.add_argument("--lr", type=float, help="learning rate of that optimizer")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hetps")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown (not installed)"
 
 
 def _command(sub: Any, name: str, func: Any, **kw: Any) -> argparse.ArgumentParser:
@@ -357,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hetps", description="Heterogeneous parameter-server training: "
                                 "transpile a model into per-trainer-type programs and train them.")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details; show tracebacks")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     s = _command(sub, "transpile", cmd_transpile, help="place and split a model into a plan directory",
@@ -368,6 +513,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--loss", choices=("bce", "bce_with_logits", "mse", "softmax_ce"),
                    help="ONNX models without a loss: attach this loss on the first output")
     s.add_argument("--label", help="name of the label input the attached loss reads (default 'label')")
+    s.add_argument("--pred", metavar="NAME",
+                   help="ONNX models with a loss inside: the tensor holding the prediction, scored for "
+                   "the AUC (default: found in a binary cross-entropy written as Log/Sigmoid ops)")
+    s.add_argument("--clamp-log", type=float, metavar="EPS",
+                   help="ONNX models with a loss inside: every Log of the loss reads max(x, EPS), e.g. "
+                   "1e-7 (torch's BCELoss clamps its logs, its ONNX export does not); changes the maths")
+    s.add_argument("--fixed-batch", action="store_true",
+                   help="ONNX models: keep a batch size written in the graph's inputs (by default it is "
+                   "made dynamic when the graph allows it)")
+    _optimizer_options(s, "for models that carry no optimizer ops (ONNX); default sgd, lr 0.01")
 
     s = _command(sub, "inspect", cmd_inspect, help="print a plan's placement, boundary tensors and tables")
     s.add_argument("plan", help="plan directory")
@@ -395,7 +550,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", choices=("wide_deep", "deepfm", "dlrm"),
                    help="build this model from the schema's feeds instead of a PLAN_DIR")
     s.add_argument("--eval-data", help="held-out files (read by --schema): print the trained model's AUC")
-    s.add_argument("--lr", type=float, default=0.01, help="Adam learning rate of a --model (default 0.01)")
     s.add_argument("--shuffle", type=int, default=0, metavar="ROWS",
                    help="with --schema: shuffle windows of ROWS rows (seeded; default 0, file order)")
     s.add_argument("--feeds", help="data column -> program feed, e.g. sparse=a,dense=b,label=c")
@@ -404,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--epochs", type=int, help="stop after N passes over file data")
     s.add_argument("--until-loss", type=float, help="stop once the loss is at or below X")
     _run_options(s, "cpu=2,gpu=1")
+    _optimizer_options(s, "replaces the optimizer of every trained table of the plan")
     s.add_argument("--allow-emulation", action="store_true",
                    help="run gpu trainers on CPU kernels when no CUDA device exists (logged)")
     s.add_argument("--metrics", help="append metrics (loss, AUC, examples/s) to this JSONL file")
@@ -455,8 +610,20 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the work failed: say why in one line (the traceback with -v)
         if args.verbose:
             traceback.print_exc()
-        print(f"hetps {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"hetps {args.command}: error: {type(e).__name__}: {one_line(e, args.verbose)}",
+              file=sys.stderr)
         return EXIT_FAIL
+
+
+def one_line(e: Exception, verbose: bool) -> str:
+    """The error's message; for a TrainingError (which holds the failed process's traceback) only
+    its last line unless `verbose`."""
+    from .train import TrainingError
+
+    if isinstance(e, TrainingError) and not verbose:
+        last = next((line.strip() for line in reversed(e.detail.splitlines()) if line.strip()), "")
+        return f"{e.who} failed: {last} (hetps -v ... shows its traceback)"
+    return str(e)
 
 
 if __name__ == "__main__":

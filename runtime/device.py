@@ -25,9 +25,10 @@ def cuda_available() -> bool:
 
 
 def array_module(trainer_type: str, device_map: dict[str, str] | None = None,
-                 allow_emulation: bool = False) -> tuple[Any, str]:
+                 allow_emulation: bool = False, announce: bool = True) -> tuple[Any, str]:
     """(xp, description) for `trainer_type`; `device_map` maps trainer types to "cpu" | "gpu"
-    (default: a type named like "gpu*" is a GPU type, everything else CPU)."""
+    (default: a type named like "gpu*" is a GPU type, everything else CPU). Emulation is logged
+    unless `announce` is False (trainer processes: the driver announced it once for the run)."""
     kind = (device_map or {}).get(trainer_type, "gpu" if trainer_type.startswith("gpu") else "cpu")
     if kind == "cpu":
         return np, "cpu (numpy)"
@@ -41,6 +42,7 @@ def array_module(trainer_type: str, device_map: dict[str, str] | None = None,
         raise RuntimeError(
             f"trainer type {trainer_type!r} needs a CUDA GPU (cupy) and none was found; install "
             "hetps[gpu] on a CUDA machine, or pass allow_emulation=True to run it on CPU kernels")
-    log.warning("trainer type %r: no CUDA device, EMULATING the GPU trainer with CPU (numpy) kernels",
-                trainer_type)
+    if announce:
+        log.warning("trainer type %r: no CUDA device, EMULATING the GPU trainer with CPU (numpy) kernels",
+                    trainer_type)
     return np, "gpu EMULATED on cpu (numpy)"

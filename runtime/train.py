@@ -245,6 +245,7 @@ class _Config:
 
 def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, secret: bytes | None,
          callback, return_params: bool, checkpoint: str | None, tel: Telemetry, root: str | None) -> None:
+    t0 = time.perf_counter()  # start-up counts placement too (on Ray: ray.init and the actors)
     names = [f"{t}:{i}" for t, n in cfg.counts.items() for i in range(n)]
     kinds = {t: (cfg.device_map or {}).get(t, "gpu" if t.startswith("gpu") else "cpu") for t in cfg.counts}
     needs = {**{f"ps:{k}": {} for k in range(cfg.servers)},
@@ -256,7 +257,7 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
     ps_eps = [eng.endpoint(f"ps:{k}") for k in range(cfg.servers)]
     admin = os.urandom(32)  # assign / save / load: only this driver may (the trainers lack this key)
     endpoints = {n: eng.endpoint(n) for n in names}
-    listen = _Listen(cfg, eng, inbox, out, names, endpoints, history, callback, tel)
+    listen = _Listen(cfg, eng, inbox, out, names, endpoints, history, callback, tel, t0)
     try:
         for k, ep in enumerate(ps_eps):
             eng.start(f"ps:{k}", serve, dict(endpoint=ep, specs=plan.tables, shard=k, num_shards=cfg.servers,
@@ -309,7 +310,7 @@ class _Listen:
     """The driver's loop: collect reports, grant steps (until_loss), watch the processes."""
 
     def __init__(self, cfg: _Config, eng: Engine, inbox: Inbox, out: Outbox, names: list[str],
-                 endpoints: dict, history: History, callback, tel: Telemetry) -> None:
+                 endpoints: dict, history: History, callback, tel: Telemetry, t0: float) -> None:
         self.cfg, self.eng, self.inbox, self.out = cfg, eng, inbox, out
         self.names, self.endpoints, self.history, self.callback = names, endpoints, history, callback
         self.tel = tel
@@ -319,7 +320,7 @@ class _Listen:
         self.grant, self.final = LOOKAHEAD, False
         self.ready: set[str] = set()
         self.done: set[str] = set()
-        self.t0 = self.t_start = time.perf_counter()
+        self.t0, self.t_start = t0, time.perf_counter()
 
     def run(self) -> None:
         last = checked = time.perf_counter()

@@ -142,15 +142,17 @@ class Trainer:
         self.is_reader = self.type == self.reader
         self.mb_count, self.mode = spec["micro_batches"], spec["mode"]
         self.stall_timeout = spec["stall_timeout"]
-        self.xp, _ = array_module(self.type, spec["device_map"], spec["allow_emulation"])
+        self.xp, _ = array_module(self.type, spec["device_map"], spec["allow_emulation"],
+                                 announce=False)
         self.program = Program.from_json(spec["program"])
         self.segs = segment_programs(self.program)
         self.seg_recvs = [[op.attrs["tensor"] for op in seg.ops if op.type == "recv"] for seg in self.segs]
         self.feeds = self.program.attrs.get("feeds", [])
         self.loss = spec["loss"] if spec["loss"] in self.program.vars else None
-        self.score = next(([op.inputs[a][0], op.inputs[b][0]] for op in self.program.ops
-                           if op.type in SCORE_OPS and op.role != "backward"
-                           for a, b in [SCORE_OPS[op.type]]), None) if self.loss else None
+        self.score = (self.program.attrs.get("score_names") or next(
+            ([op.inputs[a][0], op.inputs[b][0]] for op in self.program.ops
+             if op.type in SCORE_OPS and op.role != "backward"
+             for a, b in [SCORE_OPS[op.type]]), None)) if self.loss else None
         self.seg_outs = _kept_outputs(self.segs, [self.loss, *(self.score or [])])
         self.loss_scale = spec["loss_reduction"] == "mean"
         self.seed_id = next((op.id for op in self.program.ops if op.type == "fill_constant"

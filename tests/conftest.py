@@ -8,7 +8,6 @@ test runs, two OpenBLAS threads per process made a 256x221 @ 221x64 GEMM 30x slo
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy  # noqa: F401  (loads OpenBLAS: threadpoolctl limits only libraries already loaded)
 import pytest
@@ -19,19 +18,12 @@ threadpool_limits(1)
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
-@pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """../shared beside the repo (data shared by the team); skips the test when it is missing."""
-    path = Path(__file__).resolve().parents[2] / "shared"
-    if not path.is_dir():
-        pytest.skip(f"shared data directory {path} is missing")
-    return path
 
 
 @pytest.fixture(scope="session")
 def ray_local():
     """One local Ray for the whole session (starting it costs 10-30 s and ~800 MB here), pinned
-    down as DESIGN.md's "Ray pitfalls" say: own temp dir, small object store, no dashboard, no
+    down as docs/design.md's "Ray" notes say: own temp dir, small object store, no dashboard, no
     usage stats, 4 logical CPUs and one `gpu_trainer` custom resource so that an
     emulated gpu trainer is placed like a real one. Skips when Ray is not installed."""
     import shutil

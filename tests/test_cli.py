@@ -1,5 +1,6 @@
 """The `hetps` command line: the round trip transpile -> inspect -> draw -> train -> plot on the
-team's ONNX model, the formats `transpile` reads, and exit codes / usage on bad arguments.
+torch-exported ONNX model (tutorials/models), the formats `transpile` reads, and exit codes / usage
+on bad arguments.
 
 The round trip trains `widedeep_bce_ts.onnx` (a torch export with its BCE loss inside, batch fixed
 at 4) on the local engine; its first step's loss is checked against the single-process Executor
@@ -15,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from assets import MODELS
 
 from runtime import Executor
 from runtime.cli import main
@@ -39,10 +41,10 @@ def near(pixels: np.ndarray, hex_colour: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def round_trip(tmp_path_factory, shared_dir):
+def round_trip(tmp_path_factory):
     """Run the whole session once; tests below look at its pieces."""
     tmp = tmp_path_factory.mktemp("cli")
-    model = shared_dir / "models" / "widedeep_bce_ts.onnx"
+    model = MODELS / "widedeep_bce_ts.onnx"
     outs = {}
 
     def run(*argv):
@@ -205,3 +207,78 @@ def test_console_script_exit_codes():
     assert ok.returncode == 0 and "--trainers" in ok.stdout
     bad = subprocess.run([*cmd, "inspect"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "usage: hetps inspect" in bad.stderr
+
+
+def test_version_is_the_installed_distributions(capsys):
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"hetps {version('hetps')}"
+
+
+def test_inspect_explain_prints_only_the_explanation(round_trip, capsys):
+    tmp, _, _ = round_trip
+    assert main(["inspect", str(tmp / "plan"), "--explain", "36"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu" in out and "plan:" not in out and "tables:" not in out
+
+
+def test_config_errors_exit_2_and_name_the_file(tmp_path, capsys):
+    model = str(MODELS / "wide_deep.onnx")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("mode: [sync\n")
+    for config, message in ((bad, f"--config {bad}: "), (tmp_path / "missing.yaml", "no such file")):
+        argv = ["transpile", model, "--loss", "bce", "--out", str(tmp_path / "p"), "--config", str(config)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "usage: hetps transpile" in err and message in err
+
+
+def test_training_errors_name_cli_flags_and_fit_one_line(round_trip, capsys, monkeypatch):
+    from runtime import cli, device
+    from runtime.train import TrainingError
+
+    tmp, _, _ = round_trip
+    monkeypatch.setattr(device, "cuda_available", lambda: False)
+    argv = ["train", str(tmp / "plan"), "--data", "synthetic", "--feeds", "sparse=a,dense=b,label=c",
+            "--steps", "1"]
+    assert main(argv) == 2
+    assert "pass --allow-emulation" in capsys.readouterr().err
+    e = TrainingError("gpu:0", "\nTraceback (most recent call last):\n  File 'x'\nValueError: boom\n")
+    expected = "gpu:0 failed: ValueError: boom (hetps -v ... shows its traceback)"
+    assert cli.one_line(e, verbose=False) == expected
+    assert "Traceback" in cli.one_line(e, verbose=True)
+
+
+def test_emulation_is_announced_once_per_run(tmp_path):
+    """The driver logs it; trainer processes do not repeat it (they printed it 2-4 times)."""
+    plan = tmp_path / "plan"
+    cmd = [sys.executable, "-m", "runtime.cli"]
+    subprocess.run([*cmd, "transpile", str(MODELS / "wide_deep.onnx"), "--loss", "bce", "--out", str(plan)],
+                   check=True, capture_output=True, timeout=120)
+    run = subprocess.run([*cmd, "train", str(plan), "--data", "synthetic", "--steps", "2", "--batch-size",
+                          "64", "--allow-emulation", "--no-progress"], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("EMULATING") == 1, run.stderr
+
+
+def test_start_up_time_counts_placement(round_trip, monkeypatch):
+    """Placing the processes (on Ray: ray.init and creating the actors) is start-up time; the Ray
+    engine printed "+0.0 s start-up" because the clock started after it. Here placement is made to
+    take 5 s on the local engine (otherwise instant): the run's start-up and wall time must account
+    for all but the tear-down of the time `train` took."""
+    import time
+
+    from runtime import train
+    from runtime.engines.local import LocalEngine
+
+    tmp, _, _ = round_trip
+    monkeypatch.setattr(LocalEngine, "place", lambda self, needs: time.sleep(5), raising=False)
+    data = SyntheticCTR(vocab=1000, seed=0, sparse_name="a", dense_name="b", label_name="c")
+    t = time.perf_counter()
+    hist = train(Plan.load(tmp / "plan"), data, steps=2, batch_size=8, trainers={"cpu": 1, "gpu": 1},
+                 micro_batches=1, allow_emulation=True, progress=False)
+    total = time.perf_counter() - t
+    assert hist.startup_s >= 5
+    assert total - hist.startup_s - hist.wall_s < 5  # tear-down only: it was >= 5 before

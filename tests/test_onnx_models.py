@@ -1,4 +1,4 @@
-"""Real exported models (../shared/models), ONNX export, and import errors.
+"""Real exported models (tutorials/models), ONNX export, and import errors.
 
 - wide_deep.onnx (paddle2onnx) and widedeep_bce_ts.onnx (torch.onnx) import, match onnxruntime,
   train single-process on SyntheticCTR data with the loss going down, and survive
@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from assets import MODELS
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
@@ -25,15 +26,11 @@ from transpiler import OnnxImportError, Program, UnsupportedOnnxOpsError, from_o
 from transpiler import builder as nn
 from transpiler.models import wide_deep
 
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
 NAMES = {"wide_deep.onnx": ("sparse", "dense", "label"), "widedeep_bce_ts.onnx": ("a", "b", "c")}
 
 
 def _path(name: str) -> Path:
-    path = MODELS / name
-    if not path.is_file():
-        pytest.skip(f"shared test model {path} is missing (expected in ../shared/models beside the repo)")
-    return path
+    return MODELS / name
 
 
 def _ort(model: onnx.ModelProto | Path, feed: dict) -> list[np.ndarray]:

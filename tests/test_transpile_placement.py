@@ -72,6 +72,17 @@ def test_explicit_op_device_wins_and_overrides_by_name_and_type():
     assert {op.attrs["table"] for op in pulls} == {"wide_emb.w_0", "deep_emb.w_0"}
 
 
+def test_a_name_pattern_that_matches_nothing_is_an_error_naming_real_outputs():
+    """docs/cli.md used to show {"fc_2*": cpu}, which matches no builder output (gemm_2.tmp) and
+    was silently ignored."""
+    m = wide_deep()
+    with pytest.raises(ValueError, match=r"pattern 'fc_2\*' matches no op output .* e\.g\. sparse"):
+        transpile(m.main, TranspileConfig(name_devices={"fc_2*": "cpu", "relu_1*": "cpu"}))
+    gemm2 = out_of(m.main, "gemm", 2)
+    plan = transpile(m.main, TranspileConfig(name_devices={"gemm_2*": "cpu"}))
+    assert f"output {gemm2!r} matches 'gemm_2*'" in plan.explain(gemm2)
+
+
 def test_light_ops_cut_fewer_bytes_and_explain_says_so():
     m = wide_deep()
     plan = transpile(m.main)

@@ -36,7 +36,7 @@ def test_03_paddle_program_trains_heterogeneously(capsys):
     assert out["auc"] > 0.70
 
 
-def test_04_onnx_model_trains_and_exports_its_split(shared_dir, tmp_path):
+def test_04_onnx_model_trains_and_exports_its_split(tmp_path):
     out = tutorial("04_onnx_model.py").main(["--steps", "60", "--eval-size", "4096", "--out", str(tmp_path)])
     assert out["loss_last"] < out["loss_first"] - 0.05
     assert out["auc_after"] > 0.62 and out["auc_after"] > out["auc_before"] + 0.1

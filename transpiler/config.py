@@ -4,7 +4,7 @@
     trainer_types: [cpu, gpu]
     category_map: {io: cpu, sparse: cpu, dense: gpu, loss: gpu}
     op_type_devices: {sigmoid_cross_entropy_with_logits: cpu}   # by op type
-    name_devices: {"fc_2*": cpu}                                   # by output var name (glob)
+    name_devices: {"gemm_2*": cpu}                                 # by output var name (glob)
     sparse_tables: null                                            # null = every embedding table
     mode: sync
     optimizer: {type: sgd, lr: 0.01}                               # for programs without optimize ops

@@ -18,6 +18,7 @@ slots are the schema's input/output names, so a node's positional inputs land in
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from onnx import defs, helper, numpy_helper, shape_inference, version_converter
 from ops_registry import by_onnx, get_op, list_ops
 
 from .ir import Program, Var
+
+log = logging.getLogger("hetps.onnx")
 
 MIN_OPSET = 13  # older models are upgraded to it by onnx.version_converter
 LOSSES = ("bce", "bce_with_logits", "mse", "softmax_ce")
@@ -61,7 +64,8 @@ def supported_onnx_ops() -> list[str]:
 
 
 def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | None = None,
-              label: str | None = None) -> Program:
+              label: str | None = None, *, dynamic_batch: bool = True, pred: str | None = None,
+              log_clamp: float | None = None) -> Program:
     """Import an ONNX model (a ModelProto or a path; external data files beside it are loaded).
 
     Variable names are the ONNX value names; `program.attrs["fetch_names"]` lists the graph outputs
@@ -70,19 +74,72 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
     class ids, class axis 1) attaches a mean loss on the first graph output against a new data input
     `label` (default "label"); without it, a graph whose first scalar float output is a loss is
     trainable as is. Either way `program.attrs["loss_name"]` names the loss.
+
+    - `dynamic_batch`: a batch size fixed in the graph's inputs (a traced export) is made dynamic
+      when nothing in the graph depends on it (see `transpiler.onnx_batch`); logged either way.
+    - `pred`: for a loss inside the graph, the tensor holding the prediction (probability or logit)
+      to score the AUC with; by default it is found in a binary cross-entropy written as raw
+      `Log`/`Sigmoid` ops. `program.attrs["score_names"]` = [prediction, label] when known.
+    - `log_clamp`: an opt-in change of the model's maths: every `Log` the in-graph loss is computed
+      from reads `Clip(x, min=log_clamp)`, as torch's BCELoss clamps and its export does not.
     """
+    from .onnx_batch import BatchDim, free_batch, leading_batch
+
     model = _load(model_or_path)
+    if dynamic_batch:
+        model, batch = free_batch(model)
+    else:
+        fixed = leading_batch(model)
+        batch = BatchDim(fixed, False, "dynamic_batch=False") if fixed else BatchDim()
+    if batch.message():
+        log.warning("%s", batch.message())
     program = _Importer(model).build()
     outputs = program.attrs["fetch_names"]
     if loss is not None:
+        if pred is not None or log_clamp is not None:
+            raise OnnxImportError("pred / log_clamp apply to a loss inside the graph, not to an attached "
+                                  f"loss={loss!r} (whose prediction is the first output)")
         attach_loss(program, outputs[0], loss, label or "label")
-    else:
-        for name in outputs:
-            v = program.var(name)
-            if v.shape is not None and len(v.shape) <= 1 and all(d == 1 for d in v.shape) \
-                    and np.dtype(v.dtype).kind == "f":
-                program.attrs["loss_name"] = name
-                break
+        return program
+    for name in outputs:
+        v = program.var(name)
+        if v.shape is not None and len(v.shape) <= 1 and all(d == 1 for d in v.shape) \
+                and np.dtype(v.dtype).kind == "f":
+            program.attrs["loss_name"] = name
+            break
+    return _score_in_graph_loss(model, program, pred, log_clamp)
+
+
+def _score_in_graph_loss(model: onnx.ModelProto, program: Program, pred: str | None,
+                         log_clamp: float | None) -> Program:
+    """The in-graph loss's prediction and label (`score_names`), its Logs clamped when asked."""
+    from .onnx_loss import clamp_logs, find_score, unclamped_logs
+
+    loss = program.attrs.get("loss_name")
+    if loss is None:
+        if pred is not None or log_clamp is not None:
+            raise OnnxImportError("pred / log_clamp need a loss: the graph has no scalar float output; "
+                                  "attach one with loss=... (CLI: --loss)")
+        return program
+    if log_clamp is not None:
+        model, n = clamp_logs(model, loss, log_clamp)
+        log.warning("log_clamp=%g: %d Log node(s) of the loss %r read Clip(x, min=%g)", log_clamp, n,
+                    loss, log_clamp)
+        attrs = program.attrs
+        program = _Importer(model).build()
+        program.attrs["loss_name"] = attrs["loss_name"]
+    elif n := unclamped_logs(model, loss):
+        log.warning("the loss %r takes the Log of %d value(s) with no clamp: a saturated prediction gives "
+                    "log(0) = -inf and NaN gradients. torch's BCELoss clamps its logs, its export does not; "
+                    "to clamp, import with log_clamp=1e-7 (CLI: --clamp-log 1e-7)", loss, n)
+    score = find_score(model, loss, pred)
+    if score is None:
+        return program
+    for name in (score.pred, score.label):
+        if not program.global_block().has_var(name):
+            raise OnnxImportError(f"pred {name!r} is folded away on import (an Identity output); name "
+                                  "the tensor the Identity reads")
+    program.attrs["score_names"] = [score.pred, score.label]
     return program
 
 

@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> float:
     args = parse_args(argv)
     # numpy's BLAS would start one thread per core; for these small GEMMs, and on a machine other
-    # processes share, one thread is several times faster (see ../shared/DESIGN.md).
+    # processes share, one thread is several times faster (see docs/design.md).
     threadpool_limits(1)
 
     # 1-2. The model. `wide_deep` is ~20 lines of builder calls (transpiler/models.py):

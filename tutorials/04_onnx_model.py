@@ -3,7 +3,7 @@
     python tutorials/04_onnx_model.py                       # ~30 s on 2 cores: held-out AUC ~0.71
     python tutorials/04_onnx_model.py --steps 60            # the CI setting
 
-ONNX is how models leave their framework. `../shared/models/wide_deep.onnx` is a Wide&Deep that
+ONNX is how models leave their framework. `tutorials/models/wide_deep.onnx` is a Wide&Deep that
 paddle2onnx exported from a PaddlePaddle `nn.Layer` (inputs `sparse` int64 [N, 26], `dense` float32
 [N, 13]; output: a click probability; untrained weights). It is an *inference* graph: no loss, no
 optimizer. This tutorial
@@ -31,12 +31,12 @@ from runtime.data import SyntheticCTR
 from runtime.metrics import auc
 from transpiler import TranspileConfig, from_onnx, inference_program, transpile
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+MODELS = Path(__file__).resolve().parent / "models"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="ONNX W&D -> heterogeneous training -> ONNX split")
-    ap.add_argument("--model", default=str(SHARED / "models" / "wide_deep.onnx"), help="ONNX model file")
+    ap.add_argument("--model", default=str(MODELS / "wide_deep.onnx"), help="ONNX model file")
     ap.add_argument("--steps", type=int, default=300, help="training steps (one global batch each)")
     ap.add_argument("--batch", type=int, default=256, help="examples per global batch")
     ap.add_argument("--lr", type=float, default=0.003, help="Adam learning rate")
@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     model = Path(args.model)
     if not model.is_file():
-        raise SystemExit(f"no ONNX model at {model}: pass --model PATH (the tutorial expects the team's "
-                         "../shared/models/wide_deep.onnx)")
+        raise SystemExit(f"no ONNX model at {model}: pass --model PATH (the tutorial's own model is "
+                         "tutorials/models/wide_deep.onnx)")
 
     # 1. Import. Names are the ONNX value names; `fetch_names` lists the graph outputs.
     program = from_onnx(model, loss="bce")

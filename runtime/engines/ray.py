@@ -2,7 +2,7 @@
 
 Ray does what it is good at — placement by resource requests, process lifecycle, failure detection
 across machines — and stays off the data path: an actor call costs ~1 ms and a 4 MB tensor through
-Ray's object store far more than the ~3 ms of a ZeroMQ tcp send (DESIGN.md).
+Ray's object store far more than the ~3 ms of a ZeroMQ tcp send (docs/design.md).
 
 How a run goes:
 1. `place(needs)` creates one actor per process with its resource request (a gpu trainer asks for

@@ -1,4 +1,4 @@
-"""The transpiler's passes, each a plain function over Programs (see DESIGN.md, passes 2-6).
+"""The transpiler's passes, each a plain function over Programs (see docs/design.md).
 
 assign_devices -> insert_ps -> insert_comm -> split -> verify: placement and parameter-server and
 comm insertion work on the one global program, so every inserted op sits at its place in the

@@ -20,6 +20,7 @@ to more than two trainer types, takes the cheapest trainer type op by op (a gree
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from collections import defaultdict
 
@@ -31,14 +32,26 @@ from ..config import TranspileConfig
 from ..ir import Op, Program, Var
 
 
-def bytes_per_example(var: Var | None) -> int:
-    """Bytes of one example of `var` (its batch dim, -1, counted as 1; unknown shape = 1 element)."""
+def bytes_per_example(var: Var | None, batch: int | None = None) -> int:
+    """Bytes of one example of `var` (its batch dim, -1, counted as 1; unknown shape = 1 element).
+    `batch`: the program's fixed batch size (`fixed_batch`), a leading dim equal to it is the batch."""
     if var is None:
         return 0
+    shape = list(var.shape or ())
+    if batch and shape and shape[0] == batch:
+        shape[0] = -1
     n = 1
-    for d in var.shape or ():
+    for d in shape:
         n *= d if d > 0 else 1
     return n * np.dtype(var.dtype).itemsize
+
+
+def fixed_batch(program: Program) -> int | None:
+    """The batch size a program's data inputs all fix (an ONNX export kept with a fixed batch), or
+    None when their leading dim is dynamic (-1) or they do not agree."""
+    dims = {tuple(op.attrs.get("shape") or (-1,))[0] for op in program.ops if op.type == "data"}
+    (dim,) = dims if len(dims) == 1 else (None,)
+    return dim if dim is not None and dim > 0 else None
 
 
 def assign_devices(program: Program, config: TranspileConfig | None = None) -> Program:
@@ -46,6 +59,7 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
     config = config or TranspileConfig()
     prog = program
     ops = prog.ops
+    check_name_patterns(ops, config.name_devices)
     by_id = {op.id: op for op in ops}
     reasons: dict[str, str] = {}
     unit_of: dict[int, int] = {}
@@ -90,6 +104,19 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
     prog.attrs["trainer_types"] = list(config.trainer_types)
     prog.version += 1
     return prog
+
+
+def check_name_patterns(ops: list[Op], name_devices: dict[str, str]) -> None:
+    """Every `name_devices` pattern must match an output of a forward op: a pattern that matches
+    nothing (a name from another model, a typo) would otherwise be ignored without a word."""
+    outputs = [n for op in ops if op.role not in ("backward", "optimize") for n in op.output_names()]
+    for pattern in name_devices:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in outputs):
+            close = difflib.get_close_matches(pattern.replace("*", ""), outputs, n=4, cutoff=0.3)
+            hint = f"; close names: {', '.join(close)}" if close else ""
+            raise ValueError(f"TranspileConfig.name_devices pattern {pattern!r} matches no op output of "
+                             f"this program (it has {len(outputs)}, e.g. {', '.join(outputs[:4])}){hint}; "
+                             "`hetps inspect PLAN --program TYPE` lists every op with its outputs")
 
 
 def _rule(op: Op, config: TranspileConfig) -> tuple[str, str] | None:
@@ -150,6 +177,7 @@ def _edges(prog: Program, ops: list[Op], unit_of: dict[int, int],
                 writer[n] = u
     edges = []
     block_vars = prog.global_block().vars
+    batch = fixed_batch(prog)
     for n, u in writer.items():
         members = readers.get(n)
         if not members or (u not in flex and flex.isdisjoint(members)):
@@ -157,7 +185,7 @@ def _edges(prog: Program, ops: list[Op], unit_of: dict[int, int],
         var = block_vars.get(n)
         members = members | {u}
         if len(members) > 1 and not (var is not None and var.persistable):
-            edges.append((sorted(members), bytes_per_example(var)))
+            edges.append((sorted(members), bytes_per_example(var, batch)))
     return edges, pref
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..ir import Op, Program
-from .assign_devices import bytes_per_example
+from .assign_devices import bytes_per_example, fixed_batch
 
 
 def insert_comm(program: Program) -> Program:
@@ -35,6 +35,7 @@ def insert_comm(program: Program) -> Program:
     recvs: dict[int, list[tuple[str, str]]] = defaultdict(list)   # reader id -> [(tensor, src)]
     sends: dict[int, list[tuple[str, str]]] = defaultdict(list)   # producer id -> [(tensor, dst)]
     channels = []
+    batch = fixed_batch(prog)
     for op in prog.ops:
         dev = op.attrs["op_device"]
         mine = have[dev]
@@ -50,7 +51,7 @@ def insert_comm(program: Program) -> Program:
                 channels.append({"tensor": n, "src": src, "dst": dev,
                                  "shape": list(var.shape) if var and var.shape is not None else None,
                                  "dtype": var.dtype if var else None,
-                                 "bytes_per_example": bytes_per_example(var),
+                                 "bytes_per_example": bytes_per_example(var, batch),
                                  "direction": "backward" if producer.role == "backward" else "forward"})
         local_copy = op.attrs.get("op_role") == "ps"
         for names in op.outputs.values():

@@ -48,5 +48,8 @@ def split(program: Program) -> dict[str, Program]:
                      "feeds": [op.outputs["Out"][0] for op in groups[dev] if op.type == "data"]}
         if dev == loss_dev:
             sub.attrs["loss_name"] = loss
+            score = program.attrs.get("score_names")  # [prediction, label] for the AUC
+            if score and all(n in names[dev] for n in score):
+                sub.attrs["score_names"] = list(score)
         out[dev] = sub
     return out

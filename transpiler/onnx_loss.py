@@ -1,0 +1,165 @@
+"""Losses an exporter wrote as raw ops: which tensor is the prediction, and an optional log clamp.
+
+torch's TorchScript exporter writes `BCELoss` as `-(y * Log(p) + (1 - y) * Log(1 - p))` with `p =
+Sigmoid(logit)`: no loss op a trainer could recognise, so nobody knew which tensor to score for
+the AUC. `find_score` finds the prediction `p` and the label `y` feeding such a loss; `clamp_logs`
+puts a `Clip(min=eps)` before every `Log` the loss is computed from — torch clamps the log inside
+`BCELoss` (at -100), the exported graph does not, so a saturated sigmoid gives log(0) = -inf. The
+clamp changes the model's maths, so it is the user's choice (`from_onnx(..., log_clamp=eps)`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from .onnx_import import OnnxImportError
+
+PASS_THROUGH = ("Clip", "Identity")  # a Log's input is read through these to find the prediction
+
+
+@dataclass(frozen=True)
+class Score:
+    """The tensors the AUC is computed from: the prediction (probability or logit) and the label."""
+
+    pred: str
+    label: str
+
+
+class _Graph:
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.graph = model.graph
+        self.producer = {o: n for n in self.graph.node for o in n.output}
+        self.consts = {t.name for t in self.graph.initializer} | {
+            n.output[0] for n in self.graph.node if n.op_type == "Constant"
+        }
+        self.inputs = [vi.name for vi in self.graph.input if vi.name not in self.consts]
+
+    def ancestors(self, name: str) -> set[str]:
+        """Every value `name` is computed from, itself included."""
+        seen, todo = set(), [name]
+        while todo:
+            v = todo.pop()
+            if v in seen or not v:
+                continue
+            seen.add(v)
+            node = self.producer.get(v)
+            if node is not None:
+                todo.extend(node.input)
+        return seen
+
+    def through(self, name: str) -> str:
+        """`name` with Clip / Identity producers looked through."""
+        while (node := self.producer.get(name)) is not None and node.op_type in PASS_THROUGH:
+            name = node.input[0]
+        return name
+
+    def one_minus(self, name: str) -> str | None:
+        """x when `name` is Sub(1, x) (looked through Clip / Identity), else None."""
+        node = self.producer.get(self.through(name))
+        if node is None or node.op_type != "Sub" or self._const(node.input[0]) != 1.0:
+            return None
+        return self.through(node.input[1])
+
+    def _const(self, name: str) -> float | None:
+        for t in self.graph.initializer:
+            if t.name == name:
+                arr = numpy_helper.to_array(t)
+                return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
+            arr = numpy_helper.to_array(node.attribute[0].t)
+            return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+        return None
+
+
+def find_score(model: onnx.ModelProto, loss: str, pred: str | None = None) -> Score | None:
+    """The prediction and label of the loss `loss`, or None when they cannot be told apart.
+
+    The prediction is `pred` when given; else the `x` of a binary cross-entropy written as
+    `Log(x)` and `Log(1 - x)`; else the output of a `Sigmoid` that a `Log` reads. The label is the
+    one graph input the loss reads that the prediction does not."""
+    g = _Graph(model)
+    upstream = g.ancestors(loss)
+    if pred is not None:
+        if pred not in upstream:
+            raise OnnxImportError(
+                f"pred {pred!r} is not a value the loss {loss!r} is computed from; "
+                "name the tensor holding the model's prediction (probability or logit)"
+            )
+    else:
+        pred = _detect_pred(g, upstream)
+        if pred is None:
+            return None
+    labels = [n for n in g.inputs if n in upstream and n not in g.ancestors(pred)]
+    return Score(pred, labels[0]) if len(labels) == 1 else None
+
+
+def _detect_pred(g: _Graph, upstream: set[str]) -> str | None:
+    logs = [g.through(n.input[0]) for n in g.graph.node if n.op_type == "Log" and n.output[0] in upstream]
+    complements = {g.one_minus(x) for x in logs}
+    bce = [x for x in logs if x in complements]
+    if bce:
+        return bce[0]
+    for x in logs:
+        node = g.producer.get(x)
+        if node is not None and node.op_type == "Sigmoid":
+            return x
+    return None
+
+
+def unclamped_logs(model: onnx.ModelProto, loss: str) -> int:
+    """How many Logs the loss is computed from read a value with no Clip before it."""
+    g = _Graph(model)
+    upstream = g.ancestors(loss)
+    return sum(
+        1
+        for n in g.graph.node
+        if n.op_type == "Log"
+        and n.output[0] in upstream
+        and getattr(g.producer.get(n.input[0]), "op_type", None) != "Clip"
+    )
+
+
+def clamp_logs(model: onnx.ModelProto, loss: str, eps: float) -> tuple[onnx.ModelProto, int]:
+    """(a copy of `model` where every Log that `loss` is computed from reads Clip(x, min=eps),
+    the number of Logs clamped). log(eps) is then the smallest term: eps=1e-7 bounds it at -16.1."""
+    if not eps > 0:
+        raise ValueError(f"log_clamp must be > 0 (the smallest value a Log may read), not {eps!r}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    upstream = _Graph(out).ancestors(loss)
+    nodes, done = [], 0
+    for i, node in enumerate(out.graph.node):
+        if node.op_type == "Log" and node.output[0] in upstream:
+            eps_name, clipped = f"{node.output[0]}.clamp_min", f"{node.output[0]}.clamped_input"
+            dtype = helper.tensor_dtype_to_np_dtype(_elem_type(out, node.input[0]))
+            nodes.append(
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [eps_name],
+                    name=f"{node.name or i}.clamp_min",
+                    value=numpy_helper.from_array(np.array(eps, dtype=dtype)),
+                )
+            )
+            nodes.append(
+                helper.make_node("Clip", [node.input[0], eps_name], [clipped], name=f"{node.name or i}.clamp")
+            )
+            node.input[0] = clipped
+            done += 1
+        nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out, done
+
+
+def _elem_type(model: onnx.ModelProto, name: str) -> int:
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    for vi in [*inferred.value_info, *inferred.input, *inferred.output]:
+        if vi.name == name and vi.type.tensor_type.elem_type:
+            return vi.type.tensor_type.elem_type
+    return onnx.TensorProto.FLOAT
