@@ -93,7 +93,8 @@ def test_every_block_has_a_runner():
         elif b.lang == "":
             assert re.search("[┌─│►]", b.text), f"{b}: an untagged block that is not a diagram"
         else:
-            assert b.lang in ("python", "yaml"), f"{b}: no runner for {b.lang!r} blocks"
+            # text blocks show a sample of output: nothing to run
+            assert b.lang in ("python", "yaml", "text"), f"{b}: no runner for {b.lang!r} blocks"
     assert len(blocks("python")) >= 4 and len(blocks("bash")) >= 6  # the extraction finds them
 
 
@@ -206,7 +207,7 @@ def test_cluster_python_blocks(ray_local):
 def test_cli_config_example_places_what_its_comments_say(tmp_path):
     from transpiler import TranspileConfig, from_onnx, transpile
 
-    (b,) = [b for b in blocks("yaml") if b.page == "docs/cli.md"]
+    (b,) = [b for b in blocks("yaml") if b.page == "docs/cli.md" and "trainer_types" in b.text]
     (tmp_path / "plan.yaml").write_text(b.text)
     config = TranspileConfig.load(tmp_path / "plan.yaml")
     plan = transpile(from_onnx(MODELS / "wide_deep.onnx", loss="bce"), config)
@@ -346,3 +347,22 @@ def test_readme_quick_start_commands(tmp_path):
             )
             assert proc.returncode == 0, proc.stdout + proc.stderr
             assert "final held-out AUC" in proc.stdout
+
+
+def test_cli_schema_example_reads_a_csv_as_its_comments_say(tmp_path):
+    """cli.md's schema block, applied to a 3-row CSV: rating >= 4 is positive, genres split on '|'."""
+    from runtime.data import open_dataset
+
+    (b,) = [b for b in blocks("yaml") if b.page == "docs/cli.md" and "label_threshold" in b.text]
+    (tmp_path / "schema.yaml").write_text(b.text)
+    (tmp_path / "items.txt").write_text("i1\ni2\n")
+    (tmp_path / "r.csv").write_text(
+        "user_id,item_id,gender,occupation,age,genres,rating\n"
+        "u1,i2,M,7,20,Drama|Comedy,5\nu2,i9,F,3,30,Drama,2\nu1,i1,M,7,40,,4\n"
+    )
+    (batch,) = list(open_dataset(tmp_path / "r.csv", tmp_path / "schema.yaml", batch_size=3))
+    assert batch["label"].ravel().tolist() == [1.0, 0.0, 1.0]
+    assert batch["sparse"].shape == (3, 4) and batch["dense"].shape == (3, 1)
+    np.testing.assert_allclose(batch["dense"].ravel(), [-1.2247449, 0.0, 1.2247449], rtol=1e-5)  # standardize
+    assert batch["sparse"][:, 1].tolist()[::2] == [2, 1]  # listed items get ids 1..K in file order
+    assert batch["genres"][0, :2].all() and (batch["genres"][1, 1:] == 0).all()  # a bag, padded with 0
