@@ -76,6 +76,7 @@ def test_wide_deep_imports_as_expected() -> None:
     reshape = next(op for op in program.ops if op.type == "reshape")
     assert reshape.attrs["shape"] == [-1, 208] and list(reshape.inputs) == ["data"]  # folded constant
     assert program.attrs["fetch_names"] == ["fetch_name_0"] and "loss_name" not in program.attrs
+    assert program.fetch_names == ["fetch_name_0"]
 
 
 def test_wide_deep_matches_onnxruntime_and_paddle() -> None:
