@@ -13,12 +13,16 @@ slots are the schema's input/output names, so a node's positional inputs land in
 - a `Gather` (axis 0) whose data is a 2-D float initializer used only by such Gathers becomes an
   `embedding` lookup of a sparse table (row-sparse gradient, a parameter-server table candidate);
 - graph inputs become `data` ops (category io), so placement sees where data enters;
-- models older than opset 13 are upgraded by ONNX's own version converter first.
+- models older than opset 13 are upgraded by ONNX's own version converter first;
+- shapes are lenient like onnxruntime's: a declared graph-output / value-info shape that disagrees
+  with the computed one but is compatible (rank 0 vs [1], a fixed dim vs a symbolic one) gives way to
+  the computed one with an OnnxShapeWarning naming the value (`lenient_types`).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +146,122 @@ def _tensor_type(vi: onnx.ValueInfoProto, what: str) -> tuple[str | None, tuple[
     return dtype, tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
 
 
+class OnnxShapeWarning(UserWarning):
+    """A declared shape disagreed with the computed one in a compatible way; the computed one is used."""
+
+
+Shape = tuple[int, ...]
+
+
+def _infer(model: onnx.ModelProto) -> onnx.GraphProto | None:
+    """ONNX's shape inference (propagating constant shape values when it can); None when it fails."""
+    for data_prop in (True, False):
+        try:
+            return shape_inference.infer_shapes(model, data_prop=data_prop).graph
+        except Exception:  # noqa: BLE001 - inference is a convenience: vars then keep unknown shapes
+            continue
+    return None
+
+
+Dim = int | str | None  # fixed, symbolic (a dim_param), unknown
+
+
+def _symbol(dim_param: str) -> str | None:
+    """A symbolic dim's name; None for none or for the `unk__<k>` names ONNX's inference makes up
+    for dims it could not tell."""
+    return dim_param if dim_param and not dim_param.startswith("unk__") else None
+
+
+def _dims(graph: onnx.GraphProto) -> dict[str, tuple[Dim, ...]]:
+    """The dims of every typed value with a shape (tensors only)."""
+    out = {}
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        t = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if t is not None and t.HasField("shape"):
+            out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else _symbol(d.dim_param)
+                                 for d in t.shape.dim)
+    return out
+
+
+def merge_shape(declared: tuple[Dim, ...], computed: tuple[Dim, ...]) -> tuple[Shape, bool] | None:
+    """onnxruntime's lenient merge of a declared shape into the computed one: (the shape, -1 for
+    symbolic / unknown dims; whether the declaration disagreed), or None when they are incompatible.
+
+    Same rank: a computed fixed dim wins (a different declared fixed dim is incompatible), a computed
+    symbolic dim wins over a declared fixed one (a disagreement), an unknown computed dim takes the
+    declared one. Another rank: compatible when equal once size-1 dims are dropped (rank 0 vs [1],
+    [N] vs [N, 1]); the computed shape wins (a disagreement).
+    """
+    def fixed(d: Dim) -> bool:
+        return isinstance(d, int)
+
+    if len(declared) != len(computed):
+        d1, c1 = [d for d in declared if d != 1], [c for c in computed if c != 1]
+        if len(d1) != len(c1) or any(fixed(d) and fixed(c) and d != c for d, c in zip(d1, c1, strict=True)):
+            return None
+        return tuple(c if fixed(c) else -1 for c in computed), True
+    shape, disagrees = [], False
+    for d, c in zip(declared, computed, strict=True):
+        if fixed(c):
+            if fixed(d) and d != c:
+                return None
+            shape.append(c)
+        elif c is None:  # inference could not tell: keep what the model says
+            shape.append(d if fixed(d) else -1)
+        else:
+            disagrees |= fixed(d)
+            shape.append(-1)
+    return tuple(shape), disagrees
+
+
+def lenient_types(model: onnx.ModelProto) -> dict[str, tuple[str | None, Shape | None]]:
+    """(dtype, shape) of every value ONNX's shape inference can type, as onnxruntime sees them.
+
+    Shapes are computed from the graph inputs with the declared graph-output and value-info shapes
+    set aside, then the declarations are merged in (`merge_shape`): where one disagrees with the
+    computed shape but is compatible (rank 0 vs [1], a fixed dim vs a symbolic one) the computed
+    shape wins and one OnnxShapeWarning names the value; an incompatible declaration is an
+    OnnxImportError. A value whose shape cannot be computed keeps its declared one.
+    """
+    declared_graph = _infer(model) or model.graph  # the model's own declarations win here
+    types = {}
+    for what, vis in (("graph input", declared_graph.input), ("graph output", declared_graph.output),
+                      ("value", declared_graph.value_info)):
+        for vi in vis:
+            types[vi.name] = _tensor_type(vi, what)
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    del stripped.graph.value_info[:]
+    for vi in stripped.graph.output:
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+    computed_graph = _infer(stripped)
+    if computed_graph is None:
+        return types
+    declared = _dims(model.graph)
+    outputs = {o.name for o in model.graph.output}
+    for name, dims in _dims(computed_graph).items():
+        dtype = types.get(name, (None, None))[0]
+        if name not in declared:
+            types[name] = (dtype, tuple(d if isinstance(d, int) else -1 for d in dims))
+            continue
+        merged = merge_shape(declared[name], dims)
+        what = "graph output" if name in outputs else "value"
+        show = [d if d is not None else "?" for d in declared[name]], \
+            [d if d is not None else "?" for d in dims]
+        if merged is None:
+            raise OnnxImportError(
+                f"{what} {name!r} is declared with shape {show[0]}, but the graph computes {show[1]}; "
+                "fix or remove the declaration (the model's value_info / graph output)")
+        shape, disagrees = merged
+        if disagrees:
+            warnings.warn(f"{what} {name!r}: declared shape {show[0]} disagrees with the computed "
+                          f"{show[1]}; using the computed one, as onnxruntime's lenient merge does",
+                          OnnxShapeWarning, stacklevel=4)
+        types[name] = (dtype, shape)
+    return types
+
+
 def _constant_value(node: onnx.NodeProto) -> np.ndarray:
     a = node.attribute[0]
     if a.name == "value":
@@ -203,14 +323,7 @@ class _Importer:
             raise UnsupportedOnnxOpsError(bad)
 
     def _infer_types(self) -> None:
-        try:
-            inferred = shape_inference.infer_shapes(self.model).graph
-        except Exception:  # inference is a convenience: vars then keep unknown shapes
-            inferred = self.graph
-        for what, vis in (("graph input", inferred.input), ("graph output", inferred.output),
-                          ("value", inferred.value_info)):
-            for vi in vis:
-                self.types[vi.name] = _tensor_type(vi, what)
+        self.types.update(lenient_types(self.model))
 
     def _collect_constants(self) -> None:
         for t in self.graph.initializer:
