@@ -112,6 +112,8 @@ def _load(model_or_path) -> onnx.ModelProto:
     except onnx.checker.ValidationError as e:
         raise OnnxImportError(f"invalid ONNX model{where}: {e}") from None
     version = default_opset(model)
+    if version < 7:
+        model = _legacy_prelu_slopes(model)
     if version < MIN_OPSET:
         try:
             model = version_converter.convert_version(model, MIN_OPSET)
@@ -119,6 +121,38 @@ def _load(model_or_path) -> onnx.ModelProto:
             raise OnnxImportError(f"opset {version} model{where}: ONNX's version converter could not "
                                   f"upgrade it to opset {MIN_OPSET}: {e}") from None
     return model
+
+
+def _legacy_prelu_slopes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """PRelu before opset 7 applied a [C] slope per channel (axis 1); from opset 7 on it broadcasts
+    like numpy (trailing axes), and ONNX's version converter leaves it. Reshape such constant slopes
+    to [C, 1, ...] so the upgraded model means what the old one did."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inits = {t.name: t for t in model.graph.initializer}
+    ranks = {n: len(s) for n, (_, s) in _graph_types(_infer(model) or model.graph).items() if s is not None}
+    for node in model.graph.node:
+        if node.op_type != "PRelu" or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        slope = numpy_helper.to_array(inits[node.input[1]])
+        rank = ranks.get(node.input[0], 0)
+        if slope.ndim == 1 and slope.size > 1 and rank > 2:
+            inits[node.input[1]].CopyFrom(numpy_helper.from_array(
+                slope.reshape((-1,) + (1,) * (rank - 2)), node.input[1]))
+            for vi in model.graph.input:  # IR < 4 lists initializers as inputs too
+                if vi.name == node.input[1]:
+                    vi.CopyFrom(helper.make_tensor_value_info(
+                        vi.name, vi.type.tensor_type.elem_type, [slope.size] + [1] * (rank - 2)))
+    return model
+
+
+def _graph_types(graph: onnx.GraphProto) -> dict[str, tuple[str | None, tuple[int, ...] | None]]:
+    """(dtype, shape) of the graph's typed values (inputs, outputs, value_info)."""
+    types = {}
+    for what, vis in (("graph input", graph.input), ("graph output", graph.output),
+                      ("value", graph.value_info)):
+        for vi in vis:
+            types[vi.name] = _tensor_type(vi, what)
+    return types
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -223,12 +257,7 @@ def lenient_types(model: onnx.ModelProto) -> dict[str, tuple[str | None, Shape |
     shape wins and one OnnxShapeWarning names the value; an incompatible declaration is an
     OnnxImportError. A value whose shape cannot be computed keeps its declared one.
     """
-    declared_graph = _infer(model) or model.graph  # the model's own declarations win here
-    types = {}
-    for what, vis in (("graph input", declared_graph.input), ("graph output", declared_graph.output),
-                      ("value", declared_graph.value_info)):
-        for vi in vis:
-            types[vi.name] = _tensor_type(vi, what)
+    types = _graph_types(_infer(model) or model.graph)  # the model's own declarations win here
     stripped = onnx.ModelProto()
     stripped.CopyFrom(model)
     del stripped.graph.value_info[:]
