@@ -110,3 +110,267 @@ def test_agreeing_declarations_give_no_warning() -> None:
 def test_incompatible_declaration_is_refused_naming_the_value() -> None:
     with pytest.raises(OnnxImportError, match=r"graph output 'loss' is declared with shape \[2\]"):
         from_onnx(_scalar_loss_model([2]))
+
+
+# -- control flow ---------------------------------------------------------------------------------
+def _i64(v) -> np.ndarray:
+    return np.array(v, dtype=np.int64)
+
+
+def _float(dtype) -> int:
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def _bag_model(mode: str, per_sample_weights: bool, dtype=np.float32, rows: int = 7, dim: int = 3,
+               loss: bool = False) -> tuple[onnx.ModelProto, np.ndarray]:
+    """nn.EmbeddingBag as torch's TorchScript exporter writes it (symbolic_helper's
+    _embedding_bag_helper, include_last_offset=False, opset 18): offsets completed with len(input),
+    a Loop over the bags that Slices the bag's indices, Gathers the rows, multiplies by the per-sample
+    weights, and reduces over axis 0. With `loss`, a scalar sum(bags * R) output "loss" (R fed)."""
+    w = rng.normal(size=(rows, dim)).astype(dtype)
+    body_nodes = [
+        _const("b_axes0", _i64([0])),
+        helper.make_node("Gather", ["starts", "i"], ["s"], axis=0),
+        helper.make_node("Gather", ["ends", "i"], ["e"], axis=0),
+        helper.make_node("Unsqueeze", ["s", "b_axes0"], ["s1"]),
+        helper.make_node("Unsqueeze", ["e", "b_axes0"], ["e1"]),
+        helper.make_node("Slice", ["input", "s1", "e1", "zero"], ["row"]),
+        helper.make_node("Gather", ["emb.weight", "row"], ["emb"], axis=0),
+    ]
+    pooled_in = "emb"
+    if per_sample_weights:
+        body_nodes += [helper.make_node("Slice", ["per_sample_weights", "s1", "e1", "zero"], ["pw"]),
+                       _const("b_axes1", _i64([1])),
+                       helper.make_node("Unsqueeze", ["pw", "b_axes1"], ["pw1"]),
+                       helper.make_node("Mul", ["emb", "pw1"], ["embw"])]
+        pooled_in = "embw"
+    reduce_op = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax"}[mode]
+    body_nodes += [helper.make_node(reduce_op, [pooled_in, "b_axes0"], ["pooled"], keepdims=0),
+                   helper.make_node("Cast", ["loop_cond"], ["cond_out"], to=TensorProto.BOOL)]
+    body = helper.make_graph(
+        body_nodes, "bag_body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("pooled", _float(dtype), [dim])])
+    nodes = [
+        _const("one", np.array(1, np.int64)),
+        helper.make_node("Cast", ["one"], ["loop_cond"], to=TensorProto.BOOL),
+        _const("zero", _i64([0])), _const("c0", np.array(0, np.int64)), _const("ax0", _i64([0])),
+        _const("big", _i64([2**63 - 1])), _const("first", _i64([1])),
+        helper.make_node("Shape", ["input"], ["ishape"]),
+        helper.make_node("Gather", ["ishape", "c0"], ["ilen_s"], axis=0),
+        helper.make_node("Unsqueeze", ["ilen_s", "ax0"], ["ilen"]),
+        helper.make_node("Concat", ["offsets", "ilen"], ["offs"], axis=0),
+        helper.make_node("Slice", ["offs", "zero", "big", "zero", "first"], ["starts"]),
+        helper.make_node("Slice", ["offs", "first", "big", "zero", "first"], ["ends"]),
+        helper.make_node("Shape", ["ends"], ["eshape"]),
+        helper.make_node("Gather", ["eshape", "c0"], ["loop_len"], axis=0),
+        helper.make_node("Loop", ["loop_len", "loop_cond"], ["bags"], name="embedding_bag_loop", body=body),
+    ]
+    inputs = [helper.make_tensor_value_info("input", TensorProto.INT64, ["L"]),
+              helper.make_tensor_value_info("offsets", TensorProto.INT64, ["B"])]
+    if per_sample_weights:
+        inputs.append(helper.make_tensor_value_info("per_sample_weights", _float(dtype), ["L"]))
+    outputs = [helper.make_tensor_value_info("bags", _float(dtype), ["B", dim])]
+    if loss:
+        inputs.append(helper.make_tensor_value_info("R", _float(dtype), ["B", dim]))
+        nodes += [helper.make_node("Mul", ["bags", "R"], ["weighted"]),
+                  helper.make_node("ReduceSum", ["weighted"], ["loss"], keepdims=0)]
+        outputs = [helper.make_tensor_value_info("loss", _float(dtype), []), *outputs]
+    graph = helper.make_graph(nodes, "bag", inputs, outputs, [numpy_helper.from_array(w, "emb.weight")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), w
+
+
+def _bag_feed(per_sample_weights: bool, dtype=np.float32, rows: int = 7, bags: int = 4) -> dict:
+    lengths = rng.integers(1, 4, bags)
+    ids = rng.integers(0, rows, int(lengths.sum()))
+    feed = {"input": ids.astype(np.int64), "offsets": (np.cumsum(lengths) - lengths).astype(np.int64)}
+    if per_sample_weights:
+        feed["per_sample_weights"] = rng.uniform(0.5, 1.5, ids.size).astype(dtype)
+    return feed
+
+
+def _bag_by_hand(w: np.ndarray, feed: dict, mode: str) -> np.ndarray:
+    """torch.nn.functional.embedding_bag's definition, bag by bag."""
+    ids, offs = feed["input"], list(feed["offsets"]) + [feed["input"].size]
+    out = []
+    for b in range(len(offs) - 1):
+        rows = w[ids[offs[b]:offs[b + 1]]]
+        if "per_sample_weights" in feed:
+            rows = rows * feed["per_sample_weights"][offs[b]:offs[b + 1], None]
+        out.append({"sum": rows.sum(0), "mean": rows.mean(0), "max": rows.max(0)}[mode])
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("mode,weights", [("sum", False), ("mean", False), ("max", False), ("sum", True)])
+def test_torch_embedding_bag_loop_becomes_a_pooled_sparse_lookup(mode: str, weights: bool) -> None:
+    model, w = _bag_model(mode, weights)
+    program = from_onnx(model)
+    readers = [op.type for op in program.ops if "emb.weight" in op.input_names()]
+    assert readers == ["embedding_bag"] and "loop" not in [op.type for op in program.ops]
+    assert program.var("emb.weight").is_sparse  # a parameter-server table candidate
+    for bags in (4, 9):  # the batch stays dynamic
+        feed = _bag_feed(weights, bags=bags)
+        (got,) = Executor().run(program, feed=feed, fetch_list=["bags"])
+        np.testing.assert_allclose(got, _ort(model, feed)[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got, _bag_by_hand(w, feed, mode), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode,weights", [("sum", True), ("mean", False), ("max", False)])
+def test_embedding_bag_gradient_matches_finite_differences(mode: str, weights: bool) -> None:
+    from test_onnx_gradients import _assert_gradients_match
+
+    model, _ = _bag_model(mode, weights, dtype=np.float64, loss=True)
+    feed = _bag_feed(weights, dtype=np.float64)
+    feed["input"][1] = feed["input"][0]  # a row twice in a bag (a tie for max)
+    feed["R"] = rng.normal(size=(feed["offsets"].size, 3))
+    program = from_onnx(model)
+    assert program.attrs["loss_name"] == "loss"
+    _assert_gradients_match(lambda: from_onnx(model), feed, ["emb.weight"])
+
+
+def _if_model(cond_node: onnx.NodeProto, cond_input: bool = False) -> onnx.ModelProto:
+    then = helper.make_graph([helper.make_node("Add", ["x", "c"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])],
+                             [numpy_helper.from_array(np.full((3,), 2.0, np.float32), "c")])
+    other = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["f"])], "else", [],
+                              [helper.make_tensor_value_info("f", TensorProto.FLOAT, [2, 3])])
+    nodes = [cond_node, helper.make_node("If", ["flag"], ["y"], name="branch", then_branch=then,
+                                         else_branch=other),
+             helper.make_node("Relu", ["y"], ["out"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])]
+    if cond_input:
+        inputs.append(helper.make_tensor_value_info("n", TensorProto.INT64, []))
+    return _model(nodes, inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])])
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_if_with_a_constant_condition_is_folded(flag: bool) -> None:
+    model = _if_model(_const("flag", np.array(flag)))
+    program = from_onnx(model)
+    assert "if" not in [op.type for op in program.ops]
+    assert [op.type for op in program.ops].count("add" if flag else "mul") == 1
+    feed = {"x": rng.normal(size=(2, 3)).astype(np.float32)}
+    (got,) = Executor().run(program, feed=feed, fetch_list=["out"])
+    np.testing.assert_allclose(got, _ort(model, feed)[0], rtol=1e-6)
+
+
+def test_if_on_a_static_shape_is_folded() -> None:
+    """The condition computed from a statically shaped input (Shape -> Gather -> Equal)."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), _const("k", np.array(1, np.int64)),
+             helper.make_node("Gather", ["shape", "k"], ["d1"], axis=0),
+             _const("three", np.array(3, np.int64)), helper.make_node("Equal", ["d1", "three"], ["flag"])]
+    model = _model(nodes + list(_if_model(_const("unused", np.array(0))).graph.node)[1:],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                   [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])])
+    program = from_onnx(model)
+    assert "if" not in [op.type for op in program.ops] and "add" in [op.type for op in program.ops]
+    feed = {"x": rng.normal(size=(2, 3)).astype(np.float32)}
+    np.testing.assert_allclose(Executor().run(program, feed=feed, fetch_list=["out"])[0],
+                               _ort(model, feed)[0], rtol=1e-6)
+
+
+def test_if_on_data_is_refused_naming_the_node() -> None:
+    from transpiler import UnsupportedOnnxOpsError
+
+    model = _if_model(helper.make_node("Greater", ["n", "zero_i"], ["flag"]), cond_input=True)
+    model.graph.node.insert(0, _const("zero_i", np.array(0, np.int64)))
+    with pytest.raises(UnsupportedOnnxOpsError, match=r"If: branch \(its condition is not known at import "
+                                                      r"time \(it depends on graph input 'n'\)\)"):
+        from_onnx(model)
+
+
+def _counting_loop(trips: onnx.NodeProto, dtype=np.float32, n: int | str = 3) -> onnx.ModelProto:
+    """v <- tanh(v @ W + iter); every v also a scan output."""
+    t = _float(dtype)
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["v_in", "W"], ["vw"]),
+         helper.make_node("Cast", ["it"], ["itf"], to=t),
+         helper.make_node("Add", ["vw", "itf"], ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["v_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Identity", ["v_out"], ["scan"])],
+        "body",
+        [helper.make_tensor_value_info("it", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_in", t, ["N", 3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", t, ["N", 3]),
+         helper.make_tensor_value_info("scan", t, ["N", 3])])
+    nodes = [trips, _const("true", np.array(True)),
+             helper.make_node("Loop", ["M", "true", "x"], ["v_final", "vs"], name="steps", body=body)]
+    w = numpy_helper.from_array((rng.normal(size=(3, 3)) * 0.5).astype(dtype), "W")
+    graph = helper.make_graph(nodes, "loop", [helper.make_tensor_value_info("x", t, ["N", 3])],
+                              [helper.make_tensor_value_info("v_final", t, ["N", 3]),
+                               helper.make_tensor_value_info("vs", t, [n, "N", 3])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_loop_with_a_constant_trip_count_is_unrolled() -> None:
+    model = _counting_loop(_const("M", np.array(3, np.int64)))
+    program = from_onnx(model)
+    types = [op.type for op in program.ops]
+    assert "loop" not in types and types.count("matmul") == 3
+    feed = {"x": rng.normal(size=(5, 3)).astype(np.float32)}
+    got = Executor().run(program, feed=feed, fetch_list=["v_final", "vs"])
+    for g, r in zip(got, _ort(model, feed), strict=True):
+        assert g.shape == r.shape
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_unrolled_loop_gradient_matches_finite_differences() -> None:
+    from test_onnx_gradients import _assert_gradients_match
+
+    model = _counting_loop(_const("M", np.array(2, np.int64)), dtype=np.float64, n=2)
+    model.graph.node.extend([helper.make_node("ReduceSum", ["vs"], ["loss"], keepdims=0)])
+    model.graph.output.insert(0, helper.make_tensor_value_info("loss", TensorProto.DOUBLE, []))
+    feed = {"x": rng.normal(size=(2, 3))}
+    _assert_gradients_match(lambda: from_onnx(model), feed, ["W"])
+
+
+def test_loop_with_a_run_time_trip_count_is_refused_naming_the_node() -> None:
+    from transpiler import UnsupportedOnnxOpsError
+
+    model = _counting_loop(helper.make_node("Size", ["x"], ["M"]), n="T")
+    with pytest.raises(UnsupportedOnnxOpsError, match=r"Loop: steps \(its trip count is not known at import "
+                                                      r"time \(it depends on graph input 'x'\)"):
+        from_onnx(model)
+
+
+def test_embedding_bag_model_trains_heterogeneously_like_single_process() -> None:
+    """EmbeddingBag -> MatMul -> Sigmoid with a bce loss: transpiled, the bag table is a sparse
+    parameter-server table (pulled by rows on the cpu trainer, the MLP on gpu); simulate's losses
+    and table values equal single-process SGD computed by hand from append_backward's gradients."""
+    from runtime.simulate import InMemoryServer, simulate
+    from transpiler import TranspileConfig, append_backward, transpile
+
+    model, _ = _bag_model("mean", False, dtype=np.float64)
+    w2 = numpy_helper.from_array(rng.normal(size=(3, 1)), "w2")
+    model.graph.initializer.append(w2)
+    model.graph.node.extend([helper.make_node("MatMul", ["bags", "w2"], ["z"]),
+                             helper.make_node("Sigmoid", ["z"], ["p"])])
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("p", TensorProto.DOUBLE, ["B", 1]))
+    feed = _bag_feed(False, bags=5)
+    feed["label"] = np.array([[1.0], [0.0], [1.0], [1.0], [0.0]])
+    batches = [feed] * 6  # one batch again and again: the loss must drop
+    lr = 0.5
+    plan = transpile(from_onnx(model, loss="bce"), TranspileConfig(optimizer={"type": "sgd", "lr": lr}))
+    kinds = {t["name"]: t["kind"] for t in plan.tables}
+    assert kinds["emb.weight"] == "sparse" and kinds["w2"] == "dense"
+    server = InMemoryServer(plan)
+    got = [float(x[0]) for x in simulate(plan, batches, server=server)]
+
+    program = from_onnx(model, loss="bce")
+    params_grads = append_backward(program, program.attrs["loss_name"])
+    exe, want = Executor(), []
+    for batch in batches:
+        fetch = [program.attrs["loss_name"]] + [g for _, g in params_grads]
+        out = exe.run(program, feed=batch, fetch_list=fetch)
+        want.append(float(out[0]))
+        for (p, _), g in zip(params_grads, out[1:], strict=True):
+            exe.scope[p] -= lr * (g.to_dense(np) if hasattr(g, "to_dense") else g)
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    assert want[-1] < want[0]
+    np.testing.assert_allclose(server.value("emb.weight"), exe.scope["emb.weight"], rtol=1e-9)

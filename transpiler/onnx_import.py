@@ -14,6 +14,11 @@ slots are the schema's input/output names, so a node's positional inputs land in
   `embedding` lookup of a sparse table (row-sparse gradient, a parameter-server table candidate);
 - graph inputs become `data` ops (category io), so placement sees where data enters;
 - models older than opset 13 are upgraded by ONNX's own version converter first;
+- control flow is made straight-line first (`onnx_control_flow.straighten`): an `If` on a condition
+  known at import time is folded, torch's `nn.EmbeddingBag` Loop becomes a pooled `embedding_bag`
+  lookup (its table a sparse one), a `Loop` with an import-time trip count is unrolled; any other
+  Loop / If is refused with the node named and the reason;
+- nodes of the domain ai.hetps (what `to_onnx` writes for hetps-only ops) import as those ops;
 - shapes are lenient like onnxruntime's: a declared graph-output / value-info shape that disagrees
   with the computed one but is compatible (rank 0 vs [1], a fixed dim vs a symbolic one) gives way to
   the computed one with an OnnxShapeWarning naming the value (`lenient_types`).
@@ -30,9 +35,10 @@ import numpy as np
 import onnx
 from onnx import defs, helper, numpy_helper, shape_inference, version_converter
 
-from ops_registry import by_onnx, get_op, list_ops
+from ops_registry import by_onnx, get_op, has_op, list_ops
 
 from .ir import Program, Var
+from .onnx_control_flow import HETPS_DOMAIN, Straightened, refusal_key, straighten
 
 MIN_OPSET = 13  # older models are upgraded to it by onnx.version_converter
 LOSSES = ("bce", "bce_with_logits", "mse", "softmax_ce")
@@ -76,7 +82,7 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
     trainable as is. Either way `program.attrs["loss_name"]` names the loss.
     """
     model = _load(model_or_path)
-    program = _Importer(model).build()
+    program = _Importer(straighten(model)).build()
     outputs = program.attrs["fetch_names"]
     if loss is not None:
         attach_loss(program, outputs[0], loss, label or "label")
@@ -327,7 +333,9 @@ def _node_desc(node: onnx.NodeProto, i: int) -> str:
 class _Importer:
     """One import: constants, aliases (folded Identity), then vars and ops in graph order."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, straightened: Straightened) -> None:
+        model = straightened.model
+        self.refused = straightened.refused  # control flow left in the graph: why
         self.model = model
         self.graph = model.graph
         self.opset = default_opset(model)
@@ -344,10 +352,13 @@ class _Importer:
     def _check_supported(self) -> None:
         bad: dict[str, list[str]] = {}
         for i, node in enumerate(self.graph.node):
+            if node.domain == HETPS_DOMAIN and has_op(node.op_type):
+                continue  # a hetps op (written by to_onnx, or by straighten for EmbeddingBag)
             if node.domain not in ("", "ai.onnx"):
                 bad.setdefault(f"{node.domain}::{node.op_type}", []).append(_node_desc(node, i))
             elif node.op_type != "Constant" and by_onnx(node.op_type) is None:
-                bad.setdefault(node.op_type, []).append(_node_desc(node, i))
+                why = self.refused.get(refusal_key(node))
+                bad.setdefault(node.op_type, []).append(_node_desc(node, i) + (f" ({why})" if why else ""))
         if bad:
             raise UnsupportedOnnxOpsError(bad)
 
@@ -378,7 +389,9 @@ class _Importer:
         for name in self.weights:
             uses = readers.get(name, [])
             if self.consts[name].ndim == 2 and uses and name not in self.outputs and all(
-                    node.op_type == "Gather" and k == 0 and self._axis(node) == 0 for node, k in uses):
+                    k == 0 and (node.op_type == "Gather" and self._axis(node) == 0
+                                or node.domain == HETPS_DOMAIN and node.op_type == "embedding_bag")
+                    for node, k in uses):
                 self.tables.add(name)
 
     @staticmethod
@@ -408,6 +421,8 @@ class _Importer:
         return self.program
 
     def _convert(self, i: int, node: onnx.NodeProto) -> tuple[str, dict, dict, dict]:
+        if node.domain == HETPS_DOMAIN:
+            return self._convert_hetps(node)
         schema = defs.get_schema(node.op_type, self.opset, node.domain)
         inputs = [self.resolve(n) if n else "" for n in node.input]
         if node.op_type == "Gather" and inputs[0] in self.tables:
@@ -457,6 +472,26 @@ class _Importer:
                 if slot not in outs and not opdef.is_variadic(slot):
                     outs[slot] = [f"{node.output[0]}.{slot}"]
         return opdef.name, ins, outs, attrs
+
+    def _convert_hetps(self, node: onnx.NodeProto) -> tuple[str, dict, dict, dict]:
+        """A node of domain ai.hetps: a hetps op, its slot layout in hetps_inputs / hetps_outputs
+        ("slot:count,..."), its other attributes plain."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+        slots = []
+        for names, layout in ((node.input, attrs.pop("hetps_inputs", "")),
+                              (node.output, attrs.pop("hetps_outputs", ""))):
+            out, k = {}, 0
+            for part in filter(None, layout.split(",")):
+                slot, count = part.split(":")
+                out[slot] = [self.resolve(n) for n in names[k:k + int(count)]]
+                k += int(count)
+            slots.append(out)
+        attrs.pop("op_role", None)
+        if node.op_type == "embedding_bag":
+            attrs["is_sparse"] = int(slots[0]["W"][0] in self.tables)
+        self.used.update(n for names in slots[0].values() for n in names)
+        return node.op_type, slots[0], slots[1], attrs
 
     def _declare_vars(self, pending: list[tuple[str, dict, dict, dict]]) -> None:
         block, program = self.program.global_block(), self.program
