@@ -225,9 +225,29 @@ def test_embedding_bag_gradient_matches_finite_differences(mode: str, weights: b
     feed = _bag_feed(weights, dtype=np.float64)
     feed["input"][1] = feed["input"][0]  # a row twice in a bag (a tie for max)
     feed["R"] = rng.normal(size=(feed["offsets"].size, 3))
+    trainable = ["emb.weight"]
+    if weights:  # the per-sample weights as a parameter, to check their gradient too
+        psw = feed.pop("per_sample_weights")
+        model.graph.initializer.append(numpy_helper.from_array(psw, "per_sample_weights"))
+        model.graph.input.remove(next(i for i in model.graph.input if i.name == "per_sample_weights"))
+        trainable.append("per_sample_weights")
     program = from_onnx(model)
     assert program.attrs["loss_name"] == "loss"
-    _assert_gradients_match(lambda: from_onnx(model), feed, ["emb.weight"])
+    _assert_gradients_match(lambda: from_onnx(model), feed, trainable)
+
+
+def test_embedding_bag_survives_to_onnx_and_back() -> None:
+    """to_onnx writes embedding_bag as an ai.hetps node; from_onnx reads it back as the same op."""
+    from transpiler import to_onnx
+
+    model, w = _bag_model("sum", True)
+    exported = to_onnx(from_onnx(model))
+    assert [n.domain for n in exported.graph.node if n.op_type == "embedding_bag"] == ["ai.hetps"]
+    again = from_onnx(exported)
+    assert again.var("emb.weight").is_sparse
+    feed = _bag_feed(True)
+    (got,) = Executor().run(again, feed=feed, fetch_list=["bags"])
+    np.testing.assert_allclose(got, _bag_by_hand(w, feed, "sum"), rtol=1e-6, atol=1e-6)
 
 
 def _if_model(cond_node: onnx.NodeProto, cond_input: bool = False) -> onnx.ModelProto:
