@@ -394,3 +394,16 @@ def test_embedding_bag_model_trains_heterogeneously_like_single_process() -> Non
     np.testing.assert_allclose(got, want, rtol=1e-9)
     assert want[-1] < want[0]
     np.testing.assert_allclose(server.value("emb.weight"), exe.scope["emb.weight"], rtol=1e-9)
+
+
+def test_scalar_initializers_are_constants_not_parameters() -> None:
+    """torch's dynamo exporter stores scalar constants (a Pow's exponent, a mask's -1e9) as 0-d
+    initializers; training them (as parameters) made DeepFM's loss NaN. A [1] bias stays a parameter."""
+    nodes = [helper.make_node("Add", ["x", "b"], ["xb"]), helper.make_node("Pow", ["xb", "two"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+                              [numpy_helper.from_array(np.float32(2.0).reshape(()), "two"),
+                               numpy_helper.from_array(np.array([0.5], np.float32), "b")])
+    program = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    assert [v.name for v in program.parameters()] == ["b"]
+    assert program.var("two").persistable and not program.var("two").trainable

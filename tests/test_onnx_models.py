@@ -52,18 +52,28 @@ def _ctr_feed(name: str, seed: int, n: int) -> dict[str, np.ndarray]:
 
 
 def _to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The same graph computing in float64 (onnxruntime's double kernels are exact libm calls)."""
+    """The same graph computing in float64 (onnxruntime's double kernels are exact libm calls):
+    float tensors, declared types and Casts to float become double, in subgraphs (Loop bodies) too."""
     m = onnx.ModelProto.FromString(model.SerializeToString())
     del m.graph.value_info[:]
-    for vi in [*m.graph.input, *m.graph.output]:
+    _graph_to_float64(m.graph)
+    return m
+
+
+def _graph_to_float64(g: onnx.GraphProto) -> None:
+    for vi in [*g.input, *g.output, *g.value_info]:
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
             vi.type.tensor_type.elem_type = TensorProto.DOUBLE
-    tensors = list(m.graph.initializer) + [a.t for n in m.graph.node for a in n.attribute
-                                           if a.type == onnx.AttributeProto.TENSOR]
-    for t in tensors:
+    tensors = [a.t for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    for t in [*g.initializer, *tensors]:
         if t.data_type == TensorProto.FLOAT:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
-    return m
+    for n in g.node:
+        for a in n.attribute:
+            if n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.DOUBLE
+            if a.type == onnx.AttributeProto.GRAPH:
+                _graph_to_float64(a.g)
 
 
 def test_wide_deep_imports_as_expected() -> None:

@@ -4,7 +4,8 @@ The mapping is thin because the registry follows ONNX: `OpDef.onnx` names an op'
 slots are the schema's input/output names, so a node's positional inputs land in slots by
 `onnx.defs.get_schema(type, opset)`. What import adds on top:
 
-- initializers, and float `Constant`s of more than one element (paddle2onnx stores weights that
+- float initializers other than 0-d ones (torch's dynamo exporter stores scalar constants as
+  initializers), and float `Constant`s of more than one element (paddle2onnx stores weights that
   way), become trainable parameters whose values travel in `program.params`; other constants become
   persistable, non-trainable vars;
 - a constant input that ONNX passes as a tensor but the op also takes as an attribute of the same
@@ -369,7 +370,7 @@ class _Importer:
         for t in self.graph.initializer:
             arr = numpy_helper.to_array(t)
             self.consts[t.name] = arr
-            if arr.dtype.kind == "f":
+            if arr.dtype.kind == "f" and arr.ndim > 0:  # 0-d: a constant (dynamo's val_<k>, a Pow's 2)
                 self.weights.add(t.name)
         if self.graph.sparse_initializer:
             raise OnnxImportError("sparse initializers are not supported: store them dense")
