@@ -267,6 +267,24 @@ register(OpDef("fill_constant", "elementwise", ("Like?",), ("Out",), _fill_const
                attrs={"value": 0.0, "shape": (), "dtype": "float32"}))
 
 
+def _constant(xp, ins, attrs):
+    """output = `value` (nested lists, as JSON holds them) as an array of `dtype`: a small constant
+    that travels inside the program (an ONNX import's integer indices, scalar factors)."""
+    import numpy as np
+
+    return {"output": xp.asarray(np.array(attrs["value"], dtype=attrs["dtype"]))}
+
+
+def _constant_shape(s, attrs):
+    import numpy as np
+
+    return {"output": np.shape(attrs["value"])}
+
+
+register(OpDef("constant", "elementwise", (), ("output",), _constant, infer_shape=_constant_shape,
+               attrs={"value": 0.0, "dtype": "float32"}))
+
+
 def _init(xp, ins, attrs):
     """Out = a parameter initialised from `initializer` (deterministic per row; see initializers)."""
     from .initializers import init_rows

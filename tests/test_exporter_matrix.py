@@ -108,8 +108,26 @@ def test_trains_heterogeneously(model: str, exporter: str) -> None:
     assert {"cpu", "gpu"} <= set(plan.programs)  # lookups on cpu, the MLP on gpu
     sparse = [t["name"] for t in plan.tables if t["kind"] == "sparse"]
     assert sparse, "no embedding table became a sparse parameter-server table"
+    ints = [t["name"] for t in plan.tables if np.dtype(t["dtype"]).kind != "f"]
+    assert not ints, f"parameter servers hold float tables only; integer constants became tables: {ints}"
     batch = FIXED_BATCH.get((model, exporter), 16)
     feed = _feed(model, batch, seed=4)
     feed["label"] = np.random.default_rng(5).integers(0, 2, (batch, 1)).astype(np.float32)
     losses = [float(x[0]) for x in simulate(plan, [feed] * 12)]
     assert np.all(np.isfinite(losses)) and losses[-1] < 0.9 * losses[0], losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,exporter", [("dlrm", "ts"), ("din", "dynamo")])
+def test_trains_on_the_real_runtime_like_simulate(model: str, exporter: str) -> None:
+    """Trainer and server processes (gpu emulated on CPU): the same losses as simulate."""
+    from runtime.train import train
+
+    plan = transpile(from_onnx(_path(model, exporter), loss="bce"),
+                     TranspileConfig(optimizer={"type": "sgd", "lr": 0.2}))
+    feed = _feed(model, 16, seed=6)
+    feed["label"] = np.random.default_rng(7).integers(0, 2, (16, 1)).astype(np.float32)
+    hist = train(plan, [feed] * 6, epochs=1, trainers={"cpu": 1, "gpu": 1}, allow_emulation=True,
+                 progress=False)
+    want = [float(x[0]) for x in simulate(plan, [feed] * 6)]
+    np.testing.assert_allclose(hist.loss, want, rtol=1e-5)

@@ -406,4 +406,5 @@ def test_scalar_initializers_are_constants_not_parameters() -> None:
                                numpy_helper.from_array(np.array([0.5], np.float32), "b")])
     program = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
     assert [v.name for v in program.parameters()] == ["b"]
-    assert program.var("two").persistable and not program.var("two").trainable
+    assert not program.var("two").trainable and "two" not in program.params  # a constant op's output
+    assert [op.attrs["value"] for op in program.ops if op.type == "constant"] == [2.0]

@@ -6,8 +6,9 @@ slots are the schema's input/output names, so a node's positional inputs land in
 
 - float initializers other than 0-d ones (torch's dynamo exporter stores scalar constants as
   initializers), and float `Constant`s of more than one element (paddle2onnx stores weights that
-  way), become trainable parameters whose values travel in `program.params`; other constants become
-  persistable, non-trainable vars;
+  way), become trainable parameters whose values travel in `program.params`; other constants read
+  as tensors become `constant` ops (values in the program) up to MAX_PROGRAM_CONSTANT elements,
+  persistable non-trainable vars beyond;
 - a constant input that ONNX passes as a tensor but the op also takes as an attribute of the same
   name (Reshape's shape, Reduce*'s axes, Slice's starts, Dropout's ratio, ...) is folded into it;
 - `Identity` is folded away (kept only where it produces a graph output);
@@ -41,6 +42,8 @@ from ops_registry import by_onnx, get_op, has_op, list_ops
 from .ir import Program, Var
 from .onnx_control_flow import HETPS_DOMAIN, Straightened, refusal_key, straighten
 
+MAX_PROGRAM_CONSTANT = 4096  # elements: a smaller non-trainable constant is a `constant` op, not a
+# persistable var (which a transpiled plan would serve from a parameter server, pulled every step)
 MIN_OPSET = 13  # older models are upgraded to it by onnx.version_converter
 LOSSES = ("bce", "bce_with_logits", "mse", "softmax_ce")
 
@@ -507,6 +510,12 @@ class _Importer:
             if name not in self.used and name not in self.outputs:
                 continue  # folded into attributes, or unused
             w = name in self.weights
+            if not w and arr.size <= MAX_PROGRAM_CONSTANT and name not in self.outputs:
+                block.create_var(name, shape=arr.shape, dtype=arr.dtype.name, trainable=False,
+                                 stop_gradient=True)
+                program.append_op("constant", {}, {"output": [name]},
+                                  {"value": arr.tolist(), "dtype": arr.dtype.name})
+                continue
             block.create_var(name, shape=arr.shape, dtype=arr.dtype.name, persistable=True,
                              is_parameter=w, trainable=w, stop_gradient=not w,
                              is_sparse=name in self.tables)
