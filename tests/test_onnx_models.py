@@ -53,7 +53,8 @@ def _ctr_feed(name: str, seed: int, n: int) -> dict[str, np.ndarray]:
 
 def _to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
     """The same graph computing in float64 (onnxruntime's double kernels are exact libm calls):
-    float tensors, declared types and Casts to float become double, in subgraphs (Loop bodies) too."""
+    float tensors, declared types and Casts to float (empty float sequences) become double, in
+    subgraphs (Loop bodies) too."""
     m = onnx.ModelProto.FromString(model.SerializeToString())
     del m.graph.value_info[:]
     _graph_to_float64(m.graph)
@@ -62,15 +63,19 @@ def _to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _graph_to_float64(g: onnx.GraphProto) -> None:
     for vi in [*g.input, *g.output, *g.value_info]:
-        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
-            vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+        t = vi.type.sequence_type.elem_type if vi.type.HasField("sequence_type") else vi.type
+        if t.tensor_type.elem_type == TensorProto.FLOAT:
+            t.tensor_type.elem_type = TensorProto.DOUBLE
     tensors = [a.t for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
     for t in [*g.initializer, *tensors]:
         if t.data_type == TensorProto.FLOAT:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
     for n in g.node:
+        if n.op_type == "SequenceEmpty" and not any(a.name == "dtype" for a in n.attribute):
+            n.attribute.append(onnx.helper.make_attribute("dtype", TensorProto.FLOAT))  # the default
         for a in n.attribute:
-            if n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
+            float_type = (n.op_type, a.name) in (("Cast", "to"), ("SequenceEmpty", "dtype"))
+            if float_type and a.i == TensorProto.FLOAT:
                 a.i = TensorProto.DOUBLE
             if a.type == onnx.AttributeProto.GRAPH:
                 _graph_to_float64(a.g)

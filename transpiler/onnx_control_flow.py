@@ -6,7 +6,9 @@
   bag's start / end offsets by the iteration number, Slice the indices, Gather the table rows,
   optionally Mul by the per-sample weights, Reduce{Sum,Mean,Max} over axis 0) becomes one
   `embedding_bag` node (domain ai.hetps): a pooled embedding lookup whose batch stays dynamic and
-  whose table can be a sparse parameter-server table.
+  whose table can be a sparse parameter-server table. The while-Loop torch's dynamo exporter writes
+  for it (onnxscript: per bag, If(empty, zeros, ReduceSum(Slice(Gather(W, ids)))) appended to a
+  sequence, joined by ConcatFromSequence) becomes the same op (mode sum).
 - Any other `Loop` whose trip count is known at import time, with a loop condition that stays
   known too, is unrolled (at most MAX_UNROLL iterations).
 
@@ -51,7 +53,10 @@ def straighten(model: onnx.ModelProto) -> Straightened:
         graph = model.graph
         static = _Static(graph, _static_shapes(model), _opset(model))
         nodes: list[onnx.NodeProto] = []
+        replaced: set[str] = set()  # outputs of nodes a rewrite took over (dynamo's ConcatFromSequence)
         for node in graph.node:
+            if node.output and node.output[0] in replaced:
+                continue
             if node.domain not in ("", "ai.onnx") or node.op_type not in ("Loop", "If"):
                 nodes.append(node)
                 continue
@@ -61,18 +66,46 @@ def straighten(model: onnx.ModelProto) -> Straightened:
                 if node.op_type == "If":
                     new = _fold_if(node, static, prefix)
                 else:
-                    new = _embedding_bag(node, static) or _unroll(node, static, prefix)
+                    new = (_embedding_bag(node, static) or _dynamo_embedding_bag(node, graph, static, prefix)
+                           or _unroll(node, static, prefix))
             except _Refused as e:
                 refused[refusal_key(node)] = str(e)
                 nodes.append(node)
                 continue
+            replaced |= {o for n in new for o in n.output} - set(node.output)
             nodes.extend(new)
             changed = True
         del graph.node[:]
         graph.node.extend(nodes)
         if changed:
+            _prune_dead(graph)
             _uses_hetps_domain(model)
     return Straightened(model, refused)
+
+
+def _prune_dead(graph: onnx.GraphProto) -> None:
+    """Drop nodes none of whose outputs is read (by a node, a subgraph, or as a graph output), and
+    the value_info of values no longer defined."""
+    while True:
+        read = {o.name for o in graph.output} | {i for n in graph.node for i in _reads(n)}
+        keep = [n for n in graph.node if any(o in read for o in n.output if o)]
+        if len(keep) == len(graph.node):
+            break
+        del graph.node[:]
+        graph.node.extend(keep)
+    defined = {o for n in graph.node for o in n.output}
+    infos = [vi for vi in graph.value_info if vi.name in defined]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """Every value a node reads, its subgraphs' outer references included."""
+    names = set(node.input)
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            names |= {i for n in g.node for i in _reads(n)} | {o.name for o in g.output}
+    return names
 
 
 class _Refused(Exception):
@@ -347,11 +380,17 @@ def _embedding_bag(node: onnx.NodeProto, static: _Static) -> list[onnx.NodeProto
     ids, starts, ends = bag
     if not _counts(static, node.input[0], ends):
         return None
-    inputs = [gather.input[0], ids, starts, ends] + ([weights[0]] if weights else [])
+    return [_bag_node(gather.input[0], ids, starts, ends, weights[0] if weights else None, node.output[0],
+                      node.name, _BAG_MODES[red.op_type])]
+
+
+def _bag_node(w: str, ids: str, starts: str, ends: str, weights: str | None, out: str, name: str,
+              mode: str) -> onnx.NodeProto:
+    """An ai.hetps `embedding_bag` node (its slot layout as onnx_export writes it)."""
+    inputs = [w, ids, starts, ends] + ([weights] if weights else [])
     layout = "W:1,Ids:1,Starts:1,Ends:1" + (",PerSampleWeights:1" if weights else "")
-    return [helper.make_node("embedding_bag", inputs, list(node.output), name=node.name or None,
-                             domain=HETPS_DOMAIN, hetps_inputs=layout, hetps_outputs="Out:1",
-                             mode=_BAG_MODES[red.op_type])]
+    return helper.make_node("embedding_bag", inputs, [out], name=name or None, domain=HETPS_DOMAIN,
+                            hetps_inputs=layout, hetps_outputs="Out:1", mode=mode)
 
 
 def _counts(static: _Static, trip_count: str, ends: str) -> bool:
@@ -367,3 +406,68 @@ def _counts(static: _Static, trip_count: str, ends: str) -> bool:
             return False
         name = n.input[0]
     return False
+
+
+def _dynamo_embedding_bag(node: onnx.NodeProto, graph: onnx.GraphProto, static: _Static,
+                          prefix: str) -> list[onnx.NodeProto] | None:
+    """One `embedding_bag` node for the while-Loop torch's dynamo exporter (onnxscript's
+    aten_embedding_bag, mode sum) writes: per bag, If(start == end, zeros, ReduceSum(Slice(rows,
+    start, end), axis 0)) appended to a sequence that a ConcatFromSequence(axis 0) joins, where
+    rows = Gather(W, ids) (times per-sample weights) and start, end = offsets[i], offsets[i + 1].
+    The Loop's outputs are replaced, the ConcatFromSequence's output written directly; None when
+    the Loop has another shape."""
+    body = _attr(node, "body")
+    if len(node.input) != 4 or len(node.output) != 2 or len(body.input) != 4 or len(body.output) != 3:
+        return None
+    consumers = [n for n in graph.node if set(_reads(n)) & set(node.output)]
+    seq_init = static.producer.get(node.input[3])
+    if seq_init is None or seq_init.op_type != "SequenceEmpty" or len(consumers) != 1:
+        return None
+    concat = consumers[0]
+    if concat.op_type != "ConcatFromSequence" or list(concat.input) != [node.output[1]] or \
+            _attr(concat, "axis") != 0 or _attr(concat, "new_axis", 0) != 0:
+        return None
+    produced = {o: n for n in body.node for o in n.output if o}
+    insert = produced.get(body.output[2].name)
+    if insert is None or insert.op_type != "SequenceInsert" or insert.input[0] != body.input[3].name:
+        return None
+    branch = produced.get(insert.input[1])
+    if branch is None or branch.op_type != "If":
+        return None
+    then, other = _attr(branch, "then_branch"), _attr(branch, "else_branch")
+    zeros = {t.name: numpy_helper.to_array(t) for t in then.initializer}
+    if len(then.node) or then.output[0].name not in zeros or np.any(zeros[then.output[0].name]):
+        return None
+    inner = {o: n for n in other.node for o in n.output if o}
+    red = inner.get(other.output[0].name)
+    sl = inner.get(red.input[0]) if red is not None and red.op_type == "ReduceSum" else None
+    if sl is None or sl.op_type != "Slice" or len(sl.input) != 3 or _attr(red, "keepdims", 1) != 1:
+        return None
+    local = _Static(other, {}, static.opset)
+    local.values.update(static.values)
+    local.producer = {**static.producer, **produced, **inner}
+    axes = local.get(red.input[1]) if len(red.input) > 1 else None
+    if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] != [0]:
+        return None
+    start, end = produced.get(sl.input[1]), produced.get(sl.input[2])
+    if start is None or end is None or start.op_type != "Slice" or end.op_type != "Slice" or \
+            start.input[0] != end.input[0] or start.input[0] in produced:
+        return None
+    offsets = start.input[0]
+    rows, weights = static.producer.get(sl.input[0]), None
+    if rows is not None and rows.op_type == "Mul":
+        unsq = static.producer.get(rows.input[1])
+        if unsq is None or unsq.op_type != "Unsqueeze" or static.get(unsq.input[1]) is None or \
+                [int(a) for a in np.asarray(static.get(unsq.input[1])).reshape(-1)] != [1]:
+            return None
+        weights, rows = unsq.input[0], static.producer.get(rows.input[0])
+    if rows is None or rows.op_type != "Gather" or _attr(rows, "axis", 0) != 0:
+        return None
+    ends = f"{prefix}ends"
+    nodes = [_constant(f"{prefix}one", np.array([1], np.int64)),
+             _constant(f"{prefix}big", np.array([np.iinfo(np.int64).max], np.int64)),
+             _constant(f"{prefix}axis0", np.array([0], np.int64)),
+             helper.make_node("Slice", [offsets, f"{prefix}one", f"{prefix}big", f"{prefix}axis0"], [ends])]
+    nodes.append(_bag_node(rows.input[0], rows.input[1], offsets, ends, weights, concat.output[0], node.name,
+                           "sum"))
+    return nodes

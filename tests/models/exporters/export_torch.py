@@ -157,7 +157,25 @@ def export(name: str, exporter: str) -> Path:
                                     opset_version=OPSET, dynamic_shapes=tuple({0: batch} for _ in names),
                                     dynamo=True, external_data=False)
         program.save(str(path), external_data=False)
+    _strip_metadata(path)
     return path
+
+
+def _strip_metadata(path: Path) -> None:
+    """Drop the nodes' metadata (the dynamo exporter records stack traces with local paths)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    graphs = [model.graph]
+    while graphs:
+        g = graphs.pop()
+        for n in g.node:
+            del n.metadata_props[:]
+            graphs += [a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
+        for vi in [*g.input, *g.output, *g.value_info]:
+            del vi.metadata_props[:]
+    del model.metadata_props[:]
+    onnx.save(model, str(path))
 
 
 def main() -> int:
