@@ -1,6 +1,7 @@
 """The exporter matrix (issue 14 item 4): recommendation models that no one here hand-wrote as ONNX,
-written in PyTorch and exported by torch's own exporters (tests/models/exporters/export_torch.py;
-the .onnx files are committed, so this needs neither torch nor onnxscript).
+written in PyTorch and in Paddle and exported by torch's own exporters (TorchScript "ts", "dynamo")
+and by paddle2onnx ("p2o") (tests/models/exporters/export_torch.py, export_paddle.py; the .onnx
+files are committed, so this needs neither torch, onnxscript nor paddle2onnx).
 
 For each model x exporter: it imports; its forward equals onnxruntime's on the same file (1e-5);
 its gradients (the graph in float64, a bce loss attached) agree with central differences; and it
@@ -25,7 +26,7 @@ from transpiler import TranspileConfig, from_onnx, transpile
 DIR = Path(__file__).resolve().parent / "models" / "exporters"
 VOCAB, SLOTS, DENSE, SEQ = 40, 3, 4, 5  # as in export_torch.py
 MODELS = ("dlrm", "deepfm", "dcnv2", "din", "xdeepfm")
-EXPORTERS = ("ts", "dynamo")
+EXPORTERS = ("ts", "dynamo", "p2o")
 # Cells whose exporter fixed the batch (the dynamo exporter specialised it while tracing einsum).
 FIXED_BATCH = {("xdeepfm", "dynamo"): 4}
 CELLS = [(m, e) for m in MODELS for e in EXPORTERS]
@@ -101,7 +102,8 @@ def test_trains_heterogeneously(model: str, exporter: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,exporter", [("dlrm", "ts"), ("dlrm", "dynamo"), ("din", "dynamo")])
+@pytest.mark.parametrize("model,exporter",
+                         [("dlrm", "ts"), ("dlrm", "dynamo"), ("din", "dynamo"), ("deepfm", "p2o")])
 def test_trains_on_the_real_runtime_like_simulate(model: str, exporter: str) -> None:
     """Trainer and server processes (gpu emulated on CPU): the same losses as simulate."""
     from runtime.train import train
