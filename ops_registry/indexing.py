@@ -47,11 +47,23 @@ def _gather_nd_shape(s, attrs):
     data, idx, b = s["data"], s["indices"], attrs.get("batch_dims", 0)
     if idx[-1] == -1:
         return {}
-    return {"output": tuple(idx[:-1]) + tuple(data[b + idx[-1]:])}
+    return {"output": tuple(idx[:-1]) + tuple(data[b + idx[-1] :])}
 
 
-register(OpDef("gather_nd", "elementwise", ("data", "indices"), ("output",), _gather_nd, _gather_nd_vjp,
-               no_grad=("indices",), onnx="GatherND", attrs={"batch_dims": 0}, infer_shape=_gather_nd_shape))
+register(
+    OpDef(
+        "gather_nd",
+        "elementwise",
+        ("data", "indices"),
+        ("output",),
+        _gather_nd,
+        _gather_nd_vjp,
+        no_grad=("indices",),
+        onnx="GatherND",
+        attrs={"batch_dims": 0},
+        infer_shape=_gather_nd_shape,
+    )
+)
 
 
 def _scatter(xp, out, index, updates, reduction: str) -> None:
@@ -89,11 +101,22 @@ def _scatter_nd(xp, ins, attrs):
     return {"output": out}
 
 
-register(OpDef("scatter_nd", "elementwise", ("data", "indices", "updates"), ("output",), _scatter_nd,
-               lambda xp, i, o, d, a: _scatter_vjp(xp, i, d, _nd_index(xp, i["data"].shape, i["indices"], 0),
-                                                   a["reduction"], "scatter_nd"),
-               no_grad=("indices",), onnx="ScatterND", attrs={"reduction": "none"},
-               infer_shape=lambda s, a: {"output": s["data"]}))
+register(
+    OpDef(
+        "scatter_nd",
+        "elementwise",
+        ("data", "indices", "updates"),
+        ("output",),
+        _scatter_nd,
+        lambda xp, i, o, d, a: _scatter_vjp(
+            xp, i, d, _nd_index(xp, i["data"].shape, i["indices"], 0), a["reduction"], "scatter_nd"
+        ),
+        no_grad=("indices",),
+        onnx="ScatterND",
+        attrs={"reduction": "none"},
+        infer_shape=lambda s, a: {"output": s["data"]},
+    )
+)
 
 
 def _scatter_elements(xp, ins, attrs):
@@ -106,13 +129,27 @@ def _scatter_elements(xp, ins, attrs):
     return {"output": out}
 
 
-register(OpDef("scatter_elements", "elementwise", ("data", "indices", "updates"), ("output",),
-               _scatter_elements,
-               lambda xp, i, o, d, a: _scatter_vjp(
-                   xp, i, d, element_index(xp, i["data"], i["indices"], a["axis"] % i["data"].ndim),
-                   a["reduction"], "scatter_elements"),
-               no_grad=("indices",), onnx="ScatterElements", attrs={"axis": 0, "reduction": "none"},
-               infer_shape=lambda s, a: {"output": s["data"]}))
+register(
+    OpDef(
+        "scatter_elements",
+        "elementwise",
+        ("data", "indices", "updates"),
+        ("output",),
+        _scatter_elements,
+        lambda xp, i, o, d, a: _scatter_vjp(
+            xp,
+            i,
+            d,
+            element_index(xp, i["data"], i["indices"], a["axis"] % i["data"].ndim),
+            a["reduction"],
+            "scatter_elements",
+        ),
+        no_grad=("indices",),
+        onnx="ScatterElements",
+        attrs={"axis": 0, "reduction": "none"},
+        infer_shape=lambda s, a: {"output": s["data"]},
+    )
+)
 
 
 # -- sequences ---------------------------------------------------------------------------------
@@ -142,8 +179,10 @@ def _cumsum(xp, ins, attrs, x=None):
         x = xp.flip(x, axis)
     y = xp.cumsum(x, axis=axis, dtype=x.dtype)
     if attrs["exclusive"]:
-        y = xp.concatenate([xp.zeros_like(xp.take(y, [0], axis=axis)),
-                            xp.take(y, range(y.shape[axis] - 1), axis=axis)], axis=axis)
+        y = xp.concatenate(
+            [xp.zeros_like(xp.take(y, [0], axis=axis)), xp.take(y, range(y.shape[axis] - 1), axis=axis)],
+            axis=axis,
+        )
     return {"y": xp.flip(y, axis) if attrs["reverse"] else y}
 
 
@@ -153,9 +192,20 @@ def _cumsum_vjp(xp, ins, outs, douts, attrs):
     return {"x": _cumsum(xp, ins, flipped, douts["y"])["y"]}
 
 
-register(OpDef("cumsum", "elementwise", ("x", "axis?"), ("y",), _cumsum, _cumsum_vjp, no_grad=("axis",),
-               onnx="CumSum", attrs={"axis": None, "exclusive": 0, "reverse": 0},
-               infer_shape=lambda s, a: {"y": s["x"]}))
+register(
+    OpDef(
+        "cumsum",
+        "elementwise",
+        ("x", "axis?"),
+        ("y",),
+        _cumsum,
+        _cumsum_vjp,
+        no_grad=("axis",),
+        onnx="CumSum",
+        attrs={"axis": None, "exclusive": 0, "reverse": 0},
+        infer_shape=lambda s, a: {"y": s["x"]},
+    )
+)
 
 
 def _size(xp, ins, attrs):
@@ -165,8 +215,11 @@ def _size(xp, ins, attrs):
     return {"size": xp.asarray(np.int64(ins["data"].size))}
 
 
-register(OpDef("size", "elementwise", ("data",), ("size",), _size, onnx="Size",
-               infer_shape=lambda s, a: {"size": ()}))
+register(
+    OpDef(
+        "size", "elementwise", ("data",), ("size",), _size, onnx="Size", infer_shape=lambda s, a: {"size": ()}
+    )
+)
 
 
 def _nonzero(xp, ins, attrs):
@@ -190,8 +243,10 @@ def _arg(find):
         i = i.astype("int64")
         return {"reduced": xp.expand_dims(i, axis) if attrs["keepdims"] else i}
 
-    kernel.__doc__ = ("reduced = int64 index of the extremum along `axis` (the first, or the last "
-                      "when select_last_index), keeping the axis when keepdims.")
+    kernel.__doc__ = (
+        "reduced = int64 index of the extremum along `axis` (the first, or the last "
+        "when select_last_index), keeping the axis when keepdims."
+    )
     return kernel
 
 
@@ -202,10 +257,22 @@ def _arg_shape(s, attrs):
     return {"reduced": tuple(1 if i == axis else d for i, d in enumerate(x) if keep or i != axis)}
 
 
-for _name, _onnx, _find in (("argmax", "ArgMax", lambda x, axis: x.argmax(axis=axis)),
-                            ("argmin", "ArgMin", lambda x, axis: x.argmin(axis=axis))):
-    register(OpDef(_name, "elementwise", ("data",), ("reduced",), _arg(_find), onnx=_onnx,
-                   attrs={"axis": 0, "keepdims": 1, "select_last_index": 0}, infer_shape=_arg_shape))
+for _name, _onnx, _find in (
+    ("argmax", "ArgMax", lambda x, axis: x.argmax(axis=axis)),
+    ("argmin", "ArgMin", lambda x, axis: x.argmin(axis=axis)),
+):
+    register(
+        OpDef(
+            _name,
+            "elementwise",
+            ("data",),
+            ("reduced",),
+            _arg(_find),
+            onnx=_onnx,
+            attrs={"axis": 0, "keepdims": 1, "select_last_index": 0},
+            infer_shape=_arg_shape,
+        )
+    )
 
 
 def _topk_order(xp, x, axis: int, largest: bool):
@@ -233,8 +300,19 @@ def _topk_vjp(xp, ins, outs, douts, attrs):
     return {"X": out}
 
 
-register(OpDef("topk", "elementwise", ("X", "K?"), ("Values", "Indices"), _topk, _topk_vjp, no_grad=("K",),
-               onnx="TopK", attrs={"K": None, "axis": -1, "largest": 1, "sorted": 1}))
+register(
+    OpDef(
+        "topk",
+        "elementwise",
+        ("X", "K?"),
+        ("Values", "Indices"),
+        _topk,
+        _topk_vjp,
+        no_grad=("K",),
+        onnx="TopK",
+        attrs={"K": None, "axis": -1, "largest": 1, "sorted": 1},
+    )
+)
 
 
 # -- masks and encodings -----------------------------------------------------------------------
@@ -258,8 +336,20 @@ def _trilu_vjp(xp, ins, outs, douts, attrs):
     return {"input": xp.where(keep, g, xp.zeros((), dtype=g.dtype))}
 
 
-register(OpDef("trilu", "elementwise", ("input", "k?"), ("output",), _trilu, _trilu_vjp, no_grad=("k",),
-               onnx="Trilu", attrs={"k": 0, "upper": 1}, infer_shape=lambda s, a: {"output": s["input"]}))
+register(
+    OpDef(
+        "trilu",
+        "elementwise",
+        ("input", "k?"),
+        ("output",),
+        _trilu,
+        _trilu_vjp,
+        no_grad=("k",),
+        onnx="Trilu",
+        attrs={"k": 0, "upper": 1},
+        infer_shape=lambda s, a: {"output": s["input"]},
+    )
+)
 
 
 def _one_hot(xp, ins, attrs):
@@ -277,5 +367,14 @@ def _one_hot(xp, ins, attrs):
     return {"output": xp.where(hot, values[1], values[0])}
 
 
-register(OpDef("one_hot", "elementwise", ("indices", "depth?", "values"), ("output",), _one_hot,
-               onnx="OneHot", attrs={"depth": None, "axis": -1}))
+register(
+    OpDef(
+        "one_hot",
+        "elementwise",
+        ("indices", "depth?", "values"),
+        ("output",),
+        _one_hot,
+        onnx="OneHot",
+        attrs={"depth": None, "axis": -1},
+    )
+)

@@ -41,9 +41,12 @@ def _feed(model: str, batch: int, seed: int, dtype=np.float32) -> dict[str, np.n
     dense = rng.normal(size=(batch, DENSE)).astype(dtype)
     if model == "din":
         lengths = rng.integers(1, SEQ + 1, (batch, 1))
-        return {"hist": rng.integers(0, VOCAB, (batch, SEQ)),
-                "mask": (np.arange(SEQ) < lengths).astype(dtype),
-                "target": rng.integers(0, VOCAB, batch), "dense": dense}
+        return {
+            "hist": rng.integers(0, VOCAB, (batch, SEQ)),
+            "mask": (np.arange(SEQ) < lengths).astype(dtype),
+            "target": rng.integers(0, VOCAB, batch),
+            "dense": dense,
+        }
     slots = 2 * SLOTS if model == "dlrm" else SLOTS
     return {"sparse": rng.integers(0, VOCAB, (batch, slots)), "dense": dense}
 
@@ -79,7 +82,9 @@ def test_gradients_match_finite_differences(model: str, exporter: str) -> None:
     program = from_onnx(m64, loss="bce")
     np.testing.assert_allclose(  # the float64 graph is the same model (onnxruntime's double run)
         Executor().run(program, feed=feed, fetch_list=program.fetch_names)[0],
-        _ort(m64, {k: v for k, v in feed.items() if k != "label"})[0], rtol=1e-10)
+        _ort(m64, {k: v for k, v in feed.items() if k != "label"})[0],
+        rtol=1e-10,
+    )
     trainable = [v.name for v in program.parameters() if v.trainable]
     assert trainable
     _assert_gradients_match(lambda: from_onnx(m64, loss="bce"), feed, trainable, sample=8)
@@ -102,17 +107,20 @@ def test_trains_heterogeneously(model: str, exporter: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,exporter",
-                         [("dlrm", "ts"), ("dlrm", "dynamo"), ("din", "dynamo"), ("deepfm", "p2o")])
+@pytest.mark.parametrize(
+    "model,exporter", [("dlrm", "ts"), ("dlrm", "dynamo"), ("din", "dynamo"), ("deepfm", "p2o")]
+)
 def test_trains_on_the_real_runtime_like_simulate(model: str, exporter: str) -> None:
     """Trainer and server processes (gpu emulated on CPU): the same losses as simulate."""
     from runtime.train import train
 
-    plan = transpile(from_onnx(_path(model, exporter), loss="bce"),
-                     TranspileConfig(optimizer={"type": "sgd", "lr": 0.2}))
+    plan = transpile(
+        from_onnx(_path(model, exporter), loss="bce"), TranspileConfig(optimizer={"type": "sgd", "lr": 0.2})
+    )
     feed = _feed(model, 16, seed=6)
     feed["label"] = np.random.default_rng(7).integers(0, 2, (16, 1)).astype(np.float32)
-    hist = train(plan, [feed] * 6, epochs=1, trainers={"cpu": 1, "gpu": 1}, allow_emulation=True,
-                 progress=False)
+    hist = train(
+        plan, [feed] * 6, epochs=1, trainers={"cpu": 1, "gpu": 1}, allow_emulation=True, progress=False
+    )
     want = [float(x[0]) for x in simulate(plan, [feed] * 6)]
     np.testing.assert_allclose(hist.loss, want, rtol=1e-5)

@@ -42,23 +42,30 @@ def _scalar_loss_model(declared_loss_shape, value_info=()) -> onnx.ModelProto:
     """paddle2onnx's pattern: weights as Constant nodes, the mean loss reshaped to [1] and the graph
     output declared with another shape."""
     w = rng.normal(size=(3, 1)).astype(np.float32)
-    nodes = [_const("w", w), _const("one", np.array([1], np.int64)),
-             helper.make_node("MatMul", ["x", "w"], ["z"]),
-             helper.make_node("Sigmoid", ["z"], ["p"]),
-             helper.make_node("Sub", ["p", "y"], ["d"]),
-             helper.make_node("Mul", ["d", "d"], ["sq"]),
-             helper.make_node("ReduceMean", ["sq"], ["m"], keepdims=0),
-             helper.make_node("Reshape", ["m", "one"], ["r"]),
-             helper.make_node("Identity", ["r"], ["loss"])]
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3]),
-              helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])]
+    nodes = [
+        _const("w", w),
+        _const("one", np.array([1], np.int64)),
+        helper.make_node("MatMul", ["x", "w"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], ["p"]),
+        helper.make_node("Sub", ["p", "y"], ["d"]),
+        helper.make_node("Mul", ["d", "d"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["m"], keepdims=0),
+        helper.make_node("Reshape", ["m", "one"], ["r"]),
+        helper.make_node("Identity", ["r"], ["loss"]),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3]),
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1]),
+    ]
     out = helper.make_tensor_value_info("loss", TensorProto.FLOAT, declared_loss_shape)
     return _model(nodes, inputs, [out], value_info)
 
 
 def _feed(n: int = 5) -> dict:
-    return {"x": rng.normal(size=(n, 3)).astype(np.float32),
-            "y": rng.integers(0, 2, (n, 1)).astype(np.float32)}
+    return {
+        "x": rng.normal(size=(n, 3)).astype(np.float32),
+        "y": rng.integers(0, 2, (n, 1)).astype(np.float32),
+    }
 
 
 def test_rank0_declared_loss_of_shape_1_runs_with_one_warning() -> None:
@@ -88,10 +95,15 @@ def test_value_info_that_disagrees_is_lenient_too() -> None:
 def test_fixed_declared_dim_vs_symbolic_computed_dim() -> None:
     """A graph output declared with a fixed batch while the graph computes a symbolic one: any batch
     runs (the computed [N, 1] wins), as in onnxruntime."""
-    nodes = [_const("w", rng.normal(size=(3, 1)).astype(np.float32)),
-             helper.make_node("MatMul", ["x", "w"], ["z"])]
-    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
-                   [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 1])])
+    nodes = [
+        _const("w", rng.normal(size=(3, 1)).astype(np.float32)),
+        helper.make_node("MatMul", ["x", "w"], ["z"]),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 1])],
+    )
     with pytest.warns(OnnxShapeWarning, match="'z'"):
         program = from_onnx(model)
     feed = {"x": rng.normal(size=(7, 3)).astype(np.float32)}
@@ -121,8 +133,9 @@ def _float(dtype) -> int:
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
-def _bag_model(mode: str, per_sample_weights: bool, dtype=np.float32, rows: int = 7, dim: int = 3,
-               loss: bool = False) -> tuple[onnx.ModelProto, np.ndarray]:
+def _bag_model(
+    mode: str, per_sample_weights: bool, dtype=np.float32, rows: int = 7, dim: int = 3, loss: bool = False
+) -> tuple[onnx.ModelProto, np.ndarray]:
     """nn.EmbeddingBag as torch's TorchScript exporter writes it (symbolic_helper's
     _embedding_bag_helper, include_last_offset=False, opset 18): offsets completed with len(input),
     a Loop over the bags that Slices the bag's indices, Gathers the rows, multiplies by the per-sample
@@ -139,25 +152,38 @@ def _bag_model(mode: str, per_sample_weights: bool, dtype=np.float32, rows: int 
     ]
     pooled_in = "emb"
     if per_sample_weights:
-        body_nodes += [helper.make_node("Slice", ["per_sample_weights", "s1", "e1", "zero"], ["pw"]),
-                       _const("b_axes1", _i64([1])),
-                       helper.make_node("Unsqueeze", ["pw", "b_axes1"], ["pw1"]),
-                       helper.make_node("Mul", ["emb", "pw1"], ["embw"])]
+        body_nodes += [
+            helper.make_node("Slice", ["per_sample_weights", "s1", "e1", "zero"], ["pw"]),
+            _const("b_axes1", _i64([1])),
+            helper.make_node("Unsqueeze", ["pw", "b_axes1"], ["pw1"]),
+            helper.make_node("Mul", ["emb", "pw1"], ["embw"]),
+        ]
         pooled_in = "embw"
     reduce_op = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax"}[mode]
-    body_nodes += [helper.make_node(reduce_op, [pooled_in, "b_axes0"], ["pooled"], keepdims=0),
-                   helper.make_node("Cast", ["loop_cond"], ["cond_out"], to=TensorProto.BOOL)]
+    body_nodes += [
+        helper.make_node(reduce_op, [pooled_in, "b_axes0"], ["pooled"], keepdims=0),
+        helper.make_node("Cast", ["loop_cond"], ["cond_out"], to=TensorProto.BOOL),
+    ]
     body = helper.make_graph(
-        body_nodes, "bag_body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("pooled", _float(dtype), [dim])])
+        body_nodes,
+        "bag_body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("pooled", _float(dtype), [dim]),
+        ],
+    )
     nodes = [
         _const("one", np.array(1, np.int64)),
         helper.make_node("Cast", ["one"], ["loop_cond"], to=TensorProto.BOOL),
-        _const("zero", _i64([0])), _const("c0", np.array(0, np.int64)), _const("ax0", _i64([0])),
-        _const("big", _i64([2**63 - 1])), _const("first", _i64([1])),
+        _const("zero", _i64([0])),
+        _const("c0", np.array(0, np.int64)),
+        _const("ax0", _i64([0])),
+        _const("big", _i64([2**63 - 1])),
+        _const("first", _i64([1])),
         helper.make_node("Shape", ["input"], ["ishape"]),
         helper.make_node("Gather", ["ishape", "c0"], ["ilen_s"], axis=0),
         helper.make_node("Unsqueeze", ["ilen_s", "ax0"], ["ilen"]),
@@ -168,15 +194,19 @@ def _bag_model(mode: str, per_sample_weights: bool, dtype=np.float32, rows: int 
         helper.make_node("Gather", ["eshape", "c0"], ["loop_len"], axis=0),
         helper.make_node("Loop", ["loop_len", "loop_cond"], ["bags"], name="embedding_bag_loop", body=body),
     ]
-    inputs = [helper.make_tensor_value_info("input", TensorProto.INT64, ["L"]),
-              helper.make_tensor_value_info("offsets", TensorProto.INT64, ["B"])]
+    inputs = [
+        helper.make_tensor_value_info("input", TensorProto.INT64, ["L"]),
+        helper.make_tensor_value_info("offsets", TensorProto.INT64, ["B"]),
+    ]
     if per_sample_weights:
         inputs.append(helper.make_tensor_value_info("per_sample_weights", _float(dtype), ["L"]))
     outputs = [helper.make_tensor_value_info("bags", _float(dtype), ["B", dim])]
     if loss:
         inputs.append(helper.make_tensor_value_info("R", _float(dtype), ["B", dim]))
-        nodes += [helper.make_node("Mul", ["bags", "R"], ["weighted"]),
-                  helper.make_node("ReduceSum", ["weighted"], ["loss"], keepdims=0)]
+        nodes += [
+            helper.make_node("Mul", ["bags", "R"], ["weighted"]),
+            helper.make_node("ReduceSum", ["weighted"], ["loss"], keepdims=0),
+        ]
         outputs = [helper.make_tensor_value_info("loss", _float(dtype), []), *outputs]
     graph = helper.make_graph(nodes, "bag", inputs, outputs, [numpy_helper.from_array(w, "emb.weight")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), w
@@ -196,9 +226,9 @@ def _bag_by_hand(w: np.ndarray, feed: dict, mode: str) -> np.ndarray:
     ids, offs = feed["input"], list(feed["offsets"]) + [feed["input"].size]
     out = []
     for b in range(len(offs) - 1):
-        rows = w[ids[offs[b]:offs[b + 1]]]
+        rows = w[ids[offs[b] : offs[b + 1]]]
         if "per_sample_weights" in feed:
-            rows = rows * feed["per_sample_weights"][offs[b]:offs[b + 1], None]
+            rows = rows * feed["per_sample_weights"][offs[b] : offs[b + 1], None]
         out.append({"sum": rows.sum(0), "mean": rows.mean(0), "max": rows.max(0)}[mode])
     return np.stack(out)
 
@@ -251,14 +281,24 @@ def test_embedding_bag_survives_to_onnx_and_back() -> None:
 
 
 def _if_model(cond_node: onnx.NodeProto, cond_input: bool = False) -> onnx.ModelProto:
-    then = helper.make_graph([helper.make_node("Add", ["x", "c"], ["t"])], "then", [],
-                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])],
-                             [numpy_helper.from_array(np.full((3,), 2.0, np.float32), "c")])
-    other = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["f"])], "else", [],
-                              [helper.make_tensor_value_info("f", TensorProto.FLOAT, [2, 3])])
-    nodes = [cond_node, helper.make_node("If", ["flag"], ["y"], name="branch", then_branch=then,
-                                         else_branch=other),
-             helper.make_node("Relu", ["y"], ["out"])]
+    then = helper.make_graph(
+        [helper.make_node("Add", ["x", "c"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(np.full((3,), 2.0, np.float32), "c")],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Mul", ["x", "x"], ["f"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("f", TensorProto.FLOAT, [2, 3])],
+    )
+    nodes = [
+        cond_node,
+        helper.make_node("If", ["flag"], ["y"], name="branch", then_branch=then, else_branch=other),
+        helper.make_node("Relu", ["y"], ["out"]),
+    ]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])]
     if cond_input:
         inputs.append(helper.make_tensor_value_info("n", TensorProto.INT64, []))
@@ -278,17 +318,24 @@ def test_if_with_a_constant_condition_is_folded(flag: bool) -> None:
 
 def test_if_on_a_static_shape_is_folded() -> None:
     """The condition computed from a statically shaped input (Shape -> Gather -> Equal)."""
-    nodes = [helper.make_node("Shape", ["x"], ["shape"]), _const("k", np.array(1, np.int64)),
-             helper.make_node("Gather", ["shape", "k"], ["d1"], axis=0),
-             _const("three", np.array(3, np.int64)), helper.make_node("Equal", ["d1", "three"], ["flag"])]
-    model = _model(nodes + list(_if_model(_const("unused", np.array(0))).graph.node)[1:],
-                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-                   [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        _const("k", np.array(1, np.int64)),
+        helper.make_node("Gather", ["shape", "k"], ["d1"], axis=0),
+        _const("three", np.array(3, np.int64)),
+        helper.make_node("Equal", ["d1", "three"], ["flag"]),
+    ]
+    model = _model(
+        nodes + list(_if_model(_const("unused", np.array(0))).graph.node)[1:],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])],
+    )
     program = from_onnx(model)
     assert "if" not in [op.type for op in program.ops] and "add" in [op.type for op in program.ops]
     feed = {"x": rng.normal(size=(2, 3)).astype(np.float32)}
-    np.testing.assert_allclose(Executor().run(program, feed=feed, fetch_list=["out"])[0],
-                               _ort(model, feed)[0], rtol=1e-6)
+    np.testing.assert_allclose(
+        Executor().run(program, feed=feed, fetch_list=["out"])[0], _ort(model, feed)[0], rtol=1e-6
+    )
 
 
 def test_if_on_data_is_refused_naming_the_node() -> None:
@@ -296,8 +343,11 @@ def test_if_on_data_is_refused_naming_the_node() -> None:
 
     model = _if_model(helper.make_node("Greater", ["n", "zero_i"], ["flag"]), cond_input=True)
     model.graph.node.insert(0, _const("zero_i", np.array(0, np.int64)))
-    with pytest.raises(UnsupportedOnnxOpsError, match=r"If: branch \(its condition is not known at import "
-                                                      r"time \(it depends on graph input 'n'\)\)"):
+    with pytest.raises(
+        UnsupportedOnnxOpsError,
+        match=r"If: branch \(its condition is not known at import "
+        r"time \(it depends on graph input 'n'\)\)",
+    ):
         from_onnx(model)
 
 
@@ -305,25 +355,42 @@ def _counting_loop(trips: onnx.NodeProto, dtype=np.float32, n: int | str = 3) ->
     """v <- tanh(v @ W + iter); every v also a scan output."""
     t = _float(dtype)
     body = helper.make_graph(
-        [helper.make_node("MatMul", ["v_in", "W"], ["vw"]),
-         helper.make_node("Cast", ["it"], ["itf"], to=t),
-         helper.make_node("Add", ["vw", "itf"], ["pre"]),
-         helper.make_node("Tanh", ["pre"], ["v_out"]),
-         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
-         helper.make_node("Identity", ["v_out"], ["scan"])],
+        [
+            helper.make_node("MatMul", ["v_in", "W"], ["vw"]),
+            helper.make_node("Cast", ["it"], ["itf"], to=t),
+            helper.make_node("Add", ["vw", "itf"], ["pre"]),
+            helper.make_node("Tanh", ["pre"], ["v_out"]),
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("Identity", ["v_out"], ["scan"]),
+        ],
         "body",
-        [helper.make_tensor_value_info("it", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_in", t, ["N", 3])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("v_out", t, ["N", 3]),
-         helper.make_tensor_value_info("scan", t, ["N", 3])])
-    nodes = [trips, _const("true", np.array(True)),
-             helper.make_node("Loop", ["M", "true", "x"], ["v_final", "vs"], name="steps", body=body)]
+        [
+            helper.make_tensor_value_info("it", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_in", t, ["N", 3]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", t, ["N", 3]),
+            helper.make_tensor_value_info("scan", t, ["N", 3]),
+        ],
+    )
+    nodes = [
+        trips,
+        _const("true", np.array(True)),
+        helper.make_node("Loop", ["M", "true", "x"], ["v_final", "vs"], name="steps", body=body),
+    ]
     w = numpy_helper.from_array((rng.normal(size=(3, 3)) * 0.5).astype(dtype), "W")
-    graph = helper.make_graph(nodes, "loop", [helper.make_tensor_value_info("x", t, ["N", 3])],
-                              [helper.make_tensor_value_info("v_final", t, ["N", 3]),
-                               helper.make_tensor_value_info("vs", t, [n, "N", 3])], [w])
+    graph = helper.make_graph(
+        nodes,
+        "loop",
+        [helper.make_tensor_value_info("x", t, ["N", 3])],
+        [
+            helper.make_tensor_value_info("v_final", t, ["N", 3]),
+            helper.make_tensor_value_info("vs", t, [n, "N", 3]),
+        ],
+        [w],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
@@ -353,8 +420,11 @@ def test_loop_with_a_run_time_trip_count_is_refused_naming_the_node() -> None:
     from transpiler import UnsupportedOnnxOpsError
 
     model = _counting_loop(helper.make_node("Size", ["x"], ["M"]), n="T")
-    with pytest.raises(UnsupportedOnnxOpsError, match=r"Loop: steps \(its trip count is not known at import "
-                                                      r"time \(it depends on graph input 'x'\)"):
+    with pytest.raises(
+        UnsupportedOnnxOpsError,
+        match=r"Loop: steps \(its trip count is not known at import "
+        r"time \(it depends on graph input 'x'\)",
+    ):
         from_onnx(model)
 
 
@@ -368,8 +438,9 @@ def test_embedding_bag_model_trains_heterogeneously_like_single_process() -> Non
     model, _ = _bag_model("mean", False, dtype=np.float64)
     w2 = numpy_helper.from_array(rng.normal(size=(3, 1)), "w2")
     model.graph.initializer.append(w2)
-    model.graph.node.extend([helper.make_node("MatMul", ["bags", "w2"], ["z"]),
-                             helper.make_node("Sigmoid", ["z"], ["p"])])
+    model.graph.node.extend(
+        [helper.make_node("MatMul", ["bags", "w2"], ["z"]), helper.make_node("Sigmoid", ["z"], ["p"])]
+    )
     del model.graph.output[:]
     model.graph.output.append(helper.make_tensor_value_info("p", TensorProto.DOUBLE, ["B", 1]))
     feed = _bag_feed(False, bags=5)
@@ -400,10 +471,16 @@ def test_scalar_initializers_are_constants_not_parameters() -> None:
     """torch's dynamo exporter stores scalar constants (a Pow's exponent, a mask's -1e9) as 0-d
     initializers; training them (as parameters) made DeepFM's loss NaN. A [1] bias stays a parameter."""
     nodes = [helper.make_node("Add", ["x", "b"], ["xb"]), helper.make_node("Pow", ["xb", "two"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
-                              [numpy_helper.from_array(np.float32(2.0).reshape(()), "two"),
-                               numpy_helper.from_array(np.array([0.5], np.float32), "b")])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+        [
+            numpy_helper.from_array(np.float32(2.0).reshape(()), "two"),
+            numpy_helper.from_array(np.array([0.5], np.float32), "b"),
+        ],
+    )
     program = from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
     assert [v.name for v in program.parameters()] == ["b"]
     assert not program.var("two").trainable and "two" not in program.params  # a constant op's output

@@ -66,8 +66,11 @@ def straighten(model: onnx.ModelProto) -> Straightened:
                 if node.op_type == "If":
                     new = _fold_if(node, static, prefix)
                 else:
-                    new = (_embedding_bag(node, static) or _dynamo_embedding_bag(node, graph, static, prefix)
-                           or _unroll(node, static, prefix))
+                    new = (
+                        _embedding_bag(node, static)
+                        or _dynamo_embedding_bag(node, graph, static, prefix)
+                        or _unroll(node, static, prefix)
+                    )
             except _Refused as e:
                 refused[refusal_key(node)] = str(e)
                 nodes.append(node)
@@ -103,7 +106,7 @@ def _reads(node: onnx.NodeProto) -> set[str]:
     """Every value a node reads, its subgraphs' outer references included."""
     names = set(node.input)
     for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+        for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
             names |= {i for n in g.node for i in _reads(n)} | {o.name for o in g.output}
     return names
 
@@ -118,13 +121,15 @@ def refusal_key(node: onnx.NodeProto) -> str:
 
 
 def _opset(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-                onnx.defs.onnx_opset_version())
+    return next(
+        (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), onnx.defs.onnx_opset_version()
+    )
 
 
 def _uses_hetps_domain(model: onnx.ModelProto) -> None:
-    if any(n.domain == HETPS_DOMAIN for n in model.graph.node) and \
-            not any(o.domain == HETPS_DOMAIN for o in model.opset_import):
+    if any(n.domain == HETPS_DOMAIN for n in model.graph.node) and not any(
+        o.domain == HETPS_DOMAIN for o in model.opset_import
+    ):
         model.opset_import.append(helper.make_opsetid(HETPS_DOMAIN, 1))
 
 
@@ -137,8 +142,11 @@ def _static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     out = {}
     for vi in [*graph.input, *graph.value_info, *graph.output]:
         t = vi.type.tensor_type
-        if vi.type.HasField("tensor_type") and t.HasField("shape") and \
-                all(d.HasField("dim_value") for d in t.shape.dim):
+        if (
+            vi.type.HasField("tensor_type")
+            and t.HasField("shape")
+            and all(d.HasField("dim_value") for d in t.shape.dim)
+        ):
             out[vi.name] = tuple(d.dim_value for d in t.shape.dim)
     return out
 
@@ -159,8 +167,11 @@ class _Static:
         if name in self.values:
             return self.values[name]
         node = self.producer.get(name)
-        if node is None or node.domain not in ("", "ai.onnx") or any(
-                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        if (
+            node is None
+            or node.domain not in ("", "ai.onnx")
+            or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        ):
             return None
         if node.op_type in ("Shape", "Size"):
             shape = self.shapes.get(node.input[0])
@@ -197,8 +208,10 @@ class _Static:
 
 
 def _one_node_model(node: onnx.NodeProto, feeds: dict[str, np.ndarray], opset: int) -> onnx.ModelProto:
-    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-              for k, v in feeds.items()]
+    inputs = [
+        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+        for k, v in feeds.items()
+    ]
     outputs = [helper.make_empty_tensor_value_info(o) for o in node.output if o]
     graph = helper.make_graph([node], "static", inputs, outputs)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
@@ -220,7 +233,7 @@ def _renamed(node: onnx.NodeProto, names: dict[str, str], prefix: str = "") -> o
     if new.name:
         new.name = prefix + new.name
     for a in new.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+        for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
             inner = {k: v for k, v in names.items() if k not in _defined(g)}
             for n in g.node:
                 n.CopyFrom(_renamed(n, inner))
@@ -250,8 +263,9 @@ def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
 def _fold_if(node: onnx.NodeProto, static: _Static, prefix: str) -> list[onnx.NodeProto]:
     cond = static.get(node.input[0])
     if cond is None:
-        raise _Refused("its condition is not known at import time (it depends on "
-                       f"{static.source(node.input[0])})")
+        raise _Refused(
+            f"its condition is not known at import time (it depends on {static.source(node.input[0])})"
+        )
     branch = _attr(node, "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch")
     nodes, names = _inline(branch, prefix, {})
     for out, inner in zip(node.output, branch.output, strict=True):
@@ -274,8 +288,11 @@ def _unroll(node: onnx.NodeProto, static: _Static, prefix: str) -> list[onnx.Nod
     body = _attr(node, "body")
     m = static.get(node.input[0]) if node.input and node.input[0] else None
     if m is None:
-        why = "it has no trip count" if not (node.input and node.input[0]) else \
-            f"its trip count is not known at import time (it depends on {static.source(node.input[0])})"
+        why = (
+            "it has no trip count"
+            if not (node.input and node.input[0])
+            else f"its trip count is not known at import time (it depends on {static.source(node.input[0])})"
+        )
         raise _Refused(why + "; only Loops with a known trip count, or torch's EmbeddingBag, are imported")
     trips = int(np.asarray(m).reshape(-1)[0])
     if trips > MAX_UNROLL:
@@ -285,7 +302,7 @@ def _unroll(node: onnx.NodeProto, static: _Static, prefix: str) -> list[onnx.Nod
         raise _Refused("its initial loop condition is not a constant true")
     n_carried = len(node.input) - 2
     carried = list(node.input[2:])
-    scans: list[list[str]] = [[] for _ in body.output[1 + n_carried:]]
+    scans: list[list[str]] = [[] for _ in body.output[1 + n_carried :]]
     if trips == 0 and scans:
         raise _Refused("it has scan outputs and a trip count of 0 (their shape is unknown)")
     nodes: list[onnx.NodeProto] = []
@@ -299,8 +316,8 @@ def _unroll(node: onnx.NodeProto, static: _Static, prefix: str) -> list[onnx.Nod
         inlined, names = _inline(body, f"{prefix}{i}/", bound)
         nodes += inlined
         outs = [names.get(o.name, o.name) for o in body.output]
-        carried = outs[1:1 + n_carried]
-        for k, s in enumerate(outs[1 + n_carried:]):
+        carried = outs[1 : 1 + n_carried]
+        for k, s in enumerate(outs[1 + n_carried :]):
             scans[k].append(f"{prefix}{i}/scan{k}")
             nodes.append(helper.make_node("Unsqueeze", [s, axes0], [scans[k][-1]]))
         static.producer.update({o: n for n in nodes for o in n.output if o})
@@ -350,8 +367,12 @@ def _embedding_bag(node: onnx.NodeProto, static: _Static) -> list[onnx.NodeProto
 
     def sliced(name: str) -> tuple[str, str, str] | None:  # Slice(x, start, end, [0]) -> x, starts, ends
         s = op(name, "Slice")
-        if s is None or len(s.input) < 4 or ints(s.input[3]) != [0] or (len(s.input) > 4 and s.input[4]
-                                                                       and ints(s.input[4]) != [1]):
+        if (
+            s is None
+            or len(s.input) < 4
+            or ints(s.input[3]) != [0]
+            or (len(s.input) > 4 and s.input[4] and ints(s.input[4]) != [1])
+        ):
             return None
         starts, ends = offsets(s.input[1]), offsets(s.input[2])
         return (s.input[0], starts, ends) if starts and ends and s.input[0] not in produced else None
@@ -380,17 +401,36 @@ def _embedding_bag(node: onnx.NodeProto, static: _Static) -> list[onnx.NodeProto
     ids, starts, ends = bag
     if not _counts(static, node.input[0], ends):
         return None
-    return [_bag_node(gather.input[0], ids, starts, ends, weights[0] if weights else None, node.output[0],
-                      node.name, _BAG_MODES[red.op_type])]
+    return [
+        _bag_node(
+            gather.input[0],
+            ids,
+            starts,
+            ends,
+            weights[0] if weights else None,
+            node.output[0],
+            node.name,
+            _BAG_MODES[red.op_type],
+        )
+    ]
 
 
-def _bag_node(w: str, ids: str, starts: str, ends: str, weights: str | None, out: str, name: str,
-              mode: str) -> onnx.NodeProto:
+def _bag_node(
+    w: str, ids: str, starts: str, ends: str, weights: str | None, out: str, name: str, mode: str
+) -> onnx.NodeProto:
     """An ai.hetps `embedding_bag` node (its slot layout as onnx_export writes it)."""
     inputs = [w, ids, starts, ends] + ([weights] if weights else [])
     layout = "W:1,Ids:1,Starts:1,Ends:1" + (",PerSampleWeights:1" if weights else "")
-    return helper.make_node("embedding_bag", inputs, [out], name=name or None, domain=HETPS_DOMAIN,
-                            hetps_inputs=layout, hetps_outputs="Out:1", mode=mode)
+    return helper.make_node(
+        "embedding_bag",
+        inputs,
+        [out],
+        name=name or None,
+        domain=HETPS_DOMAIN,
+        hetps_inputs=layout,
+        hetps_outputs="Out:1",
+        mode=mode,
+    )
 
 
 def _counts(static: _Static, trip_count: str, ends: str) -> bool:
@@ -408,8 +448,9 @@ def _counts(static: _Static, trip_count: str, ends: str) -> bool:
     return False
 
 
-def _dynamo_embedding_bag(node: onnx.NodeProto, graph: onnx.GraphProto, static: _Static,
-                          prefix: str) -> list[onnx.NodeProto] | None:
+def _dynamo_embedding_bag(
+    node: onnx.NodeProto, graph: onnx.GraphProto, static: _Static, prefix: str
+) -> list[onnx.NodeProto] | None:
     """One `embedding_bag` node for the while-Loop torch's dynamo exporter (onnxscript's
     aten_embedding_bag, mode sum) writes: per bag, If(start == end, zeros, ReduceSum(Slice(rows,
     start, end), axis 0)) appended to a sequence that a ConcatFromSequence(axis 0) joins, where
@@ -424,8 +465,12 @@ def _dynamo_embedding_bag(node: onnx.NodeProto, graph: onnx.GraphProto, static: 
     if seq_init is None or seq_init.op_type != "SequenceEmpty" or len(consumers) != 1:
         return None
     concat = consumers[0]
-    if concat.op_type != "ConcatFromSequence" or list(concat.input) != [node.output[1]] or \
-            _attr(concat, "axis") != 0 or _attr(concat, "new_axis", 0) != 0:
+    if (
+        concat.op_type != "ConcatFromSequence"
+        or list(concat.input) != [node.output[1]]
+        or _attr(concat, "axis") != 0
+        or _attr(concat, "new_axis", 0) != 0
+    ):
         return None
     produced = {o: n for n in body.node for o in n.output if o}
     insert = produced.get(body.output[2].name)
@@ -450,24 +495,37 @@ def _dynamo_embedding_bag(node: onnx.NodeProto, graph: onnx.GraphProto, static: 
     if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] != [0]:
         return None
     start, end = produced.get(sl.input[1]), produced.get(sl.input[2])
-    if start is None or end is None or start.op_type != "Slice" or end.op_type != "Slice" or \
-            start.input[0] != end.input[0] or start.input[0] in produced:
+    if (
+        start is None
+        or end is None
+        or start.op_type != "Slice"
+        or end.op_type != "Slice"
+        or start.input[0] != end.input[0]
+        or start.input[0] in produced
+    ):
         return None
     offsets = start.input[0]
     rows, weights = static.producer.get(sl.input[0]), None
     if rows is not None and rows.op_type == "Mul":
         unsq = static.producer.get(rows.input[1])
-        if unsq is None or unsq.op_type != "Unsqueeze" or static.get(unsq.input[1]) is None or \
-                [int(a) for a in np.asarray(static.get(unsq.input[1])).reshape(-1)] != [1]:
+        if (
+            unsq is None
+            or unsq.op_type != "Unsqueeze"
+            or static.get(unsq.input[1]) is None
+            or [int(a) for a in np.asarray(static.get(unsq.input[1])).reshape(-1)] != [1]
+        ):
             return None
         weights, rows = unsq.input[0], static.producer.get(rows.input[0])
     if rows is None or rows.op_type != "Gather" or _attr(rows, "axis", 0) != 0:
         return None
     ends = f"{prefix}ends"
-    nodes = [_constant(f"{prefix}one", np.array([1], np.int64)),
-             _constant(f"{prefix}big", np.array([np.iinfo(np.int64).max], np.int64)),
-             _constant(f"{prefix}axis0", np.array([0], np.int64)),
-             helper.make_node("Slice", [offsets, f"{prefix}one", f"{prefix}big", f"{prefix}axis0"], [ends])]
-    nodes.append(_bag_node(rows.input[0], rows.input[1], offsets, ends, weights, concat.output[0], node.name,
-                           "sum"))
+    nodes = [
+        _constant(f"{prefix}one", np.array([1], np.int64)),
+        _constant(f"{prefix}big", np.array([np.iinfo(np.int64).max], np.int64)),
+        _constant(f"{prefix}axis0", np.array([0], np.int64)),
+        helper.make_node("Slice", [offsets, f"{prefix}one", f"{prefix}big", f"{prefix}axis0"], [ends]),
+    ]
+    nodes.append(
+        _bag_node(rows.input[0], rows.input[1], offsets, ends, weights, concat.output[0], node.name, "sum")
+    )
     return nodes

@@ -44,7 +44,7 @@ class DLRM(nn.Layer):
 
     def forward(self, sparse, dense):
         x = self.bottom(dense)
-        vecs = [x] + [emb(sparse[:, 2 * i:2 * i + 2]).sum(axis=1) for i, emb in enumerate(self.embs)]
+        vecs = [x] + [emb(sparse[:, 2 * i : 2 * i + 2]).sum(axis=1) for i, emb in enumerate(self.embs)]
         v = paddle.stack(vecs, axis=1)
         inter = paddle.bmm(v, v.transpose([0, 2, 1]))
         pairs = [(self.rows[k], self.cols[k]) for k in range(len(self.rows))]  # (dy2st: no zip(strict))
@@ -129,8 +129,12 @@ MODELS = {"dlrm": DLRM, "deepfm": DeepFM, "dcnv2": DCNv2, "din": DIN, "xdeepfm":
 
 def specs(name: str) -> list[InputSpec]:
     if name == "din":
-        return [InputSpec([None, SEQ], "int64", "hist"), InputSpec([None, SEQ], "float32", "mask"),
-                InputSpec([None], "int64", "target"), InputSpec([None, DENSE], "float32", "dense")]
+        return [
+            InputSpec([None, SEQ], "int64", "hist"),
+            InputSpec([None, SEQ], "float32", "mask"),
+            InputSpec([None], "int64", "target"),
+            InputSpec([None, DENSE], "float32", "dense"),
+        ]
     slots = 2 * SLOTS if name == "dlrm" else SLOTS
     return [InputSpec([None, slots], "int64", "sparse"), InputSpec([None, DENSE], "float32", "dense")]
 
@@ -146,8 +150,9 @@ def export(name: str) -> Path:
         prefix = str(Path(tmp) / name)
         paddle.jit.save(model, prefix, input_spec=specs(name))
         model_file = next(p for p in (f"{prefix}.json", f"{prefix}.pdmodel") if Path(p).exists())
-        paddle2onnx.export(model_file, f"{prefix}.pdiparams", str(path), opset_version=OPSET,
-                           optimize_tool="onnxoptimizer")  # polygraphy would pip-install more
+        paddle2onnx.export(
+            model_file, f"{prefix}.pdiparams", str(path), opset_version=OPSET, optimize_tool="onnxoptimizer"
+        )  # polygraphy would pip-install more
     _rename_output(path)
     return path
 

@@ -44,7 +44,7 @@ class DLRM(nn.Module):
 
     def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
         x = self.bottom(dense)
-        vecs = [x] + [bag(sparse[:, 2 * i:2 * i + 2]) for i, bag in enumerate(self.bags)]
+        vecs = [x] + [bag(sparse[:, 2 * i : 2 * i + 2]) for i, bag in enumerate(self.bags)]
         v = torch.stack(vecs, dim=1)
         dots = torch.bmm(v, v.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
         return torch.sigmoid(self.top(torch.cat([x, dots], dim=1)))
@@ -91,8 +91,9 @@ class DIN(nn.Module):
         self.att = mlp([4 * DIM, 8, 1])
         self.deep = mlp([2 * DIM + DENSE, 8, 1])
 
-    def forward(self, hist: torch.Tensor, mask: torch.Tensor, target: torch.Tensor,
-                dense: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hist: torch.Tensor, mask: torch.Tensor, target: torch.Tensor, dense: torch.Tensor
+    ) -> torch.Tensor:
         h = self.item(hist)  # [B, L, D]
         t = self.item(target).unsqueeze(1).expand_as(h)
         scores = self.att(torch.cat([h, t, h - t, h * t], dim=-1)).squeeze(-1)  # [B, L]
@@ -148,14 +149,28 @@ def export(name: str, exporter: str) -> Path:
     args, names = example(name)
     path = HERE / f"{name}_{exporter}.onnx"
     if exporter == "ts":
-        torch.onnx.export(model, args, str(path), input_names=names, output_names=["prob"],
-                          opset_version=OPSET, dynamic_axes={n: {0: "batch"} for n in [*names, "prob"]},
-                          dynamo=False)
+        torch.onnx.export(
+            model,
+            args,
+            str(path),
+            input_names=names,
+            output_names=["prob"],
+            opset_version=OPSET,
+            dynamic_axes={n: {0: "batch"} for n in [*names, "prob"]},
+            dynamo=False,
+        )
     else:
         batch = torch.export.Dim("batch", min=1, max=4096)
-        program = torch.onnx.export(model, args, input_names=names, output_names=["prob"],
-                                    opset_version=OPSET, dynamic_shapes=tuple({0: batch} for _ in names),
-                                    dynamo=True, external_data=False)
+        program = torch.onnx.export(
+            model,
+            args,
+            input_names=names,
+            output_names=["prob"],
+            opset_version=OPSET,
+            dynamic_shapes=tuple({0: batch} for _ in names),
+            dynamo=True,
+            external_data=False,
+        )
         program.save(str(path), external_data=False)
     _strip_metadata(path)
     return path
