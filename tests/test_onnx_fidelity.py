@@ -485,3 +485,17 @@ def test_scalar_initializers_are_constants_not_parameters() -> None:
     assert [v.name for v in program.parameters()] == ["b"]
     assert not program.var("two").trainable and "two" not in program.params  # a constant op's output
     assert [op.attrs["value"] for op in program.ops if op.type == "constant"] == [2.0]
+
+
+def test_if_on_a_deep_data_chain_is_refused_without_recursion() -> None:
+    """The condition's ancestry walked iteratively: a 3000-node chain from the input (deeper than
+    Python's recursion limit) is found not static and refused by name."""
+    from transpiler import UnsupportedOnnxOpsError
+
+    chain = [helper.make_node("Neg", [f"v{k}"], [f"v{k + 1}"]) for k in range(3000)]
+    chain[0].input[0] = "n"
+    model = _if_model(helper.make_node("Greater", ["v3000", "zero_i"], ["flag"]), cond_input=True)
+    for node in reversed([_const("zero_i", np.array(0, np.int64)), *chain]):
+        model.graph.node.insert(0, node)
+    with pytest.raises(UnsupportedOnnxOpsError, match=r"If: branch \(.*depends on graph input 'n'"):
+        from_onnx(model)

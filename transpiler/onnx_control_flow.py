@@ -162,36 +162,52 @@ class _Static:
         self.producer = {o: n for n in graph.node for o in n.output if o}
         self.shapes = shapes
         self.inputs = {i.name for i in graph.input} - set(self.values)
+        self.unknown: set[str] = set()  # values found not to be known at import time
 
     def get(self, name: str) -> np.ndarray | None:
-        if name in self.values:
-            return self.values[name]
-        node = self.producer.get(name)
-        if (
-            node is None
-            or node.domain not in ("", "ai.onnx")
-            or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-        ):
-            return None
-        if node.op_type in ("Shape", "Size"):
-            shape = self.shapes.get(node.input[0])
-            if shape is None:
-                return None
-        elif not all(self.get(i) is not None for i in node.input if i):
-            return None
+        """The value of `name` if known at import time, else None (ancestors walked iteratively,
+        each evaluated or marked unknown once)."""
+        stack = [name]
+        while stack:
+            n = stack[-1]
+            if n in self.values or n in self.unknown:
+                stack.pop()
+                continue
+            node = self.producer.get(n)
+            if node is None or not _evaluable(node):
+                self.unknown.add(n)
+                stack.pop()
+                continue
+            ins = [] if node.op_type in ("Shape", "Size") else [i for i in node.input if i]
+            pending = [i for i in ins if i not in self.values and i not in self.unknown]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            if any(i in self.unknown for i in ins) or not self._evaluate(node):
+                self.unknown.update(o for o in node.output if o)
+        return self.values.get(name)
+
+    def _evaluate(self, node: onnx.NodeProto) -> bool:
+        """Run one node of known inputs (Shape / Size: of a statically shaped value) by ONNX's
+        reference evaluator; False when it cannot be."""
         from onnx.reference import ReferenceEvaluator
 
-        feeds = {i: self.values[i] for i in node.input if i and i in self.values}
         if node.op_type in ("Shape", "Size"):  # only the shape matters: a zero array of it
-            feeds = {node.input[0]: np.zeros(self.shapes[node.input[0]], np.float32)}
+            shape = self.shapes.get(node.input[0])
+            if shape is None:
+                return False
+            feeds = {node.input[0]: np.zeros(shape, np.float32)}
+        else:
+            feeds = {i: self.values[i] for i in node.input if i}
         try:
             outs = ReferenceEvaluator(_one_node_model(node, feeds, self.opset)).run(None, feeds)
         except Exception:  # noqa: BLE001 - not evaluable: not static
-            return None
+            return False
         for o, v in zip(node.output, outs, strict=False):
             if o:
                 self.values[o] = np.asarray(v)
-        return self.values.get(name)
+        return True
 
     def source(self, name: str) -> str:
         """The graph input a value depends on, for a refusal's message (or the value itself)."""
@@ -205,6 +221,13 @@ class _Static:
             seen.add(n)
             todo.extend(i for i in self.producer[n].input if i)
         return repr(name)
+
+
+def _evaluable(node: onnx.NodeProto) -> bool:
+    """A default-domain node without subgraphs (what the reference evaluator runs one by one)."""
+    return node.domain in ("", "ai.onnx") and not any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+    )
 
 
 def _one_node_model(node: onnx.NodeProto, feeds: dict[str, np.ndarray], opset: int) -> onnx.ModelProto:
