@@ -40,7 +40,7 @@ from onnx import defs, helper, numpy_helper, shape_inference, version_converter
 from ops_registry import by_onnx, get_op, has_op, list_ops
 
 from .ir import Program, Var
-from .onnx_control_flow import HETPS_DOMAIN, Straightened, refusal_key, straighten
+from .onnx_control_flow import HETPS_DOMAIN, refusal_key, straighten
 
 MAX_PROGRAM_CONSTANT = 4096  # elements: a smaller non-trainable constant is a `constant` op, not a
 # persistable var (which a transpiled plan would serve from a parameter server, pulled every step)
@@ -78,7 +78,7 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
               label: str | None = None) -> Program:
     """Import an ONNX model (a ModelProto or a path; external data files beside it are loaded).
 
-    Variable names are the ONNX value names; `program.attrs["fetch_names"]` lists the graph outputs
+    Variable names are the ONNX value names; `program.fetch_names` lists the graph outputs
     and `program.params` holds the parameter values, so `Executor().run(program, feed, fetch_list)`
     runs it as is. `loss` ("bce" on probabilities, "bce_with_logits", "mse", or "softmax_ce" with
     class ids, class axis 1) attaches a mean loss on the first graph output against a new data input
@@ -86,7 +86,8 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
     trainable as is. Either way `program.attrs["loss_name"]` names the loss.
     """
     model = _load(model_or_path)
-    program = _Importer(straighten(model)).build()
+    straight = straighten(model)
+    program = _Importer(straight.model, straight.refused).build()
     outputs = program.attrs["fetch_names"]
     if loss is not None:
         attach_loss(program, outputs[0], loss, label or "label")
@@ -337,9 +338,8 @@ def _node_desc(node: onnx.NodeProto, i: int) -> str:
 class _Importer:
     """One import: constants, aliases (folded Identity), then vars and ops in graph order."""
 
-    def __init__(self, straightened: Straightened) -> None:
-        model = straightened.model
-        self.refused = straightened.refused  # control flow left in the graph: why
+    def __init__(self, model: onnx.ModelProto, refused: dict[str, str] | None = None) -> None:
+        self.refused = refused or {}  # control flow `straighten` left in the graph: why
         self.model = model
         self.graph = model.graph
         self.opset = default_opset(model)
