@@ -499,3 +499,35 @@ def test_if_on_a_deep_data_chain_is_refused_without_recursion() -> None:
         model.graph.node.insert(0, node)
     with pytest.raises(UnsupportedOnnxOpsError, match=r"If: branch \(.*depends on graph input 'n'"):
         from_onnx(model)
+
+
+def test_gather_nd_row_lookups_become_sparse_embedding_tables() -> None:
+    """paddle2onnx writes index lookups as GatherND: with indices [..., 1] they read whole rows of a
+    table, which then imports as an embedding lookup of a sparse table; values equal onnxruntime's,
+    the gradient equals finite differences."""
+    from test_onnx_gradients import _assert_gradients_match
+
+    table = rng.normal(size=(9, 3))
+    nodes = [
+        helper.make_node("GatherND", ["table", "ids"], ["rows"]),
+        helper.make_node("Mul", ["rows", "R"], ["weighted"]),
+        helper.make_node("ReduceSum", ["weighted"], ["loss"], keepdims=0),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 2, 1]),
+        helper.make_tensor_value_info("R", TensorProto.DOUBLE, ["N", 2, 3]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("loss", TensorProto.DOUBLE, []),
+        helper.make_tensor_value_info("rows", TensorProto.DOUBLE, ["N", 2, 3]),
+    ]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(table, "table")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    program = from_onnx(model)
+    assert [op.type for op in program.ops if "table" in op.input_names()] == ["embedding"]
+    assert program.var("table").is_sparse
+    feed = {"ids": rng.integers(0, 9, (4, 2, 1)), "R": rng.normal(size=(4, 2, 3))}
+    got = Executor().run(program, feed=feed, fetch_list=["loss", "rows"])
+    for g, want in zip(got, _ort(model, feed), strict=True):
+        np.testing.assert_allclose(g, want, rtol=1e-12)
+    _assert_gradients_match(lambda: from_onnx(model), feed, ["table"])

@@ -335,12 +335,41 @@ def _node_desc(node: onnx.NodeProto, i: int) -> str:
     return node.name or f"#{i} ({', '.join(node.output)})"
 
 
+def gather_nd_rows(model: onnx.ModelProto) -> onnx.ModelProto:
+    """GatherND(data, indices) with batch_dims 0 and indices ending in a dim of 1 reads whole rows:
+    it is Gather(data, Squeeze(indices, [-1]), axis 0), exactly. Rewritten so, a 2-D weight read
+    that way is an embedding table too (paddle2onnx writes index lookups as GatherND)."""
+    picked = [n for n in model.graph.node if n.op_type == "GatherND" and n.domain in ("", "ai.onnx")
+              and not any(a.name == "batch_dims" and a.i != 0 for a in n.attribute)]
+    if not picked:
+        return model
+    shapes = _graph_types(_infer(model) or model.graph)
+    rows = [n for n in picked if (shapes.get(n.input[1], (None, None))[1] or (0,))[-1:] == (1,)]
+    if not rows:
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    nodes = []
+    for node in model.graph.node:
+        if any(node.output == r.output for r in rows):
+            ids, axes = f"{node.output[0]}.row_ids", f"{node.output[0]}.last_axis"
+            nodes += [helper.make_node("Constant", [], [axes],
+                                       value=numpy_helper.from_array(np.array([-1], np.int64))),
+                      helper.make_node("Squeeze", [node.input[1], axes], [ids]),
+                      helper.make_node("Gather", [node.input[0], ids], list(node.output), name=node.name,
+                                       axis=0)]
+        else:
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
 class _Importer:
     """One import: constants, aliases (folded Identity), then vars and ops in graph order."""
 
     def __init__(self, model: onnx.ModelProto, refused: dict[str, str] | None = None) -> None:
         self.refused = refused or {}  # control flow `straighten` left in the graph: why
-        self.model = model
+        model = self.model = gather_nd_rows(model)
         self.graph = model.graph
         self.opset = default_opset(model)
         self.outputs = [o.name for o in self.graph.output]
