@@ -531,3 +531,55 @@ def test_gather_nd_row_lookups_become_sparse_embedding_tables() -> None:
     for g, want in zip(got, _ort(model, feed), strict=True):
         np.testing.assert_allclose(g, want, rtol=1e-12)
     _assert_gradients_match(lambda: from_onnx(model), feed, ["table"])
+
+
+def test_paddle2onnx_scalar_loss_model_imports_runs_and_trains() -> None:
+    """A real paddle2onnx export (tests/models/exporters/export_paddle.py) whose output is its mean
+    loss: declared [], computed by a Reshape to [-1] (ONNX's inference: [?]; at run time [1]). The
+    import warns once naming the output, finds the loss, equals onnxruntime, and trains."""
+    from pathlib import Path
+
+    from runtime.simulate import simulate
+    from transpiler import TranspileConfig, transpile
+
+    path = Path(__file__).resolve().parent / "models" / "p2o_scalar_loss.onnx"
+    assert [d.dim_value for d in onnx.load(path).graph.output[0].type.tensor_type.shape.dim] == []
+    with pytest.warns(OnnxShapeWarning) as record:
+        program = from_onnx(path)
+    assert len(record) == 1 and "'fetch_name_0'" in str(record[0].message)
+    assert program.var("fetch_name_0").shape == (1,) and program.attrs["loss_name"] == "fetch_name_0"
+    feed = {
+        "sparse": rng.integers(0, 40, (6, 3)),
+        "dense": rng.normal(size=(6, 4)).astype(np.float32),
+        "label": rng.integers(0, 2, (6, 1)).astype(np.float32),
+    }
+    (got,) = Executor().run(program, feed=feed, fetch_list=program.fetch_names)
+    np.testing.assert_allclose(got, _ort(onnx.load(path), feed)[0], rtol=1e-6)
+    plan = transpile(program, TranspileConfig(optimizer={"type": "sgd", "lr": 0.5}))
+    losses = [x[0].item() for x in simulate(plan, [feed] * 8)]  # the loss is [1]
+    assert losses[-1] < 0.9 * losses[0], losses
+
+
+@pytest.mark.slow
+def test_paddle2onnx_scalar_loss_model_trains_on_the_real_runtime() -> None:
+    """Its loss has shape [1]: the trainers report it as a number (float() of a [1] array is an
+    error in numpy 2.4); the losses equal simulate's."""
+    from pathlib import Path
+
+    from runtime.simulate import simulate
+    from runtime.train import train
+    from transpiler import TranspileConfig, transpile
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OnnxShapeWarning)
+        program = from_onnx(Path(__file__).resolve().parent / "models" / "p2o_scalar_loss.onnx")
+    plan = transpile(program, TranspileConfig(optimizer={"type": "sgd", "lr": 0.5}))
+    feed = {
+        "sparse": rng.integers(0, 40, (16, 3)),
+        "dense": rng.normal(size=(16, 4)).astype(np.float32),
+        "label": rng.integers(0, 2, (16, 1)).astype(np.float32),
+    }
+    hist = train(
+        plan, [feed] * 4, epochs=1, trainers={"cpu": 1, "gpu": 1}, allow_emulation=True, progress=False
+    )
+    np.testing.assert_allclose(hist.loss, [x[0].item() for x in simulate(plan, [feed] * 4)], rtol=1e-5)

@@ -28,6 +28,7 @@ slots are the schema's input/output names, so a node's positional inputs land in
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from pathlib import Path
@@ -235,16 +236,23 @@ def merge_shape(declared: tuple[Dim, ...], computed: tuple[Dim, ...]) -> tuple[S
     Same rank: a computed fixed dim wins (a different declared fixed dim is incompatible), a computed
     symbolic dim wins over a declared fixed one (a disagreement), an unknown computed dim takes the
     declared one. Another rank: compatible when equal once size-1 dims are dropped (rank 0 vs [1],
-    [N] vs [N, 1]); the computed shape wins (a disagreement).
+    [N] vs [N, 1]; an unknown computed dim may be a 1); the computed shape wins (a disagreement),
+    its one unknown dim worked out from a fully known declared size (rank 0 vs [?] gives [1]).
     """
     def fixed(d: Dim) -> bool:
         return isinstance(d, int)
 
     if len(declared) != len(computed):
-        d1, c1 = [d for d in declared if d != 1], [c for c in computed if c != 1]
+        d1 = [d for d in declared if d != 1]
+        c1 = [c for c in computed if c != 1 and c is not None]  # an unknown dim may be a 1
         if len(d1) != len(c1) or any(fixed(d) and fixed(c) and d != c for d, c in zip(d1, c1, strict=True)):
             return None
-        return tuple(c if fixed(c) else -1 for c in computed), True
+        shape = [c if fixed(c) else -1 for c in computed]
+        if all(map(fixed, declared)) and computed.count(None) == 1 and shape.count(-1) == 1:
+            size, rest = math.prod(declared), math.prod(c for c in shape if c != -1)
+            if rest and size % rest == 0:  # the one unknown dim follows from the declared size
+                shape[shape.index(-1)] = size // rest
+        return tuple(shape), True
     shape, disagrees = [], False
     for d, c in zip(declared, computed, strict=True):
         if fixed(c):
@@ -296,8 +304,8 @@ def lenient_types(model: onnx.ModelProto) -> dict[str, tuple[str | None, Shape |
         shape, disagrees = merged
         if disagrees:
             warnings.warn(f"{what} {name!r}: declared shape {show[0]} disagrees with the computed "
-                          f"{show[1]}; using the computed one, as onnxruntime's lenient merge does",
-                          OnnxShapeWarning, stacklevel=4)
+                          f"{show[1]}; using {list(shape)} (-1 = any), as onnxruntime's lenient merge "
+                          "does", OnnxShapeWarning, stacklevel=4)
         types[name] = (dtype, shape)
     return types
 
