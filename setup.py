@@ -10,6 +10,7 @@ setup(
     packages=find_packages(include=["transpiler*", "runtime*", "ops_registry*"]),
     install_requires=[
         "numpy>=1.24",
+        "scipy>=1.10",
         "onnx>=1.15",
         "networkx>=3.0",
         "pyzmq>=25",

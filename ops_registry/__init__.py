@@ -3,7 +3,7 @@
 Importing the package registers every op family.
 """
 
-from . import comm, embedding, loss, math, nn, optimizer, tensor  # noqa: F401  (registers the ops)
+from . import comm, embedding, indexing, loss, math, nn, optimizer, tensor  # noqa: F401  (registers the ops)
 from .base import (
     CATEGORIES,
     OpDef,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import OpDef, register, static_arg
+from .base import OpDef, register, static_arg, unbroadcast
 from .shapes import same_as
 
 
@@ -194,3 +194,53 @@ register(OpDef("batch_norm", "dense", ("X", "scale", "B", "input_mean", "input_v
                infer_shape=lambda s, a: {"Y": s["X"], "running_mean": s["input_mean"],
                                          "running_var": s["input_var"]},
                attrs={"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0}))
+
+
+# -- activations exporters emit (issue 14) ------------------------------------------------------
+def _cast_like(y, x):
+    return y.astype(x.dtype, copy=False)
+
+
+_unary("softplus", "Softplus", lambda xp, x, a: _cast_like(xp.logaddexp(0, x), x),
+       lambda xp, x, y, g, a: g * _sigmoid(xp, x), "Y = log(1 + exp(X)), computed without overflow.")
+def _elu(xp, x, alpha):
+    return _cast_like(xp.where(x > 0, x, alpha * xp.expm1(xp.minimum(x, 0))), x)
+
+
+_unary("elu", "Elu", lambda xp, x, a: _elu(xp, x, a["alpha"]),
+       lambda xp, x, y, g, a: xp.where(x > 0, g, g * (y + a["alpha"])),
+       "Y = X if X > 0 else alpha * (exp(X) - 1).", attrs={"alpha": 1.0})
+_unary("selu", "Selu",
+       lambda xp, x, a: _cast_like(a["gamma"] * _elu(xp, x, a["alpha"]), x),
+       lambda xp, x, y, g, a: g * xp.where(x > 0, a["gamma"], y + a["gamma"] * a["alpha"]),
+       "Y = gamma * (X if X > 0 else alpha * (exp(X) - 1)).",
+       attrs={"alpha": 1.6732632423543772, "gamma": 1.0507009873554805})
+_unary("hard_sigmoid", "HardSigmoid",
+       lambda xp, x, a: _cast_like(xp.clip(a["alpha"] * x + a["beta"], 0, 1), x),
+       lambda xp, x, y, g, a: g * a["alpha"] * ((y > 0) & (y < 1)),
+       "Y = max(0, min(1, alpha * X + beta)).", attrs={"alpha": 0.2, "beta": 0.5})
+
+
+def _hard_swish_vjp(xp, x, y, g, a):
+    """d/dx x * clip(x/6 + 1/2, 0, 1) = 0 below -3, 1 above 3, x/3 + 1/2 between."""
+    return g * xp.where(x <= -3, 0.0, xp.where(x >= 3, 1.0, x / 3 + 0.5)).astype(g.dtype, copy=False)
+
+
+_unary("hard_swish", "HardSwish", lambda xp, x, a: _cast_like(x * xp.clip(x / 6 + 0.5, 0, 1), x),
+       _hard_swish_vjp, "Y = X * max(0, min(1, X / 6 + 1/2)).")
+
+
+def _prelu(xp, ins, attrs):
+    """Y = X if X >= 0 else slope * X (slope broadcasts to X)."""
+    x, s = ins["X"], ins["slope"]
+    return {"Y": _cast_like(xp.where(x >= 0, x, s * x), x)}
+
+
+def _prelu_vjp(xp, ins, outs, douts, attrs):
+    x, s, g = ins["X"], ins["slope"], douts["Y"]
+    neg = x < 0
+    return {"X": xp.where(neg, g * s, g), "slope": unbroadcast(xp, xp.where(neg, g * x, 0), s.shape)}
+
+
+register(OpDef("prelu", "elementwise", ("X", "slope"), ("Y",), _prelu, _prelu_vjp, onnx="PRelu",
+               infer_shape=same_as("X", "Y")))

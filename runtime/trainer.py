@@ -432,7 +432,7 @@ class Trainer:
         st = self._step(it.step)
         if self.loss is not None:
             scores = [_host(it.env[n]).reshape(-1).astype(np.float32) for n in self.score or ()]
-            st.reports.append((it.size, float(_host(it.env[self.loss])), scores))
+            st.reports.append((it.size, _host(it.env[self.loss]).item(), scores))
         st.done += 1
         self._maybe_flush()
 

@@ -2,11 +2,12 @@
 
 1. Node cases, regenerated from the installed onnx (`collect_testcases()`: each a model plus input
    and expected output arrays). Every case whose ops are all ones hetps imports runs, one test per
-   case, and must match (rtol 1e-3 float32, 1e-6 float64; ints and bools exactly). Cases whose
-   tensors use dtypes outside float32/float64/int32/int64/bool, or sequence/optional values, are
-   skipped with that reason. Training-mode Dropout with ratio > 0 draws a random mask (the expected
-   arrays hold numpy's draw, which no backend reproduces): those cases are checked on everything
-   that is determined (the kept elements scaled by 1 / (1 - ratio), the keep rate, the mask).
+   case, and must match (rtol 1e-3 float16/float32, 1e-6 float64; ints and bools exactly). Cases
+   whose tensors use dtypes outside DTYPES (bfloat16, float8, int4, strings, ...), or
+   sequence/optional values, are skipped with that reason. Training-mode Dropout with ratio > 0
+   draws a random mask (the expected arrays hold numpy's draw, which no backend reproduces): those
+   cases are checked on everything that is determined (the kept elements scaled by 1 / (1 - ratio),
+   the keep rate, the mask).
 2. The pytorch-converted and pytorch-operator models shipped in the onnx wheel (opsets 6 and 9,
    upgraded by onnx's version converter), those whose ops are covered, on their stored data sets.
 3. Export: for all of these, to_onnx(from_onnx(m)) passes onnx.checker and onnxruntime runs it to
@@ -31,7 +32,8 @@ from runtime import Executor
 from transpiler import from_onnx, to_onnx
 from transpiler.onnx_import import supported_onnx_ops
 
-DTYPES = {np.dtype(t) for t in ("float32", "float64", "int32", "int64", "bool")}
+DTYPES = {np.dtype(t) for t in ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                                "uint8", "uint16", "uint32", "uint64", "bool")}
 COVERED = set(supported_onnx_ops())
 WHEEL_DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
 RESULTS: dict[str, list[str]] = {"node": [], "model": [], "node_round_trip": [], "model_round_trip": []}
@@ -55,7 +57,7 @@ def _skip_reason(arrays: list) -> str | None:
     if any(not isinstance(a, np.ndarray) for a in arrays):
         return "sequence / optional values (hetps imports tensors only)"
     odd = sorted({str(a.dtype) for a in arrays if a.dtype not in DTYPES})
-    return f"dtype {', '.join(odd)} outside float32/float64/int32/int64/bool" if odd else None
+    return f"dtype {', '.join(odd)} outside {', '.join(sorted(map(str, DTYPES)))}" if odd else None
 
 
 def _node_cases():
@@ -211,7 +213,7 @@ def test_summary(capsys) -> None:
             skipped["other dtypes" if reason.startswith("dtype") else "sequence/optional values"] += 1
             dtypes |= {str(a.dtype) for a in arrays if isinstance(a, np.ndarray) and a.dtype not in DTYPES}
     runnable = len(NODE_CASES) - sum(skipped.values())
-    assert runnable > 400 and len(MODEL_DIRS) >= 50  # the selection itself did not collapse
+    assert runnable > 800 and len(MODEL_DIRS) >= 60  # the selection itself did not collapse
     with capsys.disabled():
         print(f"\nONNX node cases: {len(ALL_NODE_CASES)} in onnx {onnx.__version__}, "
               f"{len(NODE_CASES)} use only covered ops; {len(RESULTS['node'])}/{runnable} passed in "

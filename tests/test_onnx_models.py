@@ -49,18 +49,33 @@ def _ctr_feed(name: str, seed: int, n: int) -> dict[str, np.ndarray]:
 
 
 def _to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The same graph computing in float64 (onnxruntime's double kernels are exact libm calls)."""
+    """The same graph computing in float64 (onnxruntime's double kernels are exact libm calls):
+    float tensors, declared types and Casts to float (empty float sequences) become double, in
+    subgraphs (Loop bodies) too."""
     m = onnx.ModelProto.FromString(model.SerializeToString())
     del m.graph.value_info[:]
-    for vi in [*m.graph.input, *m.graph.output]:
-        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
-            vi.type.tensor_type.elem_type = TensorProto.DOUBLE
-    tensors = list(m.graph.initializer) + [a.t for n in m.graph.node for a in n.attribute
-                                           if a.type == onnx.AttributeProto.TENSOR]
-    for t in tensors:
+    _graph_to_float64(m.graph)
+    return m
+
+
+def _graph_to_float64(g: onnx.GraphProto) -> None:
+    for vi in [*g.input, *g.output, *g.value_info]:
+        t = vi.type.sequence_type.elem_type if vi.type.HasField("sequence_type") else vi.type
+        if t.tensor_type.elem_type == TensorProto.FLOAT:
+            t.tensor_type.elem_type = TensorProto.DOUBLE
+    tensors = [a.t for n in g.node for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    for t in [*g.initializer, *tensors]:
         if t.data_type == TensorProto.FLOAT:
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float64), t.name))
-    return m
+    for n in g.node:
+        if n.op_type == "SequenceEmpty" and not any(a.name == "dtype" for a in n.attribute):
+            n.attribute.append(onnx.helper.make_attribute("dtype", TensorProto.FLOAT))  # the default
+        for a in n.attribute:
+            float_type = (n.op_type, a.name) in (("Cast", "to"), ("SequenceEmpty", "dtype"))
+            if float_type and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.DOUBLE
+            if a.type == onnx.AttributeProto.GRAPH:
+                _graph_to_float64(a.g)
 
 
 def test_wide_deep_imports_as_expected() -> None:
@@ -73,6 +88,7 @@ def test_wide_deep_imports_as_expected() -> None:
     reshape = next(op for op in program.ops if op.type == "reshape")
     assert reshape.attrs["shape"] == [-1, 208] and list(reshape.inputs) == ["data"]  # folded constant
     assert program.attrs["fetch_names"] == ["fetch_name_0"] and "loss_name" not in program.attrs
+    assert program.fetch_names == ["fetch_name_0"]
 
 
 def test_wide_deep_matches_onnxruntime_and_paddle() -> None:
@@ -221,11 +237,11 @@ def test_unsupported_ops_are_listed_at_once() -> None:
     nodes = [helper.make_node("MaxPool", ["x"], ["p1"], name="pool_a", kernel_shape=[2, 2]),
              helper.make_node("Relu", ["p1"], ["r"]),
              helper.make_node("MaxPool", ["r"], ["p2"], name="pool_b", kernel_shape=[1, 1]),
-             helper.make_node("Erf", ["p2"], ["y"], name="erf_1")]
+             helper.make_node("LpNormalization", ["p2"], ["y"], name="lpn_1")]
     with pytest.raises(UnsupportedOnnxOpsError) as e:
         from_onnx(helper.make_model(helper.make_graph(nodes, "g", [x], [y])))
-    assert e.value.unsupported == {"MaxPool": ["pool_a", "pool_b"], "Erf": ["erf_1"]}
-    assert "MaxPool: pool_a, pool_b" in str(e.value) and "Erf: erf_1" in str(e.value)
+    assert e.value.unsupported == {"MaxPool": ["pool_a", "pool_b"], "LpNormalization": ["lpn_1"]}
+    assert "MaxPool: pool_a, pool_b" in str(e.value) and "LpNormalization: lpn_1" in str(e.value)
 
 
 def test_malformed_model_gives_the_checkers_message(tmp_path: Path) -> None:

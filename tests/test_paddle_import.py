@@ -258,6 +258,7 @@ def test_pir_fetch_names_are_stable_and_fetch_the_values(paddle):
     program, (ref,) = paddle_run(paddle, main, startup, [loss, logit], [feed], scope,
                                  fetch=[loss, logit], feed=["sparse", "dense", "label"])
     names = program.attrs["fetch_names"]
+    assert program.fetch_names is names  # the attribute the issue asked for, same one list
     again = from_paddle(main, scope=scope, fetch=[loss, logit])
     assert len(names) == 2 and names == again.attrs["fetch_names"]
     assert program.attrs["feed_names"] == ["sparse", "dense", "label"]

@@ -5,10 +5,10 @@ from .config import TranspileConfig
 from .inference import inference_program
 from .ir import Block, Op, Program, Var, grad_name
 from .onnx_export import to_onnx
-from .onnx_import import OnnxImportError, UnsupportedOnnxOpsError, from_onnx
+from .onnx_import import OnnxImportError, OnnxShapeWarning, UnsupportedOnnxOpsError, from_onnx
 from .paddle_import import PaddleImportError, from_paddle
 from .plan import Plan, transpile
 
-__all__ = ["Block", "Op", "OnnxImportError", "PaddleImportError", "Plan", "Program", "TranspileConfig",
-           "UnsupportedOnnxOpsError", "Var", "append_backward", "from_onnx", "from_paddle", "grad_name",
-           "inference_program", "to_onnx", "transpile"]
+__all__ = ["Block", "Op", "OnnxImportError", "OnnxShapeWarning", "PaddleImportError", "Plan", "Program",
+           "TranspileConfig", "UnsupportedOnnxOpsError", "Var", "append_backward", "from_onnx", "from_paddle",
+           "grad_name", "inference_program", "to_onnx", "transpile"]

@@ -148,6 +148,17 @@ class Program:
     def var(self, name: str) -> Var:
         return self.blocks[0].var(name)
 
+    @property
+    def fetch_names(self) -> list[str]:
+        """The names an importer says to fetch (ONNX graph outputs, Paddle's `fetch` entries), in
+        order: the list held in `attrs["fetch_names"]` (its one home); a new [] when none was set
+        (assign to set one)."""
+        return self.attrs.get("fetch_names", [])
+
+    @fetch_names.setter
+    def fetch_names(self, names: list[str]) -> None:
+        self.attrs["fetch_names"] = list(names)
+
     def new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1

@@ -1,8 +1,9 @@
 """to_onnx: any hetps Program -> an ONNX ModelProto that onnx.checker accepts (and Netron shows).
 
-An op with an ONNX counterpart (`OpDef.onnx`, and `embedding` as Gather) becomes a standard node at
-the target opset: attributes that ONNX takes as tensor inputs there become initializers again, and
-hetps' own attrs (op_role, op_device, fwd_id, ...) go to the node's `metadata_props`. Every other op
+An op with an ONNX counterpart (`OpDef.onnx`, `embedding` as Gather, `constant` as Constant) becomes
+a standard node at the target opset: attributes that ONNX takes as tensor inputs there become
+initializers again, and hetps' own attrs (op_role, op_device, fwd_id, ...) go to the node's
+`metadata_props`. Every other op
 (losses without an ONNX op, gradient, optimizer, communication and parameter-server ops) becomes a
 node of the custom domain `ai.hetps` carrying all its attrs and its slot layout.
 
@@ -143,6 +144,12 @@ class _Exporter:
             node = helper.make_node("Gather", [self.read(op.inputs["W"][0]), self.read(op.inputs["Ids"][0])],
                                     [], name=f"embedding_{op.id}", axis=0)
             self._finish(node, op, {"Out": "output"}, set())
+            return
+        if op.type == "constant":
+            value = np.array(op.attrs["value"], dtype=op.attrs["dtype"])
+            node = helper.make_node("Constant", [], [], name=f"constant_{op.id}",
+                                    value=numpy_helper.from_array(value))
+            self._finish(node, op, {"output": "output"}, {"value", "dtype"})
             return
         onnx_type = get_op(op.type).onnx if has_op(op.type) else None
         schema = None

@@ -4,22 +4,34 @@ The mapping is thin because the registry follows ONNX: `OpDef.onnx` names an op'
 slots are the schema's input/output names, so a node's positional inputs land in slots by
 `onnx.defs.get_schema(type, opset)`. What import adds on top:
 
-- initializers, and float `Constant`s of more than one element (paddle2onnx stores weights that
-  way), become trainable parameters whose values travel in `program.params`; other constants become
-  persistable, non-trainable vars;
+- float initializers other than 0-d ones (torch's dynamo exporter stores scalar constants as
+  initializers), and float `Constant`s of more than one element (paddle2onnx stores weights that
+  way), become trainable parameters whose values travel in `program.params`; other constants read
+  as tensors become `constant` ops (values in the program) up to MAX_PROGRAM_CONSTANT elements,
+  persistable non-trainable vars beyond;
 - a constant input that ONNX passes as a tensor but the op also takes as an attribute of the same
   name (Reshape's shape, Reduce*'s axes, Slice's starts, Dropout's ratio, ...) is folded into it;
 - `Identity` is folded away (kept only where it produces a graph output);
 - a `Gather` (axis 0) whose data is a 2-D float initializer used only by such Gathers becomes an
   `embedding` lookup of a sparse table (row-sparse gradient, a parameter-server table candidate);
 - graph inputs become `data` ops (category io), so placement sees where data enters;
-- models older than opset 13 are upgraded by ONNX's own version converter first.
+- models older than opset 13 are upgraded by ONNX's own version converter first;
+- control flow is made straight-line first (`onnx_control_flow.straighten`): an `If` on a condition
+  known at import time is folded, torch's `nn.EmbeddingBag` Loop becomes a pooled `embedding_bag`
+  lookup (its table a sparse one), a `Loop` with an import-time trip count is unrolled; any other
+  Loop / If is refused with the node named and the reason;
+- nodes of the domain ai.hetps (what `to_onnx` writes for hetps-only ops) import as those ops;
+- shapes are lenient like onnxruntime's: a declared graph-output / value-info shape that disagrees
+  with the computed one but is compatible (rank 0 vs [1], a fixed dim vs a symbolic one) gives way to
+  the computed one with an OnnxShapeWarning naming the value (`lenient_types`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +39,15 @@ import numpy as np
 import onnx
 from onnx import defs, helper, numpy_helper, shape_inference, version_converter
 
-from ops_registry import by_onnx, get_op, list_ops
+from ops_registry import by_onnx, get_op, has_op, list_ops
 
 from .ir import Program, Var
+from .onnx_control_flow import HETPS_DOMAIN, refusal_key, straighten
 
 log = logging.getLogger("hetps.onnx")
 
+MAX_PROGRAM_CONSTANT = 4096  # elements: a smaller non-trainable constant is a `constant` op, not a
+# persistable var (which a transpiled plan would serve from a parameter server, pulled every step)
 MIN_OPSET = 13  # older models are upgraded to it by onnx.version_converter
 LOSSES = ("bce", "bce_with_logits", "mse", "softmax_ce")
 
@@ -68,7 +83,7 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
               log_clamp: float | None = None) -> Program:
     """Import an ONNX model (a ModelProto or a path; external data files beside it are loaded).
 
-    Variable names are the ONNX value names; `program.attrs["fetch_names"]` lists the graph outputs
+    Variable names are the ONNX value names; `program.fetch_names` lists the graph outputs
     and `program.params` holds the parameter values, so `Executor().run(program, feed, fetch_list)`
     runs it as is. `loss` ("bce" on probabilities, "bce_with_logits", "mse", or "softmax_ce" with
     class ids, class axis 1) attaches a mean loss on the first graph output against a new data input
@@ -93,7 +108,8 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
         batch = BatchDim(fixed, False, "dynamic_batch=False") if fixed else BatchDim()
     if batch.message():
         log.warning("%s", batch.message())
-    program = _Importer(model).build()
+    straight = straighten(model)
+    program = _Importer(straight.model, straight.refused).build()
     outputs = program.attrs["fetch_names"]
     if loss is not None:
         if pred is not None or log_clamp is not None:
@@ -126,7 +142,8 @@ def _score_in_graph_loss(model: onnx.ModelProto, program: Program, pred: str | N
         log.warning("log_clamp=%g: %d Log node(s) of the loss %r read Clip(x, min=%g)", log_clamp, n,
                     loss, log_clamp)
         attrs = program.attrs
-        program = _Importer(model).build()
+        straight = straighten(model)
+        program = _Importer(straight.model, straight.refused).build()
         program.attrs["loss_name"] = attrs["loss_name"]
     elif n := unclamped_logs(model, loss):
         log.warning("the loss %r takes the Log of %d value(s) with no clamp: a saturated prediction gives "
@@ -165,6 +182,8 @@ def _load(model_or_path) -> onnx.ModelProto:
     except onnx.checker.ValidationError as e:
         raise OnnxImportError(f"invalid ONNX model{where}: {e}") from None
     version = default_opset(model)
+    if version < 7:
+        model = _legacy_prelu_slopes(model)
     if version < MIN_OPSET:
         try:
             model = version_converter.convert_version(model, MIN_OPSET)
@@ -172,6 +191,38 @@ def _load(model_or_path) -> onnx.ModelProto:
             raise OnnxImportError(f"opset {version} model{where}: ONNX's version converter could not "
                                   f"upgrade it to opset {MIN_OPSET}: {e}") from None
     return model
+
+
+def _legacy_prelu_slopes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """PRelu before opset 7 applied a [C] slope per channel (axis 1); from opset 7 on it broadcasts
+    like numpy (trailing axes), and ONNX's version converter leaves it. Reshape such constant slopes
+    to [C, 1, ...] so the upgraded model means what the old one did."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inits = {t.name: t for t in model.graph.initializer}
+    ranks = {n: len(s) for n, (_, s) in _graph_types(_infer(model) or model.graph).items() if s is not None}
+    for node in model.graph.node:
+        if node.op_type != "PRelu" or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        slope = numpy_helper.to_array(inits[node.input[1]])
+        rank = ranks.get(node.input[0], 0)
+        if slope.ndim == 1 and slope.size > 1 and rank > 2:
+            inits[node.input[1]].CopyFrom(numpy_helper.from_array(
+                slope.reshape((-1,) + (1,) * (rank - 2)), node.input[1]))
+            for vi in model.graph.input:  # IR < 4 lists initializers as inputs too
+                if vi.name == node.input[1]:
+                    vi.CopyFrom(helper.make_tensor_value_info(
+                        vi.name, vi.type.tensor_type.elem_type, [slope.size] + [1] * (rank - 2)))
+    return model
+
+
+def _graph_types(graph: onnx.GraphProto) -> dict[str, tuple[str | None, tuple[int, ...] | None]]:
+    """(dtype, shape) of the graph's typed values (inputs, outputs, value_info)."""
+    types = {}
+    for what, vis in (("graph input", graph.input), ("graph output", graph.output),
+                      ("value", graph.value_info)):
+        for vi in vis:
+            types[vi.name] = _tensor_type(vi, what)
+    return types
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -197,6 +248,124 @@ def _tensor_type(vi: onnx.ValueInfoProto, what: str) -> tuple[str | None, tuple[
     if not t.HasField("shape"):
         return dtype, None
     return dtype, tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
+
+
+class OnnxShapeWarning(UserWarning):
+    """A declared shape disagreed with the computed one in a compatible way; the computed one is used."""
+
+
+Shape = tuple[int, ...]
+
+
+def _infer(model: onnx.ModelProto) -> onnx.GraphProto | None:
+    """ONNX's shape inference (propagating constant shape values when it can); None when it fails."""
+    for data_prop in (True, False):
+        try:
+            return shape_inference.infer_shapes(model, data_prop=data_prop).graph
+        except Exception:  # noqa: BLE001 - inference is a convenience: vars then keep unknown shapes
+            continue
+    return None
+
+
+Dim = int | str | None  # fixed, symbolic (a dim_param), unknown
+
+
+def _symbol(dim_param: str) -> str | None:
+    """A symbolic dim's name; None for none or for the `unk__<k>` names ONNX's inference makes up
+    for dims it could not tell."""
+    return dim_param if dim_param and not dim_param.startswith("unk__") else None
+
+
+def _dims(graph: onnx.GraphProto) -> dict[str, tuple[Dim, ...]]:
+    """The dims of every typed value with a shape (tensors only)."""
+    out = {}
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        t = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
+        if t is not None and t.HasField("shape"):
+            out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else _symbol(d.dim_param)
+                                 for d in t.shape.dim)
+    return out
+
+
+def merge_shape(declared: tuple[Dim, ...], computed: tuple[Dim, ...]) -> tuple[Shape, bool] | None:
+    """onnxruntime's lenient merge of a declared shape into the computed one: (the shape, -1 for
+    symbolic / unknown dims; whether the declaration disagreed), or None when they are incompatible.
+
+    Same rank: a computed fixed dim wins (a different declared fixed dim is incompatible), a computed
+    symbolic dim wins over a declared fixed one (a disagreement), an unknown computed dim takes the
+    declared one. Another rank: compatible when equal once size-1 dims are dropped (rank 0 vs [1],
+    [N] vs [N, 1]; an unknown computed dim may be a 1); the computed shape wins (a disagreement),
+    its one unknown dim worked out from a fully known declared size (rank 0 vs [?] gives [1]).
+    """
+    def fixed(d: Dim) -> bool:
+        return isinstance(d, int)
+
+    if len(declared) != len(computed):
+        d1 = [d for d in declared if d != 1]
+        c1 = [c for c in computed if c != 1 and c is not None]  # an unknown dim may be a 1
+        if len(d1) != len(c1) or any(fixed(d) and fixed(c) and d != c for d, c in zip(d1, c1, strict=True)):
+            return None
+        shape = [c if fixed(c) else -1 for c in computed]
+        if all(map(fixed, declared)) and computed.count(None) == 1 and shape.count(-1) == 1:
+            size, rest = math.prod(declared), math.prod(c for c in shape if c != -1)
+            if rest and size % rest == 0:  # the one unknown dim follows from the declared size
+                shape[shape.index(-1)] = size // rest
+        return tuple(shape), True
+    shape, disagrees = [], False
+    for d, c in zip(declared, computed, strict=True):
+        if fixed(c):
+            if fixed(d) and d != c:
+                return None
+            shape.append(c)
+        elif c is None:  # inference could not tell: keep what the model says
+            shape.append(d if fixed(d) else -1)
+        else:
+            disagrees |= fixed(d)
+            shape.append(-1)
+    return tuple(shape), disagrees
+
+
+def lenient_types(model: onnx.ModelProto) -> dict[str, tuple[str | None, Shape | None]]:
+    """(dtype, shape) of every value ONNX's shape inference can type, as onnxruntime sees them.
+
+    Shapes are computed from the graph inputs with the declared graph-output and value-info shapes
+    set aside, then the declarations are merged in (`merge_shape`): where one disagrees with the
+    computed shape but is compatible (rank 0 vs [1], a fixed dim vs a symbolic one) the computed
+    shape wins and one OnnxShapeWarning names the value; an incompatible declaration is an
+    OnnxImportError. A value whose shape cannot be computed keeps its declared one.
+    """
+    types = _graph_types(_infer(model) or model.graph)  # the model's own declarations win here
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(model)
+    del stripped.graph.value_info[:]
+    for vi in stripped.graph.output:
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+    computed_graph = _infer(stripped)
+    if computed_graph is None:
+        return types
+    declared = _dims(model.graph)
+    outputs = {o.name for o in model.graph.output}
+    for name, dims in _dims(computed_graph).items():
+        dtype = types.get(name, (None, None))[0]
+        if name not in declared:
+            types[name] = (dtype, tuple(d if isinstance(d, int) else -1 for d in dims))
+            continue
+        merged = merge_shape(declared[name], dims)
+        what = "graph output" if name in outputs else "value"
+        show = [d if d is not None else "?" for d in declared[name]], \
+            [d if d is not None else "?" for d in dims]
+        if merged is None:
+            raise OnnxImportError(
+                f"{what} {name!r} is declared with shape {show[0]}, but the graph computes {show[1]}; "
+                "fix or remove the declaration (the model's value_info / graph output)")
+        shape, disagrees = merged
+        if disagrees:
+            warnings.warn(f"{what} {name!r}: declared shape {show[0]} disagrees with the computed "
+                          f"{show[1]}; using {list(shape)} (-1 = any), as onnxruntime's lenient merge "
+                          "does", OnnxShapeWarning, stacklevel=4)
+        types[name] = (dtype, shape)
+    return types
 
 
 def _constant_value(node: onnx.NodeProto) -> np.ndarray:
@@ -232,11 +401,41 @@ def _node_desc(node: onnx.NodeProto, i: int) -> str:
     return node.name or f"#{i} ({', '.join(node.output)})"
 
 
+def gather_nd_rows(model: onnx.ModelProto) -> onnx.ModelProto:
+    """GatherND(data, indices) with batch_dims 0 and indices ending in a dim of 1 reads whole rows:
+    it is Gather(data, Squeeze(indices, [-1]), axis 0), exactly. Rewritten so, a 2-D weight read
+    that way is an embedding table too (paddle2onnx writes index lookups as GatherND)."""
+    picked = [n for n in model.graph.node if n.op_type == "GatherND" and n.domain in ("", "ai.onnx")
+              and not any(a.name == "batch_dims" and a.i != 0 for a in n.attribute)]
+    if not picked:
+        return model
+    shapes = _graph_types(_infer(model) or model.graph)
+    rows = [n for n in picked if (shapes.get(n.input[1], (None, None))[1] or (0,))[-1:] == (1,)]
+    if not rows:
+        return model
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    nodes = []
+    for node in model.graph.node:
+        if any(node.output == r.output for r in rows):
+            ids, axes = f"{node.output[0]}.row_ids", f"{node.output[0]}.last_axis"
+            nodes += [helper.make_node("Constant", [], [axes],
+                                       value=numpy_helper.from_array(np.array([-1], np.int64))),
+                      helper.make_node("Squeeze", [node.input[1], axes], [ids]),
+                      helper.make_node("Gather", [node.input[0], ids], list(node.output), name=node.name,
+                                       axis=0)]
+        else:
+            nodes.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model
+
+
 class _Importer:
     """One import: constants, aliases (folded Identity), then vars and ops in graph order."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self.model = model
+    def __init__(self, model: onnx.ModelProto, refused: dict[str, str] | None = None) -> None:
+        self.refused = refused or {}  # control flow `straighten` left in the graph: why
+        model = self.model = gather_nd_rows(model)
         self.graph = model.graph
         self.opset = default_opset(model)
         self.outputs = [o.name for o in self.graph.output]
@@ -252,28 +451,24 @@ class _Importer:
     def _check_supported(self) -> None:
         bad: dict[str, list[str]] = {}
         for i, node in enumerate(self.graph.node):
+            if node.domain == HETPS_DOMAIN and has_op(node.op_type):
+                continue  # a hetps op (written by to_onnx, or by straighten for EmbeddingBag)
             if node.domain not in ("", "ai.onnx"):
                 bad.setdefault(f"{node.domain}::{node.op_type}", []).append(_node_desc(node, i))
             elif node.op_type != "Constant" and by_onnx(node.op_type) is None:
-                bad.setdefault(node.op_type, []).append(_node_desc(node, i))
+                why = self.refused.get(refusal_key(node))
+                bad.setdefault(node.op_type, []).append(_node_desc(node, i) + (f" ({why})" if why else ""))
         if bad:
             raise UnsupportedOnnxOpsError(bad)
 
     def _infer_types(self) -> None:
-        try:
-            inferred = shape_inference.infer_shapes(self.model).graph
-        except Exception:  # inference is a convenience: vars then keep unknown shapes
-            inferred = self.graph
-        for what, vis in (("graph input", inferred.input), ("graph output", inferred.output),
-                          ("value", inferred.value_info)):
-            for vi in vis:
-                self.types[vi.name] = _tensor_type(vi, what)
+        self.types.update(lenient_types(self.model))
 
     def _collect_constants(self) -> None:
         for t in self.graph.initializer:
             arr = numpy_helper.to_array(t)
             self.consts[t.name] = arr
-            if arr.dtype.kind == "f":
+            if arr.dtype.kind == "f" and arr.ndim > 0:  # 0-d: a constant (dynamo's val_<k>, a Pow's 2)
                 self.weights.add(t.name)
         if self.graph.sparse_initializer:
             raise OnnxImportError("sparse initializers are not supported: store them dense")
@@ -293,7 +488,9 @@ class _Importer:
         for name in self.weights:
             uses = readers.get(name, [])
             if self.consts[name].ndim == 2 and uses and name not in self.outputs and all(
-                    node.op_type == "Gather" and k == 0 and self._axis(node) == 0 for node, k in uses):
+                    k == 0 and (node.op_type == "Gather" and self._axis(node) == 0
+                                or node.domain == HETPS_DOMAIN and node.op_type == "embedding_bag")
+                    for node, k in uses):
                 self.tables.add(name)
 
     @staticmethod
@@ -323,6 +520,8 @@ class _Importer:
         return self.program
 
     def _convert(self, i: int, node: onnx.NodeProto) -> tuple[str, dict, dict, dict]:
+        if node.domain == HETPS_DOMAIN:
+            return self._convert_hetps(node)
         schema = defs.get_schema(node.op_type, self.opset, node.domain)
         inputs = [self.resolve(n) if n else "" for n in node.input]
         if node.op_type == "Gather" and inputs[0] in self.tables:
@@ -373,6 +572,26 @@ class _Importer:
                     outs[slot] = [f"{node.output[0]}.{slot}"]
         return opdef.name, ins, outs, attrs
 
+    def _convert_hetps(self, node: onnx.NodeProto) -> tuple[str, dict, dict, dict]:
+        """A node of domain ai.hetps: a hetps op, its slot layout in hetps_inputs / hetps_outputs
+        ("slot:count,..."), its other attributes plain."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in attrs.items()}
+        slots = []
+        for names, layout in ((node.input, attrs.pop("hetps_inputs", "")),
+                              (node.output, attrs.pop("hetps_outputs", ""))):
+            out, k = {}, 0
+            for part in filter(None, layout.split(",")):
+                slot, count = part.split(":")
+                out[slot] = [self.resolve(n) for n in names[k:k + int(count)]]
+                k += int(count)
+            slots.append(out)
+        attrs.pop("op_role", None)
+        if node.op_type == "embedding_bag":
+            attrs["is_sparse"] = int(slots[0]["W"][0] in self.tables)
+        self.used.update(n for names in slots[0].values() for n in names)
+        return node.op_type, slots[0], slots[1], attrs
+
     def _declare_vars(self, pending: list[tuple[str, dict, dict, dict]]) -> None:
         block, program = self.program.global_block(), self.program
         for vi in self.graph.input:
@@ -386,6 +605,12 @@ class _Importer:
             if name not in self.used and name not in self.outputs:
                 continue  # folded into attributes, or unused
             w = name in self.weights
+            if not w and arr.size <= MAX_PROGRAM_CONSTANT and name not in self.outputs:
+                block.create_var(name, shape=arr.shape, dtype=arr.dtype.name, trainable=False,
+                                 stop_gradient=True)
+                program.append_op("constant", {}, {"output": [name]},
+                                  {"value": arr.tolist(), "dtype": arr.dtype.name})
+                continue
             block.create_var(name, shape=arr.shape, dtype=arr.dtype.name, persistable=True,
                              is_parameter=w, trainable=w, stop_gradient=not w,
                              is_sparse=name in self.tables)

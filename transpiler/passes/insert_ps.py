@@ -2,7 +2,8 @@
 
 - Dense table P: `pull_dense(P)` on each trainer type before its first op that reads P, and
   `push_dense(P@GRAD)` right after the op that completes P@GRAD (its last contribution).
-- Sparse table W (an embedding table): each lookup `embedding(W, Ids)` becomes
+- Sparse table W (an embedding table): each lookup `embedding(W, Ids)` (or `embedding_bag(W, Ids,
+  ...)`, a pooled lookup) becomes
   `unique_ids(Ids) -> Unique, Index` (once per ids tensor and trainer type),
   `pull_sparse(Unique) -> Rows` and `embedding(Rows, Index)`: the lookup gathers from the pulled
   local rows, so its backward op yields a gradient over local rows, which
@@ -23,6 +24,9 @@ from ..config import TranspileConfig
 from ..ir import Op, Program, Var, grad_name
 
 _RESERVED = ("op_role", "op_device", "fwd_id")
+# Row lookups of a table W by Ids (slots "W", "Ids"): a sparse table serves them by pulled rows.
+LOOKUPS = ("embedding", "embedding_bag")
+LOOKUP_GRADS = tuple(f"{t}_grad" for t in LOOKUPS)
 _STATE = {cls.type: cls.state for cls in Optimizer.__subclasses__()}
 _STATE_INIT_ATTR = {"Moment": "initial_accumulator_value", "Beta1Pow": "beta1", "Beta2Pow": "beta2"}
 
@@ -60,7 +64,7 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
             continue
         if not op.attrs.get("op_device"):
             raise ValueError(f"op {op.type!r} (id {op.id}) has no op_device; run assign_devices first")
-        lookup = op.type in ("embedding", "embedding_grad")
+        lookup = op.type in LOOKUPS or op.type in LOOKUP_GRADS
         for slot, names in op.inputs.items():
             params = persistable.intersection(names)
             if params:
@@ -106,7 +110,7 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
         if op.role == "optimize" or (op.type == "sum" and op.output_names()[0] in sparse_grads):
             continue
         dev = op.attrs["op_device"]
-        if op.type == "embedding" and op.role != "backward" and op.inputs["W"][0] in sparse:
+        if op.type in LOOKUPS and op.role != "backward" and op.inputs["W"][0] in sparse:
             w, ids = op.inputs["W"][0], op.inputs["Ids"][0]
             table = block.var(w)
             if (ids, dev) not in uniq:
@@ -124,7 +128,7 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
             lookup[op.id] = (w, rows, u, ix)
             new_ops.append(op)
             continue
-        if op.type == "embedding_grad" and op.attrs.get("fwd_id") in lookup:
+        if op.type in LOOKUP_GRADS and op.attrs.get("fwd_id") in lookup:
             w, rows, u, ix = lookup[op.attrs["fwd_id"]]
             op.inputs = {**op.inputs, "W": [rows], "Ids": [ix]}
             new_ops.append(op)

@@ -1,0 +1,209 @@
+"""Export the exporter matrix's PyTorch models to ONNX (issue 14 item 4): run by hand, the .onnx
+files beside this script are committed, so the tests need neither torch nor onnxscript.
+
+    python tests/models/exporters/export_torch.py        # needs torch (CPU wheel) and onnxscript
+
+Models (small: vocab 40, dim 4; float32; batch dynamic): DLRM (nn.EmbeddingBag per slot, dot
+interaction), DeepFM (FM + MLP), DCN-v2 (cross layers), DIN (attention over a behaviour sequence
+with a mask), xDeepFM (CIN written with einsum, + MLP). Each outputs the click probability
+`prob` [batch, 1]. Exporters: "ts" (TorchScript, torch.onnx.export(dynamo=False)) and "dynamo"
+(torch.onnx.export(dynamo=True)). A model an exporter cannot export is skipped with its reason.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve().parent
+VOCAB, DIM, SLOTS, DENSE, SEQ = 40, 4, 3, 4, 5
+OPSET = 18
+
+
+def mlp(sizes: list[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+class DLRM(nn.Module):
+    """Bottom MLP on dense features, one EmbeddingBag (sum) per slot over a bag of 2 ids, pairwise
+    dot products of the vectors (upper triangle), top MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bags = nn.ModuleList(nn.EmbeddingBag(VOCAB, DIM, mode="sum") for _ in range(SLOTS))
+        self.bottom = mlp([DENSE, 8, DIM])
+        n = SLOTS + 1
+        self.register_buffer("pairs", torch.triu_indices(n, n, 1))
+        self.top = mlp([DIM + n * (n - 1) // 2, 8, 1])
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        x = self.bottom(dense)
+        vecs = [x] + [bag(sparse[:, 2 * i : 2 * i + 2]) for i, bag in enumerate(self.bags)]
+        v = torch.stack(vecs, dim=1)
+        dots = torch.bmm(v, v.transpose(1, 2))[:, self.pairs[0], self.pairs[1]]
+        return torch.sigmoid(self.top(torch.cat([x, dots], dim=1)))
+
+
+class DeepFM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.first = nn.Embedding(VOCAB, 1)
+        self.deep = mlp([SLOTS * DIM + DENSE, 8, 1])
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        e = self.emb(sparse)  # [B, S, D]
+        fm = 0.5 * (e.sum(1).pow(2) - e.pow(2).sum(1)).sum(1, keepdim=True)
+        first = self.first(sparse).sum(1)
+        deep = self.deep(torch.cat([e.flatten(1), dense], dim=1))
+        return torch.sigmoid(first + fm + deep)
+
+
+class DCNv2(nn.Module):
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        width = SLOTS * DIM + DENSE
+        self.cross = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+        self.deep = mlp([width, 8, 8])
+        self.out = nn.Linear(width + 8, 1)
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        x0 = torch.cat([self.emb(sparse).flatten(1), dense], dim=1)
+        x = x0
+        for layer in self.cross:
+            x = x0 * layer(x) + x
+        return torch.sigmoid(self.out(torch.cat([x, torch.relu(self.deep(x0))], dim=1)))
+
+
+class DIN(nn.Module):
+    """Attention of the target item over the user's behaviour sequence; padded steps masked out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.item = nn.Embedding(VOCAB, DIM)
+        self.att = mlp([4 * DIM, 8, 1])
+        self.deep = mlp([2 * DIM + DENSE, 8, 1])
+
+    def forward(
+        self, hist: torch.Tensor, mask: torch.Tensor, target: torch.Tensor, dense: torch.Tensor
+    ) -> torch.Tensor:
+        h = self.item(hist)  # [B, L, D]
+        t = self.item(target).unsqueeze(1).expand_as(h)
+        scores = self.att(torch.cat([h, t, h - t, h * t], dim=-1)).squeeze(-1)  # [B, L]
+        scores = scores.masked_fill(mask == 0, -1e9)
+        w = torch.softmax(scores, dim=1).unsqueeze(-1)
+        interest = (w * h).sum(1)
+        return torch.sigmoid(self.deep(torch.cat([interest, t[:, 0], dense], dim=1)))
+
+
+class XDeepFM(nn.Module):
+    """CIN: X^k[h] = sum_{i,j} W^k[h, i, j] X^{k-1}[i] * X^0[j] (elementwise over D), sum-pooled."""
+
+    def __init__(self, sizes: tuple[int, ...] = (4, 4)) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        prev, ws = SLOTS, []
+        for h in sizes:
+            ws.append(nn.Parameter(torch.randn(h, prev, SLOTS) * 0.3))
+            prev = h
+        self.cin = nn.ParameterList(ws)
+        self.cin_out = nn.Linear(sum(sizes), 1)
+        self.deep = mlp([SLOTS * DIM + DENSE, 8, 1])
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        x0 = self.emb(sparse)  # [B, m, D]
+        x, pooled = x0, []
+        for w in self.cin:
+            x = torch.einsum("bid,bjd,hij->bhd", x, x0, w)
+            pooled.append(x.sum(2))
+        cin = self.cin_out(torch.cat(pooled, dim=1))
+        return torch.sigmoid(cin + self.deep(torch.cat([x0.flatten(1), dense], dim=1)))
+
+
+def example(name: str, batch: int = 4) -> tuple[tuple[torch.Tensor, ...], list[str]]:
+    g = torch.Generator().manual_seed(0)
+    dense = torch.randn(batch, DENSE, generator=g)
+    if name == "din":
+        hist = torch.randint(0, VOCAB, (batch, SEQ), generator=g)
+        lengths = torch.tensor([5, 3, 1, 4][:batch]).unsqueeze(1)
+        mask = (torch.arange(SEQ).expand(batch, SEQ) < lengths).float()  # steps past a length: padding
+        target = torch.randint(0, VOCAB, (batch,), generator=g)
+        return (hist, mask, target, dense), ["hist", "mask", "target", "dense"]
+    slots = 2 * SLOTS if name == "dlrm" else SLOTS
+    return (torch.randint(0, VOCAB, (batch, slots), generator=g), dense), ["sparse", "dense"]
+
+
+MODELS = {"dlrm": DLRM, "deepfm": DeepFM, "dcnv2": DCNv2, "din": DIN, "xdeepfm": XDeepFM}
+
+
+def export(name: str, exporter: str) -> Path:
+    torch.manual_seed(14)
+    model = MODELS[name]().eval()
+    args, names = example(name)
+    path = HERE / f"{name}_{exporter}.onnx"
+    if exporter == "ts":
+        torch.onnx.export(
+            model,
+            args,
+            str(path),
+            input_names=names,
+            output_names=["prob"],
+            opset_version=OPSET,
+            dynamic_axes={n: {0: "batch"} for n in [*names, "prob"]},
+            dynamo=False,
+        )
+    else:
+        batch = torch.export.Dim("batch", min=1, max=4096)
+        program = torch.onnx.export(
+            model,
+            args,
+            input_names=names,
+            output_names=["prob"],
+            opset_version=OPSET,
+            dynamic_shapes=tuple({0: batch} for _ in names),
+            dynamo=True,
+            external_data=False,
+        )
+        program.save(str(path), external_data=False)
+    _strip_metadata(path)
+    return path
+
+
+def _strip_metadata(path: Path) -> None:
+    """Drop the nodes' metadata (the dynamo exporter records stack traces with local paths)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    graphs = [model.graph]
+    while graphs:
+        g = graphs.pop()
+        for n in g.node:
+            del n.metadata_props[:]
+            graphs += [a.g for a in n.attribute if a.type == onnx.AttributeProto.GRAPH]
+        for vi in [*g.input, *g.output, *g.value_info]:
+            del vi.metadata_props[:]
+    del model.metadata_props[:]
+    onnx.save(model, str(path))
+
+
+def main() -> int:
+    failed = 0
+    for name in MODELS:
+        for exporter in ("ts", "dynamo"):
+            try:
+                print("wrote", export(name, exporter).name)
+            except Exception as e:  # noqa: BLE001 - report and go on with the others
+                failed += 1
+                print(f"{name} / {exporter}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
