@@ -101,14 +101,18 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
     from .onnx_batch import BatchDim, free_batch, leading_batch
 
     model = _load(model_or_path)
+    fixed = leading_batch(model)
+    batch = BatchDim(fixed, False, "dynamic_batch=False") if fixed else BatchDim()
+    straight = straighten(model)
     if dynamic_batch:
-        model, batch = free_batch(model)
-    else:
-        fixed = leading_batch(model)
-        batch = BatchDim(fixed, False, "dynamic_batch=False") if fixed else BatchDim()
+        freed, freed_batch = free_batch(model)
+        freed_straight = straighten(freed) if freed_batch.freed else straight
+        if len(freed_straight.refused) <= len(straight.refused):
+            model, batch, straight = freed, freed_batch, freed_straight
+        else:  # control flow resolved on the traced shapes only: keep them
+            batch = BatchDim(fixed, False, "the graph's control flow is resolved from the input shapes")
     if batch.message():
         log.warning("%s", batch.message())
-    straight = straighten(model)
     program = _Importer(straight.model, straight.refused).build()
     outputs = program.attrs["fetch_names"]
     if loss is not None:
