@@ -1,21 +1,50 @@
 """The embedded local engine: every shard and trainer is a process on this machine (spawn).
 
-Addresses are `ipc://` sockets in a private temporary directory. Processes are daemonic and also
-watch their parent (trainers and servers exit when it disappears), so none outlives the run, even
-when the driver is killed. `stop` sends SIGTERM, waits, then SIGKILLs what is left and reaps all.
+Addresses are `ipc://` sockets in a private temporary run directory (`/tmp/hetps-run-*`). `stop`
+sends SIGTERM, waits, then SIGKILLs what is left, reaps all and removes the run directory.
+
+No process outlives its driver (the process that made the engine), even one killed by SIGKILL:
+every child asks the kernel for SIGKILL when its parent dies (Linux: `prctl(PR_SET_PDEATHSIG)`,
+so a child blocked anywhere, even stopped, dies at once) and runs a watcher thread that ends it
+within 0.1 s of seeing its parent gone (other systems); a tiny janitor process (plain Python, no
+imports of hetps) waits for the driver's death and then removes the run directory. A child ends
+with `os._exit` once its last messages are delivered, so no interpreter clean-up (pyzmq's
+zero-copy buffers, a thread still blocked in a call) can crash or delay its exit.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import multiprocessing as mp
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .base import Engine, ProcessFailure, child_main
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+WATCH_S = 0.1  # how often a child and the janitor look whether the driver is still there
+
+# The janitor: argv = [driver pid, run directory]. Ctrl-C goes to the whole terminal process group;
+# the janitor ignores it (the driver cleans up itself then, and kills the janitor).
+_JANITOR = f"""
+import os, shutil, signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+parent, path = int(sys.argv[1]), sys.argv[2]
+while os.getppid() == parent:
+    time.sleep({WATCH_S})
+shutil.rmtree(path, ignore_errors=True)
+"""
 
 
 def describe_exit(code: int) -> str:
@@ -28,22 +57,56 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def follow_parent(parent: int) -> None:
+    """End this process (SIGKILL from the kernel on Linux, else `os._exit` from a watcher thread)
+    as soon as process `parent`, the one that started it, is gone."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl: the watcher thread alone
+            pass
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(WATCH_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="hetps-parent-watch", daemon=True).start()
+
+
+def process_main(parent: int, name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str,
+                 secret: bytes | None) -> None:
+    """A local engine process: follow the driver, run `child_main`, then exit at once with its code."""
+    follow_parent(parent)
+    code = child_main(name, target, kwargs, report, secret)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 class LocalEngine(Engine):
     def __init__(self) -> None:
         self.tmp: str | None = None  # made on first use, removed by stop
         self.ctx = mp.get_context("spawn")
         self.procs: dict[str, mp.process.BaseProcess] = {}
+        self.janitor: subprocess.Popen | None = None
 
     def endpoint(self, name: str) -> str:
         if self.tmp is None:
             self.tmp = tempfile.mkdtemp(prefix="hetps-run-")
+            self.janitor = _start_janitor(self.tmp)
         return f"ipc://{self.tmp}/{name.replace(':', '-')}"
 
     def start(self, name: str, target: Callable[..., Any], kwargs: dict[str, Any], *,
               report: str, secret: bytes | None = None, resources: dict[str, float] | None = None) -> None:
         if name in self.procs:
             raise ValueError(f"a process named {name!r} was already started")
-        p = self.ctx.Process(target=child_main, args=(name, target, kwargs, report, secret),
+        p = self.ctx.Process(target=process_main, args=(os.getpid(), name, target, kwargs, report, secret),
                              name=f"hetps-{name}", daemon=True)
         p.start()
         self.procs[name] = p
@@ -72,3 +135,17 @@ class LocalEngine(Engine):
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+        if self.janitor is not None:
+            self.janitor.kill()
+            self.janitor.wait()
+            self.janitor = None
+
+
+def _start_janitor(run_dir: str) -> subprocess.Popen | None:
+    """The process that removes `run_dir` once this one has died (see the module docstring)."""
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpid()), run_dir],
+                                stdin=subprocess.DEVNULL, close_fds=True)
+    except OSError as e:
+        log.warning("no janitor for %s (%s): if this process is killed, remove it by hand", run_dir, e)
+        return None

@@ -1,0 +1,130 @@
+"""Reliability of the local engine's processes (issue #11, items 1 and 2): a process's last message
+arrives whole, and no process or run directory outlives a driver that is killed or terminated."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from procs import alive, children, wait_dead
+
+from runtime.channels import Inbox, Outbox
+from runtime.engines import LocalEngine
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def send_then_return(endpoint: str, n: int) -> None:
+    """A process body whose last act is sending a large (zero-copy) message."""
+    out = Outbox()
+    out.send(endpoint, {"k": "big"}, [np.arange(n, dtype=np.int64)])
+    out.close()
+
+
+def test_a_large_last_message_arrives_whole_and_the_sender_exits_cleanly():
+    # Before the fix, pyzmq freed the zero-copy buffer at interpreter exit while ZeroMQ was still
+    # writing it: "Bad address (src/tcp.cpp:227)" + SIGABRT, or SIGSEGV, 5 times in 5 (the trace
+    # crash of the README tour: a trainer's last message carries its timeline spans).
+    n = 2_000_000  # 16 MB
+    for _ in range(3):
+        eng = LocalEngine()
+        inbox = Inbox(eng.endpoint("driver"))
+        try:
+            eng.start("sender", send_then_return, {"endpoint": inbox.endpoint, "n": n}, report=inbox.endpoint)
+            msg = inbox.recv(60_000)
+            eng.procs["sender"].join(30)
+            assert eng.ended() == {"sender": None}, eng.ended()
+            assert msg is not None and msg[0]["k"] == "big"
+            np.testing.assert_array_equal(msg[1][0], np.arange(n, dtype=np.int64))
+        finally:
+            inbox.close()
+            eng.stop()
+
+
+DRIVER = """
+import json, os, sys
+from runtime import train
+from runtime.data import SyntheticCTR
+from runtime.engines import LocalEngine
+from transpiler import builder as nn
+from transpiler.models import wide_deep
+
+if __name__ == "__main__":
+    eng = LocalEngine()
+    def ready(record):
+        if record["step"] == 2:
+            with open(sys.argv[1] + ".tmp", "w") as f:
+                json.dump({"pids": eng.pids(), "run_dir": eng.tmp}, f)
+            os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    train(wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1)).main, SyntheticCTR(vocab=1000),
+          steps=1_000_000, batch_size=64, engine=eng, allow_emulation=True, callback=ready,
+          progress=False)
+"""
+
+
+def start_driver(tmp_path: Path, argv: list[str] | None = None) -> tuple[subprocess.Popen, dict, Path]:
+    """A driver process training until killed (a script, or `argv`); returns it with
+    {"pids": {name: pid}, "run_dir": ...} once it trained 2 steps, and its TMPDIR."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    ready = tmp_path / "ready.json"
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmpdir)}
+    cmd = argv or [sys.executable, str(script), str(ready)]
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 180
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"the driver did not start training (exit {proc.returncode}):\n{out}\n{err}")
+        time.sleep(0.1)
+    return proc, json.loads(ready.read_text()), tmpdir
+
+
+def end_driver(proc: subprocess.Popen, sig: signal.Signals, tmpdir: Path, stop_ps: bool = False) -> float:
+    """Send `sig` to the driver (after SIGSTOP of shard ps:0 when `stop_ps`, so that its trainers
+    are blocked in parameter-server calls); assert that every child of the driver is gone and its
+    run directory removed within 2 s. Returns the seconds that took."""
+    kids = children(proc.pid)
+    try:
+        assert len(kids) >= 5, kids  # 1 shard + 3 trainers + the janitor (+ multiprocessing's tracker)
+        if stop_ps:
+            os.kill(run_info(tmpdir)["pids"]["ps:0"], signal.SIGSTOP)
+            time.sleep(1.0)
+        t0 = time.monotonic()
+        os.kill(proc.pid, sig)
+        proc.wait(30)
+        left = wait_dead(kids, timeout=2.0)
+        while any(tmpdir.iterdir()) and time.monotonic() - t0 < 2.0:
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        assert not left, f"still alive {took:.1f} s after the driver's {sig.name}: {left}"
+        assert not any(tmpdir.iterdir()), f"run directory left behind: {list(tmpdir.iterdir())}"
+        return took
+    finally:
+        for pid in alive(kids):
+            os.kill(pid, signal.SIGKILL)
+
+
+def run_info(tmpdir: Path) -> dict:
+    return json.loads((tmpdir.parent / "ready.json").read_text())
+
+
+@pytest.mark.parametrize("sig, stop_ps", [(signal.SIGKILL, False), (signal.SIGKILL, True),
+                                          (signal.SIGTERM, True)])
+def test_no_process_or_run_directory_outlives_a_killed_driver(tmp_path, sig, stop_ps):
+    # Before the fix, trainers blocked on a stopped shard ran on until stall_timeout (60 s) and
+    # /tmp/hetps-run-* stayed.
+    proc, info, tmpdir = start_driver(tmp_path)
+    assert Path(info["run_dir"]).parent == tmpdir
+    end_driver(proc, sig, tmpdir, stop_ps)
