@@ -17,6 +17,9 @@ from procs import alive, children, wait_dead
 
 from runtime.channels import Inbox, Outbox
 from runtime.engines import LocalEngine
+from transpiler import builder as nn
+from transpiler import transpile
+from transpiler.models import wide_deep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,26 +72,32 @@ if __name__ == "__main__":
 """
 
 
-def start_driver(tmp_path: Path, argv: list[str] | None = None) -> tuple[subprocess.Popen, dict, Path]:
-    """A driver process training until killed (a script, or `argv`); returns it with
-    {"pids": {name: pid}, "run_dir": ...} once it trained 2 steps, and its TMPDIR."""
+def start_driver(tmp_path: Path, argv: list[str] | None = None) -> tuple[subprocess.Popen, Path]:
+    """A driver process training until killed: the script DRIVER, or the command `argv` (which
+    must write metrics to run.jsonl); returned with its TMPDIR once it has trained 3 steps."""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
-    ready = tmp_path / "ready.json"
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmpdir)}
-    cmd = argv or [sys.executable, str(script), str(ready)]
+    cmd = argv or [sys.executable, str(script), str(tmp_path / "ready.json")]
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 180
-    while not ready.exists():
+    while not started(tmp_path):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             out, err = proc.communicate()
             pytest.fail(f"the driver did not start training (exit {proc.returncode}):\n{out}\n{err}")
         time.sleep(0.1)
-    return proc, json.loads(ready.read_text()), tmpdir
+    return proc, tmpdir
+
+
+def started(tmp_path: Path) -> bool:
+    metrics = tmp_path / "run.jsonl"
+    if metrics.exists():
+        return metrics.read_text().count('"kind": "step"') >= 3
+    return (tmp_path / "ready.json").exists()
 
 
 def end_driver(proc: subprocess.Popen, sig: signal.Signals, tmpdir: Path, stop_ps: bool = False) -> float:
@@ -125,6 +134,18 @@ def run_info(tmpdir: Path) -> dict:
 def test_no_process_or_run_directory_outlives_a_killed_driver(tmp_path, sig, stop_ps):
     # Before the fix, trainers blocked on a stopped shard ran on until stall_timeout (60 s) and
     # /tmp/hetps-run-* stayed.
-    proc, info, tmpdir = start_driver(tmp_path)
-    assert Path(info["run_dir"]).parent == tmpdir
+    proc, tmpdir = start_driver(tmp_path)
+    assert Path(run_info(tmpdir)["run_dir"]).parent == tmpdir
     end_driver(proc, sig, tmpdir, stop_ps)
+
+
+def test_sigterm_to_hetps_train_cleans_up_like_ctrl_c_and_exits_143(tmp_path):
+    transpile(wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1)).main).save(tmp_path / "plan")
+    proc, tmpdir = start_driver(tmp_path, [
+        sys.executable, "-m", "runtime.cli", "train", "plan", "--data", "synthetic", "--steps", "1000000",
+        "--batch-size", "64", "--allow-emulation", "--no-progress", "--metrics", "run.jsonl"])
+    end_driver(proc, signal.SIGTERM, tmpdir)
+    assert proc.returncode == 143
+    err = proc.stderr.read()
+    assert "hetps train: terminated (SIGTERM)" in err and "Traceback" not in err, err
+    assert '"error": "Terminated' in (tmp_path / "run.jsonl").read_text().splitlines()[-1]
