@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,11 +16,17 @@ import numpy as np
 import pytest
 from procs import alive, children, wait_dead
 
+from runtime import TrainingError, train
 from runtime.channels import Inbox, Outbox
+from runtime.data import SyntheticCTR
 from runtime.engines import LocalEngine
+from runtime.ps.table import PSError
+from runtime.trainer import Background
 from transpiler import builder as nn
 from transpiler import transpile
+from transpiler.config import TranspileConfig
 from transpiler.models import wide_deep
+from transpiler.onnx_import import from_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -149,3 +156,42 @@ def test_sigterm_to_hetps_train_cleans_up_like_ctrl_c_and_exits_143(tmp_path):
     err = proc.stderr.read()
     assert "hetps train: terminated (SIGTERM)" in err and "Traceback" not in err, err
     assert '"error": "Terminated' in (tmp_path / "run.jsonl").read_text().splitlines()[-1]
+
+
+def test_a_failed_background_call_fails_every_later_one_at_once():
+    # Before the fix, a call queued behind a failed one still ran: a sync pull behind a rejected
+    # push waits on the server until its timeout (here: forever), and its waiter never saw the cause.
+    release = threading.Event()
+    bg = Background(lambda: None)
+
+    def rejected(client):
+        raise PSError("table 'w': gradient contains NaN or Inf; rejected")
+
+    try:
+        first = bg.submit(rejected)
+        later = bg.submit(lambda client: release.wait(60))
+        with pytest.raises(PSError, match="NaN or Inf"):
+            later.result(timeout=10)
+        with pytest.raises(PSError, match="NaN or Inf"):
+            first.result()
+    finally:
+        release.set()
+        bg.pool.shutdown(wait=True)
+
+
+def test_a_diverging_run_reports_the_rejected_gradient_not_a_timeout():
+    # The issue's case: the ONNX Wide&Deep model (paddle2onnx), batch 16, diverging. Before the
+    # fix, 3 runs in 4 ended after stall_timeout with "PSTimeoutError: no reply to 'pull'": a
+    # reader waited on a sparse-row prefetch queued behind its rejected push.
+    program = from_onnx(Path(__file__).parent / "data" / "wide_deep.onnx", loss="bce")
+    plan = transpile(program, TranspileConfig(optimizer={"type": "sgd", "lr": 1e38}))
+    for _ in range(4):
+        eng, t0 = LocalEngine(), time.monotonic()
+        with pytest.raises(TrainingError) as err:
+            train(plan, SyntheticCTR(vocab=1000), steps=300, batch_size=16, engine=eng,
+                  allow_emulation=True, progress=False, stall_timeout=30.0)
+        took = time.monotonic() - t0
+        assert "gradient contains NaN or Inf; rejected" in str(err.value).splitlines()[-1], str(err.value)
+        assert "PSTimeoutError" not in str(err.value)
+        assert took < 15.0, took  # includes starting the processes; a timeout takes >= 30 s
+        assert not alive(eng.pids().values())
