@@ -37,6 +37,7 @@ from .trainer import run_trainer
 
 LOOKAHEAD = 3
 LOSS_WINDOW = 10
+STOPPED_S = 1.0  # a process the engine sees stopped this long is named as the run's failure
 
 
 class TrainingError(RuntimeError):
@@ -288,6 +289,7 @@ class _Listen:
         self.grant, self.final = LOOKAHEAD, False
         self.ready: set[str] = set()
         self.done: set[str] = set()
+        self.stopped: dict[str, float] = {}  # name -> when the engine first saw it stopped
         self.t0 = self.t_start = time.perf_counter()
 
     def run(self) -> None:
@@ -383,6 +385,12 @@ class _Listen:
             if name in self.done and failure is None:
                 continue
             raise TrainingError(name, failure.how if failure else "exited before the run finished")
+        now, stalled = time.perf_counter(), self.eng.stalled()
+        self.stopped = {name: self.stopped.get(name, now) for name in stalled}
+        for name, since in self.stopped.items():
+            if now - since >= STOPPED_S:
+                raise TrainingError(name, f"{stalled[name]} for {now - since:.1f} s; the run cannot "
+                                    "go on without it")
 
 
 def _load_values(plan: Plan, ps_eps: list[str], secret) -> None:

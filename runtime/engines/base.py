@@ -51,6 +51,12 @@ class Engine(ABC):
     def ended(self) -> dict[str, ProcessFailure | None]:
         """Processes that have ended: None for a clean exit, else how they failed."""
 
+    def stalled(self) -> dict[str, str]:
+        """Processes that are alive but cannot run, with how (e.g. "is stopped (SIGSTOP)"), where
+        the engine can tell; the driver names one that stays so for a second, instead of waiting
+        for the others to time out on it. The base engine cannot tell: {}."""
+        return {}
+
     @abstractmethod
     def pids(self) -> dict[str, int | None]:
         """{name: process id} of every started process (None where the engine cannot tell)."""

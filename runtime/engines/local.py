@@ -57,6 +57,17 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def _stopped(pid: int | None) -> str:
+    """How process `pid` is stopped ("" when it is not, or when /proc cannot tell: not Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return {b"T": "is stopped (SIGSTOP, SIGTSTP or a debugger)",
+            b"t": "is stopped by a debugger (ptrace)"}.get(state, "")
+
+
 def follow_parent(parent: int) -> None:
     """End this process (SIGKILL from the kernel on Linux, else `os._exit` from a watcher thread)
     as soon as process `parent`, the one that started it, is gone."""
@@ -119,6 +130,13 @@ class LocalEngine(Engine):
                 out[name] = None if code == 0 else ProcessFailure(name, p.pid, describe_exit(code))
         return out
 
+    def stalled(self) -> dict[str, str]:
+        out = {}
+        for name, p in self.procs.items():
+            if p.exitcode is None and (how := _stopped(p.pid)):
+                out[name] = how
+        return out
+
     def pids(self) -> dict[str, int | None]:
         return {name: p.pid for name, p in self.procs.items()}
 
@@ -126,6 +144,10 @@ class LocalEngine(Engine):
         for p in self.procs.values():
             if p.exitcode is None:
                 p.terminate()
+                try:
+                    os.kill(p.pid, signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+                except ProcessLookupError:
+                    pass
         deadline = time.monotonic() + timeout
         for p in self.procs.values():
             p.join(max(0.0, deadline - time.monotonic()))
