@@ -30,6 +30,7 @@ from . import sources
 from .channels import Inbox, Outbox
 from .device import array_module
 from .engines import Engine, make_engine
+from .executor import check_feed
 from .metrics import auc
 from .ps import PSClient, serve
 from .telemetry import Telemetry, unpack_spans
@@ -139,9 +140,14 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
       `trace`: write a Chrome-trace timeline of every trainer and server there; `progress`: a tqdm
       bar with loss, AUC and examples/s (None: when stderr is a terminal). See runtime.telemetry.
     """
-    plan = plan_or_program if isinstance(plan_or_program, Plan) else transpile(plan_or_program)
+    if isinstance(plan_or_program, Plan):
+        plan = plan_or_program
+        plan.verify()  # a hand-edited plan (unknown op, dangling tensor, cycle) fails here, not in trainers
+    else:
+        plan = transpile(plan_or_program)  # verifies what it makes
     cfg = _Config.make(plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
                        micro_batches, device_map, allow_emulation, stall_timeout)
+    _check_first_batch(plan, cfg, data)
     eng = make_engine(engine, address)
     secret = secret if secret is not None else eng.secret
     tel = Telemetry(metrics, trace, progress, total=steps, meta={
@@ -217,6 +223,34 @@ class _Config:
         return cls(counts, readers[0], mode, servers or plan.config.num_servers, micro_batches, steps,
                    epochs, until_loss, batch_size, device_map, allow_emulation, stall_timeout,
                    "sum" if loss_op.type == "reduce_sum" else "mean", pushes)
+
+
+def _check_first_batch(plan: Plan, cfg: _Config, data: Any) -> None:
+    """Check the data's first global batch against the feeds of the plan, before any process
+    starts: a wrong feed is named with the shape the user made (a trainer sees micro-batches)."""
+    batches = sources.global_batches(data, cfg.batch_size, cfg.epochs)
+    try:
+        batch = next(batches, None)
+    finally:
+        batches.close()
+    if batch is None:
+        return
+    if not isinstance(batch, dict):
+        raise TypeError(f"the data's first batch is a {type(batch).__name__}; a batch is a dict "
+                        "{feed name: array with a leading example axis}")
+    program = plan.programs[cfg.reader]
+    feeds = program.attrs.get("feeds", [])
+    missing = [n for n in feeds if n not in batch]
+    if missing:
+        raise ValueError(f"the data's first batch lacks the feeds {missing} the plan reads; it has "
+                         f"{sorted(batch)}")
+    try:
+        sources.batch_size_of({n: batch[n] for n in feeds})
+        for n in feeds:
+            if n in program.vars:
+                check_feed(n, batch[n], program.var(n))
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"the data's first batch: {e}") from None
 
 
 def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, secret: bytes | None,

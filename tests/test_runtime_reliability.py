@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from procs import alive, children, wait_dead
 
 from runtime import TrainingError, train
 from runtime.channels import Inbox, Outbox
+from runtime.cli import main as cli_main
 from runtime.data import SyntheticCTR
 from runtime.engines import LocalEngine
 from runtime.ps.table import PSError
@@ -27,6 +29,8 @@ from transpiler import transpile
 from transpiler.config import TranspileConfig
 from transpiler.models import wide_deep
 from transpiler.onnx_import import from_onnx
+from transpiler.passes import PlanError
+from transpiler.plan import Plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -235,3 +239,73 @@ def test_a_stopped_process_is_the_one_named_within_seconds(victim):
     assert err.value.who == victim and "is stopped (SIGSTOP" in str(err.value), str(err.value)
     assert took < 5.0, took  # named after 1 s stopped; the trainers' own stall timeout is 60 s
     assert not alive(eng.pids().values())
+
+
+def broken_plan(tmp_path: Path, how: str) -> Path:
+    """A saved Wide&Deep plan, hand-edited: an unknown op, a tensor nobody makes, or a cycle."""
+    path = tmp_path / f"plan-{how}"
+    transpile(wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1)).main).save(path)
+    f = path / "programs" / "cpu.json"
+    prog = json.loads(f.read_text())
+    by_type = {op["type"]: op for op in reversed(prog["blocks"][0]["ops"])}  # the first of each type
+    if how == "unknown op":
+        by_type["reduce_sum"]["type"] = "frobnicate"
+    elif how == "dangling tensor":
+        by_type["reduce_sum"]["inputs"]["X"] = ["nowhere"]
+    else:  # a cycle: unique_ids reads the embedding that its ids feed
+        by_type["unique_ids"]["inputs"]["Ids"] = by_type["embedding"]["outputs"]["Out"]
+    f.write_text(json.dumps(prog))
+    return path
+
+
+BROKEN = {"unknown op": "unknown op type 'frobnicate'", "dangling tensor": "reads 'nowhere' before",
+          "cycle": "'unique_ids' (id"}
+
+
+@pytest.mark.parametrize("how", list(BROKEN))
+def test_a_broken_plan_is_refused_before_any_process_starts(tmp_path, how, capsys):
+    # Before the fix, `hetps inspect` exited 0 and training died in the trainers after 2 s.
+    path = broken_plan(tmp_path, how)
+    with pytest.raises(PlanError, match=re.escape(BROKEN[how])):
+        Plan.load(path)
+    eng = LocalEngine()
+    with pytest.raises(PlanError, match=re.escape(BROKEN[how])):
+        train(Plan.load(path, check=False), SyntheticCTR(vocab=1000), steps=5, batch_size=64, engine=eng,
+              allow_emulation=True, progress=False)
+    assert eng.pids() == {} and eng.tmp is None
+    assert cli_main(["inspect", str(path)]) == 1
+    assert BROKEN[how] in capsys.readouterr().err
+
+
+def test_plan_load_reads_only_files_inside_the_plan_directory(tmp_path):
+    # Before the fix, trainer_types ["../../x"] read x.json outside the plan directory.
+    path = tmp_path / "plans" / "p"
+    transpile(wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1)).main).save(path)
+    outside = path.parent / "x.json"  # = plans/p/programs/../../x.json
+    outside.write_text((path / "programs" / "cpu.json").read_text())
+    meta = json.loads((path / "plan.json").read_text())
+    good = dict(meta)
+    meta["trainer_types"] = ["../../x" if t == "cpu" else t for t in meta["trainer_types"]]
+    (path / "plan.json").write_text(json.dumps(meta))
+    with pytest.raises(PlanError, match="not a plain name"):
+        Plan.load(path)
+    (path / "plan.json").write_text(json.dumps(good))
+    (path / "programs" / "cpu.json").unlink()
+    (path / "programs" / "cpu.json").symlink_to(outside)
+    with pytest.raises(PlanError, match="outside the plan directory"):
+        Plan.load(path)
+
+
+def test_a_wrong_feed_is_named_with_the_users_shape_before_any_process_starts():
+    # Before the fix, it failed inside a trainer, naming the micro-batch's shape [16, 12].
+    model = wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1))
+    good = SyntheticCTR(vocab=1000).batch(0, 64)
+    eng = LocalEngine()
+    wrong = r"first batch: feed 'dense' has shape \[64, 12\], expected \[-1, 13\]"
+    with pytest.raises(ValueError, match=wrong):
+        train(model.main, [{**good, "dense": good["dense"][:, :12]}], epochs=1, engine=eng,
+              allow_emulation=True, progress=False)
+    with pytest.raises(ValueError, match=r"lacks the feeds \['label'\]"):
+        train(model.main, [{k: v for k, v in good.items() if k != "label"}], epochs=1, engine=eng,
+              allow_emulation=True, progress=False)
+    assert eng.pids() == {} and eng.tmp is None
