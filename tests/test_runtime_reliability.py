@@ -309,3 +309,78 @@ def test_a_wrong_feed_is_named_with_the_users_shape_before_any_process_starts():
         train(model.main, [{k: v for k, v in good.items() if k != "label"}], epochs=1, engine=eng,
               allow_emulation=True, progress=False)
     assert eng.pids() == {} and eng.tmp is None
+
+
+def _refuse(text):
+    raise RuntimeError(text)
+
+
+class Unloadable:
+    """Pickles fine; unpickling it raises (as a class missing in the child would)."""
+
+    def __reduce__(self):
+        return (_refuse, ("this object cannot be rebuilt in the child",))
+
+
+def test_a_process_that_fails_while_starting_is_reported_and_nothing_hangs():
+    # Before the fix, the driver blocked for ever in multiprocessing's pipe write: the child died
+    # reading its arguments and never read the rest of the 1 MB.
+    eng = LocalEngine()
+    inbox = Inbox(eng.endpoint("driver"))
+    kwargs = {"endpoint": Unloadable(), "n": np.zeros(1 << 20, np.uint8)}
+    starting = threading.Thread(target=eng.start, args=("bad", send_then_return, kwargs),
+                                kwargs={"report": inbox.endpoint}, daemon=True)
+    try:
+        starting.start()
+        starting.join(60)
+        assert not starting.is_alive(), "start() hangs"
+        msg = inbox.recv(60_000)
+        assert msg is not None and msg[0]["k"] == "error" and msg[0]["who"] == "bad"
+        assert "this object cannot be rebuilt in the child" in msg[0]["tb"]
+        eng.procs["bad"].join(30)
+        assert eng.ended()["bad"].how == "exited with code 1"
+    finally:
+        inbox.close()
+        eng.stop()
+
+
+SCRIPT = """
+from runtime import train
+from runtime.data import ArrayReader, SyntheticCTR
+from transpiler import builder as nn
+from transpiler.models import wide_deep
+
+{guard}
+    arrays = SyntheticCTR(vocab=1000).batch(0, 512)
+    model = wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1))
+    hist = train(model.main, ArrayReader(arrays, 64), epochs=1, allow_emulation=True, progress=False)
+    print("steps", hist.steps)
+"""
+
+
+def run_script(tmp_path: Path, guard: str, stdin: bool) -> subprocess.CompletedProcess:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT.format(guard=guard))
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmpdir)}
+    with open(script) as f:
+        done = subprocess.run([sys.executable, "-" if stdin else str(script)], stdin=f if stdin else None,
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert not any(tmpdir.iterdir())
+    return done
+
+
+def test_a_script_without_the_main_guard_gets_one_clear_sentence(tmp_path):
+    # Before the fix: 254 lines of interleaved tracebacks from every spawned process.
+    done = run_script(tmp_path, "if True:", stdin=False)
+    assert done.returncode == 1
+    assert done.stderr.count("training started outside `if __name__ == \"__main__\":`") == 1, done.stderr
+    assert done.stderr.count("Traceback") == 1 and len(done.stderr.splitlines()) < 25, done.stderr
+
+
+def test_a_script_fed_on_stdin_trains(tmp_path):
+    # Before the fix, `python - < script.py` hung (4 of 4): every child failed to run "<stdin>".
+    done = run_script(tmp_path, 'if __name__ == "__main__":', stdin=True)
+    assert done.returncode == 0, done.stderr
+    assert "steps 8" in done.stdout

@@ -14,10 +14,13 @@ zero-copy buffers, a thread still blocked in a call) can crash or delay its exit
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import ctypes
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -25,7 +28,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .base import Engine, ProcessFailure, child_main
@@ -35,8 +39,8 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_S = 0.1  # how often a child and the janitor look whether the driver is still there
 
-# The janitor: argv = [driver pid, run directory]. Ctrl-C goes to the whole terminal process group;
-# the janitor ignores it (the driver cleans up itself then, and kills the janitor).
+# The janitor: argv = [driver pid, run directory]. It runs in a session of its own, so signals to the
+# driver's process group (Ctrl-C, `timeout`, a closed terminal) do not end it before its work.
 _JANITOR = f"""
 import os, shutil, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -87,17 +91,86 @@ def follow_parent(parent: int) -> None:
     threading.Thread(target=watch, name="hetps-parent-watch", daemon=True).start()
 
 
-def process_main(parent: int, name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str,
-                 secret: bytes | None) -> None:
-    """A local engine process: follow the driver, run `child_main`, then exit at once with its code."""
+def process_main(parent: int, name: str, args: str, report: str, secret: bytes | None) -> None:
+    """A local engine process: follow the driver, run `child_main` on the entry point and arguments
+    pickled in file `args` (written by the driver in its private run directory), then exit at once
+    with its code."""
     follow_parent(parent)
-    code = child_main(name, target, kwargs, report, secret)
+    code = child_main(name, _run_args, {"path": args}, report, secret)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             pass
     os._exit(code)
+
+
+def _run_args(path: str) -> None:
+    with open(path, "rb") as f:
+        target, kwargs = pickle.load(f)
+    os.unlink(path)
+    target(**kwargs)
+
+
+def check_main_guard() -> None:
+    """Refuse (RuntimeError, one sentence) a run started from the top level of a script that
+    spawned processes will import again, i.e. outside `if __name__ == "__main__":`: each of them
+    would run the call again (multiprocessing then fails in every process, in many lines)."""
+    main = sys.modules.get("__main__")
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = getattr(main, "__file__", None)
+    if spec_name is not None and (spec_name == "__main__" or spec_name.endswith(".__main__")):
+        return  # `python -m package`: multiprocessing does not import a package's __main__ again
+    if not path or not os.path.isfile(path):
+        return  # interactive, `python -c`, `python - < script`: nothing is imported again
+    frame, top = sys._getframe(1), None
+    while frame is not None:  # the main module's own frame, where it is now
+        if frame.f_code.co_name == "<module>" and frame.f_globals is vars(main):
+            top = frame
+        frame = frame.f_back
+    if top is None:
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    line = top.f_lineno
+    for node in tree.body:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            if not (isinstance(node, ast.If) and _is_main_test(node.test)):
+                raise RuntimeError(
+                    f"{path}, line {line}: training started outside `if __name__ == \"__main__\":`; "
+                    "hetps starts its trainers and servers as new Python processes that import this "
+                    "script again, so put the script's top-level code under that guard (see the "
+                    "README's tour)")
+            return
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """`__name__ == "__main__"` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
+            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+
+
+@contextlib.contextmanager
+def _main_path_checked() -> Iterator[None]:
+    """Start processes without a main-module path that names no file: `python - < script.py` sets
+    `__main__.__file__` to "<stdin>", which every spawned child would try, and fail, to run."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    hide = path is not None and getattr(getattr(main, "__spec__", None), "name", None) is None \
+        and not os.path.isfile(path)
+    if hide:
+        del main.__file__
+    try:
+        yield
+    finally:
+        if hide:
+            main.__file__ = path
 
 
 class LocalEngine(Engine):
@@ -117,9 +190,19 @@ class LocalEngine(Engine):
               report: str, secret: bytes | None = None, resources: dict[str, float] | None = None) -> None:
         if name in self.procs:
             raise ValueError(f"a process named {name!r} was already started")
-        p = self.ctx.Process(target=process_main, args=(os.getpid(), name, target, kwargs, report, secret),
+        if not self.procs:
+            check_main_guard()
+        # The entry point and its arguments (a reader's data may be large) go through a file in the
+        # private run directory, not multiprocessing's pipe: a child that dies while starting would
+        # leave the parent blocked for ever writing more than a pipe holds into that pipe.
+        self.endpoint(name)  # makes the run directory
+        args = os.path.join(self.tmp, f"{name.replace(':', '-')}.args")
+        with open(os.open(args, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(ForkingPickler.dumps((target, kwargs)))
+        p = self.ctx.Process(target=process_main, args=(os.getpid(), name, args, report, secret),
                              name=f"hetps-{name}", daemon=True)
-        p.start()
+        with _main_path_checked():
+            p.start()
         self.procs[name] = p
 
     def ended(self) -> dict[str, ProcessFailure | None]:
@@ -167,7 +250,7 @@ def _start_janitor(run_dir: str) -> subprocess.Popen | None:
     """The process that removes `run_dir` once this one has died (see the module docstring)."""
     try:
         return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpid()), run_dir],
-                                stdin=subprocess.DEVNULL, close_fds=True)
+                                stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
     except OSError as e:
         log.warning("no janitor for %s (%s): if this process is killed, remove it by hand", run_dir, e)
         return None
