@@ -112,7 +112,7 @@ def start_driver(tmp_path: Path, argv: list[str] | None = None) -> tuple[subproc
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmpdir)}
     cmd = argv or [sys.executable, str(script), str(tmp_path / "ready.json")]
     proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, start_new_session=True)  # its own process group
     deadline = time.monotonic() + 180
     while not started(tmp_path):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -130,10 +130,12 @@ def started(tmp_path: Path) -> bool:
     return (tmp_path / "ready.json").exists()
 
 
-def end_driver(proc: subprocess.Popen, sig: signal.Signals, tmpdir: Path, stop_ps: bool = False) -> float:
-    """Send `sig` to the driver (after SIGSTOP of shard ps:0 when `stop_ps`, so that its trainers
-    are blocked in parameter-server calls); assert that every child of the driver is gone and its
-    run directory removed within 2 s. Returns the seconds that took."""
+def end_driver(proc: subprocess.Popen, sig: signal.Signals, tmpdir: Path, stop_ps: bool = False,
+               group: bool = False) -> float:
+    """Send `sig` to the driver, or to its whole process group (as `timeout` or a closed terminal
+    do) when `group` (after SIGSTOP of shard ps:0 when `stop_ps`, so that its trainers are blocked
+    in parameter-server calls); assert that every child of the driver is gone and its run directory
+    removed within 2 s. Returns the seconds that took."""
     kids = children(proc.pid)
     try:
         assert len(kids) >= 5, kids  # 1 shard + 3 trainers + the janitor (+ multiprocessing's tracker)
@@ -141,7 +143,10 @@ def end_driver(proc: subprocess.Popen, sig: signal.Signals, tmpdir: Path, stop_p
             os.kill(run_info(tmpdir)["pids"]["ps:0"], signal.SIGSTOP)
             time.sleep(1.0)
         t0 = time.monotonic()
-        os.kill(proc.pid, sig)
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
         proc.wait(30)
         left = wait_dead(kids, timeout=2.0)
         while any(tmpdir.iterdir()) and time.monotonic() - t0 < 2.0:
@@ -159,14 +164,15 @@ def run_info(tmpdir: Path) -> dict:
     return json.loads((tmpdir.parent / "ready.json").read_text())
 
 
-@pytest.mark.parametrize("sig, stop_ps", [(signal.SIGKILL, False), (signal.SIGKILL, True),
-                                          (signal.SIGTERM, True)])
-def test_no_process_or_run_directory_outlives_a_killed_driver(tmp_path, sig, stop_ps):
+@pytest.mark.parametrize("sig, stop_ps, group", [
+    (signal.SIGKILL, False, False), (signal.SIGKILL, True, False), (signal.SIGTERM, True, False),
+    (signal.SIGTERM, False, True)])
+def test_no_process_or_run_directory_outlives_a_killed_driver(tmp_path, sig, stop_ps, group):
     # Before the fix, trainers blocked on a stopped shard ran on until stall_timeout (60 s) and
     # /tmp/hetps-run-* stayed.
     proc, tmpdir = start_driver(tmp_path)
     assert Path(run_info(tmpdir)["run_dir"]).parent == tmpdir
-    end_driver(proc, sig, tmpdir, stop_ps)
+    end_driver(proc, sig, tmpdir, stop_ps, group)
 
 
 def test_sigterm_to_hetps_train_cleans_up_like_ctrl_c_and_exits_143(tmp_path):
