@@ -9,7 +9,9 @@ so a child blocked anywhere, even stopped, dies at once) and runs a watcher thre
 within 0.1 s of seeing its parent gone (other systems); a tiny janitor process (plain Python, no
 imports of hetps) waits for the driver's death and then removes the run directory. A child ends
 with `os._exit` once its last messages are delivered, so no interpreter clean-up (pyzmq's
-zero-copy buffers, a thread still blocked in a call) can crash or delay its exit.
+zero-copy buffers, a thread still blocked in a call) can crash or delay its exit. (Linux sends that
+SIGKILL when the *thread* that started a child ends: start processes from the thread that lives for
+the run, as `train` does.)
 """
 
 from __future__ import annotations
