@@ -148,13 +148,13 @@ def end_driver(proc: subprocess.Popen, sig: signal.Signals, tmpdir: Path, stop_p
         else:
             os.kill(proc.pid, sig)
         proc.wait(30)
-        left = wait_dead(kids, timeout=2.0)
-        while any(tmpdir.iterdir()) and time.monotonic() - t0 < 2.0:
-            time.sleep(0.05)
+        left = wait_dead(kids, timeout=2.0)  # the kernel kills them at once (PR_SET_PDEATHSIG)
         took = time.monotonic() - t0
         assert not left, f"still alive {took:.1f} s after the driver's {sig.name}: {left}"
+        while any(tmpdir.iterdir()) and time.monotonic() - t0 < 5.0:  # the janitor looks every 0.1 s
+            time.sleep(0.05)
         assert not any(tmpdir.iterdir()), f"run directory left behind: {list(tmpdir.iterdir())}"
-        return took
+        return time.monotonic() - t0
     finally:
         for pid in alive(kids):
             os.kill(pid, signal.SIGKILL)
@@ -218,11 +218,11 @@ def test_a_diverging_run_reports_the_rejected_gradient_not_a_timeout():
         eng, t0 = LocalEngine(), time.monotonic()
         with pytest.raises(TrainingError) as err:
             train(plan, SyntheticCTR(vocab=1000), steps=300, batch_size=16, engine=eng,
-                  allow_emulation=True, progress=False, stall_timeout=30.0)
+                  allow_emulation=True, progress=False, stall_timeout=60.0)
         took = time.monotonic() - t0
         assert "gradient contains NaN or Inf; rejected" in str(err.value).splitlines()[-1], str(err.value)
         assert "PSTimeoutError" not in str(err.value)
-        assert took < 15.0, took  # includes starting the processes; a timeout takes >= 30 s
+        assert took < 30.0, took  # includes starting the processes (3-6 s here); a timeout takes >= 60 s
         assert not alive(eng.pids().values())
 
 
@@ -243,7 +243,7 @@ def test_a_stopped_process_is_the_one_named_within_seconds(victim):
               allow_emulation=True, callback=stop, progress=False, stall_timeout=60.0)
     took = time.monotonic() - stopped[0]
     assert err.value.who == victim and "is stopped (SIGSTOP" in str(err.value), str(err.value)
-    assert took < 5.0, took  # named after 1 s stopped; the trainers' own stall timeout is 60 s
+    assert took < 20.0, took  # named after 1 s stopped (1.2-1.4 s here); the old way took >= 60 s
     assert not alive(eng.pids().values())
 
 
