@@ -19,6 +19,7 @@ message carries two arrays (rows, values) for that name.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,22 @@ class Outbox:
         for s in self.socks.values():
             s.close()
         self.socks = {}
+
+
+def deliver_pending(timeout: float = 5.0) -> bool:
+    """Before a process ends: wait (at most `timeout` s) until ZeroMQ has sent what this process
+    queued, by terminating the process-wide context (its sockets must be closed, each lingers up
+    to its `linger`). True when done. A process must not exit before this: frames of 64 KiB or
+    more go out zero-copy, and at interpreter exit pyzmq drops its references to their buffers
+    while ZeroMQ's I/O thread may still be writing them — the write then faults ("Bad address
+    (src/tcp.cpp:227)" and SIGABRT, or SIGSEGV), which killed trainers after their large last
+    message (a trace's spans). False when a socket is still open (a thread stuck in a call):
+    then the caller should end the process with `os._exit`, skipping that interpreter clean-up."""
+    ctx = zmq.Context.instance()
+    done = threading.Thread(target=ctx.term, name="hetps-zmq-term", daemon=True)
+    done.start()
+    done.join(timeout)
+    return not done.is_alive()
 
 
 def pack_tensors(values: list[tuple[str, Any]]) -> tuple[list[list], list[np.ndarray]]:

@@ -10,7 +10,8 @@
     hetps bench [--steps N] [--trainers cpu=1,gpu=1]
     hetps plot METRICS.jsonl [...] -o curves.png
 
-Exit codes: 0 success, 1 the work failed (the message says why), 2 bad arguments (usage printed).
+Exit codes: 0 success, 1 the work failed (the message says why), 2 bad arguments (usage printed),
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM; cleaned up like Ctrl-C).
 A MODEL is an ONNX file (`.onnx`), a saved PaddlePaddle training program (`paddle.static.save`
 prefix: `.pdmodel` for the legacy IR, `.json` + `.pdparams` for PIR) or a saved hetps program
 (`Program.save`: `.json` [+ `.npz`]).
@@ -22,7 +23,9 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,15 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 class UsageError(Exception):
     """Arguments that cannot work; reported with the subcommand's usage and exit code 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: handled like Ctrl-C (the run is torn down), then exit code 143."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not cut the clean-up short
+    raise Terminated
 
 
 # -- models and plans ---------------------------------------------------------------------------
@@ -595,12 +607,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         return args.func(args)
     except UsageError as e:
         sys.stderr.write(args.usage())
         print(f"hetps {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except Terminated:
+        print(f"hetps {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print(f"hetps {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -613,6 +630,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hetps {args.command}: error: {type(e).__name__}: {one_line(e, args.verbose)}",
               file=sys.stderr)
         return EXIT_FAIL
+    finally:
+        if previous is not None:  # main() may run inside another program (tests)
+            signal.signal(signal.SIGTERM, previous)
 
 
 def one_line(e: Exception, verbose: bool) -> str:

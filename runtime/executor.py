@@ -182,19 +182,25 @@ class Executor:
         arr = feed[name]
         if var is None:
             return self.xp.asarray(arr)
-        arr = np.asarray(arr) if not hasattr(arr, "__cuda_array_interface__") else arr
-        if var.shape is not None:
-            ok = len(arr.shape) == len(var.shape) and all(
-                d == -1 or d == a for d, a in zip(var.shape, arr.shape, strict=True))
-            if not ok:
-                raise ValueError(f"feed {name!r} has shape {list(arr.shape)}, expected "
-                                 f"{list(var.shape)} (-1 = any)")
-        want = np.dtype(var.dtype)
-        if arr.dtype != want:
-            if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
-                raise TypeError(f"feed {name!r} has dtype {arr.dtype}, expected {want}")
-            arr = arr.astype(want)
-        return self.xp.asarray(arr)
+        return self.xp.asarray(check_feed(name, arr, var))
+
+
+def check_feed(name: str, arr: Any, var: Var) -> Any:
+    """`arr` as the data variable `var` takes it (ints cast to its int dtype); ValueError /
+    TypeError naming the feed when its shape or dtype does not fit."""
+    arr = np.asarray(arr) if not hasattr(arr, "__cuda_array_interface__") else arr
+    if var.shape is not None:
+        ok = len(arr.shape) == len(var.shape) and all(
+            d == -1 or d == a for d, a in zip(var.shape, arr.shape, strict=True))
+        if not ok:
+            raise ValueError(f"feed {name!r} has shape {list(arr.shape)}, expected "
+                             f"{list(var.shape)} (-1 = any)")
+    want = np.dtype(var.dtype)
+    if arr.dtype != want:
+        if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
+            raise TypeError(f"feed {name!r} has dtype {arr.dtype}, expected {want}")
+        arr = arr.astype(want)
+    return arr
 
 
 def _describe(s: _Step, ins: dict[str, Any]) -> str:

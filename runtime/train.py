@@ -31,6 +31,7 @@ from . import sources
 from .channels import Inbox, Outbox
 from .device import array_module
 from .engines import Engine, make_engine
+from .executor import check_feed
 from .metrics import auc
 from .ps import PSClient, serve
 from .ps.checkpoint import check_target
@@ -39,6 +40,7 @@ from .trainer import run_trainer
 
 LOOKAHEAD = 3
 LOSS_WINDOW = 10
+STOPPED_S = 1.0  # a process the engine sees stopped this long is named as the run's failure
 
 
 class TrainingError(RuntimeError):
@@ -157,13 +159,18 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
       per-step loss, AUC and examples/s as TensorBoard event files in this directory. See
       runtime.telemetry.
     """
-    plan = plan_or_program if isinstance(plan_or_program, Plan) else transpile(plan_or_program)
+    if isinstance(plan_or_program, Plan):
+        plan = plan_or_program
+        plan.verify()  # a hand-edited plan (unknown op, dangling tensor, cycle) fails here, not in trainers
+    else:
+        plan = transpile(plan_or_program)  # verifies what it makes
     cfg = _Config.make(plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
                        micro_batches, device_map, allow_emulation, stall_timeout)
     sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # plans and checks shards
     # an unusable checkpoint directory is refused now, not after training; the servers may write
     # only beside it (a save writes a new directory there, then swaps it in)
     root = None if checkpoint is None else str(check_target(checkpoint).parent)
+    _check_first_batch(plan, cfg, data)
     eng = make_engine(engine, address)
     secret = secret if secret is not None else eng.secret or os.urandom(32)
     tel = Telemetry(metrics, trace, progress, total=steps, meta={
@@ -243,6 +250,37 @@ class _Config:
                    "sum" if loss_op.type == "reduce_sum" else "mean", pushes)
 
 
+def _check_first_batch(plan: Plan, cfg: _Config, data: Any) -> None:
+    """Check the data's first global batch against the feeds of the plan, before any process
+    starts: a wrong feed is named with the shape the user made (a trainer sees micro-batches).
+    Sharded file sources are checked by `sources.prepare` (each reader reads only its share)."""
+    if sources.is_sharded(data):
+        return
+    batches = sources.global_batches(data, cfg.batch_size, cfg.epochs)
+    try:
+        batch = next(batches, None)
+    finally:
+        batches.close()
+    if batch is None:
+        return
+    if not isinstance(batch, dict):
+        raise TypeError(f"the data's first batch is a {type(batch).__name__}; a batch is a dict "
+                        "{feed name: array with a leading example axis}")
+    program = plan.programs[cfg.reader]
+    feeds = program.attrs.get("feeds", [])
+    missing = [n for n in feeds if n not in batch]
+    if missing:
+        raise ValueError(f"the data's first batch lacks the feeds {missing} the plan reads; it has "
+                         f"{sorted(batch)}")
+    try:
+        sources.batch_size_of({n: batch[n] for n in feeds})
+        for n in feeds:
+            if n in program.vars:
+                check_feed(n, batch[n], program.var(n))
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"the data's first batch: {e}") from None
+
+
 def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, secret: bytes | None,
          callback, return_params: bool, checkpoint: str | None, tel: Telemetry, root: str | None) -> None:
     t0 = time.perf_counter()  # start-up counts placement too (on Ray: ray.init and the actors)
@@ -320,6 +358,7 @@ class _Listen:
         self.grant, self.final = LOOKAHEAD, False
         self.ready: set[str] = set()
         self.done: set[str] = set()
+        self.stopped: dict[str, float] = {}  # name -> when the engine first saw it stopped
         self.t0, self.t_start = t0, time.perf_counter()
 
     def run(self) -> None:
@@ -415,6 +454,12 @@ class _Listen:
             if name in self.done and failure is None:
                 continue
             raise TrainingError(name, failure.how if failure else "exited before the run finished")
+        now, stalled = time.perf_counter(), self.eng.stalled()
+        self.stopped = {name: self.stopped.get(name, now) for name in stalled}
+        for name, since in self.stopped.items():
+            if now - since >= STOPPED_S:
+                raise TrainingError(name, f"{stalled[name]} for {now - since:.1f} s; the run cannot "
+                                    "go on without it")
 
 
 def _load_values(plan: Plan, ps_eps: list[str], secret, admin: bytes) -> None:

@@ -99,12 +99,18 @@ class StepState:
 class Background:
     """Parameter-server calls on a thread of their own (ZeroMQ sockets are not thread-safe, so the
     thread owns its own PSClient): pushes and dense prefetches leave the trainer's critical path.
-    Tasks run in submission order; `check` raises the error of a failed one in the trainer."""
+    Tasks run in submission order; `check` raises the error of a failed one in the trainer.
+
+    Once a task has failed, every later task fails at once with that same error, without calling
+    the servers: a rejected push (e.g. a NaN gradient) means the step is never applied, so a sync
+    pull queued behind it would wait for its whole timeout and then blame the server; whoever waits
+    on any later future gets the first cause instead."""
 
     def __init__(self, make_client: Callable[[], PSClient]) -> None:
         self.make, self.client = make_client, None
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="hetps-ps")
         self.pending: list[Future] = []
+        self.failed: BaseException | None = None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         f = self.pool.submit(self._call, fn, args)
@@ -112,14 +118,26 @@ class Background:
         return f
 
     def _call(self, fn, args):
-        if self.client is None:
-            self.client = self.make()
-        return fn(self.client, *args)
+        if self.failed is not None:
+            raise self.failed
+        try:
+            if self.client is None:
+                self.client = self.make()
+            return fn(self.client, *args)
+        except BaseException as e:
+            self.failed = e
+            raise
 
     def check(self) -> None:
         for f in [f for f in self.pending if f.done()]:
             self.pending.remove(f)
             f.result()
+
+    def settle(self) -> None:
+        """Wait for every task submitted so far, in order; raise the first failure."""
+        for f in list(self.pending):
+            f.result()
+        self.check()
 
     def close(self) -> None:
         """Wait for every task; then close the thread's client."""
@@ -523,6 +541,8 @@ class Trainer:
             fut, i, union = fetched
             rows = fut.result()[i].take(np.searchsorted(union, ids), axis=0)
         else:
+            if self.mode == "sync":  # it waits for the previous step: first see that our push went in
+                self.bg.settle()
             rows = self.client.pull(op.attrs["table"], ids, step=self._ps_step(self.cur.step))
         values[op.outputs["Out"][0]] = rows if self.xp is np else self.xp.asarray(rows)
         t1 = time.perf_counter()

@@ -28,7 +28,7 @@ import numpy as np
 from .backward import append_backward
 from .config import TranspileConfig
 from .ir import Op, Program, load_params, save_params
-from .passes import assign_devices, insert_comm, insert_ps, split, verify
+from .passes import PlanError, assign_devices, insert_comm, insert_ps, split, verify
 
 
 @dataclass
@@ -92,16 +92,30 @@ class Plan:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> Plan:
+    def load(cls, path: str | Path, *, check: bool = True) -> Plan:
+        """Read a plan directory written by `save`. Only files inside it are read: a trainer type
+        must be a plain name (a hand-edited `"../../x"` is refused), and a file that resolves
+        outside the directory (a symbolic link) is refused. With `check` the plan is verified
+        (`verify`), so an unknown op, a tensor nobody makes or a cycle is refused here, before
+        anything runs; `check=False` loads a broken plan to look at it."""
         path = Path(path)
         if not (path / "plan.json").exists():
             raise FileNotFoundError(f"{path} is not a plan directory: no plan.json (make one with Plan.save)")
-        meta = json.loads((path / "plan.json").read_text())
-        programs = {t: Program.from_json((path / "programs" / f"{t}.json").read_text())
-                    for t in meta["trainer_types"]}
-        params = load_params(path / "params.npz") if (path / "params.npz").exists() else {}
-        return cls(programs, meta["tables"], meta["channels"], TranspileConfig.from_dict(meta["config"]),
+        meta = json.loads(_inside(path, "plan.json").read_text())
+        types = meta.get("trainer_types") if isinstance(meta, dict) else None
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise PlanError(f"{path / 'plan.json'}: 'trainer_types' must be a list of names, got {types!r}")
+        for t in types:
+            if t in ("", ".", "..") or Path(t).name != t or "\\" in t:
+                raise PlanError(f"{path / 'plan.json'}: trainer type {t!r} is not a plain name (like "
+                                "'cpu'); a plan reads only its own files, programs/<type>.json")
+        programs = {t: Program.from_json(_inside(path, "programs", f"{t}.json").read_text()) for t in types}
+        params = load_params(_inside(path, "params.npz")) if (path / "params.npz").exists() else {}
+        plan = cls(programs, meta["tables"], meta["channels"], TranspileConfig.from_dict(meta["config"]),
                    meta["placement"], params, meta["loss_name"])
+        if check:
+            plan.verify()
+        return plan
 
     # -- views ----------------------------------------------------------------------------
     def summary(self) -> str:
@@ -155,6 +169,15 @@ class Plan:
         from .draw import draw_plan
 
         return draw_plan(self, Path(path))
+
+
+def _inside(root: Path, *parts: str) -> Path:
+    """root/parts, refused (PlanError) when it resolves outside `root` (e.g. a symbolic link)."""
+    f = root.joinpath(*parts)
+    if not f.resolve().is_relative_to(root.resolve()):
+        raise PlanError(f"{f} resolves to {f.resolve()}, outside the plan directory {root}; a plan "
+                        "reads only its own files")
+    return f
 
 
 def transpile(program: Program, config: TranspileConfig | None = None) -> Plan:

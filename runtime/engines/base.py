@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+DELIVER_S = 5.0  # the most a process waits, when it ends, for its last messages to go out
+
 
 @dataclass
 class ProcessFailure:
@@ -49,6 +51,12 @@ class Engine(ABC):
     def ended(self) -> dict[str, ProcessFailure | None]:
         """Processes that have ended: None for a clean exit, else how they failed."""
 
+    def stalled(self) -> dict[str, str]:
+        """Processes that are alive but cannot run, with how (e.g. "is stopped (SIGSTOP)"), where
+        the engine can tell; the driver names one that stays so for a second, instead of waiting
+        for the others to time out on it. The base engine cannot tell: {}."""
+        return {}
+
     @abstractmethod
     def pids(self) -> dict[str, int | None]:
         """{name: process id} of every started process (None where the engine cannot tell)."""
@@ -65,23 +73,28 @@ class Engine(ABC):
 
 
 def child_main(name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str,
-               secret: bytes | None = None) -> None:
-    """Run one entry point in its own process: BLAS pinned to one thread (processes share the
-    cores, and two BLAS threads per process on 2 cores ran 4x slower), Ctrl-C left to the driver
-    (which tears the run down), and an exception's traceback sent to the driver before exiting 1."""
+               secret: bytes | None = None) -> int:
+    """Run one entry point in its own process and return its exit code: BLAS pinned to one thread
+    (processes share the cores, and two BLAS threads per process on 2 cores ran 4x slower), Ctrl-C
+    left to the driver (which tears the run down), an exception's traceback sent to the driver
+    (code 1), and, either way, the messages the process queued delivered before it returns
+    (`channels.deliver_pending`; the caller ends the process with `os._exit` when that fails)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from threadpoolctl import threadpool_limits
 
+    from ..channels import Outbox, deliver_pending
+
     threadpool_limits(1)
+    code = 0
     try:
         target(**kwargs)
     except BaseException:
-        text = traceback.format_exc()
+        code, text = 1, traceback.format_exc()
         try:
-            from ..channels import Outbox
-
             out = Outbox(secret)
             out.send(report, {"k": "error", "who": name, "tb": text})
             out.close()
-        finally:
-            raise SystemExit(1) from None
+        except Exception:  # the driver cannot be told (e.g. it is gone): its engine sees the exit code
+            pass
+    deliver_pending(DELIVER_S)
+    return code

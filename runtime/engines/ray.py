@@ -59,12 +59,8 @@ class ProcessHost:
 
     def run(self, name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str,
             secret: bytes | None) -> int:
-        """The entry point's exit code (child_main exits 1 after reporting a failure)."""
-        try:
-            child_main(name, target, kwargs, report, secret)
-        except SystemExit as e:  # in an actor, SystemExit would end the worker: report the code
-            return e.code if isinstance(e.code, int) else 1
-        return 0
+        """The entry point's exit code (1 after child_main reported a failure to the driver)."""
+        return child_main(name, target, kwargs, report, secret)
 
 
 def _free_port(ip: str) -> int:
