@@ -1,0 +1,383 @@
+"""Measure what the cost model (transpiler/cost.py) needs, on this machine, and cache it.
+
+- kernels: every kernel op of a plan's sub-programs, on each trainer kind (cpu: numpy; gpu: cupy on a
+  CUDA device, else numpy, marked *emulated*), at two micro-batch sizes, fitted as
+  fixed + per example; recv / pull ops are fed random values of their declared shapes, sends and
+  pushes do nothing, so only the kernels are timed (the fastest of a few repeats);
+- the link: ZeroMQ messages (the trainers' own encoding) of two sizes, fitted as latency + per byte;
+- the parameter server: a real shard process, dense pulls / pushes of two sizes and sparse row
+  pulls / pushes of two row widths, fitted as per request + per byte (+ per row for sparse rows).
+
+The profile is cached as JSON under `$XDG_CACHE_HOME/hetps` (default `~/.cache/hetps`), one file per
+machine (host, CPU model, cores, GPU); kernels of new op signatures are added to it as they are met.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from transpiler.config import TranspileConfig
+from transpiler.cost import (
+    KINDS,
+    Budget,
+    KernelCost,
+    LinkCost,
+    Profile,
+    PSCost,
+    TuneResult,
+    kernel_ops,
+    op_signature,
+)
+from transpiler.cost import tune as _tune
+from transpiler.ir import Program
+from transpiler.plan import Plan, transpile
+
+from .channels import Inbox, Outbox, pack_tensors
+from .device import cuda_available
+from .executor import Executor
+
+SIZES = (32, 256)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hetps"
+
+
+def machine_key() -> str:
+    """Host, CPU model, cores and GPU: a profile is valid on the machine it was measured on."""
+    cpu = ""
+    try:
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "",
+        )
+    except OSError:
+        pass
+    gpu = "none"
+    if cuda_available():
+        import cupy
+
+        gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    text = f"{platform.node()}|{cpu}|{os.cpu_count()}|{gpu}"
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", platform.node())[:40] or "host"
+    return f"{host}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+def _xp(kind: str) -> tuple[Any, bool]:
+    """(array module, emulated) for a trainer kind."""
+    if kind == "gpu" and cuda_available():
+        import cupy
+
+        return cupy, False
+    return np, kind == "gpu"
+
+
+def _sync(xp: Any) -> None:
+    if xp is not np:
+        xp.cuda.Device().synchronize()
+
+
+def _stubs(xp: Any, state: dict[str, int], rng: np.random.Generator) -> dict[str, Callable]:
+    """Executor handlers standing in for comm and PS ops: random values of the declared shapes."""
+
+    def shape(s) -> tuple[int, ...]:
+        return tuple(state["m"] if d == -1 else d for d in s)
+
+    def recv(op, values):
+        a = op.attrs
+        values[op.outputs["Out"][0]] = xp.asarray(rng.standard_normal(shape(a["shape"])).astype(a["dtype"]))
+
+    def pull_dense(op, values):
+        a = op.attrs
+        values[op.outputs["Out"][0]] = xp.asarray(
+            0.01 * rng.standard_normal(tuple(a["shape"])).astype(a["dtype"])
+        )
+
+    def pull_sparse(op, values):
+        n = int(values[op.inputs["Ids"][0]].shape[0])
+        values[op.outputs["Out"][0]] = xp.asarray(
+            0.01 * rng.standard_normal((n, op.attrs["dim"])).astype(op.attrs.get("dtype", "float32"))
+        )
+
+    def nothing(op, values):
+        return None
+
+    return {
+        "recv": recv,
+        "pull_dense": pull_dense,
+        "pull_sparse": pull_sparse,
+        "send": nothing,
+        "push_dense": nothing,
+        "push_sparse": nothing,
+    }
+
+
+def _feed(prog: Program, m: int, vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    out = {}
+    for op in prog.ops:
+        if op.type != "data":
+            continue
+        name = op.outputs["Out"][0]
+        var = prog.global_block().vars[name]
+        shape = tuple(m if d == -1 else d for d in var.shape)
+        if np.dtype(var.dtype).kind in "iu":
+            out[name] = rng.integers(0, vocab, shape).astype(var.dtype)
+        else:
+            out[name] = (
+                rng.integers(0, 2, shape).astype(var.dtype)
+                if "label" in name
+                else rng.standard_normal(shape).astype(var.dtype)
+            )
+    return out
+
+
+def profile_kernels(
+    plan: Plan,
+    kinds: tuple[str, ...] = KINDS,
+    sizes: tuple[int, int] = SIZES,
+    repeats: int = 3,
+    skip: set[str] | None = None,
+) -> tuple[dict[str, dict[str, KernelCost]], list[str]]:
+    """Time every kernel op of `plan` on each kind at `sizes` examples per micro-batch; returns
+    ({kind: {signature: KernelCost}}, kinds that were emulated). Signatures in `skip` ("kind/sig")
+    are not measured again."""
+    from threadpoolctl import threadpool_limits
+
+    skip = skip or set()
+    vocab = min([t["shape"][0] for t in plan.tables if t["kind"] == "sparse"] or [1000])
+    out: dict[str, dict[str, KernelCost]] = {}
+    emulated = []
+    for kind in kinds:
+        xp, emu = _xp(kind)
+        if emu:
+            emulated.append(kind)
+        times: dict[str, dict[int, float]] = {}
+        for prog in plan.programs.values():
+            want = {op.id: op_signature(op, prog) for op in kernel_ops(prog)}
+            if all(f"{kind}/{s}" in skip for s in want.values()):
+                continue
+            rng, state = np.random.default_rng(0), {"m": sizes[0]}
+            exe = Executor(xp, handlers=_stubs(xp, state, rng))
+            compiled = exe._compile(prog)  # noqa: SLF001 - wrap each kernel with a timer
+            for step in compiled.steps:
+                if step.op.id in want:
+                    step.kernel = _timed(step.kernel, want[step.op.id], times, state, xp)
+            with threadpool_limits(1):  # as a trainer runs (one BLAS thread per process)
+                for m in sizes:
+                    state["m"] = m
+                    for _ in range(repeats + 1):  # the first run warms caches and is not kept
+                        state["keep"] = _ > 0
+                        exe.run(prog, feed=_feed(prog, m, vocab, rng))
+        out[kind] = {sig: _fit(t, sizes) for sig, t in times.items()}
+    return out, emulated
+
+
+def _timed(kernel: Callable, sig: str, times: dict, state: dict, xp: Any) -> Callable:
+    def run(x, ins, attrs):
+        t0 = time.perf_counter()
+        res = kernel(x, ins, attrs)
+        _sync(xp)
+        dt = time.perf_counter() - t0
+        if state.get("keep"):
+            best = times.setdefault(sig, {})
+            best[state["m"]] = min(best.get(state["m"], dt), dt)
+        return res
+
+    return run
+
+
+def _fit(t: dict[int, float], sizes: tuple[int, int]) -> KernelCost:
+    a, b = sizes
+    per = max((t[b] - t[a]) / (b - a), 0.0)
+    return KernelCost(max(t[a] - per * a, 0.0), per)
+
+
+# -- link and parameter server --------------------------------------------------------------------
+def measure_link(sizes: tuple[int, int] = (1024, 1 << 20), count: int = 50) -> LinkCost:
+    """One ZeroMQ message (ipc, the trainers' encoding), sent and received: latency + per byte."""
+    tmp = tempfile.mkdtemp(prefix="hetps-profile-")
+    inbox = Inbox(f"ipc://{tmp}/link")
+    out = Outbox()
+    got = {}
+    try:
+        for n in sizes:
+            arr = np.zeros(n // 4, np.float32)
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                for i in range(count):
+                    descs, arrays = pack_tensors([("x", arr)])
+                    out.send(inbox.endpoint, {"k": "t", "s": i, "o": 0, "m": 0, "v": descs}, arrays)
+                    if inbox.recv(5000) is None:
+                        raise RuntimeError("the link probe's message did not arrive within 5 s")
+                best = min(best, (time.perf_counter() - t0) / count)
+            got[n] = best
+    finally:
+        out.close()
+        inbox.close()
+        for f in Path(tmp).iterdir():
+            f.unlink()
+        os.rmdir(tmp)
+    a, b = sizes
+    per = max((got[b] - got[a]) / (b - a), 0.0)
+    return LinkCost(max(got[a] - per * a, 1e-7), per)
+
+
+def measure_ps(count: int = 20) -> PSCost:
+    """Round trips to a real shard: a tiny dense pull (per request), a 4 MB dense pull + push (per
+    byte), 8192 sparse rows of dim 16 and of dim 1 pulled + pushed (per byte and per row)."""
+    from .ps import PSClient
+    from .ps.server import Servers
+
+    sgd = {"type": "sgd", "lr": 0.0, "state": {}}
+    zeros = {"type": "constant", "value": 0.0}
+    specs = [
+        {
+            "name": "tiny",
+            "kind": "dense",
+            "shape": [4],
+            "dtype": "float32",
+            "initializer": zeros,
+            "optimizer": sgd,
+            "sharding": {"by": "table", "shard": 0, "num_shards": 1},
+        },
+        {
+            "name": "big",
+            "kind": "dense",
+            "shape": [1024, 1024],
+            "dtype": "float32",
+            "initializer": zeros,
+            "optimizer": sgd,
+            "sharding": {"by": "table", "shard": 0, "num_shards": 1},
+        },
+        {
+            "name": "rows",
+            "kind": "sparse",
+            "shape": [100_000, 16],
+            "dtype": "float32",
+            "initializer": zeros,
+            "optimizer": sgd,
+            "sharding": {"by": "id_hash", "num_shards": 1},
+        },
+        {
+            "name": "rows1",
+            "kind": "sparse",
+            "shape": [100_000, 1],
+            "dtype": "float32",
+            "initializer": zeros,
+            "optimizer": sgd,
+            "sharding": {"by": "id_hash", "num_shards": 1},
+        },
+    ]
+    ids = np.unique(np.random.default_rng(0).integers(0, 100_000, 9000))[:8192]
+    grad, grad1 = np.zeros((len(ids), 16), np.float32), np.zeros((len(ids), 1), np.float32)
+    with Servers(specs, 1, mode="async") as servers, PSClient(servers.endpoints) as client:
+
+        def best(fn) -> float:
+            fn()
+            times = []
+            for _ in range(count):
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+            return min(times)
+
+        tiny = best(lambda: client.pull("tiny"))
+        big = best(lambda: client.push("big", client.pull("big")))
+        rows = best(lambda: (client.pull("rows", ids), client.push("rows", grad, ids)))
+        rows1 = best(lambda: (client.pull("rows1", ids), client.push("rows1", grad1, ids)))
+    n = 2 * len(ids)  # rows moved (pull + push)
+    byte_s = max(rows - rows1, 0.0) / (n * (grad.itemsize * 15))
+    row_s = max(rows1 - 2 * tiny - n * grad1.itemsize * byte_s, 0.0) / n
+    return PSCost(tiny, max(big - 2 * tiny, 0.0) / (2 * 4 * 1024 * 1024), byte_s, row_s)
+
+
+# -- the cached profile ----------------------------------------------------------------------------
+def load_profile(path: str | Path) -> Profile:
+    """A profile JSON file (`Profile.to_dict`), e.g. one written by `machine_profile`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no profile at {path}")
+    try:
+        return Profile.from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(
+            f"{path} is not a hetps profile ({type(e).__name__}: {e}); delete it and profile again"
+        ) from None
+
+
+def machine_profile(
+    plan: Plan,
+    *,
+    refresh: bool = False,
+    cache: Path | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> Profile:
+    """This machine's profile, with kernel times for every op of `plan`: from the cache, measuring
+    (and saving) what it lacks; `refresh` measures everything again."""
+    path = (cache or cache_dir()) / f"profile-{machine_key()}.json"
+    prof = None if refresh or not path.is_file() else load_profile(path)
+    if prof is None:
+        log("profiling the link and the parameter server (a few seconds) ...")
+        prof = Profile({}, measure_link(), measure_ps(), os.cpu_count() or 1, [], machine_key())
+    missing = prof.missing(plan.programs)
+    if missing:
+        log(f"profiling {sum(len(v) for v in missing.values())} kernel(s) on {', '.join(missing)} ...")
+        have = {f"{k}/{s}" for k, t in prof.kernels.items() for s in t}
+        kernels, emulated = profile_kernels(plan, tuple(missing), skip=have)
+        for kind, table in kernels.items():
+            prof.kernels.setdefault(kind, {}).update(table)
+        prof.emulated = sorted(set(prof.emulated) | set(emulated))
+    if refresh or missing or not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(prof.to_dict(), indent=1))
+        tmp.replace(path)
+    return prof
+
+
+def unique_fraction(plan: Plan, batch: dict[str, np.ndarray]) -> float:
+    """Unique ids / ids in `batch`'s columns that the plan's sparse pulls dedupe."""
+    fracs = []
+    for prog in plan.programs.values():
+        for op in prog.ops:
+            if op.type == "unique_ids" and op.inputs["Ids"][0] in batch:
+                ids = np.asarray(batch[op.inputs["Ids"][0]])
+                fracs.append(len(np.unique(ids)) / max(ids.size, 1))
+    return float(np.mean(fracs)) if fracs else 1.0
+
+
+def tune(
+    program: Program,
+    budget: Budget,
+    *,
+    config: TranspileConfig | None = None,
+    batch_size: int = 512,
+    cores: int | None = None,
+    sample: dict[str, np.ndarray] | None = None,
+    profile: Profile | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> TuneResult:
+    """Profile this machine (cached) and search placement and resources for `program` within `budget`
+    (see transpiler.cost.tune). `sample`: a batch of the data, for the share of unique ids."""
+    config = config or TranspileConfig()
+    plan = transpile(program, config)
+    profile = profile or machine_profile(plan, log=log)
+    frac = unique_fraction(plan, sample) if sample is not None else 1.0
+    return _tune(program, profile, budget, config, batch_size=batch_size, cores=cores, unique_fraction=frac)
