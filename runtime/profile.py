@@ -364,7 +364,7 @@ def unique_fraction(plan: Plan, batch: dict[str, np.ndarray]) -> float:
 
 
 def tune(
-    program: Program,
+    program: Program | Plan,
     budget: Budget,
     *,
     config: TranspileConfig | None = None,
@@ -374,10 +374,25 @@ def tune(
     profile: Profile | None = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> TuneResult:
-    """Profile this machine (cached) and search placement and resources for `program` within `budget`
-    (see transpiler.cost.tune). `sample`: a batch of the data, for the share of unique ids."""
-    config = config or TranspileConfig()
-    plan = transpile(program, config)
+    """Profile this machine (cached, unless `profile` is given) and search placement and resources
+    for `program` within `budget` (see transpiler.cost.tune). A Plan keeps its placement: only trainer
+    counts, micro-batches, shards and modes are searched. `sample`: a batch of the data, for the share
+    of unique ids among a step's ids (default 1.0: every id distinct)."""
+    if isinstance(program, Plan):
+        plan, config = program, program.config
+    else:
+        config = config or TranspileConfig()
+        plan = transpile(program, config)
     profile = profile or machine_profile(plan, log=log)
     frac = unique_fraction(plan, sample) if sample is not None else 1.0
-    return _tune(program, profile, budget, config, batch_size=batch_size, cores=cores, unique_fraction=frac)
+    return _tune(
+        program if isinstance(program, Program) else None,
+        profile,
+        budget,
+        config,
+        batch_size=batch_size,
+        cores=cores,
+        unique_fraction=frac,
+        transpile_fn=(lambda p, c: plan) if isinstance(program, Plan) else None,
+        placement=not isinstance(program, Plan),
+    )

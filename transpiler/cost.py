@@ -262,6 +262,7 @@ class PlanCost:
         if self.reader is None:
             raise ValueError("the plan has no trainer type that reads data (no data ops): nothing to predict")
         self.types: dict[str, _TypeCost] = {}
+        groups: dict[str, int] = {}  # messages per item received by each trainer type
         for t, prog in plan.programs.items():
             tc = self.types[t] = _TypeCost(kind_of(t, device_map))
             for op in kernel_ops(prog):
@@ -270,12 +271,13 @@ class PlanCost:
                 tc.per_example_s += k.per_example_s
             for seg in segments(prog):  # a segment's sends go out as one message per destination
                 sends = [op for op in seg if op.type == "send"]
-                tc.messages += len({op.attrs["dst"] for op in sends})
+                for dst in {op.attrs["dst"] for op in sends}:
+                    groups[dst] = groups.get(dst, 0) + 1
+                    tc.messages += 1
                 tc.send_bytes += sum(
                     bytes_per_example(prog.global_block().vars.get(op.inputs["X"][0])) for op in sends
                 )
                 recvs = [op for op in seg if op.type == "recv"]
-                tc.messages += len({op.attrs["src"] for op in recvs})
                 tc.send_bytes += sum(
                     bytes_per_example(prog.global_block().vars.get(op.outputs["Out"][0])) for op in recvs
                 )
@@ -285,6 +287,9 @@ class PlanCost:
             uniq = [op for op in prog.ops if op.type == "unique_ids"]
             ids = [prog.global_block().vars.get(op.inputs["Ids"][0]) for op in uniq]
             tc.ids_per_example = sum(_elements_per_example(v) for v in ids)
+
+        for t, n in groups.items():
+            self.types[t].messages += n
 
     def _nbytes(self, table: str) -> int:
         t = self.tables[table]
@@ -538,6 +543,7 @@ def tune(
     unique_fraction: float = 1.0,
     device_map: dict[str, str] | None = None,
     transpile_fn: Callable[[Program, TranspileConfig], Any] | None = None,
+    placement: bool = True,
 ) -> TuneResult:
     """Search placement of light and dense ops (one op at a time, greedily, while the prediction
     improves), trainer counts, micro-batches, shards and modes within `budget`; return the winner."""
@@ -557,12 +563,12 @@ def tune(
     plan, best, runner_up, evaluated = evaluate(config)
     baseline, moves = best, []
     current = config
-    improved = True
-    while improved:
-        improved = False
+    tried: set[tuple[int, str]] = set()
+    while placement:  # best improvement: each round applies the single move predicted fastest
+        found = None
         for op in _movable_ops(plan):
-            src = op.device
-            for dst in [t for t in current.trainer_types if t != src]:
+            for dst in [t for t in current.trainer_types if t != op.device and (op.id, t) not in tried]:
+                tried.add((op.id, dst))
                 var = op.output_names()[0]
                 cfg = replace(current, name_devices={**current.name_devices, _glob_escape(var): dst})
                 try:
@@ -570,14 +576,13 @@ def tune(
                 except Exception:  # a placement the transpiler or the profile cannot serve: skip it
                     continue
                 evaluated += n
-                if pred.examples_per_s > best.examples_per_s * 1.01:
-                    moves.append(
-                        Move(op.id, op.type, var, src, dst, best.examples_per_s, pred.examples_per_s)
-                    )
-                    plan, best, runner_up, current, improved = cand, pred, second, cfg, True
-                    break
-            if improved:
-                break
+                if pred.examples_per_s > 1.01 * (found[2] if found else best).examples_per_s:
+                    move = Move(op.id, op.type, var, op.device, dst, best.examples_per_s, pred.examples_per_s)
+                    found = (move, cand, pred, second, cfg)
+        if found is None:
+            break
+        move, plan, best, runner_up, current = found
+        moves.append(move)
     cfg = replace(current, num_servers=best.settings.servers, mode=best.settings.mode)
     return TuneResult(cfg, best.settings, best, baseline, moves, runner_up, evaluated)
 
