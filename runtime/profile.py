@@ -302,10 +302,30 @@ def measure_ps(count: int = 20) -> PSCost:
         big = best(lambda: client.push("big", client.pull("big")))
         rows = best(lambda: (client.pull("rows", ids), client.push("rows", grad, ids)))
         rows1 = best(lambda: (client.pull("rows1", ids), client.push("rows1", grad1, ids)))
+    lookup = _lookup_cost()
     n = 2 * len(ids)  # rows moved (pull + push)
     byte_s = max(rows - rows1, 0.0) / (n * (grad.itemsize * 15))
     row_s = max(rows1 - 2 * tiny - n * grad1.itemsize * byte_s, 0.0) / n
-    return PSCost(tiny, max(big - 2 * tiny, 0.0) / (2 * 4 * 1024 * 1024), byte_s, row_s)
+    return PSCost(tiny, max(big - 2 * tiny, 0.0) / (2 * 4 * 1024 * 1024), byte_s, row_s, lookup)
+
+
+def _lookup_cost(n: int = 13_312, dim: int = 8, repeats: int = 5) -> float:
+    """A reader's own work per id looked up in one table, as the trainer does it: the pulled rows
+    gathered by position in the step's unique ids, and the rows' gradients merged for the push."""
+    from ops_registry import SparseRows
+
+    rng = np.random.default_rng(0)
+    ids = np.minimum(rng.zipf(1.2, n), 10**6).astype(np.int64)
+    union = np.unique(ids)
+    rows = rng.standard_normal((len(union), dim)).astype(np.float32)
+    grads = rng.standard_normal((n, dim)).astype(np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        rows.take(np.searchsorted(union, ids), axis=0)
+        SparseRows(ids, grads, 10**6).merged(np)
+        best = min(best, time.perf_counter() - t0)
+    return best / n
 
 
 # -- the cached profile ----------------------------------------------------------------------------

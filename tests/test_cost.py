@@ -94,7 +94,7 @@ def test_prediction_matches_arithmetic_by_hand():
 def test_sparse_rows_and_shards_by_hand():
     model = wide_deep(num_slots=2, vocab=50, dim=4, num_dense=3, hidden=(8,), optimizer=builder.SGD(lr=0.1))
     plan = transpile(model.main)
-    prof = synthetic_profile(plan, lambda k, op: None, ps=(1e-3, 0.0, 1e-6, 1e-5))
+    prof = synthetic_profile(plan, lambda k, op: None, ps=(1e-3, 0.0, 1e-6, 1e-5, 1e-6))
     s = RunSettings({"cpu": 2, "gpu": 1}, 1, servers=2, mode="async", batch_size=100, unique_fraction=0.5)
     p = predict(plan, prof, s)
     # each reader: 50 examples x 2 slots x 0.5 = 50 unique rows, for two sparse tables (dim 4 and 1),
@@ -103,6 +103,8 @@ def test_sparse_rows_and_shards_by_hand():
     # (4e-3) plus 2 requests per reader (4e-3) plus its share of the gpu's dense requests.
     roles = {r.role: r for r in p.roles}
     assert roles["cpu"].ps_s == pytest.approx(4e-3 + 2e-3)
+    # its own work per id looked up (kernels are free here): 50 examples x 2 ids x 2 tables x 1e-6
+    assert roles["cpu"].compute_s == pytest.approx(2e-4)
     # dense tables (fc_0.w 11x8, fc_1.w 8x1, biases) spread largest first over 2 shards: both get
     # one, so the gpu's pull and push reach both: 2 requests on each
     assert roles["ps"].busy_s == pytest.approx(4e-3 + 4e-3 + 2e-3)

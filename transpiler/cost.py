@@ -102,6 +102,7 @@ class PSCost:
     dense_byte_s: float
     sparse_byte_s: float
     sparse_row_s: float = 0.0
+    lookup_s: float = 0.0  # a reader's own work per id looked up (gather of pulled rows, merge of grads)
 
 
 @dataclass
@@ -326,6 +327,8 @@ class PlanCost:
             n = s.trainers[t]
             per_trainer = items / n
             kern = tc.fixed_s + tc.per_example_s * m
+            if t == self.reader:  # per id and sparse table: gather the pulled rows, merge the gradients
+                kern += m * tc.ids_per_example * len(tc.sparse_tables) * ps.lookup_s
             send = 0.5 * (tc.messages * p.link.latency_s + tc.send_bytes * m * p.link.per_byte_s)
             item_s[t] = kern + send
             # PS work of one trainer of this type per step, and what each shard serves for it
