@@ -7,7 +7,9 @@ compares it with the cost model's prediction (transpiler/cost.py) from this mach
 (runtime/profile.py, cached under ~/.cache/hetps; `--refresh` measures it again). All processes
 share this machine's cores, so the prediction is made with cores = the machine's core count.
 
-It prints one row per setting with the error (predicted / measured - 1), the setting the tuner
+It prints one row per setting with the error (predicted / measured - 1) and each role's predicted
+vs measured CPU milliseconds per step and process (a check of the model's parts that other
+processes' load skews little), the setting the tuner
 picks from the same grid with its measured throughput against the best measured one, and last
 `prediction error: max N%`. Measurements on a machine other processes load are noisy: compare on a
 quiet machine.
@@ -31,6 +33,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
+
+
+def cpu_use(pred, cpu_ms: dict[str, float]) -> str:
+    """Each role's predicted CPU ms per step and process against the mean measured over its processes
+    (the driver's own is not modelled): a check of the model's parts that load does not skew much."""
+    out = []
+    for r in pred.roles:
+        got = [ms for name, ms in cpu_ms.items() if name.split(":")[0] == r.role]
+        pred_ms = 1e3 * (r.cpu_s if not r.server else r.busy_s)
+        if got:
+            out.append(f"{r.role} {pred_ms:.1f}/{sum(got) / len(got):.1f}")
+    return ", ".join(out)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -70,19 +84,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ]
     print(
         f"{'mode':>5} {'cpu':>3} {'mb':>3} {'shards':>6} {'predicted':>10} {'measured':>10} {'error':>7}"
-        f"  bottleneck   load"
+        f"  {'bottleneck':<10} load  CPU ms per step and process, predicted/measured"
     )
     rows = []
     for s in grid:
         pred = cost.predict(s)
-        hist, _ = ctr.hetps(args.steps, args.warmup, s.trainers, s.micro_batches, s.mode, s.servers)
+        hist, cpu_ms = ctr.hetps(args.steps, args.warmup, s.trainers, s.micro_batches, s.mode, s.servers)
         meas = hist.examples_per_s(skip=args.warmup)
         err = pred.examples_per_s / meas - 1
         rows.append({"settings": s, "predicted": pred.examples_per_s, "measured": meas, "error": err})
         print(
             f"{s.mode:>5} {s.trainers['cpu']:>3} {s.micro_batches:>3} {s.servers:>6} "
             f"{pred.examples_per_s:>10,.0f} {meas:>10,.0f} {100 * err:>+6.0f}%  {pred.bottleneck:<10} "
-            f"{os.getloadavg()[0]:5.1f}",
+            f"{os.getloadavg()[0]:4.1f}  {cpu_use(pred, cpu_ms)}",
             flush=True,
         )
     tuned, _ = best_setting(cost, grid)

@@ -3,7 +3,8 @@
 - kernels: every kernel op of a plan's sub-programs, on each trainer kind (cpu: numpy; gpu: cupy on a
   CUDA device, else numpy, marked *emulated*), at two micro-batch sizes, fitted as
   fixed + per example; recv / pull ops are fed random values of their declared shapes, sends and
-  pushes do nothing, so only the kernels are timed (the fastest of a few repeats);
+  pushes do nothing, so only the kernels are timed (the fastest of a few repeats; numpy kernels by
+  the thread's CPU time, so other processes taking the cores do not inflate them);
 - the link: ZeroMQ messages (the trainers' own encoding) of two sizes, fitted as latency + per byte;
 - the parameter server: a real shard process, dense pulls / pushes of two sizes and sparse row
   pulls / pushes of two row widths, fitted as per request + per byte (+ per row for sparse rows).
@@ -151,7 +152,7 @@ def profile_kernels(
     plan: Plan,
     kinds: tuple[str, ...] = KINDS,
     sizes: tuple[int, int] = SIZES,
-    repeats: int = 3,
+    repeats: int = 5,
     skip: set[str] | None = None,
 ) -> tuple[dict[str, dict[str, KernelCost]], list[str]]:
     """Time every kernel op of `plan` on each kind at `sizes` examples per micro-batch; returns
@@ -189,11 +190,15 @@ def profile_kernels(
 
 
 def _timed(kernel: Callable, sig: str, times: dict, state: dict, xp: Any) -> Callable:
+    """The kernel, timed: CPU time of this thread for numpy kernels (one BLAS thread), so other
+    processes taking the cores do not inflate it; wall time to the device's completion for cupy."""
+    clock = time.thread_time if xp is np else time.perf_counter
+
     def run(x, ins, attrs):
-        t0 = time.perf_counter()
+        t0 = clock()
         res = kernel(x, ins, attrs)
         _sync(xp)
-        dt = time.perf_counter() - t0
+        dt = clock() - t0
         if state.get("keep"):
             best = times.setdefault(sig, {})
             best[state["m"]] = min(best.get(state["m"], dt), dt)
