@@ -7,7 +7,10 @@
   the thread's CPU time, so other processes taking the cores do not inflate them);
 - the link: ZeroMQ messages (the trainers' own encoding) of two sizes, fitted as latency + per byte;
 - the parameter server: a real shard process, dense pulls / pushes of two sizes and sparse row
-  pulls / pushes of two row widths, fitted as per request + per byte (+ per row for sparse rows).
+  pulls / pushes of two row widths, fitted as per request + per byte (+ per row for sparse rows);
+- the runtime's own overhead: two short training runs of a small Wide&Deep (1 and 8 micro-batches,
+  a few seconds): each process's CPU per step beyond what the parts above explain, fitted per item
+  and per step.
 
 The profile is cached as JSON under `$XDG_CACHE_HOME/hetps` (default `~/.cache/hetps`), one file per
 machine (host, CPU model, cores, GPU); kernels of new op signatures are added to it as they are met.
@@ -34,6 +37,7 @@ from transpiler.cost import (
     Budget,
     KernelCost,
     LinkCost,
+    Overhead,
     Profile,
     PSCost,
     TuneResult,
@@ -333,6 +337,79 @@ def _lookup_cost(n: int = 13_312, dim: int = 8, repeats: int = 5) -> float:
     return best / n
 
 
+# -- the runtime's own overhead -------------------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_per_step(plan: Plan, data: Any, micro_batches: int, steps: int, warmup: int) -> dict[str, float]:
+    """CPU seconds per step of every process of a short async run (cpu=1, gpu=1, one shard)."""
+    from .engines import LocalEngine
+    from .train import train
+
+    eng, marks = LocalEngine(), []
+
+    def mark(record: dict) -> None:
+        if record["step"] in (warmup - 1, warmup + steps - 1):
+            marks.append({n: cpu_seconds(p) for n, p in eng.pids().items() if p})
+
+    train(
+        plan,
+        data,
+        steps=warmup + steps,
+        batch_size=256,
+        trainers={"cpu": 1, "gpu": 1},
+        servers=1,
+        mode="async",
+        micro_batches=micro_batches,
+        allow_emulation=True,
+        engine=eng,
+        callback=mark,
+        progress=False,
+    )
+    return {n: (marks[1][n] - marks[0][n]) / steps for n in marks[0]}
+
+
+def measure_overhead(link: LinkCost, ps: PSCost, steps: int = 40, warmup: int = 5) -> Overhead:
+    """Calibrate the runtime's own work: two short runs of a small Wide&Deep (1 and 8 micro-batches)
+    measure each process's CPU per step; what the model does not explain (kernels, messages, PS
+    calls) is fitted as per item + per step for the reader and the other trainer, and per trainer
+    for the shard."""
+    import logging
+
+    from transpiler import builder
+    from transpiler.cost import PlanCost, RunSettings
+    from transpiler.models import wide_deep
+
+    from .data import SyntheticCTR
+
+    logging.getLogger("hetps.device").setLevel(logging.ERROR)  # the calibration emulates its gpu
+    model = wide_deep(num_slots=8, vocab=1000, dim=8, hidden=(64,), optimizer=builder.SGD(lr=0.01))
+    plan = transpile(model.main)
+    kernels, emulated = profile_kernels(plan)
+    cost = PlanCost(plan, Profile(kernels, link, ps, os.cpu_count() or 1, emulated))
+    data = SyntheticCTR(vocab=1000, num_slots=8)
+    resid: dict[str, dict[int, float]] = {}
+    for mb in (1, 8):
+        got = _cpu_per_step(plan, data, mb, steps, warmup)
+        pred = cost.predict(RunSettings({"cpu": 1, "gpu": 1}, mb, 1, "async", 256))
+        for r in pred.roles:
+            name = f"{r.role}:0"
+            model_s = r.busy_s if r.server else r.cpu_s
+            resid.setdefault(r.role, {})[mb] = got.get(name, model_s) - model_s
+
+    def fit(role: str) -> tuple[float, float]:
+        per_item = max((resid[role][8] - resid[role][1]) / 7, 0.0)
+        return per_item, max(resid[role][1] - per_item, 0.0)
+
+    reader_item, reader_step = fit("cpu")
+    item, step = fit("gpu")
+    serve = max(min(resid["ps"].values()), 0.0) / 2  # two trainers talk to the shard
+    return Overhead(reader_item, reader_step, item, step, serve)
+
+
 # -- the cached profile ----------------------------------------------------------------------------
 def load_profile(path: str | Path) -> Profile:
     """A profile JSON file (`Profile.to_dict`), e.g. one written by `machine_profile`."""
@@ -360,7 +437,9 @@ def machine_profile(
     prof = None if refresh or not path.is_file() else load_profile(path)
     if prof is None:
         log("profiling the link and the parameter server (a few seconds) ...")
-        prof = Profile({}, measure_link(), measure_ps(), os.cpu_count() or 1, [], machine_key())
+        link, ps = measure_link(), measure_ps()
+        log("calibrating the runtime's own overhead (two short training runs) ...")
+        prof = Profile({}, link, ps, os.cpu_count() or 1, [], machine_key(), measure_overhead(link, ps))
     missing = prof.missing(plan.programs)
     if missing:
         log(f"profiling {sum(len(v) for v in missing.values())} kernel(s) on {', '.join(missing)} ...")

@@ -20,6 +20,7 @@ from transpiler.cost import (
     Budget,
     KernelCost,
     LinkCost,
+    Overhead,
     PlanCost,
     Profile,
     PSCost,
@@ -89,6 +90,24 @@ def test_prediction_matches_arithmetic_by_hand():
     one_core = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
     assert one_core.step_s == pytest.approx(2 * 5.32e-5 + gpu + ps + ps)
     assert "1 CPU core" in one_core.limit
+
+
+def test_runtime_overhead_by_hand():
+    """The calibrated runtime overhead: per item and per step of the reader and of the other
+    trainer, per trainer a shard serves."""
+    plan = transpile(dense_model())
+    prof = synthetic_profile(plan, lambda k, op: None)
+    prof.overhead = Overhead(
+        reader_item_s=1e-4, reader_step_s=2e-4, item_s=3e-4, step_s=4e-4, serve_trainer_s=5e-5
+    )
+    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
+    roles = {r.role: r for r in p.roles}
+    assert roles["cpu"].compute_s == pytest.approx(2 * 1e-4 + 2e-4)
+    assert roles["gpu"].compute_s == pytest.approx(2 * 3e-4 + 4e-4)
+    assert roles["ps"].busy_s == pytest.approx(5e-5)  # only the gpu talks to the shard (dense tables)
+    # sync: + the cpu's item (its share of the step overhead included: (2e-4 + 2 * 1e-4) / 2)
+    sync = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
+    assert sync.step_s == pytest.approx(1e-3 + 2e-4)
 
 
 def test_sparse_rows_and_shards_by_hand():

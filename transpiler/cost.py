@@ -106,6 +106,19 @@ class PSCost:
 
 
 @dataclass
+class Overhead:
+    """The runtime's own CPU work beyond kernels, messages and PS calls (trainer loop, scheduling,
+    reports), calibrated from short real runs: per item and per step of a reader trainer and of
+    another trainer, and per step and trainer a shard serves."""
+
+    reader_item_s: float = 0.0
+    reader_step_s: float = 0.0
+    item_s: float = 0.0
+    step_s: float = 0.0
+    serve_trainer_s: float = 0.0
+
+
+@dataclass
 class Profile:
     """What was measured on one machine. `kernels[kind][signature]`; `emulated`: kinds whose kernels
     ran on the CPU (a GPU type emulated with numpy), so they use CPU cores."""
@@ -116,6 +129,7 @@ class Profile:
     cores: int = 1
     emulated: list[str] = field(default_factory=list)
     machine: str = ""
+    overhead: Overhead = field(default_factory=Overhead)
 
     def kernel(self, kind: str, sig: str, op: Op | None = None) -> KernelCost:
         try:
@@ -141,6 +155,7 @@ class Profile:
             d.get("cores", 1),
             list(d.get("emulated", [])),
             d.get("machine", ""),
+            Overhead(**d.get("overhead", {})),
         )
 
     def missing(self, programs: dict[str, Program], kinds: Iterable[str] = KINDS) -> dict[str, list[Op]]:
@@ -362,7 +377,16 @@ class PlanCost:
                 shard_s[k] += n * serve[k]
             if tc.dense_tables:
                 rtt_s = max(rtt_s, client)
-            roles.append(RoleLoad(t, n, per_trainer * kern, per_trainer * send, client))
+            ov = p.overhead
+            own = (
+                per_trainer * ov.reader_item_s + ov.reader_step_s
+                if t == self.reader
+                else per_trainer * ov.item_s + ov.step_s
+            )
+            item_s[t] += own / per_trainer
+            for k in touched:
+                shard_s[k] += n * ov.serve_trainer_s
+            roles.append(RoleLoad(t, n, per_trainer * kern + own, per_trainer * send, client))
         roles.append(RoleLoad("ps", s.servers, ps_s=max(shard_s), server=True))
         busiest = max(roles, key=lambda r: r.busy_s)
         step, limit = busiest.busy_s, "the busiest process"
