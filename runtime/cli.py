@@ -363,6 +363,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     (out / "run.yaml").write_text(yaml.safe_dump(result.settings.to_dict(), sort_keys=False))
     s = result.settings
     print(result.explain() if args.explain else result.prediction.describe())
+    if profile.emulated:
+        print(f"note: the profile's {', '.join(profile.emulated)} kernels were EMULATED on the CPU (no CUDA "
+              "device where it was measured): predictions for those trainers are CPU timings")
     counts = ",".join(f"{t}={n}" for t, n in s.trainers.items())
     print(f"wrote {out / 'config.yaml'} (TranspileConfig) and {out / 'run.yaml'} (run settings); use them:\n"
           f"  hetps transpile MODEL --config {out / 'config.yaml'} --out PLAN_DIR\n"
