@@ -420,7 +420,8 @@ def load_profile(path: str | Path) -> Profile:
         return Profile.from_dict(json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(
-            f"{path} is not a hetps profile ({type(e).__name__}: {e}); delete it and profile again"
+            f"{path} is not a hetps profile ({type(e).__name__}: {e}); write one with "
+            "Profile.to_dict, or let hetps measure this machine (no --profile)"
         ) from None
 
 
@@ -434,7 +435,12 @@ def machine_profile(
     """This machine's profile, with kernel times for every op of `plan`: from the cache, measuring
     (and saving) what it lacks; `refresh` measures everything again."""
     path = (cache or cache_dir()) / f"profile-{machine_key()}.json"
-    prof = None if refresh or not path.is_file() else load_profile(path)
+    prof = None
+    if not refresh and path.is_file():
+        try:
+            prof = load_profile(path)
+        except ValueError as e:
+            log(f"{e}: measuring this machine again")
     if prof is None:
         log("profiling the link and the parameter server (a few seconds) ...")
         link, ps = measure_link(), measure_ps()
@@ -449,11 +455,22 @@ def machine_profile(
             prof.kernels.setdefault(kind, {}).update(table)
         prof.emulated = sorted(set(prof.emulated) | set(emulated))
     if refresh or missing or not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(prof.to_dict(), indent=1))
-        tmp.replace(path)
+        _write_atomic(path, json.dumps(prof.to_dict(), indent=1))
     return prof
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file of its own, renamed over `path`: a reader (or a second
+    process profiling at the same time) sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def unique_fraction(plan: Plan, batch: dict[str, np.ndarray]) -> float:

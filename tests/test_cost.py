@@ -296,3 +296,13 @@ def test_cli_tune_bad_budget(tmp_path, budget, capsys):
     rc = main(["tune", str(tmp_path), "--budget", budget, "--out", str(tmp_path / "o")])
     assert rc == 2
     assert "--budget" in capsys.readouterr().err
+
+
+def test_cli_bad_profile_file(tmp_path, capsys):
+    plan_dir = tmp_path / "p"
+    transpile(dense_model()).save(plan_dir)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["inspect", str(plan_dir), "--predict", "--profile", str(bad)]) == 1
+    assert "is not a hetps profile" in capsys.readouterr().err
+    assert main(["inspect", str(plan_dir), "--predict", "--profile", str(tmp_path / "none.json")]) == 2
