@@ -306,3 +306,14 @@ def test_cli_bad_profile_file(tmp_path, capsys):
     assert main(["inspect", str(plan_dir), "--predict", "--profile", str(bad)]) == 1
     assert "is not a hetps profile" in capsys.readouterr().err
     assert main(["inspect", str(plan_dir), "--predict", "--profile", str(tmp_path / "none.json")]) == 2
+
+
+def test_more_trainers_than_items_do_not_split_an_item():
+    """Items go round robin: with 3 items and 2 gpu trainers the busier one runs 2 of them."""
+    plan = transpile(dense_model())
+    prof = synthetic_profile(
+        plan, lambda k, op: KernelCost(1e-3, 0.0) if k == "gpu" and op.type == "gemm" else None
+    )
+    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 2}, micro_batches=3, batch_size=60, mode="async"))
+    assert {r.role: r for r in p.roles}["gpu"].compute_s == pytest.approx(2e-3)
+    assert p.step_s == pytest.approx(2e-3)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -264,8 +265,7 @@ class _TypeCost:
     send_bytes: int = 0  # bytes sent or received per example
     dense_tables: list[str] = field(default_factory=list)
     pushes_dense: bool = False
-    sparse_tables: list[str] = field(default_factory=list)
-    ids_per_example: int = 0
+    sparse_ids: dict[str, int] = field(default_factory=dict)  # sparse table -> ids per example
 
 
 class PlanCost:
@@ -299,10 +299,17 @@ class PlanCost:
                 )
             tc.dense_tables = sorted({op.attrs["table"] for op in prog.ops if op.type == "pull_dense"})
             tc.pushes_dense = any(op.type == "push_dense" for op in prog.ops)
-            tc.sparse_tables = sorted({op.attrs["table"] for op in prog.ops if op.type == "pull_sparse"})
-            uniq = [op for op in prog.ops if op.type == "unique_ids"]
-            ids = [prog.global_block().vars.get(op.inputs["Ids"][0]) for op in uniq]
-            tc.ids_per_example = sum(_elements_per_example(v) for v in ids)
+            # a sparse pull reads the unique ids of a lookup's ids (a unique_ids op's input)
+            raw = {
+                op.outputs["Unique"][0]: _elements_per_example(
+                    prog.global_block().vars.get(op.inputs["Ids"][0])
+                )
+                for op in prog.ops
+                if op.type == "unique_ids"
+            }
+            for op in prog.ops:
+                if op.type == "pull_sparse":
+                    tc.sparse_ids[op.attrs["table"]] = raw.get(op.inputs["Ids"][0], 1)
 
         for t, n in groups.items():
             self.types[t].messages += n
@@ -340,10 +347,10 @@ class PlanCost:
         rtt_s = 0.0
         for t, tc in self.types.items():
             n = s.trainers[t]
-            per_trainer = items / n
+            per_trainer = math.ceil(items / n)  # items go round robin: the busiest trainer's share
             kern = tc.fixed_s + tc.per_example_s * m
             if t == self.reader:  # per id and sparse table: gather the pulled rows, merge the gradients
-                kern += m * tc.ids_per_example * len(tc.sparse_tables) * ps.lookup_s
+                kern += m * sum(tc.sparse_ids.values()) * ps.lookup_s
             send = 0.5 * (tc.messages * p.link.latency_s + tc.send_bytes * m * p.link.per_byte_s)
             item_s[t] = kern + send
             # PS work of one trainer of this type per step, and what each shard serves for it
@@ -357,13 +364,12 @@ class PlanCost:
                 serve[k] += cost
                 client += cost
             sparse = 0.0
-            if t == self.reader and tc.sparse_tables:
+            if t == self.reader and tc.sparse_ids:
                 # the step's unique ids, pulled and pushed (2 round trips) for every sparse table
-                rows = s.batch_size / readers * tc.ids_per_example * s.unique_fraction
-                sparse = (
-                    2
-                    * rows
-                    * sum(ps.sparse_row_s + self._row_bytes(x) * ps.sparse_byte_s for x in tc.sparse_tables)
+                rows = s.batch_size / readers * s.unique_fraction
+                sparse = 2 * sum(
+                    rows * ids * (ps.sparse_row_s + self._row_bytes(x) * ps.sparse_byte_s)
+                    for x, ids in tc.sparse_ids.items()
                 )
                 touched.update(range(s.servers))
                 for k in range(s.servers):
