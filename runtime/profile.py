@@ -248,51 +248,36 @@ def measure_link(sizes: tuple[int, int] = (1024, 1 << 20), count: int = 50) -> L
     return LinkCost(max(got[a] - per * a, 1e-7), per)
 
 
+def _table(name: str, kind: str, shape: list[int]) -> dict[str, Any]:
+    """A table spec for the probe shard: zeros, SGD with lr 0 (the probes leave values unchanged)."""
+    by = (
+        {"by": "table", "shard": 0, "num_shards": 1}
+        if kind == "dense"
+        else {"by": "id_hash", "num_shards": 1}
+    )
+    return {
+        "name": name,
+        "kind": kind,
+        "shape": shape,
+        "dtype": "float32",
+        "initializer": {"type": "constant", "value": 0.0},
+        "optimizer": {"type": "sgd", "lr": 0.0, "state": {}},
+        "sharding": by,
+    }
+
+
 def measure_ps(count: int = 20) -> PSCost:
-    """Round trips to a real shard: a tiny dense pull (per request), a 4 MB dense pull + push (per
-    byte), 8192 sparse rows of dim 16 and of dim 1 pulled + pushed (per byte and per row)."""
+    """Round trips to a real shard: a tiny dense pull (per request), eight tiny tables in one pull
+    (per table in a request), a 4 MB dense pull + push (per byte), 8192 sparse rows of dim 16 and of
+    dim 1 pulled + pushed (per byte and per row)."""
     from .ps import PSClient
     from .ps.server import Servers
 
-    sgd = {"type": "sgd", "lr": 0.0, "state": {}}
-    zeros = {"type": "constant", "value": 0.0}
     specs = [
-        {
-            "name": "tiny",
-            "kind": "dense",
-            "shape": [4],
-            "dtype": "float32",
-            "initializer": zeros,
-            "optimizer": sgd,
-            "sharding": {"by": "table", "shard": 0, "num_shards": 1},
-        },
-        {
-            "name": "big",
-            "kind": "dense",
-            "shape": [1024, 1024],
-            "dtype": "float32",
-            "initializer": zeros,
-            "optimizer": sgd,
-            "sharding": {"by": "table", "shard": 0, "num_shards": 1},
-        },
-        {
-            "name": "rows",
-            "kind": "sparse",
-            "shape": [100_000, 16],
-            "dtype": "float32",
-            "initializer": zeros,
-            "optimizer": sgd,
-            "sharding": {"by": "id_hash", "num_shards": 1},
-        },
-        {
-            "name": "rows1",
-            "kind": "sparse",
-            "shape": [100_000, 1],
-            "dtype": "float32",
-            "initializer": zeros,
-            "optimizer": sgd,
-            "sharding": {"by": "id_hash", "num_shards": 1},
-        },
+        _table("big", "dense", [1024, 1024]),
+        _table("rows", "sparse", [100_000, 16]),
+        _table("rows1", "sparse", [100_000, 1]),
+        *(_table(f"t{i}", "dense", [4]) for i in range(8)),
     ]
     ids = np.unique(np.random.default_rng(0).integers(0, 100_000, 9000))[:8192]
     grad, grad1 = np.zeros((len(ids), 16), np.float32), np.zeros((len(ids), 1), np.float32)
@@ -307,15 +292,18 @@ def measure_ps(count: int = 20) -> PSCost:
                 times.append(time.perf_counter() - t0)
             return min(times)
 
-        tiny = best(lambda: client.pull("tiny"))
+        tiny = best(lambda: client.pull("t0"))
+        eight = best(lambda: client.pull_many([(f"t{i}", None) for i in range(8)]))
         big = best(lambda: client.push("big", client.pull("big")))
         rows = best(lambda: (client.pull("rows", ids), client.push("rows", grad, ids)))
         rows1 = best(lambda: (client.pull("rows1", ids), client.push("rows1", grad1, ids)))
+    part = max(eight - tiny, 0.0) / 7
     lookup = _lookup_cost()
     n = 2 * len(ids)  # rows moved (pull + push)
     byte_s = max(rows - rows1, 0.0) / (n * (grad.itemsize * 15))
     row_s = max(rows1 - 2 * tiny - n * grad1.itemsize * byte_s, 0.0) / n
-    return PSCost(tiny, max(big - 2 * tiny, 0.0) / (2 * 4 * 1024 * 1024), byte_s, row_s, lookup)
+    big_byte_s = max(big - 2 * tiny, 0.0) / (2 * 4 * 1024 * 1024)
+    return PSCost(max(tiny - part, 0.0), big_byte_s, byte_s, row_s, lookup, part)
 
 
 def _lookup_cost(n: int = 13_312, dim: int = 8, repeats: int = 5) -> float:

@@ -83,6 +83,10 @@ def test_prediction_matches_arithmetic_by_hand():
     assert p.step_s == pytest.approx(gpu) and p.bottleneck == "gpu"
     assert p.examples_per_s == pytest.approx(64 / gpu)
 
+    # 1e-4 per table in a request: w and b, pulled and pushed
+    prof.ps.table_s = 1e-4
+    assert {r.role: r for r in predict(plan, prof, s).roles}["ps"].busy_s == pytest.approx(ps + 4e-4)
+    prof.ps.table_s = 0.0
     # sync: + one item through the other type (the cpu's 5.32e-5) + the gpu's PS round trip
     sync = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
     assert sync.step_s == pytest.approx(gpu + 5.32e-5 + ps)

@@ -96,14 +96,15 @@ class LinkCost:
 
 @dataclass
 class PSCost:
-    """A parameter-server round trip: request_s each, plus per byte of dense tables, plus per sparse
-    row (id handling) and per byte of sparse rows."""
+    """A parameter-server round trip: request_s each, table_s per table in it, plus per byte of dense
+    tables, plus per sparse row (id handling) and per byte of sparse rows."""
 
     request_s: float
     dense_byte_s: float
     sparse_byte_s: float
     sparse_row_s: float = 0.0
     lookup_s: float = 0.0  # a reader's own work per id looked up (gather of pulled rows, merge of grads)
+    table_s: float = 0.0  # per table in a request (a pull or push of many tables is one request)
 
 
 @dataclass
@@ -360,7 +361,7 @@ class PlanCost:
             for name in tc.dense_tables:
                 k = dense_home[name]
                 touched.add(k)
-                cost = rounds * self._nbytes(name) * ps.dense_byte_s
+                cost = rounds * (self._nbytes(name) * ps.dense_byte_s + ps.table_s)
                 serve[k] += cost
                 client += cost
             sparse = 0.0
@@ -368,7 +369,7 @@ class PlanCost:
                 # the step's unique ids, pulled and pushed (2 round trips) for every sparse table
                 rows = s.batch_size / readers * s.unique_fraction
                 sparse = 2 * sum(
-                    rows * ids * (ps.sparse_row_s + self._row_bytes(x) * ps.sparse_byte_s)
+                    rows * ids * (ps.sparse_row_s + self._row_bytes(x) * ps.sparse_byte_s) + ps.table_s
                     for x, ids in tc.sparse_ids.items()
                 )
                 touched.update(range(s.servers))
