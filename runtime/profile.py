@@ -341,7 +341,9 @@ def _cpu_per_step(plan: Plan, data: Any, micro_batches: int, steps: int, warmup:
 
     def mark(record: dict) -> None:
         if record["step"] in (warmup - 1, warmup + steps - 1):
-            marks.append({n: cpu_seconds(p) for n, p in eng.pids().items() if p})
+            marks.append(
+                {**{n: cpu_seconds(p) for n, p in eng.pids().items() if p}, "driver": time.process_time()}
+            )
 
     train(
         plan,
@@ -380,8 +382,10 @@ def measure_overhead(link: LinkCost, ps: PSCost, steps: int = 40, warmup: int = 
     cost = PlanCost(plan, Profile(kernels, link, ps, os.cpu_count() or 1, emulated))
     data = SyntheticCTR(vocab=1000, num_slots=8)
     resid: dict[str, dict[int, float]] = {}
+    driver: dict[int, float] = {}
     for mb in (1, 8):
         got = _cpu_per_step(plan, data, mb, steps, warmup)
+        driver[mb] = got["driver"]
         pred = cost.predict(RunSettings({"cpu": 1, "gpu": 1}, mb, 1, "async", 256))
         for r in pred.roles:
             name = f"{r.role}:0"
@@ -395,7 +399,10 @@ def measure_overhead(link: LinkCost, ps: PSCost, steps: int = 40, warmup: int = 
     reader_item, reader_step = fit("cpu")
     item, step = fit("gpu")
     serve = max(min(resid["ps"].values()), 0.0) / 2  # two trainers talk to the shard
-    return Overhead(reader_item, reader_step, item, step, serve)
+    driver_item = max((driver[8] - driver[1]) / 7, 0.0)
+    return Overhead(
+        reader_item, reader_step, item, step, serve, driver_item, max(driver[1] - driver_item, 0.0)
+    )
 
 
 # -- the cached profile ----------------------------------------------------------------------------

@@ -111,13 +111,15 @@ class PSCost:
 class Overhead:
     """The runtime's own CPU work beyond kernels, messages and PS calls (trainer loop, scheduling,
     reports), calibrated from short real runs: per item and per step of a reader trainer and of
-    another trainer, and per step and trainer a shard serves."""
+    another trainer, per step and trainer a shard serves, and the driver's per item and step."""
 
     reader_item_s: float = 0.0
     reader_step_s: float = 0.0
     item_s: float = 0.0
     step_s: float = 0.0
     serve_trainer_s: float = 0.0
+    driver_item_s: float = 0.0  # the driver (the process calling train): per item reported
+    driver_step_s: float = 0.0  # and per step; it shares the cores, off the critical path
 
 
 @dataclass
@@ -408,7 +410,7 @@ class PlanCost:
                 if not r.server
                 and (self.types[r.role].kind == "cpu" or self.types[r.role].kind in p.emulated)
             )
-            cpu_work += sum(shard_s)
+            cpu_work += sum(shard_s) + p.overhead.driver_step_s + items * p.overhead.driver_item_s
             if cpu_work / s.cores > step:
                 step, limit = cpu_work / s.cores, f"all processes share {s.cores} CPU core(s)"
         step = max(step, 1e-12)
