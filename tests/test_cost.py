@@ -90,6 +90,15 @@ def test_prediction_matches_arithmetic_by_hand():
     # sync: + one item through the other type (the cpu's 5.32e-5) + the gpu's PS round trip
     sync = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
     assert sync.step_s == pytest.approx(gpu + 5.32e-5 + ps)
+    # a real gpu's kernels take no CPU core: on one shared core the cpu, the gpu's messages and PS
+    # calls and the shard come in turn, and the gpu's kernels overlap them
+    real = predict(
+        plan,
+        synthetic_profile(plan, price, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0)),
+        RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1),
+    )
+    assert real.step_s == pytest.approx(gpu)  # (the CPU work, 2.3e-3, is less than the gpu busy time)
+    assert {r.role: r for r in real.roles}["gpu"].cpu_s == pytest.approx(2 * 5.32e-5 + ps)
     # one shared core: every process's CPU work (the emulated gpu counts) in turn
     one_core = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
     assert one_core.step_s == pytest.approx(2 * 5.32e-5 + gpu + ps + ps)
@@ -115,8 +124,8 @@ def test_runtime_overhead_by_hand():
         1e-3
     )
     shared = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
-    # (the gpu here is a real one: its kernels do not take a CPU core) cpu + shard + driver
-    assert shared.step_s == pytest.approx(4e-4 + 5e-5 + 2 * 1e-4 + 1e-3)
+    # the gpu here is a real one: its kernels (free here) would not count, its own overhead does
+    assert shared.step_s == pytest.approx(4e-4 + 1e-3 + 5e-5 + 2 * 1e-4 + 1e-3)
     prof.overhead.driver_item_s, prof.overhead.driver_step_s = 0.0, 0.0
     # sync: + the cpu's item (its share of the step overhead included: (2e-4 + 2 * 1e-4) / 2)
     sync = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))

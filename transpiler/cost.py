@@ -19,7 +19,7 @@ Dense tables sit whole on a shard (largest first onto the least loaded), sparse 
   fills and drains at each step boundary) plus the dense push + pull round trip that separates
   steps (a pull of step t+1 waits for step t's update);
 - when every process shares `cores` CPU cores (one machine), the step takes at least the CPU work
-  of all processes / cores (emulated GPU trainers count as CPU work).
+  of all processes / cores (all but a real GPU's kernels; an emulated GPU's kernels count).
 """
 
 from __future__ import annotations
@@ -220,6 +220,7 @@ class RoleLoad:
     send_s: float = 0.0
     ps_s: float = 0.0
     server: bool = False
+    device_s: float = 0.0  # the part of compute_s on a GPU (not on a CPU core)
 
     @property
     def busy_s(self) -> float:
@@ -228,7 +229,8 @@ class RoleLoad:
 
     @property
     def cpu_s(self) -> float:
-        return self.compute_s + self.send_s + self.ps_s
+        """CPU time per step (kernels on a real GPU excluded)."""
+        return self.compute_s - self.device_s + self.send_s + self.ps_s
 
 
 @dataclass
@@ -395,7 +397,17 @@ class PlanCost:
             item_s[t] += own / per_trainer
             for k in touched:
                 shard_s[k] += n * ov.serve_trainer_s
-            roles.append(RoleLoad(t, n, per_trainer * kern + own, per_trainer * send, client))
+            on_device = tc.kind == "gpu" and "gpu" not in p.emulated
+            roles.append(
+                RoleLoad(
+                    t,
+                    n,
+                    per_trainer * kern + own,
+                    per_trainer * send,
+                    client,
+                    device_s=per_trainer * kern if on_device else 0.0,
+                )
+            )
         roles.append(RoleLoad("ps", s.servers, ps_s=max(shard_s), server=True))
         busiest = max(roles, key=lambda r: r.busy_s)
         step, limit = busiest.busy_s, "the busiest process"
@@ -404,12 +416,7 @@ class PlanCost:
             step += fill + rtt_s
             limit = "the busiest process + the pipeline's fill and the PS round trip at each step boundary"
         if s.cores is not None:
-            cpu_work = sum(
-                r.count * r.cpu_s
-                for r in roles
-                if not r.server
-                and (self.types[r.role].kind == "cpu" or self.types[r.role].kind in p.emulated)
-            )
+            cpu_work = sum(r.count * r.cpu_s for r in roles if not r.server)
             cpu_work += sum(shard_s) + p.overhead.driver_step_s + items * p.overhead.driver_item_s
             if cpu_work / s.cores > step:
                 step, limit = cpu_work / s.cores, f"all processes share {s.cores} CPU core(s)"
