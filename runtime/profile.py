@@ -8,9 +8,9 @@
 - the link: ZeroMQ messages (the trainers' own encoding) of two sizes, fitted as latency + per byte;
 - the parameter server: a real shard process, dense pulls / pushes of two sizes and sparse row
   pulls / pushes of two row widths, fitted as per request + per byte (+ per row for sparse rows);
-- the runtime's own overhead: two short training runs of a small Wide&Deep (1 and 8 micro-batches,
-  a few seconds): each process's CPU per step beyond what the parts above explain, fitted per item
-  and per step.
+- the runtime's own overhead: short training runs of a small Wide&Deep (1 and 8 micro-batches,
+  sync and async, seconds): each process's CPU per step beyond what the parts above explain, fitted
+  per item and per step, per mode.
 
 The profile is cached as JSON under `$XDG_CACHE_HOME/hetps` (default `~/.cache/hetps`), one file per
 machine (host, CPU model, cores, GPU); kernels of new op signatures are added to it as they are met.
@@ -40,6 +40,7 @@ from transpiler.cost import (
     Overhead,
     Profile,
     PSCost,
+    RunSettings,
     TuneResult,
     kernel_ops,
     op_signature,
@@ -332,8 +333,10 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_per_step(plan: Plan, data: Any, micro_batches: int, steps: int, warmup: int) -> dict[str, float]:
-    """CPU seconds per step of every process of a short async run (cpu=1, gpu=1, one shard)."""
+def _cpu_per_step(
+    plan: Plan, data: Any, mode: str, micro_batches: int, steps: int, warmup: int
+) -> dict[str, float]:
+    """CPU seconds per step of every process of a short run (cpu=1, gpu=1, one shard)."""
     from .engines import LocalEngine
     from .train import train
 
@@ -352,7 +355,7 @@ def _cpu_per_step(plan: Plan, data: Any, micro_batches: int, steps: int, warmup:
         batch_size=256,
         trainers={"cpu": 1, "gpu": 1},
         servers=1,
-        mode="async",
+        mode=mode,
         micro_batches=micro_batches,
         allow_emulation=True,
         engine=eng,
@@ -362,15 +365,15 @@ def _cpu_per_step(plan: Plan, data: Any, micro_batches: int, steps: int, warmup:
     return {n: (marks[1][n] - marks[0][n]) / steps for n in marks[0]}
 
 
-def measure_overhead(link: LinkCost, ps: PSCost, steps: int = 40, warmup: int = 5) -> Overhead:
-    """Calibrate the runtime's own work: two short runs of a small Wide&Deep (1 and 8 micro-batches)
-    measure each process's CPU per step; what the model does not explain (kernels, messages, PS
-    calls) is fitted as per item + per step for the reader and the other trainer, and per trainer
-    for the shard."""
+def measure_overhead(link: LinkCost, ps: PSCost, steps: int = 40, warmup: int = 5) -> dict[str, Overhead]:
+    """Calibrate the runtime's own work in each PS mode: two short runs of a small Wide&Deep (1 and
+    8 micro-batches) measure each process's CPU per step; what the model does not explain
+    (kernels, messages, PS calls) is fitted as per item + per step for the reader and the other
+    trainer, per trainer for the shard, per item + per step for the driver."""
     import logging
 
     from transpiler import builder
-    from transpiler.cost import PlanCost, RunSettings
+    from transpiler.cost import PlanCost
     from transpiler.models import wide_deep
 
     from .data import SyntheticCTR
@@ -381,12 +384,16 @@ def measure_overhead(link: LinkCost, ps: PSCost, steps: int = 40, warmup: int = 
     kernels, emulated = profile_kernels(plan)
     cost = PlanCost(plan, Profile(kernels, link, ps, os.cpu_count() or 1, emulated))
     data = SyntheticCTR(vocab=1000, num_slots=8)
+    return {mode: _fit_overhead(plan, cost, data, mode, steps, warmup) for mode in ("sync", "async")}
+
+
+def _fit_overhead(plan: Plan, cost: Any, data: Any, mode: str, steps: int, warmup: int) -> Overhead:
     resid: dict[str, dict[int, float]] = {}
     driver: dict[int, float] = {}
     for mb in (1, 8):
-        got = _cpu_per_step(plan, data, mb, steps, warmup)
+        got = _cpu_per_step(plan, data, mode, mb, steps, warmup)
         driver[mb] = got["driver"]
-        pred = cost.predict(RunSettings({"cpu": 1, "gpu": 1}, mb, 1, "async", 256))
+        pred = cost.predict(RunSettings({"cpu": 1, "gpu": 1}, mb, 1, mode, 256))
         for r in pred.roles:
             name = f"{r.role}:0"
             model_s = r.busy_s if r.server else r.cpu_s
@@ -439,7 +446,7 @@ def machine_profile(
     if prof is None:
         log("profiling the link and the parameter server (a few seconds) ...")
         link, ps = measure_link(), measure_ps()
-        log("calibrating the runtime's own overhead (two short training runs) ...")
+        log("calibrating the runtime's own overhead (four short training runs) ...")
         prof = Profile({}, link, ps, os.cpu_count() or 1, [], machine_key(), measure_overhead(link, ps))
     missing = prof.missing(plan.programs)
     if missing:

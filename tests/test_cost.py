@@ -110,26 +110,28 @@ def test_runtime_overhead_by_hand():
     trainer, per trainer a shard serves."""
     plan = transpile(dense_model())
     prof = synthetic_profile(plan, lambda k, op: None)
-    prof.overhead = Overhead(
-        reader_item_s=1e-4, reader_step_s=2e-4, item_s=3e-4, step_s=4e-4, serve_trainer_s=5e-5
-    )
+    ov = Overhead(reader_item_s=1e-4, reader_step_s=2e-4, item_s=3e-4, step_s=4e-4, serve_trainer_s=5e-5)
+    prof.overhead = {"async": ov, "sync": ov}
     p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
     roles = {r.role: r for r in p.roles}
     assert roles["cpu"].compute_s == pytest.approx(2 * 1e-4 + 2e-4)
     assert roles["gpu"].compute_s == pytest.approx(2 * 3e-4 + 4e-4)
     assert roles["ps"].busy_s == pytest.approx(5e-5)  # only the gpu talks to the shard (dense tables)
     # the driver (1e-4 per item, 1e-3 per step) counts only where processes share cores: one core
-    prof.overhead.driver_item_s, prof.overhead.driver_step_s = 1e-4, 1e-3
+    ov.driver_item_s, ov.driver_step_s = 1e-4, 1e-3
     assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64)).step_s == pytest.approx(
         1e-3
     )
     shared = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
     # the gpu here is a real one: its kernels (free here) would not count, its own overhead does
     assert shared.step_s == pytest.approx(4e-4 + 1e-3 + 5e-5 + 2 * 1e-4 + 1e-3)
-    prof.overhead.driver_item_s, prof.overhead.driver_step_s = 0.0, 0.0
+    ov.driver_item_s, ov.driver_step_s = 0.0, 0.0
     # sync: + the cpu's item (its share of the step overhead included: (2e-4 + 2 * 1e-4) / 2)
     sync = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
     assert sync.step_s == pytest.approx(1e-3 + 2e-4)
+    # each mode has its own calibration; a mode without one has none
+    prof.overhead = {"async": ov}
+    assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64)).step_s < 1e-9  # all free
 
 
 def test_sparse_rows_and_shards_by_hand():

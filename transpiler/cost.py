@@ -133,7 +133,10 @@ class Profile:
     cores: int = 1
     emulated: list[str] = field(default_factory=list)
     machine: str = ""
-    overhead: Overhead = field(default_factory=Overhead)
+    overhead: dict[str, Overhead] = field(default_factory=dict)  # by PS mode (sync, async)
+
+    def overhead_for(self, mode: str) -> Overhead:
+        return self.overhead.get(mode) or Overhead()
 
     def kernel(self, kind: str, sig: str, op: Op | None = None) -> KernelCost:
         try:
@@ -159,7 +162,7 @@ class Profile:
             d.get("cores", 1),
             list(d.get("emulated", [])),
             d.get("machine", ""),
-            Overhead(**d.get("overhead", {})),
+            {mode: Overhead(**o) for mode, o in d.get("overhead", {}).items()},
         )
 
     def missing(self, programs: dict[str, Program], kinds: Iterable[str] = KINDS) -> dict[str, list[Op]]:
@@ -388,7 +391,7 @@ class PlanCost:
                 shard_s[k] += n * serve[k]
             if tc.dense_tables:
                 rtt_s = max(rtt_s, client)
-            ov = p.overhead
+            ov = p.overhead_for(s.mode)
             own = (
                 per_trainer * ov.reader_item_s + ov.reader_step_s
                 if t == self.reader
@@ -417,7 +420,8 @@ class PlanCost:
             limit = "the busiest process + the pipeline's fill and the PS round trip at each step boundary"
         if s.cores is not None:
             cpu_work = sum(r.count * r.cpu_s for r in roles if not r.server)
-            cpu_work += sum(shard_s) + p.overhead.driver_step_s + items * p.overhead.driver_item_s
+            ov = p.overhead_for(s.mode)
+            cpu_work += sum(shard_s) + ov.driver_step_s + items * ov.driver_item_s
             if cpu_work / s.cores > step:
                 step, limit = cpu_work / s.cores, f"all processes share {s.cores} CPU core(s)"
         step = max(step, 1e-12)
