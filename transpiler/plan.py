@@ -118,8 +118,10 @@ class Plan:
         return plan
 
     # -- views ----------------------------------------------------------------------------
-    def summary(self) -> str:
-        """Ops per trainer type, each boundary tensor with bytes per example, each table."""
+    def summary(self, profile: Any = None, settings: Any = None) -> str:
+        """Ops per trainer type, each boundary tensor with bytes per example, each table; given a
+        `transpiler.cost.Profile`, also the predicted examples/s and bottleneck role for `settings`
+        (a `transpiler.cost.RunSettings`; default one trainer per type, the config's servers and mode)."""
         lines = [f"plan: {len(self.programs)} trainer types, {len(self.tables)} tables, "
                  f"{len(self.channels)} boundary tensors; ps mode {self.config.mode}, "
                  f"{self.config.num_servers} server(s)"]
@@ -145,6 +147,13 @@ class Plan:
             shape = " x ".join(map(str, t["shape"]))
             lines.append(f"  {t['name']:<24} {t['kind']:<6} {shape} {t['dtype']}  {opt_s}  "
                          f"shard {t['sharding'].get('shard', 'by id hash')}")
+        if profile is not None:
+            from .cost import RunSettings, predict
+
+            mode = self.config.mode if self.config.mode in ("sync", "async") else "sync"
+            settings = settings or RunSettings({t: 1 for t in self.programs}, servers=self.config.num_servers,
+                                               mode=mode)
+            lines.append(predict(self, profile, settings).describe())
         return "\n".join(lines)
 
     def to_onnx(self, path: str | Path) -> list[Path]:
