@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.ps import PSClient, PSError, Servers, make_table
+from runtime.ps import PSError, Servers, make_table
 
 LR, DIM = 0.5, 2
 
