@@ -282,7 +282,10 @@ def measure_ps(count: int = 20) -> PSCost:
     ]
     ids = np.unique(np.random.default_rng(0).integers(0, 100_000, 9000))[:8192]
     grad, grad1 = np.zeros((len(ids), 16), np.float32), np.zeros((len(ids), 1), np.float32)
-    with Servers(specs, 1, mode="async") as servers, PSClient(servers.endpoints) as client:
+    with (
+        Servers(specs, 1, mode="async") as servers,
+        PSClient(servers.endpoints, secret=servers.secret) as client,
+    ):
 
         def best(fn) -> float:
             fn()

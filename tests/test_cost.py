@@ -341,3 +341,13 @@ def test_more_trainers_than_items_do_not_split_an_item():
     p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 2}, micro_batches=3, batch_size=60, mode="async"))
     assert {r.role: r for r in p.roles}["gpu"].compute_s == pytest.approx(2e-3)
     assert p.step_s == pytest.approx(2e-3)
+
+
+def test_measure_ps_talks_to_a_signed_shard():
+    """The PS probe against a real shard process (about a second): shards sign requests with a
+    secret by default, and a probe without it failed every first `hetps tune` on a machine."""
+    from runtime.profile import measure_ps
+
+    ps = measure_ps(count=2)
+    assert ps.request_s > 0  # a round trip to another process takes time
+    assert min(vars(ps).values()) >= 0
