@@ -10,6 +10,7 @@
     hetps bench [--steps N] [--trainers cpu=1,gpu=1]
     hetps plot METRICS.jsonl [...] -o curves.png
     hetps tune MODEL|PLAN_DIR --budget cpu=16,gpu=1 --out TUNED_DIR [--explain]
+    hetps train PLAN_DIR --settings TUNED_DIR/run.yaml --data synthetic --steps N   (flags override it)
 
 Exit codes: 0 success, 1 the work failed (the message says why), 2 bad arguments (usage printed),
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM; cleaned up like Ctrl-C).
@@ -28,7 +29,7 @@ import signal
 import sys
 import threading
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -390,6 +391,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from . import train
 
     check_engine(args)
+    resolve_run_options(args)
     counts, feeds = parse_counts(args.trainers), parse_feeds(args.feeds)
     if args.steps is None and args.epochs is None and args.until_loss is None:
         raise UsageError("say when to stop: --steps N, --epochs N or --until-loss X")
@@ -441,6 +443,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import train
 
     check_engine(args)
+    resolve_run_options(args)
     if args.plan:
         plan = load_plan(args.plan)
     else:
@@ -541,8 +544,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     counts = ",".join(f"{t}={n}" for t, n in s.trainers.items())
     print(f"wrote {out / 'config.yaml'} (TranspileConfig) and {out / 'run.yaml'} (run settings); use them:\n"
           f"  hetps transpile MODEL --config {out / 'config.yaml'} --out PLAN_DIR\n"
-          f"  hetps train PLAN_DIR --trainers {counts} --servers {s.servers} --mode {s.mode} "
-          f"--micro-batches {s.micro_batches} --batch-size {s.batch_size} --data ...")
+          f"  hetps train PLAN_DIR --settings {out / 'run.yaml'} --data ...   "
+          f"(--trainers {counts} --servers {s.servers} --mode {s.mode} --micro-batches {s.micro_batches} "
+          f"--batch-size {s.batch_size})")
     if is_plan:
         print("(a plan directory keeps its placement: pass the MODEL to search placement too)")
     return EXIT_OK
@@ -570,20 +574,24 @@ def _add_tune_command(sub: Any) -> None:
 
 
 def _add_predict_options(s: argparse.ArgumentParser) -> None:
+    defaults = RunDefaults(trainers=None, mode=None)
+    s.set_defaults(run_defaults=defaults)
     s.add_argument("--predict", action="store_true",
                    help="show predicted examples/s and the bottleneck role (profiles this machine, cached)")
     s.add_argument("--trainers", help="for --predict: trainers per type (default one of each)")
     s.add_argument("--servers", type=int, help="for --predict: PS shards (default: the plan's)")
     s.add_argument("--mode", choices=("sync", "async"), help="for --predict: PS mode (default: the plan's)")
-    s.add_argument("--micro-batches", type=int, default=4, help="for --predict (default %(default)s)")
-    s.add_argument("--batch-size", type=int, default=512, help="for --predict (default %(default)s)")
+    s.add_argument("--micro-batches", type=int, help=f"for --predict (default {defaults.micro_batches})")
+    s.add_argument("--batch-size", type=int, help=f"for --predict (default {defaults.batch_size})")
     s.add_argument("--cores", type=int, help="for --predict: all processes share this many CPU cores")
+    _settings_option(s, "for --predict: ")
     s.add_argument("--profile", help="for --predict: a profile JSON instead of measuring this machine")
 
 
 def predicted_summary(args: argparse.Namespace, plan) -> str:
     from transpiler.cost import RunSettings
 
+    resolve_run_options(args)
     counts = parse_counts(args.trainers) if args.trainers else {t: 1 for t in plan.trainer_types}
     if set(counts) != set(plan.trainer_types):
         raise UsageError(f"--trainers {args.trainers}: give a count for each of {plan.trainer_types}")
@@ -596,22 +604,68 @@ def predicted_summary(args: argparse.Namespace, plan) -> str:
     return plan.summary(_tune_profile(args, plan), settings)
 
 
+# -- run options: flags, then a --settings file (run.yaml of `hetps tune`), then defaults ----------------
+@dataclass(frozen=True)
+class RunDefaults:
+    """A command's defaults of the run options (None: decided later, from the plan)."""
+
+    trainers: str | None
+    mode: str | None = "sync"
+    micro_batches: int = 4
+    batch_size: int = 512
+
+
+def load_settings(path: str):
+    """The RunSettings of a run.yaml written by `hetps tune`; a bad file is a usage error naming it."""
+    import yaml
+
+    from transpiler.cost import RunSettings
+
+    if not Path(path).is_file():
+        raise UsageError(f"--settings {path}: no such file (hetps tune ... --out DIR writes DIR/run.yaml)")
+    try:
+        return RunSettings.from_dict(yaml.safe_load(Path(path).read_text()))
+    except (yaml.YAMLError, ValueError) as e:
+        raise UsageError(f"--settings {path}: not the run.yaml of hetps tune: {e}") from None
+
+
+def resolve_run_options(args: argparse.Namespace) -> None:
+    """Fill each run option not given as a flag (None): from --settings FILE, else the command's default."""
+    fallback = asdict(args.run_defaults)
+    if getattr(args, "settings", None):
+        s = load_settings(args.settings)
+        fallback.update(trainers=",".join(f"{t}={n}" for t, n in s.trainers.items()), mode=s.mode,
+                        micro_batches=s.micro_batches, batch_size=s.batch_size, servers=s.servers,
+                        cores=s.cores)
+    for name, value in fallback.items():
+        if hasattr(args, name) and getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def _settings_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--settings", metavar="RUN_YAML",
+                   help=f"{what}trainers, servers, mode, micro-batches and batch size from this run.yaml "
+                   "(written by hetps tune); flags given override it")
+
+
 # -- parser ------------------------------------------------------------------------------------------
-def _run_options(p: argparse.ArgumentParser, trainers: str) -> None:
-    p.add_argument("--trainers", default=trainers,
-                   help="trainers per type, e.g. cpu=2,gpu=1 (default %(default)s)")
+def _run_options(p: argparse.ArgumentParser, defaults: RunDefaults) -> None:
+    p.set_defaults(run_defaults=defaults)
+    p.add_argument("--trainers", help=f"trainers per type, e.g. cpu=2,gpu=1 (default {defaults.trainers})")
     p.add_argument("--servers", type=int, default=None,
                    help="parameter-server shards (default: the plan's num_servers, 1 unless configured)")
-    p.add_argument("--mode", choices=("sync", "async"), default="sync", help="parameter-server mode")
-    p.add_argument("--micro-batches", type=int, default=4, help="micro-batches in flight per reader trainer")
+    p.add_argument("--mode", choices=("sync", "async"),
+                   help=f"parameter-server mode (default {defaults.mode})")
+    p.add_argument("--micro-batches", type=int,
+                   help=f"micro-batches in flight per reader trainer (default {defaults.micro_batches})")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: processes on this machine; ray: actors on a Ray cluster "
                    "(pip install hetps[ray])")
     p.add_argument("--address", default=None,
                    help="Ray cluster to join ('auto', 'ray://host:10001'); default: start a local Ray")
-    p.add_argument("--batch-size", type=int, default=512,
+    p.add_argument("--batch-size", type=int,
                    help="examples per global batch (one step), for every kind of --data and --schema data "
-                   "(default %(default)s)")
+                   f"(default {defaults.batch_size})")
 
 
 def _optimizer_options(p: argparse.ArgumentParser, what: str) -> None:
@@ -697,7 +751,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, help="stop after N steps")
     s.add_argument("--epochs", type=int, help="stop after N passes over file data")
     s.add_argument("--until-loss", type=float, help="stop once the loss is at or below X")
-    _run_options(s, "cpu=2,gpu=1")
+    _run_options(s, RunDefaults("cpu=2,gpu=1"))
+    _settings_option(s, "")
     _optimizer_options(s, "replaces the optimizer of every trained table of the plan")
     s.add_argument("--allow-emulation", action="store_true",
                    help="run gpu trainers on CPU kernels when no CUDA device exists (logged)")
@@ -716,7 +771,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--vocab", type=int, default=100_000)
     s.add_argument("--dim", type=int, default=16)
     s.add_argument("--hidden", type=int, nargs="+", default=[400, 400, 400])
-    _run_options(s, "cpu=1,gpu=1")
+    _run_options(s, RunDefaults("cpu=1,gpu=1"))
 
     _add_tune_command(sub)
 

@@ -282,3 +282,41 @@ def test_start_up_time_counts_placement(round_trip, monkeypatch):
     total = time.perf_counter() - t
     assert hist.startup_s >= 5
     assert total - hist.startup_s - hist.wall_s < 5  # tear-down only: it was >= 5 before
+
+
+def test_train_takes_run_settings_from_a_file_and_flags_override_it(tmp_path):
+    """`train --settings run.yaml` (what `hetps tune` writes) runs with the file's trainers, servers,
+    micro-batches and batch size; a flag given (--mode) wins over the file's value."""
+    import yaml
+
+    model = str(MODELS / "wide_deep.onnx")
+    assert main(["transpile", model, "--loss", "bce", "--out", str(tmp_path / "p")]) == 0
+    settings = {"trainers": {"cpu": 1, "gpu": 1}, "micro_batches": 2, "servers": 2, "mode": "async",
+                "batch_size": 64, "cores": None, "unique_fraction": 0.5}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(settings))
+    rc = main(["train", str(tmp_path / "p"), "--settings", str(tmp_path / "run.yaml"), "--mode", "sync",
+               "--data", "synthetic", "--steps", "2", "--allow-emulation", "--no-progress",
+               "--metrics", str(tmp_path / "run.jsonl")])
+    assert rc == 0
+    start = read_metrics(tmp_path / "run.jsonl")[0]
+    assert start["trainers"] == {"cpu": 1, "gpu": 1} and start["servers"] == 2
+    assert start["micro_batches"] == 2 and start["batch_size"] == 64
+    assert start["mode"] == "sync"  # the flag, not the file's async
+
+
+@pytest.mark.parametrize("text,message", [
+    (None, "no such file"),
+    ("trainers: {cpu: 1\n", "not the run.yaml of hetps tune"),  # not YAML
+    ("- 1\n", "expected a mapping with 'trainers'"),
+    ("trainers: {cpu: 1}\nthreads: 4\n", "unknown setting(s) ['threads']"),
+    ("trainers: {cpu: 0}\n", "must be a positive int"),
+    ("trainers: {cpu: 1}\nmode: eventually\n", "expected 'sync' or 'async'"),
+])
+def test_a_bad_settings_file_is_a_usage_error_naming_it(tmp_path, capsys, text, message):
+    path = tmp_path / "run.yaml"
+    if text is not None:
+        path.write_text(text)
+    plan = tmp_path / "no-plan-needed"  # the file is read before the plan
+    assert main(["train", str(plan), "--settings", str(path), "--data", "synthetic", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--settings {path}" in err and message in err and "usage: hetps train" in err

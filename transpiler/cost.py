@@ -29,7 +29,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ops_registry import get_op
@@ -206,6 +206,20 @@ class RunSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RunSettings:
+        """The inverse of `to_dict` (e.g. a run.yaml written by `hetps tune`); ValueError names what
+        is wrong."""
+        known = {f.name for f in fields(cls)}
+        if not isinstance(data, dict) or not isinstance(data.get("trainers"), dict):
+            raise ValueError(
+                f"expected a mapping with 'trainers' (e.g. {{cpu: 2, gpu: 1}}) and any of {sorted(known)}"
+            )
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown setting(s) {unknown}: expected any of {sorted(known)}")
+        return cls(**data)
 
     def describe(self) -> str:
         counts = ",".join(f"{t}={n}" for t, n in self.trainers.items())
