@@ -7,7 +7,11 @@
   counts made small, in a scratch directory holding what the commands read), `python tutorials/...`
   as a subprocess with `--steps` small, `pip install -e ".[X]"` checks that X is an extra of
   setup.py, `pytest -q` checks that the default run leaves out slow tests.
-- `yaml` blocks are TranspileConfig files: loaded and applied to the model their page uses.
+- `yaml` blocks are TranspileConfig files: loaded and applied to the model their page uses; the
+  tuning page's sample of a run.yaml is read as RunSettings.
+- `hetps tune`, `inspect --predict` and `runtime.profile.tune` profile this machine for real, once
+  per test session, into a cache of the session's own (`XDG_CACHE_HOME`; about 15 s), as a
+  newcomer's first run does.
 - Blocks for a multi-node Ray cluster (`ray start ...`, `address="auto"` / `--address auto`) cannot
   run on one machine: their flags are checked against `ray start`'s own options, their `train`
   arguments against `train`'s signature and the CLI's parser. `engine="ray"` examples without an
@@ -30,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from assets import MODELS, ROOT
 
 from runtime.cli import build_parser, main
@@ -157,6 +162,51 @@ def test_readme_python_tour_exactly_as_written(tmp_path):
     run_readme_tour(tmp_path, text, int(re.search(r"\bsteps=(\d+)", text).group(1)))
 
 
+@pytest.fixture(scope="session")
+def profile_cache(tmp_path_factory) -> Path:
+    """A profile cache of this session's own (XDG_CACHE_HOME): the first `tune` measures this
+    machine as a newcomer's does, later ones read it; the user's ~/.cache is left alone."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+def test_tuning_python_block_tunes_and_trains_the_winner(tmp_path, profile_cache):
+    """docs/tuning.md's Python block as a script: it explains the winner, then trains with the
+    winner's trainers (the trainers time_use reports are the ones `explain` names)."""
+    (b,) = [b for b in blocks("python") if b.page == "docs/tuning.md"]
+    script = tmp_path / "tune.py"
+    script.write_text(small(b.text))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "XDG_CACHE_HOME": str(profile_cache),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    counts = re.search(r"^winner: trainers (\S+),", proc.stdout, re.M)
+    assert counts, proc.stdout
+    want = {f"{t}:{i}" for t, n in (p.split("=") for p in counts.group(1).split(",")) for i in range(int(n))}
+    assert set(re.findall(r"^\s*(\w+:\d+): busy", proc.stdout, re.M)) == want, proc.stdout
+
+
+def test_tuning_run_yaml_sample_reads_as_run_settings():
+    """The page's run.yaml sample is what `tune` writes (every RunSettings field, nothing else) and
+    fits the budget of the page's own `hetps tune` command."""
+    import yaml
+
+    from transpiler.cost import RunSettings
+
+    (b,) = [b for b in blocks("yaml") if b.page == "docs/tuning.md"]
+    sample = yaml.safe_load(b.text)
+    settings = RunSettings.from_dict(sample)
+    assert list(sample) == list(settings.to_dict())
+    (cmd,) = [a for bash in shell_blocks("docs/tuning.md") for a in commands(bash) if a[1] == "tune"]
+    budget = dict(p.split("=") for p in cmd[cmd.index("--budget") + 1].split(","))
+    assert settings.trainers["cpu"] + settings.servers <= int(budget["cpu"])
+    assert settings.trainers.get("gpu", 0) <= int(budget["gpu"])
+
+
 def test_api_builder_block_builds_a_trainable_program():
     b = next(b for b in blocks("python") if b.page == "docs/api.md")
     ns: dict = {}
@@ -266,33 +316,42 @@ def run_shell_block(block: Block, where: Path, exact: bool) -> None:
         run_hetps(argv, where)
     train = next(a for a in commands(block) if a[1] == "train")
     option = {a: train[i + 1] for i, a in enumerate(train) if a.startswith("--") and i + 1 < len(train)}
-    counts = dict(p.split("=") for p in option.get("--trainers", "cpu=2,gpu=1").split(","))
+    # the run's settings: flags, else the --settings file an earlier command wrote, else train's defaults
+    settings = yaml.safe_load((where / option["--settings"]).read_text()) if "--settings" in option else {}
+    if "--trainers" in option or "trainers" not in settings:
+        counts = dict(p.split("=") for p in option.get("--trainers", "cpu=2,gpu=1").split(","))
+    else:
+        counts = settings["trainers"]
     assert "--metrics" in option and "--trace" in option, f"{block}: a tour records metrics and a trace"
     check_run(
         where / option["--metrics"],
         where / option["--trace"],
         int(option["--steps"]) if exact else STEPS,
         {k: int(v) for k, v in counts.items()},
-        int(option.get("--servers", 1)),
+        int(option.get("--servers", settings.get("servers", 1))),
     )
     for png in re.findall(r"-o (\S+\.png)", block.text):
         check_png(where / png)
 
 
 @pytest.mark.parametrize("block", hetps_blocks(), ids=str)
-def test_shell_blocks_run_through_the_cli_and_write_what_they_say(block, tmp_path):
+def test_shell_blocks_run_through_the_cli_and_write_what_they_say(
+    block, tmp_path, profile_cache, monkeypatch
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(profile_cache))
     run_shell_block(block, tmp_path, exact=False)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", hetps_blocks(), ids=str)
-def test_shell_blocks_exactly_as_written(block, tmp_path):
+def test_shell_blocks_exactly_as_written(block, tmp_path, profile_cache, monkeypatch):
     """Every step the page asks for (the `trace=` crash showed only in long runs)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(profile_cache))
     run_shell_block(block, tmp_path, exact=True)
 
 
 def test_the_shell_tours_are_found():
-    assert {b.page for b in hetps_blocks()} == {"README.md", "docs/cli.md"}
+    assert {b.page for b in hetps_blocks()} == {"README.md", "docs/cli.md", "docs/tuning.md"}
 
 
 def test_cluster_shell_blocks(ray_local, tmp_path):
