@@ -31,9 +31,12 @@ import threading
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from transpiler.cost import RunSettings
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -615,7 +618,7 @@ class RunDefaults:
     batch_size: int = 512
 
 
-def load_settings(path: str):
+def load_settings(path: str) -> RunSettings:
     """The RunSettings of a run.yaml written by `hetps tune`; a bad file is a usage error naming it."""
     import yaml
 
