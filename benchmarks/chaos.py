@@ -195,6 +195,9 @@ def process_row(victim: str, sig: signal.Signals, tmp: Path) -> Row:
                 row.time_to_error = f"{out['t'] - t0:.1f} s"
                 row.named = f"{out['who']}: {_last_line(out['detail'])}"
             row.left = f"{sum(_alive(p) for p in pids)} of {len(pids)}"
+        end = time.monotonic() + 2  # the janitor removes a dead driver's run directory (polls at 0.1 s)
+        while info["run_dir"] and os.path.exists(info["run_dir"]) and time.monotonic() < end:
+            time.sleep(0.05)
         if info["run_dir"] and os.path.exists(info["run_dir"]):
             row.left += " + run dir"
         return row
