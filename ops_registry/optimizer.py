@@ -47,10 +47,13 @@ register(OpDef("adagrad", "optimizer", ("Param", "Grad", "Moment"), ("ParamOut",
 def _adam(xp, ins, attrs):
     """Paddle's Adam: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     Param -= lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + epsilon * sqrt(1-b2^t)); b^t *= b.
-    With lazy_mode a row-sparse Grad touches only its rows."""
+    With lazy_mode a row-sparse Grad touches only its rows. With `paddle_sparse` a row-sparse Grad
+    follows Paddle's CPU SelectedRows kernel instead (`_paddle_sparse_adam`)."""
     p, g, m1, m2 = ins["Param"], ins["Grad"], ins["Moment1"], ins["Moment2"]
     b1p, b2p = ins["Beta1Pow"], ins["Beta2Pow"]
     b1, b2, eps = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
+    if isinstance(g, SparseRows) and attrs.get("paddle_sparse"):
+        return _paddle_sparse_adam(xp, p, g, m1, m2, b1p, b2p, attrs)
     lr = attrs["lr"] * xp.sqrt(1 - b2p) / (1 - b1p)
     eps_hat = eps * xp.sqrt(1 - b2p)
     if isinstance(g, SparseRows) and attrs["lazy_mode"]:
@@ -72,7 +75,35 @@ def _adam(xp, ins, attrs):
             "Beta1PowOut": b1p * b1, "Beta2PowOut": b2p * b2}
 
 
+def _paddle_sparse_adam(xp, p, g: SparseRows, m1, m2, b1p, b2p, attrs):
+    """Adam on a row-sparse gradient as Paddle 3.3.1's CPU kernel runs it
+    (phi/kernels/selected_rows/cpu/adam_kernel.cc, used for `is_sparse=True` lookups in the legacy
+    IR): Beta1Pow/Beta2Pow are advanced *before* the update reads them, so step t bias-corrects with
+    b^(t+1); rows with a gradient take the Adam step with epsilon * sqrt(1-b2^(t+1)); without
+    lazy_mode every other row decays its moments (m *= b1, v *= b2) and moves by
+    lr_t * m / (sqrt(v) + epsilon), epsilon unscaled. A gradient with no rows changes nothing."""
+    b1, b2, eps = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
+    if g.rows.size == 0:
+        return {"ParamOut": p, "Moment1Out": m1, "Moment2Out": m2, "Beta1PowOut": b1p, "Beta2PowOut": b2p}
+    b1p, b2p = b1p * b1, b2p * b2
+    lr = attrs["lr"] * xp.sqrt(1 - b2p) / (1 - b1p)
+    g = g.merged(xp)
+    r = g.rows
+    if not attrs["lazy_mode"]:
+        rest = xp.ones(p.shape[0], dtype=bool)
+        rest[r] = False
+        m1[rest] *= b1
+        m2[rest] *= b2
+        p[rest] -= (lr * m1[rest] / (xp.sqrt(m2[rest]) + eps)).astype(p.dtype, copy=False)
+    m1r = b1 * m1[r] + (1 - b1) * g.values
+    m2r = b2 * m2[r] + (1 - b2) * g.values * g.values
+    m1[r], m2[r] = m1r, m2r
+    p[r] -= (lr * m1r / (xp.sqrt(m2r) + eps * xp.sqrt(1 - b2p))).astype(p.dtype, copy=False)
+    return {"ParamOut": p, "Moment1Out": m1, "Moment2Out": m2, "Beta1PowOut": b1p, "Beta2PowOut": b2p}
+
+
 register(OpDef("adam", "optimizer",
                ("Param", "Grad", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow"),
                ("ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut"), _adam,
-               attrs={"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "lazy_mode": 0}))
+               attrs={"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "lazy_mode": 0,
+                      "paddle_sparse": 0}))

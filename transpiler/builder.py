@@ -295,8 +295,11 @@ class Adam(Optimizer):
              ("Beta1Pow", "Beta1PowOut", True), ("Beta2Pow", "Beta2PowOut", True))
 
     def __init__(self, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
-                 epsilon: float = 1e-8, lazy_mode: bool = False) -> None:
-        super().__init__(lr, beta1=beta1, beta2=beta2, epsilon=epsilon, lazy_mode=int(lazy_mode))
+                 epsilon: float = 1e-8, lazy_mode: bool = False, paddle_sparse: bool = False) -> None:
+        # paddle_sparse: row-sparse gradients take Paddle's CPU SelectedRows step (set by from_paddle
+        # for legacy-IR is_sparse tables; see ops_registry/optimizer.py)
+        super().__init__(lr, beta1=beta1, beta2=beta2, epsilon=epsilon, lazy_mode=int(lazy_mode),
+                         paddle_sparse=int(paddle_sparse))
 
     def _state_init(self, slot: str) -> float:
         return {"Beta1Pow": self.hyper["beta1"], "Beta2Pow": self.hyper["beta2"]}.get(slot, 0.0)

@@ -74,6 +74,7 @@ class _Read:
     feeds: list[str] = field(default_factory=list)           # data vars, declaration order
     lazy: dict[str, PaddleOp] = field(default_factory=dict)  # PIR constants, emitted when read
     optimize: list[PaddleOp] = field(default_factory=list)   # optimizer update ops
+    selected_rows: set[str] = field(default_factory=set)     # legacy SelectedRows vars (sparse grads)
     loss: str | None = None
     name_of: Callable[[Any], str] = str                      # Variable / Value / str -> name
 
@@ -123,6 +124,8 @@ def _read_legacy(main: Any, paddle_dir: str) -> _Read:
     block = main.global_block()
     read = _Read("legacy", name_of=lambda v: v if isinstance(v, str) else v.name)
     for name, v in block.vars.items():
+        if v.type == core.VarDesc.VarType.SELECTED_ROWS:
+            read.selected_rows.add(name)
         if v.type != core.VarDesc.VarType.DENSE_TENSOR:
             continue
         read.vars[name] = Var(name, shape=tuple(v.shape), dtype=convert_dtype(v.dtype),
@@ -463,6 +466,9 @@ def _minimize(imp: _Importer, read: _Read, opt: builder.Optimizer) -> dict[str, 
     for op in imp.program.ops:
         if op.role == "optimize":
             theirs = by_param[op.inputs["Param"][0]]
+            if op.type == "adam":  # as Paddle runs it: its SelectedRows kernel for sparse grads,
+                rows = theirs.one("Grad") in read.selected_rows  # its dense one (lazy_mode moot) else
+                op.attrs.update(paddle_sparse=int(rows), lazy_mode=int(rows and op.attrs["lazy_mode"]))
             state.update({op.inputs[slot][0]: theirs.one(slot) for slot, _, _ in opt.state})
     return state
 
