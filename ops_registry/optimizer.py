@@ -1,13 +1,140 @@
-"""Optimizer update ops, Paddle's formulas. They update Param (and state) in place.
+"""Optimizer update ops, Paddle's formulas, and the one home of optimizer facts.
 
-A row-sparse Grad updates only its rows (SGD, Adagrad, lazy Adam); non-lazy Adam treats it as dense,
-as Paddle does. The parameter server calls these same kernels, so server-side updates are
-numerically the trainer-side ones.
+An update op updates Param (and state) in place. A row-sparse Grad updates only its rows (SGD,
+Adagrad, lazy Adam); non-lazy Adam treats it as dense, as Paddle does. The parameter server calls
+these same kernels, so server-side updates are numerically the trainer-side ones.
+
+Facts kept here, read by the builder, the PS pass, the tables and the Paddle import:
+- `STATE[type]`: the per-parameter state slots (`Slot`): name, output slot, scalar or parameter
+  shaped, and the start value (a number, or the hyper-parameter that gives it).
+- Rules every update op takes as attrs, applied around its kernel (`_with_rules`), in this order:
+  `lr_schedule` (a spec, see `scheduled_lr`; adds the scalar `Step` state, the count of updates
+  applied so far), `l2_decay` (Paddle's `L2Decay` regularizer: Grad += coeff * Param; a row-sparse
+  Grad becomes dense, as Paddle's `sum` with the decay term makes it) and, for `adamw`,
+  `weight_decay` (decoupled: Param -= lr * weight_decay * Param before the Adam step, Paddle's
+  AdamW with lr_ratio 1).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any
+
 from .base import OpDef, SparseRows, register, scatter_add
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One optimizer state slot: `name` (the op's input slot) is updated into `out`; `scalar` state
+    has shape [1] per parameter, other state the parameter's shape; it starts at `init`, a number or
+    the name of the hyper-parameter that gives it."""
+
+    name: str
+    out: str
+    scalar: bool = False
+    init: float | str = 0.0
+
+
+_ADAM_STATE = (Slot("Moment1", "Moment1Out"), Slot("Moment2", "Moment2Out"),
+               Slot("Beta1Pow", "Beta1PowOut", True, "beta1"), Slot("Beta2Pow", "Beta2PowOut", True, "beta2"))
+STATE: dict[str, tuple[Slot, ...]] = {
+    "sgd": (),
+    "adagrad": (Slot("Moment", "MomentOut", False, "initial_accumulator_value"),),
+    "adam": _ADAM_STATE,
+    "adamw": _ADAM_STATE,
+}
+STEP = Slot("Step", "StepOut", True)  # updates applied so far; present when lr_schedule is set
+SCHEDULES = ("step", "exponential", "cosine", "linear_warmup")
+
+
+def state_slots(type: str, attrs: dict[str, Any]) -> tuple[Slot, ...]:
+    """The state slots of update op `type` with hyper-parameters `attrs`."""
+    if type not in STATE:
+        raise ValueError(f"optimizer {type!r} is not one of {sorted(STATE)}")
+    return STATE[type] + ((STEP,) if attrs.get("lr_schedule") else ())
+
+
+def state_init(slot: Slot, attrs: dict[str, Any]) -> float:
+    """The start value of `slot` under hyper-parameters `attrs`."""
+    return float(attrs[slot.init]) if isinstance(slot.init, str) else float(slot.init)
+
+
+def check_schedule(spec: dict[str, Any] | None) -> None:
+    """ValueError naming what is wrong with an `lr_schedule` spec (None: no schedule)."""
+    if spec is None:
+        return
+    need = {"step": ("step_size", "gamma"), "exponential": ("gamma",), "cosine": ("T_max",),
+            "linear_warmup": ("warmup_steps", "start_lr", "end_lr")}
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if kind not in need:
+        raise ValueError(f"lr_schedule {spec!r}: 'type' must be one of {list(need)}")
+    missing = [k for k in need[kind] if k not in spec]
+    if missing:
+        raise ValueError(f"lr_schedule {spec!r}: a {kind} schedule needs {missing}")
+    for k in ("step_size", "T_max", "warmup_steps"):
+        if k in spec and (not isinstance(spec[k], int) or spec[k] < 1):
+            raise ValueError(f"lr_schedule {spec!r}: {k} must be a positive int")
+    if kind == "linear_warmup":
+        check_schedule(spec.get("then"))
+
+
+def scheduled_lr(lr: float, spec: dict[str, Any] | None, step: int) -> float:
+    """The learning rate of update `step` (0 = the first) under `spec`, Paddle's schedulers stepped
+    once per update (`paddle.optimizer.lr`, closed forms):
+    - step: lr * gamma ** (step // step_size)                         (StepDecay)
+    - exponential: lr * gamma ** step                                 (ExponentialDecay)
+    - cosine: eta_min + (lr - eta_min) * (1 + cos(pi * step / T_max)) / 2   (CosineAnnealingDecay)
+    - linear_warmup: start_lr + (end_lr - start_lr) * step / warmup_steps while step < warmup_steps,
+      then lr, or the `then` schedule at step - warmup_steps           (LinearWarmup)
+    """
+    if not spec:
+        return lr
+    kind = spec["type"]
+    if kind == "step":
+        return lr * spec["gamma"] ** (step // spec["step_size"])
+    if kind == "exponential":
+        return lr * spec["gamma"] ** step
+    if kind == "cosine":
+        eta = spec.get("eta_min", 0.0)
+        return eta + (lr - eta) * (1 + math.cos(math.pi * step / spec["T_max"])) / 2
+    if kind == "linear_warmup":
+        w = spec["warmup_steps"]
+        if step < w:
+            return spec["start_lr"] + (spec["end_lr"] - spec["start_lr"]) * step / w
+        return scheduled_lr(lr, spec.get("then"), step - w)
+    raise ValueError(f"lr_schedule type {kind!r} is not one of {SCHEDULES}")
+
+
+def _with_rules(update):
+    """`update` with the rules every optimizer takes (see the module docstring)."""
+
+    def kernel(xp, ins, attrs):
+        extra = {}
+        if attrs.get("lr_schedule"):
+            step = ins.get("Step")
+            if step is None:
+                raise ValueError("an update with lr_schedule needs its Step state input")
+            lr = scheduled_lr(attrs["lr"], attrs["lr_schedule"], int(step.reshape(-1)[0]))
+            # rounded to the parameter's dtype, as Paddle holds the LR in a variable of that dtype
+            attrs = {**attrs, "lr": float(ins["Param"].dtype.type(lr))}
+            extra["StepOut"] = step + 1
+        coeff = attrs.get("l2_decay") or 0.0
+        if coeff:
+            p, g = ins["Param"], ins["Grad"]
+            g = g.to_dense(xp) if isinstance(g, SparseRows) else g
+            ins = {**ins, "Grad": (g + coeff * p).astype(p.dtype, copy=False)}
+        return {**update(xp, ins, attrs), **extra}
+
+    kernel.__doc__ = update.__doc__
+    return kernel
+
+
+def _register(type: str, update, defaults: dict[str, Any]) -> None:
+    slots = STATE[type]
+    register(OpDef(type, "optimizer", ("Param", "Grad", *(s.name for s in slots), "Step?"),
+                   ("ParamOut", *(s.out for s in slots), "StepOut?"), _with_rules(update),
+                   attrs={**defaults, "l2_decay": 0.0, "lr_schedule": None}))
 
 
 def _sgd(xp, ins, attrs):
@@ -21,7 +148,7 @@ def _sgd(xp, ins, attrs):
     return {"ParamOut": p}
 
 
-register(OpDef("sgd", "optimizer", ("Param", "Grad"), ("ParamOut",), _sgd, attrs={"lr": 0.01}))
+_register("sgd", _sgd, {"lr": 0.01})
 
 
 def _adagrad(xp, ins, attrs):
@@ -40,8 +167,7 @@ def _adagrad(xp, ins, attrs):
     return {"ParamOut": p, "MomentOut": m}
 
 
-register(OpDef("adagrad", "optimizer", ("Param", "Grad", "Moment"), ("ParamOut", "MomentOut"),
-               _adagrad, attrs={"lr": 0.01, "epsilon": 1e-6}))
+_register("adagrad", _adagrad, {"lr": 0.01, "epsilon": 1e-6, "initial_accumulator_value": 0.0})
 
 
 def _adam(xp, ins, attrs):
@@ -102,8 +228,19 @@ def _paddle_sparse_adam(xp, p, g: SparseRows, m1, m2, b1p, b2p, attrs):
     return {"ParamOut": p, "Moment1Out": m1, "Moment2Out": m2, "Beta1PowOut": b1p, "Beta2PowOut": b2p}
 
 
-register(OpDef("adam", "optimizer",
-               ("Param", "Grad", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow"),
-               ("ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut"), _adam,
-               attrs={"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "lazy_mode": 0,
-                      "paddle_sparse": 0}))
+ADAM_DEFAULTS = {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "lazy_mode": 0,
+                 "paddle_sparse": 0}
+_register("adam", _adam, ADAM_DEFAULTS)
+
+
+def _adamw(xp, ins, attrs):
+    """Paddle's AdamW (lr_ratio 1): Param -= lr * weight_decay * Param over the whole parameter
+    (for a row-sparse Grad too, lazy or not, as Paddle's SelectedRows AdamW does), then the Adam
+    step on the decayed Param."""
+    p, wd = ins["Param"], attrs["weight_decay"]
+    if wd:
+        p -= (attrs["lr"] * wd * p).astype(p.dtype, copy=False)
+    return _adam(xp, ins, attrs)
+
+
+_register("adamw", _adamw, {**ADAM_DEFAULTS, "weight_decay": 0.01})

@@ -374,8 +374,10 @@ def test_unsupported_op_names_type_index_and_call_site(paddle, ir):
 
 @pytest.mark.parametrize("ir", IRS)
 @pytest.mark.parametrize("make_opt,match", [
-    (lambda p, ir: p.optimizer.Momentum(0.1), "only SGD, Adam and Adagrad"),
-    (lambda p, ir: p.optimizer.SGD(0.1, weight_decay=0.01), "weight decay"),
+    (lambda p, ir: p.optimizer.Momentum(0.1), "only SGD, Adam, AdamW and Adagrad"),
+    (lambda p, ir: p.optimizer.SGD(0.1, weight_decay=p.regularizer.L1Decay(0.01)), "weight decay"),
+    (lambda p, ir: p.optimizer.SGD(p.optimizer.lr.PiecewiseDecay([3], [0.1, 0.01])),
+     "LR scheduler PiecewiseDecay is not imported"),
     (lambda p, ir: p.optimizer.SGD(0.1, grad_clip=p.nn.ClipGradByValue(1.0) if ir == "legacy"
                                    else p.nn.ClipGradByGlobalNorm(1.0)), "clipping")])
 def test_unsupported_optimizer_setting_is_an_error(paddle, ir, make_opt, match):

@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ops_registry.optimizer import STATE
+
 MODES = ("sync", "async", "geo")
-OPTIMIZERS = ("sgd", "adagrad", "adam")
+OPTIMIZERS = tuple(STATE)  # the update ops ops_registry.optimizer defines
 
 
 @dataclass
