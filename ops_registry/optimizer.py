@@ -13,6 +13,9 @@ Facts kept here, read by the builder, the PS pass, the tables and the Paddle imp
   Grad becomes dense, as Paddle's `sum` with the decay term makes it) and, for `adamw`,
   `weight_decay` (decoupled: Param -= lr * weight_decay * Param before the Adam step, Paddle's
   AdamW with lr_ratio 1).
+- `clip_by_global_norm`: Paddle's ClipGradByGlobalNorm over every gradient of a step, an op of its
+  own before the updates (it needs all gradients at once, so it runs in single-process training;
+  the parameter-server tables, which update table by table, refuse it).
 """
 
 from __future__ import annotations
@@ -244,3 +247,21 @@ def _adamw(xp, ins, attrs):
 
 
 _register("adamw", _adamw, {**ADAM_DEFAULTS, "weight_decay": 0.01})
+
+
+def _clip_by_global_norm(xp, ins, attrs):
+    """Paddle's ClipGradByGlobalNorm: norm = sqrt(sum of every gradient's squared L2 norm) (a
+    row-sparse gradient's rows merged first); every gradient is scaled by
+    clip_norm / max(norm, clip_norm). The scaled gradients keep their form (dense or row-sparse)."""
+    grads, clip = ins["X"], attrs["clip_norm"]
+    merged = [g.merged(xp) if isinstance(g, SparseRows) else g for g in grads]
+    total = sum(float(xp.sum(xp.square(g.values if isinstance(g, SparseRows) else g))) for g in merged)
+    dtype = (merged[0].values if isinstance(merged[0], SparseRows) else merged[0]).dtype
+    scale = dtype.type(clip) / max(dtype.type(math.sqrt(total)), dtype.type(clip))
+    out = [SparseRows(g.rows, (g.values * scale).astype(dtype, copy=False), g.height)
+           if isinstance(g, SparseRows) else (g * scale).astype(g.dtype, copy=False) for g in merged]
+    return {"Out": out}
+
+
+register(OpDef("clip_by_global_norm", "optimizer", ("X*",), ("Out*",), _clip_by_global_norm,
+               attrs={"clip_norm": 1.0}))

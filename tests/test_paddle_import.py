@@ -379,7 +379,7 @@ def test_unsupported_op_names_type_index_and_call_site(paddle, ir):
     (lambda p, ir: p.optimizer.SGD(p.optimizer.lr.PiecewiseDecay([3], [0.1, 0.01])),
      "LR scheduler PiecewiseDecay is not imported"),
     (lambda p, ir: p.optimizer.SGD(0.1, grad_clip=p.nn.ClipGradByValue(1.0) if ir == "legacy"
-                                   else p.nn.ClipGradByGlobalNorm(1.0)), "clipping")])
+                                   else p.nn.ClipGradByNorm(1.0)), "clipping")])
 def test_unsupported_optimizer_setting_is_an_error(paddle, ir, make_opt, match):
     """Settings hetps cannot reproduce fail loudly instead of training something else."""
     with ir_guard(paddle, ir):

@@ -236,16 +236,21 @@ class Optimizer:
     """`minimize(loss)` appends backward ops and one update op per parameter (op_role optimize).
 
     Every optimizer takes `lr_schedule` (a spec: {"type": "step" | "exponential" | "cosine" |
-    "linear_warmup", ...}, see `ops_registry.optimizer.scheduled_lr`) and `l2_decay` (Paddle's
-    `L2Decay` coefficient). Its state slots (`state`, from `ops_registry.optimizer.STATE`) become
+    "linear_warmup", ...}, see `ops_registry.optimizer.scheduled_lr`), `l2_decay` (Paddle's
+    `L2Decay` coefficient) and `grad_clip_norm` (Paddle's `ClipGradByGlobalNorm`: one
+    `clip_by_global_norm` op over all gradients before the updates; single-process training only,
+    `transpile` refuses it). Its state slots (`state`, from `ops_registry.optimizer.STATE`) become
     persistable vars `<param>_<slot>_0`: the parameter's shape, or [1] when scalar.
     """
 
     type = ""
 
-    def __init__(self, lr: float, lr_schedule: dict[str, Any] | None = None, l2_decay: float = 0.0) -> None:
+    def __init__(self, lr: float, lr_schedule: dict[str, Any] | None = None, l2_decay: float = 0.0,
+                 grad_clip_norm: float | None = None) -> None:
         opt.check_schedule(lr_schedule)
-        self.lr = lr
+        if grad_clip_norm is not None and not grad_clip_norm > 0:
+            raise ValueError(f"grad_clip_norm must be > 0, got {grad_clip_norm}")
+        self.lr, self.grad_clip_norm = lr, grad_clip_norm
         self.hyper: dict[str, Any] = {"l2_decay": float(l2_decay), "lr_schedule": lr_schedule}
 
     def attrs(self) -> dict[str, Any]:
@@ -260,7 +265,14 @@ class Optimizer:
         params_grads = append_backward(main, loss, parameter_list)
         main.attrs["loss_name"] = loss.name if isinstance(loss, Var) else loss
         main.attrs["optimizer"] = {"type": self.type, **self.attrs()}
-        for p, g in params_grads:
+        grads = [g for _, g in params_grads]
+        if self.grad_clip_norm is not None:
+            grads = [f"{g}@CLIP" for g in grads]
+            for (p, _), c in zip(params_grads, grads, strict=True):
+                main.global_block().create_var(c, shape=main.var(p).shape, dtype=main.var(p).dtype)
+            main.append_op("clip_by_global_norm", {"X": [g for _, g in params_grads]}, {"Out": grads},
+                           {"clip_norm": float(self.grad_clip_norm), "op_role": "optimize"})
+        for (p, _), g in zip(params_grads, grads, strict=True):
             pv = main.var(p)
             ins, outs = {"Param": [p], "Grad": [g]}, {"ParamOut": [p]}
             for slot in self.state:
@@ -285,8 +297,9 @@ class Adagrad(Optimizer):
     type = "adagrad"
 
     def __init__(self, lr: float, epsilon: float = 1e-6, initial_accumulator_value: float = 0.0,
-                 lr_schedule: dict[str, Any] | None = None, l2_decay: float = 0.0) -> None:
-        super().__init__(lr, lr_schedule, l2_decay)
+                 lr_schedule: dict[str, Any] | None = None, l2_decay: float = 0.0,
+                 grad_clip_norm: float | None = None) -> None:
+        super().__init__(lr, lr_schedule, l2_decay, grad_clip_norm)
         # kept in the op's attrs too, so a parameter server can start the accumulator the same way
         self.hyper.update(epsilon=epsilon, initial_accumulator_value=initial_accumulator_value)
 
@@ -296,8 +309,9 @@ class Adam(Optimizer):
 
     def __init__(self, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, lazy_mode: bool = False, paddle_sparse: bool = False,
-                 lr_schedule: dict[str, Any] | None = None, l2_decay: float = 0.0) -> None:
-        super().__init__(lr, lr_schedule, l2_decay)
+                 lr_schedule: dict[str, Any] | None = None, l2_decay: float = 0.0,
+                 grad_clip_norm: float | None = None) -> None:
+        super().__init__(lr, lr_schedule, l2_decay, grad_clip_norm)
         # paddle_sparse: row-sparse gradients take Paddle's CPU SelectedRows step (set by from_paddle
         # for legacy-IR is_sparse tables; see ops_registry/optimizer.py)
         self.hyper.update(beta1=beta1, beta2=beta2, epsilon=epsilon, lazy_mode=int(lazy_mode),

@@ -42,7 +42,9 @@ Optimizer settings read (ops_registry/optimizer.py holds their rules):
 - legacy-IR `is_sparse=True` tables updated by Adam / AdamW keep Paddle's SelectedRows kernel
   (`paddle_sparse`, see `ops_registry.optimizer._paddle_sparse_adam`); for dense gradients
   (all of PIR's) `lazy_mode` has no effect in Paddle and is dropped.
-Not imported (a PaddleImportError says which op): gradient clipping, other LR schedulers,
+- `ClipGradByGlobalNorm` (PIR; 3.3.1's legacy IR fails to build it) over every parameter becomes
+  the optimizer's `grad_clip_norm` (single-process only: `transpile` refuses it).
+Not imported (a PaddleImportError says which op): other gradient clipping, other LR schedulers,
 optimizers other than SGD / Adam / AdamW / Adagrad, control flow, and ops without a converter.
 """
 
@@ -90,6 +92,7 @@ class _Read:
     optimize: list[PaddleOp] = field(default_factory=list)   # optimizer update ops
     selected_rows: set[str] = field(default_factory=set)     # legacy SelectedRows vars (sparse grads)
     l2: dict[str, float] = field(default_factory=dict)       # param -> its L2Decay coefficient
+    clip: dict[str, float] = field(default_factory=dict)     # param -> ClipGradByGlobalNorm's clip_norm
     loss: str | None = None
     name_of: Callable[[Any], str] = str                      # Variable / Value / str -> name
 
@@ -317,6 +320,9 @@ def _read_pir(main: Any, paddle_dir: str) -> _Read:
             grad, coeff = _pir_l2(grad, param, consts)
             if coeff:
                 read.l2[names[param.id]] = coeff
+            grad, clip = _pir_clip(grad, consts)
+            if clip:
+                read.clip[names[param.id]] = clip
             bad = _grad_transform(grad, backward)
             if bad:
                 raise node.fail(f"the gradient is transformed by {bad!r} before the update (gradient "
@@ -342,6 +348,22 @@ def _pir_l2(grad: Any, param: Any, consts: dict) -> tuple[Any, float]:
         return grad, 0.0
     coeff = consts.get(sc.operand_source(1).id)
     return (srcs[0], float(coeff)) if coeff is not None else (grad, 0.0)
+
+
+def _pir_clip(grad: Any, consts: dict) -> tuple[Any, float]:
+    """(g, clip_norm) when `grad` is Paddle's PIR ClipGradByGlobalNorm
+    `multiply(g, divide(full(c), maximum(sqrt(..), full(c))))`, else (grad, 0.0)."""
+    op = grad.get_defining_op()
+    if op.name() != "pd_op.multiply":
+        return grad, 0.0
+    div = op.operand_source(1).get_defining_op()
+    if div.name() != "pd_op.divide":
+        return grad, 0.0
+    mx = div.operand_source(1).get_defining_op()
+    clip = consts.get(div.operand_source(0).id)
+    if mx.name() != "pd_op.maximum" or clip is None or consts.get(mx.operand_source(1).id) != clip:
+        return grad, 0.0
+    return op.operand_source(0), float(clip)
 
 
 def _grad_transform(value: Any, backward: set) -> str | None:
@@ -528,11 +550,16 @@ def _minimize(imp: _Importer, read: _Read, opt: builder.Optimizer) -> dict[str, 
     """Regenerate backward and append hetps update ops, with the per-parameter settings (L2Decay,
     AdamW's decay, Paddle's sparse kernel); return {our state var: Paddle's, or _STEP}."""
     by_param = {op.one("Param"): op for op in read.optimize}
+    clips = {read.clip.get(p) for p in by_param}
+    if len(clips) > 1:
+        raise read.optimize[0].fail(f"ClipGradByGlobalNorm clips only some parameters "
+                                    f"({sorted(read.clip)}), which is not imported")
+    opt.grad_clip_norm = clips.pop()
     with builder.program_guard(imp.program, Program()):
         opt.minimize(read.loss, parameter_list=list(by_param))
     state = {}
     for op in imp.program.ops:
-        if op.role != "optimize":
+        if op.role != "optimize" or "Param" not in op.inputs:  # (clip_by_global_norm)
             continue
         param = op.inputs["Param"][0]
         theirs = by_param[param]

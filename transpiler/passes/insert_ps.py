@@ -46,6 +46,12 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
     to attrs["tables"]."""
     config = config or TranspileConfig()
     prog = program
+    clip = next((op for op in prog.ops if op.type == "clip_by_global_norm"), None)
+    if clip is not None:
+        raise ValueError(f"gradient clipping by global norm (clip_norm={clip.attrs.get('clip_norm')}) "
+                         "needs every gradient of a step in one place, and the parameter-server tables "
+                         "update table by table: train it single-process (Executor), or drop "
+                         "grad_clip_norm (ClipGradByGlobalNorm) to transpile")
     block = prog.global_block()
     reasons = prog.attrs.setdefault("placement", {})
     persistable = {n for n, v in block.vars.items() if v.persistable}
