@@ -165,6 +165,10 @@ def test_bad_optimizer_settings_are_refused_with_the_reason():
         nn.AdamW(0.1, lr_schedule={"type": "cosine", "T_max": 0})
     with pytest.raises(ValueError, match="grad_clip_norm must be > 0"):
         nn.SGD(0.1, grad_clip_norm=0.0)
+    from transpiler import TranspileConfig
+
+    with pytest.raises(ValueError, match="TranspileConfig.optimizer: lr_schedule .* 'type' must be"):
+        TranspileConfig(optimizer={"type": "adamw", "lr": 0.1, "lr_schedule": {"type": "cosin", "T_max": 9}})
     spec = {"name": "w", "kind": "dense", "shape": [2], "initializer": {"type": "constant", "value": 1.0},
             "optimizer": {"type": "sgd", "lr": 0.1, "lr_schedule": {"type": "exponential"}}}
     with pytest.raises(PSError, match="table 'w': bad sgd hyper-parameters .* needs \\['gamma'\\]"):

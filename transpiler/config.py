@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ops_registry.optimizer import STATE
+from ops_registry.optimizer import STATE, check_schedule
 
 MODES = ("sync", "async")
 OPTIMIZERS = tuple(STATE)  # the update ops ops_registry.optimizer defines
@@ -80,6 +80,10 @@ class TranspileConfig:
         if self.optimizer.get("type") not in OPTIMIZERS:
             raise ValueError(f"TranspileConfig.optimizer type {self.optimizer.get('type')!r} is not one "
                              f"of {OPTIMIZERS}")
+        try:
+            check_schedule(self.optimizer.get("lr_schedule"))
+        except ValueError as e:
+            raise ValueError(f"TranspileConfig.optimizer: {e}") from None
         if self.num_servers < 1:
             raise ValueError(f"TranspileConfig.num_servers must be >= 1, got {self.num_servers}")
 
