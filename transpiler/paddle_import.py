@@ -235,6 +235,10 @@ _PIR_AS_LEGACY: dict[str, tuple[str, dict, dict, dict]] = {
     "pd_op.sgd_": ("sgd", {}, {}, {}),
     "pd_op.adam_": ("adam", {"beta1": "=beta1", "beta2": "=beta2", "epsilon": "=epsilon"}, {}, {}),
     "pd_op.adagrad_": ("adagrad", {}, {}, {}),
+    "pd_op.unsqueeze": ("unsqueeze2", {"axis": "=axes"}, {}, {}),
+    "pd_op.transpose": ("transpose2", {}, {}, {"perm": "axis"}),
+    "pd_op.softmax": ("softmax", {}, {}, {}),
+    "pd_op.conv2d": ("conv2d", {}, {"out": "Output"}, {}),
     "pd_op.adamw_": ("adamw", {"beta1": "=beta1", "beta2": "=beta2", "epsilon": "=epsilon"}, {}, {}),
 }
 _PIR_OPTIMIZERS = {"pd_op.sgd_", "pd_op.adam_", "pd_op.adagrad_", "pd_op.adamw_", "pd_op.momentum_",
@@ -482,7 +486,12 @@ class _Importer:
         first = self.var(next(iter(inputs.values()))[0])
         shapes = {s: ([self.shape(n) for n in ns] if opdef.is_variadic(s) else self.shape(ns[0]))
                   for s, ns in inputs.items()}
-        shape = opdef.infer_shape(shapes, {**opdef.attrs, **attrs}).get(slot)
+        if opdef.infer_shape is not None:
+            shape = opdef.infer_shape(shapes, {**opdef.attrs, **attrs}).get(slot)
+        elif opdef.name == "fill_constant" and "Like" in shapes:
+            shape = shapes["Like"]
+        else:
+            raise op.fail(f"hetps op {opdef.name!r} has no shape rule for an intermediate")
         self.read.vars[name] = Var(name, shape=shape, dtype=first.dtype,
                                    stop_gradient=first.stop_gradient)
         return name
