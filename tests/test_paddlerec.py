@@ -25,9 +25,13 @@ def _slots(paddle, label_dtype="int64"):
         paddle.static.data("label", [-1, 1], label_dtype)
 
 
-def _emb(paddle, dim, std=0.1 / math.sqrt(DIM)):
-    init = paddle.nn.initializer.TruncatedNormal(mean=0.0, std=std)
-    return paddle.nn.Embedding(VOCAB, dim, padding_idx=0, sparse=True, weight_attr=paddle.ParamAttr(initializer=init))
+STD = 0.1 / math.sqrt(DIM)  # PaddleRec's init_value_ / sqrt(sparse_feature_dim)
+
+
+def _emb(paddle, dim):
+    init = paddle.nn.initializer.TruncatedNormal(mean=0.0, std=STD)
+    return paddle.nn.Embedding(VOCAB, dim, padding_idx=0, sparse=True,
+                               weight_attr=paddle.ParamAttr(initializer=init))
 
 
 def _mlp(paddle, x, sizes, out=None):
@@ -54,9 +58,9 @@ def wide_deep(paddle):
     return _log_loss(paddle, paddle.nn.functional.sigmoid(paddle.add(wide, deep)), label)
 
 
-def _fm_inputs(paddle, sparse, dense, std=0.1 / math.sqrt(DIM)):
+def _fm_inputs(paddle, sparse, dense):
     """DeepFM / xDeepFM's first-order terms and field embeddings (dense features as fields)."""
-    init = paddle.nn.initializer.TruncatedNormal(mean=0.0, std=std)
+    init = paddle.nn.initializer.TruncatedNormal(mean=0.0, std=STD)
     ids = paddle.concat(sparse, axis=1)                                          # [B, S]
     first_sparse = _emb(paddle, 1)(ids)                                          # [B, S, 1]
     w_one = paddle.create_parameter([DENSE], "float32", default_initializer=init)
@@ -95,7 +99,7 @@ def dcn(paddle):
     x0 = paddle.concat([paddle.reshape(_emb(paddle, DIM)(paddle.concat(sparse, axis=1)), [-1, SLOTS * DIM]),
                         dense], 1)
     width = SLOTS * DIM + DENSE
-    init = paddle.nn.initializer.TruncatedNormal(mean=0.0, std=0.1 / math.sqrt(DIM))
+    init = paddle.nn.initializer.TruncatedNormal(mean=0.0, std=STD)
     w = paddle.create_parameter([width], "float32", default_initializer=init)
     b = paddle.create_parameter([width], "float32", default_initializer=init)
     x, l2 = x0, []
@@ -116,7 +120,8 @@ def xdeepfm(paddle):
     by a 1x1 conv2d, sum-pooled) and a DNN, summed; sigmoid."""
     sparse, dense, label = _slots(paddle)
     first, feats = _fm_inputs(paddle, sparse, dense)
-    b_linear = paddle.create_parameter([1], "float32", default_initializer=paddle.nn.initializer.Constant(0.0))
+    zero = paddle.nn.initializer.Constant(0.0)
+    b_linear = paddle.create_parameter([1], "float32", default_initializer=zero)
     fields, xs, last = SLOTS + DENSE, [feats], SLOTS + DENSE
     for s in (4, 3):
         x_0 = paddle.reshape(paddle.transpose(xs[0], [0, 2, 1]), [-1, DIM, fields, 1])

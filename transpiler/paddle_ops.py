@@ -97,7 +97,8 @@ def _lookup(ctx: Ctx, op: PaddleOp) -> None:
                  {"is_sparse": int(sparse)})
         return
     rows = ctx.emit(op, "embedding", {"W": [w], "Ids": [ids]}, {"Out": None}, {"is_sparse": int(sparse)})[0]
-    value = ctx.emit(op, "fill_constant", {"Like": [ids]}, {"Out": None}, {"value": float(pad), "dtype": "int64"})
+    value = ctx.emit(op, "fill_constant", {"Like": [ids]}, {"Out": None},
+                     {"value": float(pad), "dtype": "int64"})
     hit = ctx.emit(op, "equal", {"A": [ids], "B": value}, {"C": None})
     keep = ctx.emit(op, "cast", {"input": hit}, {"output": None}, {"to": "float32"})
     keep = ctx.emit(op, "scale", {"X": keep}, {"Out": None}, {"scale": -1.0, "bias": 1.0})
