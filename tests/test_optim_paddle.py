@@ -173,3 +173,34 @@ def test_bad_optimizer_settings_are_refused_with_the_reason():
             "optimizer": {"type": "sgd", "lr": 0.1, "lr_schedule": {"type": "exponential"}}}
     with pytest.raises(PSError, match="table 'w': bad sgd hyper-parameters .* needs \\['gamma'\\]"):
         make_table(spec)
+
+
+def test_a_scheduled_program_that_lost_its_scheduler_is_refused(paddle):
+    """A PIR program whose LR is a scheduler's variable, but without `lr_scheduler` (what a saved and
+    reloaded program looks like), would train at a constant LR: refused, naming the variable."""
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        loss, _ = wide_deep(paddle, "pir", True)
+        paddle.optimizer.SGD(paddle.optimizer.lr.StepDecay(0.1, 5, 0.5)).minimize(loss)
+    del main.lr_scheduler
+    with pytest.raises(Exception, match="is an LR scheduler's variable, but the program carries no"):
+        from_paddle(main, startup_program=startup, scope=paddle.static.Scope())
+
+
+def test_table_state_keeps_the_step_count():
+    """What a checkpoint saves (`state_dict`) holds the schedule's Step: a table restored from it
+    continues the schedule where it stopped (checked against the LR formula by hand)."""
+    from runtime.ps import make_table
+
+    spec = {"name": "w", "kind": "dense", "shape": [3], "initializer": {"type": "constant", "value": 1.0},
+            "optimizer": {"type": "sgd", "lr": 0.1, "lr_schedule": {"type": "step", "step_size": 2,
+                                                                    "gamma": 0.5}}}
+    t = make_table(spec)
+    for _ in range(3):
+        t.push(np.ones(3, np.float32))
+    state = {k: np.array(v) for k, v in t.state_dict().items()}
+    assert state["Step"].tolist() == [3.0]
+    again = make_table(spec)
+    again.load_state(state)
+    again.push(np.ones(3, np.float32))  # update 3: lr = 0.1 * 0.5 ** (3 // 2) = 0.05
+    np.testing.assert_allclose(again.pull(), 1.0 - 0.1 - 0.1 - 0.05 - 0.05, rtol=1e-6)

@@ -122,6 +122,12 @@ def from_paddle(main_program: Any, startup_program: Any = None, scope: Any = Non
     imp.program.params = {n: values[n] for n in persist}
     if read.optimize:
         schedule, base_lr, step = _lr_schedule(main_program, read.optimize[0])
+        lr_fact = read.vars.get(lr_var[0])
+        if schedule is None and read.ir == "pir" and lr_fact is not None and lr_fact.is_parameter:
+            raise read.optimize[0].fail(
+                f"the learning rate {lr_var[0]!r} is an LR scheduler's variable, but the program "
+                "carries no `lr_scheduler` (a saved and reloaded program loses it): import the "
+                "program object the scheduler was built with, or use a constant learning rate")
         lr = base_lr if schedule else float(np.asarray(values[lr_var[0]]).reshape(-1)[0])
         opt = kind(lr=lr, lr_schedule=schedule, **hyper)
         values.update({_STEP: np.full((1,), step, np.float32)})
