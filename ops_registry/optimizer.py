@@ -10,7 +10,8 @@ Facts kept here, read by the builder, the PS pass, the tables and the Paddle imp
 - Rules every update op takes as attrs, applied around its kernel (`_with_rules`), in this order:
   `lr_schedule` (a spec, see `scheduled_lr`; adds the scalar `Step` state, the count of updates
   applied so far), `l2_decay` (Paddle's `L2Decay` regularizer: Grad += coeff * Param; a row-sparse
-  Grad becomes dense, as Paddle's `sum` with the decay term makes it) and, for `adamw`,
+  Grad becomes dense, as Paddle's `sum` with the decay term makes it — on a parameter-server sparse
+  table that is every row the server holds; rows are created undecayed) and, for `adamw`,
   `weight_decay` (decoupled: Param -= lr * weight_decay * Param before the Adam step, Paddle's
   AdamW with lr_ratio 1).
 - `clip_by_global_norm`: Paddle's ClipGradByGlobalNorm over every gradient of a step, an op of its
@@ -119,7 +120,7 @@ def _with_rules(update):
             if step is None:
                 raise ValueError("an update with lr_schedule needs its Step state input")
             lr = scheduled_lr(attrs["lr"], attrs["lr_schedule"], int(step.reshape(-1)[0]))
-            # rounded to the parameter's dtype, as Paddle holds the LR in a variable of that dtype
+            # in the parameter's dtype, as Paddle's kernels read the LR
             attrs = {**attrs, "lr": float(ins["Param"].dtype.type(lr))}
             extra["StepOut"] = step + 1
         coeff = attrs.get("l2_decay") or 0.0
