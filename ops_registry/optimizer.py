@@ -219,16 +219,19 @@ def _paddle_sparse_adam(xp, p, g: SparseRows, m1, m2, b1p, b2p, attrs):
     lr = attrs["lr"] * xp.sqrt(1 - b2p) / (1 - b1p)
     g = g.merged(xp)
     r = g.rows
-    if not attrs["lazy_mode"]:
-        rest = xp.ones(p.shape[0], dtype=bool)
-        rest[r] = False
-        m1[rest] *= b1
-        m2[rest] *= b2
-        p[rest] -= (lr * m1[rest] / (xp.sqrt(m2[rest]) + eps)).astype(p.dtype, copy=False)
-    m1r = b1 * m1[r] + (1 - b1) * g.values
-    m2r = b2 * m2[r] + (1 - b2) * g.values * g.values
+    if attrs["lazy_mode"]:
+        m1r = b1 * m1[r] + (1 - b1) * g.values
+        m2r = b2 * m2[r] + (1 - b2) * g.values * g.values
+        pr = p[r]
+    else:  # every row decays and moves; the gradient rows are then redone from their old Param
+        pr = p[r]
+        m1 *= b1
+        m2 *= b2
+        p -= (lr * m1 / (xp.sqrt(m2) + eps)).astype(p.dtype, copy=False)
+        m1r = m1[r] + (1 - b1) * g.values
+        m2r = m2[r] + (1 - b2) * g.values * g.values
     m1[r], m2[r] = m1r, m2r
-    p[r] -= (lr * m1r / (xp.sqrt(m2r) + eps * xp.sqrt(1 - b2p))).astype(p.dtype, copy=False)
+    p[r] = pr - (lr * m1r / (xp.sqrt(m2r) + eps * xp.sqrt(1 - b2p))).astype(p.dtype, copy=False)
     return {"ParamOut": p, "Moment1Out": m1, "Moment2Out": m2, "Beta1PowOut": b1p, "Beta2PowOut": b2p}
 
 
