@@ -1,13 +1,144 @@
-"""Optimizer update ops, Paddle's formulas. They update Param (and state) in place.
+"""Optimizer update ops, Paddle's formulas, and the one home of optimizer facts.
 
-A row-sparse Grad updates only its rows (SGD, Adagrad, lazy Adam); non-lazy Adam treats it as dense,
-as Paddle does. The parameter server calls these same kernels, so server-side updates are
-numerically the trainer-side ones.
+An update op updates Param (and state) in place. A row-sparse Grad updates only its rows (SGD,
+Adagrad, lazy Adam); non-lazy Adam treats it as dense, as Paddle does. The parameter server calls
+these same kernels, so server-side updates are numerically the trainer-side ones.
+
+Facts kept here, read by the builder, the PS pass, the tables and the Paddle import:
+- `STATE[type]`: the per-parameter state slots (`Slot`): name, output slot, scalar or parameter
+  shaped, and the start value (a number, or the hyper-parameter that gives it).
+- Rules every update op takes as attrs, applied around its kernel (`_with_rules`), in this order:
+  `lr_schedule` (a spec, see `scheduled_lr`; adds the scalar `Step` state, the count of updates
+  applied so far), `l2_decay` (Paddle's `L2Decay` regularizer: Grad += coeff * Param; a row-sparse
+  Grad becomes dense, as Paddle's `sum` with the decay term makes it — on a parameter-server sparse
+  table that is every row the server holds; rows are created undecayed) and, for `adamw`,
+  `weight_decay` (decoupled: Param -= lr * weight_decay * Param before the Adam step, Paddle's
+  AdamW with lr_ratio 1).
+- `clip_by_global_norm`: Paddle's ClipGradByGlobalNorm over every gradient of a step, an op of its
+  own before the updates (it needs all gradients at once, so it runs in single-process training;
+  the parameter-server tables, which update table by table, refuse it).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import Any
+
 from .base import OpDef, SparseRows, register, scatter_add
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One optimizer state slot: `name` (the op's input slot) is updated into `out`; `scalar` state
+    has shape [1] per parameter, other state the parameter's shape; it starts at `init`, a number or
+    the name of the hyper-parameter that gives it."""
+
+    name: str
+    out: str
+    scalar: bool = False
+    init: float | str = 0.0
+
+
+_ADAM_STATE = (Slot("Moment1", "Moment1Out"), Slot("Moment2", "Moment2Out"),
+               Slot("Beta1Pow", "Beta1PowOut", True, "beta1"), Slot("Beta2Pow", "Beta2PowOut", True, "beta2"))
+STATE: dict[str, tuple[Slot, ...]] = {
+    "sgd": (),
+    "adagrad": (Slot("Moment", "MomentOut", False, "initial_accumulator_value"),),
+    "adam": _ADAM_STATE,
+    "adamw": _ADAM_STATE,
+}
+STEP = Slot("Step", "StepOut", True)  # updates applied so far; present when lr_schedule is set
+SCHEDULES = ("step", "exponential", "cosine", "linear_warmup")
+
+
+def state_slots(type: str, attrs: dict[str, Any]) -> tuple[Slot, ...]:
+    """The state slots of update op `type` with hyper-parameters `attrs`."""
+    if type not in STATE:
+        raise ValueError(f"optimizer {type!r} is not one of {sorted(STATE)}")
+    return STATE[type] + ((STEP,) if attrs.get("lr_schedule") else ())
+
+
+def state_init(slot: Slot, attrs: dict[str, Any]) -> float:
+    """The start value of `slot` under hyper-parameters `attrs`."""
+    return float(attrs[slot.init]) if isinstance(slot.init, str) else float(slot.init)
+
+
+def check_schedule(spec: dict[str, Any] | None) -> None:
+    """ValueError naming what is wrong with an `lr_schedule` spec (None: no schedule)."""
+    if spec is None:
+        return
+    need = {"step": ("step_size", "gamma"), "exponential": ("gamma",), "cosine": ("T_max",),
+            "linear_warmup": ("warmup_steps", "start_lr", "end_lr")}
+    kind = spec.get("type") if isinstance(spec, dict) else None
+    if kind not in need:
+        raise ValueError(f"lr_schedule {spec!r}: 'type' must be one of {list(need)}")
+    missing = [k for k in need[kind] if k not in spec]
+    if missing:
+        raise ValueError(f"lr_schedule {spec!r}: a {kind} schedule needs {missing}")
+    for k in ("step_size", "T_max", "warmup_steps"):
+        if k in spec and (not isinstance(spec[k], int) or spec[k] < 1):
+            raise ValueError(f"lr_schedule {spec!r}: {k} must be a positive int")
+    if kind == "linear_warmup":
+        check_schedule(spec.get("then"))
+
+
+def scheduled_lr(lr: float, spec: dict[str, Any] | None, step: int) -> float:
+    """The learning rate of update `step` (0 = the first) under `spec`, Paddle's schedulers stepped
+    once per update (`paddle.optimizer.lr`, closed forms):
+    - step: lr * gamma ** (step // step_size)                         (StepDecay)
+    - exponential: lr * gamma ** step                                 (ExponentialDecay)
+    - cosine: eta_min + (lr - eta_min) * (1 + cos(pi * step / T_max)) / 2   (CosineAnnealingDecay)
+    - linear_warmup: start_lr + (end_lr - start_lr) * step / warmup_steps while step < warmup_steps,
+      then lr, or the `then` schedule at step - warmup_steps           (LinearWarmup)
+    """
+    if not spec:
+        return lr
+    kind = spec["type"]
+    if kind == "step":
+        return lr * spec["gamma"] ** (step // spec["step_size"])
+    if kind == "exponential":
+        return lr * spec["gamma"] ** step
+    if kind == "cosine":
+        eta = spec.get("eta_min", 0.0)
+        return eta + (lr - eta) * (1 + math.cos(math.pi * step / spec["T_max"])) / 2
+    if kind == "linear_warmup":
+        w = spec["warmup_steps"]
+        if step < w:
+            return spec["start_lr"] + (spec["end_lr"] - spec["start_lr"]) * step / w
+        return scheduled_lr(lr, spec.get("then"), step - w)
+    raise ValueError(f"lr_schedule type {kind!r} is not one of {SCHEDULES}")
+
+
+def _with_rules(update):
+    """`update` with the rules every optimizer takes (see the module docstring)."""
+
+    def kernel(xp, ins, attrs):
+        extra = {}
+        if attrs.get("lr_schedule"):
+            step = ins.get("Step")
+            if step is None:
+                raise ValueError("an update with lr_schedule needs its Step state input")
+            lr = scheduled_lr(attrs["lr"], attrs["lr_schedule"], int(step.reshape(-1)[0]))
+            # in the parameter's dtype, as Paddle's kernels read the LR
+            attrs = {**attrs, "lr": float(ins["Param"].dtype.type(lr))}
+            extra["StepOut"] = step + 1
+        coeff = attrs.get("l2_decay") or 0.0
+        if coeff:
+            p, g = ins["Param"], ins["Grad"]
+            g = g.to_dense(xp) if isinstance(g, SparseRows) else g
+            ins = {**ins, "Grad": (g + coeff * p).astype(p.dtype, copy=False)}
+        return {**update(xp, ins, attrs), **extra}
+
+    kernel.__doc__ = update.__doc__
+    return kernel
+
+
+def _register(type: str, update, defaults: dict[str, Any]) -> None:
+    slots = STATE[type]
+    register(OpDef(type, "optimizer", ("Param", "Grad", *(s.name for s in slots), "Step?"),
+                   ("ParamOut", *(s.out for s in slots), "StepOut?"), _with_rules(update),
+                   attrs={**defaults, "l2_decay": 0.0, "lr_schedule": None}))
 
 
 def _sgd(xp, ins, attrs):
@@ -21,7 +152,7 @@ def _sgd(xp, ins, attrs):
     return {"ParamOut": p}
 
 
-register(OpDef("sgd", "optimizer", ("Param", "Grad"), ("ParamOut",), _sgd, attrs={"lr": 0.01}))
+_register("sgd", _sgd, {"lr": 0.01})
 
 
 def _adagrad(xp, ins, attrs):
@@ -40,17 +171,19 @@ def _adagrad(xp, ins, attrs):
     return {"ParamOut": p, "MomentOut": m}
 
 
-register(OpDef("adagrad", "optimizer", ("Param", "Grad", "Moment"), ("ParamOut", "MomentOut"),
-               _adagrad, attrs={"lr": 0.01, "epsilon": 1e-6}))
+_register("adagrad", _adagrad, {"lr": 0.01, "epsilon": 1e-6, "initial_accumulator_value": 0.0})
 
 
 def _adam(xp, ins, attrs):
     """Paddle's Adam: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
     Param -= lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + epsilon * sqrt(1-b2^t)); b^t *= b.
-    With lazy_mode a row-sparse Grad touches only its rows."""
+    With lazy_mode a row-sparse Grad touches only its rows. With `paddle_sparse` a row-sparse Grad
+    follows Paddle's CPU SelectedRows kernel instead (`_paddle_sparse_adam`)."""
     p, g, m1, m2 = ins["Param"], ins["Grad"], ins["Moment1"], ins["Moment2"]
     b1p, b2p = ins["Beta1Pow"], ins["Beta2Pow"]
     b1, b2, eps = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
+    if isinstance(g, SparseRows) and attrs.get("paddle_sparse"):
+        return _paddle_sparse_adam(xp, p, g, m1, m2, b1p, b2p, attrs)
     lr = attrs["lr"] * xp.sqrt(1 - b2p) / (1 - b1p)
     eps_hat = eps * xp.sqrt(1 - b2p)
     if isinstance(g, SparseRows) and attrs["lazy_mode"]:
@@ -72,7 +205,67 @@ def _adam(xp, ins, attrs):
             "Beta1PowOut": b1p * b1, "Beta2PowOut": b2p * b2}
 
 
-register(OpDef("adam", "optimizer",
-               ("Param", "Grad", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow"),
-               ("ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut", "Beta2PowOut"), _adam,
-               attrs={"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "lazy_mode": 0}))
+def _paddle_sparse_adam(xp, p, g: SparseRows, m1, m2, b1p, b2p, attrs):
+    """Adam on a row-sparse gradient as Paddle 3.3.1's CPU kernel runs it
+    (phi/kernels/selected_rows/cpu/adam_kernel.cc, used for `is_sparse=True` lookups in the legacy
+    IR): Beta1Pow/Beta2Pow are advanced *before* the update reads them, so step t bias-corrects with
+    b^(t+1); rows with a gradient take the Adam step with epsilon * sqrt(1-b2^(t+1)); without
+    lazy_mode every other row decays its moments (m *= b1, v *= b2) and moves by
+    lr_t * m / (sqrt(v) + epsilon), epsilon unscaled. A gradient with no rows changes nothing."""
+    b1, b2, eps = attrs["beta1"], attrs["beta2"], attrs["epsilon"]
+    if g.rows.size == 0:
+        return {"ParamOut": p, "Moment1Out": m1, "Moment2Out": m2, "Beta1PowOut": b1p, "Beta2PowOut": b2p}
+    b1p, b2p = b1p * b1, b2p * b2
+    lr = attrs["lr"] * xp.sqrt(1 - b2p) / (1 - b1p)
+    g = g.merged(xp)
+    r = g.rows
+    if attrs["lazy_mode"]:
+        m1r = b1 * m1[r] + (1 - b1) * g.values
+        m2r = b2 * m2[r] + (1 - b2) * g.values * g.values
+        pr = p[r]
+    else:  # every row decays and moves; the gradient rows are then redone from their old Param
+        pr = p[r]
+        m1 *= b1
+        m2 *= b2
+        p -= (lr * m1 / (xp.sqrt(m2) + eps)).astype(p.dtype, copy=False)
+        m1r = m1[r] + (1 - b1) * g.values
+        m2r = m2[r] + (1 - b2) * g.values * g.values
+    m1[r], m2[r] = m1r, m2r
+    p[r] = pr - (lr * m1r / (xp.sqrt(m2r) + eps * xp.sqrt(1 - b2p))).astype(p.dtype, copy=False)
+    return {"ParamOut": p, "Moment1Out": m1, "Moment2Out": m2, "Beta1PowOut": b1p, "Beta2PowOut": b2p}
+
+
+ADAM_DEFAULTS = {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "lazy_mode": 0,
+                 "paddle_sparse": 0}
+_register("adam", _adam, ADAM_DEFAULTS)
+
+
+def _adamw(xp, ins, attrs):
+    """Paddle's AdamW (lr_ratio 1): Param -= lr * weight_decay * Param over the whole parameter
+    (for a row-sparse Grad too, lazy or not, as Paddle's SelectedRows AdamW does), then the Adam
+    step on the decayed Param."""
+    p, wd = ins["Param"], attrs["weight_decay"]
+    if wd:
+        p -= (attrs["lr"] * wd * p).astype(p.dtype, copy=False)
+    return _adam(xp, ins, attrs)
+
+
+_register("adamw", _adamw, {**ADAM_DEFAULTS, "weight_decay": 0.01})
+
+
+def _clip_by_global_norm(xp, ins, attrs):
+    """Paddle's ClipGradByGlobalNorm: norm = sqrt(sum of every gradient's squared L2 norm) (a
+    row-sparse gradient's rows merged first); every gradient is scaled by
+    clip_norm / max(norm, clip_norm). The scaled gradients keep their form (dense or row-sparse)."""
+    grads, clip = ins["X"], attrs["clip_norm"]
+    merged = [g.merged(xp) if isinstance(g, SparseRows) else g for g in grads]
+    total = sum(float(xp.sum(xp.square(g.values if isinstance(g, SparseRows) else g))) for g in merged)
+    dtype = (merged[0].values if isinstance(merged[0], SparseRows) else merged[0]).dtype
+    scale = dtype.type(clip) / max(dtype.type(math.sqrt(total)), dtype.type(clip))
+    out = [SparseRows(g.rows, (g.values * scale).astype(dtype, copy=False), g.height)
+           if isinstance(g, SparseRows) else (g * scale).astype(g.dtype, copy=False) for g in merged]
+    return {"Out": out}
+
+
+register(OpDef("clip_by_global_norm", "optimizer", ("X*",), ("Out*",), _clip_by_global_norm,
+               attrs={"clip_norm": 1.0}))

@@ -140,11 +140,13 @@ def test_optimizer_specs_carry_hyper_parameters_and_state():
 
 def test_config_loads_from_yaml_and_json(tmp_path):
     (tmp_path / "c.yaml").write_text("trainer_types: [cpu, gpu, npu]\nop_type_devices: {relu: npu}\n"
-                                     "mode: geo\noptimizer: {type: adam, lr: 0.002}\n")
+                                     "mode: async\noptimizer: {type: adam, lr: 0.002}\n")
     cfg = TranspileConfig.load(tmp_path / "c.yaml")
-    assert cfg.trainer_types == ["cpu", "gpu", "npu"] and cfg.mode == "geo"
+    assert cfg.trainer_types == ["cpu", "gpu", "npu"] and cfg.mode == "async"
     (tmp_path / "c.json").write_text(json.dumps(cfg.to_dict()))
     assert TranspileConfig.load(tmp_path / "c.json") == cfg
+    with pytest.raises(ValueError, match="mode 'geo' is not supported: hetps's trainers do not run GEO"):
+        TranspileConfig(mode="geo")
     with pytest.raises(ValueError, match="unknown TranspileConfig keys \\['modes'\\]"):
         TranspileConfig.from_dict({"modes": "sync"})
     with pytest.raises(ValueError, match="'tpu' is not a trainer type"):

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ops_registry import get_op
+from ops_registry import optimizer as opt
 
 from .backward import append_backward
 from .ir import Program, Var
@@ -234,41 +235,56 @@ def layer_norm(x: Var, epsilon: float = 1e-5, axis: int = -1, name: str | None =
 class Optimizer:
     """`minimize(loss)` appends backward ops and one update op per parameter (op_role optimize).
 
-    `state` lists (slot, output slot, is_scalar) of the per-parameter state; a state var has the
-    parameter's shape, or [1] when scalar, and starts at `_state_init(slot)`.
+    Every optimizer takes `lr_schedule` (a spec: {"type": "step" | "exponential" | "cosine" |
+    "linear_warmup", ...}, see `ops_registry.optimizer.scheduled_lr`), `l2_decay` (Paddle's
+    `L2Decay` coefficient) and `grad_clip_norm` (Paddle's `ClipGradByGlobalNorm`: one
+    `clip_by_global_norm` op over all gradients before the updates; single-process training only,
+    `transpile` refuses it). Its state slots (`state`, from `ops_registry.optimizer.STATE`) become
+    persistable vars `<param>_<slot>_0`: the parameter's shape, or [1] when scalar.
     """
 
     type = ""
-    state: tuple[tuple[str, str, bool], ...] = ()
 
-    def __init__(self, lr: float, **hyper: Any) -> None:
-        self.lr = lr
-        self.hyper = hyper
+    def __init__(self, lr: float, lr_schedule: dict[str, Any] | None = None, l2_decay: float = 0.0,
+                 grad_clip_norm: float | None = None) -> None:
+        opt.check_schedule(lr_schedule)
+        if grad_clip_norm is not None and not grad_clip_norm > 0:
+            raise ValueError(f"grad_clip_norm must be > 0, got {grad_clip_norm}")
+        self.lr, self.grad_clip_norm = lr, grad_clip_norm
+        self.hyper: dict[str, Any] = {"l2_decay": float(l2_decay), "lr_schedule": lr_schedule}
 
     def attrs(self) -> dict[str, Any]:
         return {"lr": self.lr, **self.hyper}
 
-    def _state_init(self, slot: str) -> float:
-        return 0.0
+    @property
+    def state(self) -> tuple[opt.Slot, ...]:
+        return opt.state_slots(self.type, self.attrs())
 
     def minimize(self, loss: Var, parameter_list: list[str] | None = None) -> list[tuple[str, str]]:
         main, startup = default_main_program(), default_startup_program()
         params_grads = append_backward(main, loss, parameter_list)
         main.attrs["loss_name"] = loss.name if isinstance(loss, Var) else loss
         main.attrs["optimizer"] = {"type": self.type, **self.attrs()}
-        for p, g in params_grads:
+        grads = [g for _, g in params_grads]
+        if self.grad_clip_norm is not None:
+            grads = [f"{g}@CLIP" for g in grads]
+            for (p, _), c in zip(params_grads, grads, strict=True):
+                main.global_block().create_var(c, shape=main.var(p).shape, dtype=main.var(p).dtype)
+            main.append_op("clip_by_global_norm", {"X": [g for _, g in params_grads]}, {"Out": grads},
+                           {"clip_norm": float(self.grad_clip_norm), "op_role": "optimize"})
+        for (p, _), g in zip(params_grads, grads, strict=True):
             pv = main.var(p)
             ins, outs = {"Param": [p], "Grad": [g]}, {"ParamOut": [p]}
-            for slot, out_slot, scalar in self.state:
-                shape = (1,) if scalar else pv.shape
-                name = f"{p}_{slot.lower()}_0"
+            for slot in self.state:
+                shape = (1,) if slot.scalar else pv.shape
+                name = f"{p}_{slot.name.lower()}_0"
                 kw = dict(shape=shape, dtype=pv.dtype, persistable=True)
                 main.global_block().create_var(name, **kw)
                 startup.global_block().create_var(name, **kw)
                 startup.append_op("init", {}, {"Out": [name]}, {
-                    "initializer": {"type": "constant", "value": self._state_init(slot)},
+                    "initializer": {"type": "constant", "value": opt.state_init(slot, self.attrs())},
                     "shape": list(shape), "dtype": pv.dtype})
-                ins[slot], outs[out_slot] = [name], [name]
+                ins[slot.name], outs[slot.out] = [name], [name]
             main.append_op(self.type, ins, outs, {**self.attrs(), "op_role": "optimize"})
         return params_grads
 
@@ -279,24 +295,38 @@ class SGD(Optimizer):
 
 class Adagrad(Optimizer):
     type = "adagrad"
-    state = (("Moment", "MomentOut", False),)
 
-    def __init__(self, lr: float, epsilon: float = 1e-6, initial_accumulator_value: float = 0.0) -> None:
+    def __init__(self, lr: float, epsilon: float = 1e-6, initial_accumulator_value: float = 0.0,
+                 lr_schedule: dict[str, Any] | None = None, l2_decay: float = 0.0,
+                 grad_clip_norm: float | None = None) -> None:
+        super().__init__(lr, lr_schedule, l2_decay, grad_clip_norm)
         # kept in the op's attrs too, so a parameter server can start the accumulator the same way
-        super().__init__(lr, epsilon=epsilon, initial_accumulator_value=initial_accumulator_value)
-
-    def _state_init(self, slot: str) -> float:
-        return self.hyper["initial_accumulator_value"]
+        self.hyper.update(epsilon=epsilon, initial_accumulator_value=initial_accumulator_value)
 
 
 class Adam(Optimizer):
     type = "adam"
-    state = (("Moment1", "Moment1Out", False), ("Moment2", "Moment2Out", False),
-             ("Beta1Pow", "Beta1PowOut", True), ("Beta2Pow", "Beta2PowOut", True))
 
     def __init__(self, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
-                 epsilon: float = 1e-8, lazy_mode: bool = False) -> None:
-        super().__init__(lr, beta1=beta1, beta2=beta2, epsilon=epsilon, lazy_mode=int(lazy_mode))
+                 epsilon: float = 1e-8, lazy_mode: bool = False, paddle_sparse: bool = False,
+                 lr_schedule: dict[str, Any] | None = None, l2_decay: float = 0.0,
+                 grad_clip_norm: float | None = None) -> None:
+        super().__init__(lr, lr_schedule, l2_decay, grad_clip_norm)
+        # paddle_sparse: row-sparse gradients take Paddle's CPU SelectedRows step (set by from_paddle
+        # for legacy-IR is_sparse tables; see ops_registry/optimizer.py)
+        self.hyper.update(beta1=beta1, beta2=beta2, epsilon=epsilon, lazy_mode=int(lazy_mode),
+                          paddle_sparse=int(paddle_sparse))
 
-    def _state_init(self, slot: str) -> float:
-        return {"Beta1Pow": self.hyper["beta1"], "Beta2Pow": self.hyper["beta2"]}.get(slot, 0.0)
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Paddle's AdamW): Param -= lr * weight_decay * Param, then
+    the Adam step."""
+
+    type = "adamw"
+
+    def __init__(self, lr: float = 0.001, weight_decay: float = 0.01, **kw: Any) -> None:
+        super().__init__(lr, **kw)
+        self.hyper["weight_decay"] = float(weight_decay)
+
+
+OPTIMIZERS: dict[str, type[Optimizer]] = {c.type: c for c in (SGD, Adagrad, Adam, AdamW)}

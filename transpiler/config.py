@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-MODES = ("sync", "async", "geo")
-OPTIMIZERS = ("sgd", "adagrad", "adam")
+from ops_registry.optimizer import STATE, check_schedule
+
+MODES = ("sync", "async")
+OPTIMIZERS = tuple(STATE)  # the update ops ops_registry.optimizer defines
 
 
 @dataclass
@@ -35,7 +37,8 @@ class TranspileConfig:
       (e.g. Paddle's `device_guard`) wins over both.
     - `sparse_tables`: parameter names served as sparse tables (pull/push of rows); None = every
       parameter marked `is_sparse` (the builder's embedding tables) whose every use is a lookup.
-    - `mode`: parameter-server mode, `sync` | `async` | `geo` (read by the runtime).
+    - `mode`: parameter-server mode, `sync` | `async` (read by the runtime). GEO-SGD is not offered
+      to training: the trainers do not run it (only the PS-level `runtime.ps.GeoTable` exists).
     - `optimizer`: the table optimizer for programs that carry no optimize ops (e.g. ONNX imports).
     - `num_servers`: parameter-server shards the plan's sharding info is computed for.
     - `sparse_entry`, `evict_after`: feature admission ({"type": "count", "threshold": k} or
@@ -68,11 +71,19 @@ class TranspileConfig:
                 if dev not in self.trainer_types:
                     raise ValueError(f"TranspileConfig.{what}[{key!r}] = {dev!r} is not a trainer type; "
                                      f"trainer_types = {self.trainer_types}")
+        if self.mode == "geo":
+            raise ValueError("TranspileConfig.mode 'geo' is not supported: hetps's trainers do not run "
+                             "GEO-SGD (local steps + delta pushes); use mode 'sync' (single-process "
+                             "results) or 'async'")
         if self.mode not in MODES:
             raise ValueError(f"TranspileConfig.mode {self.mode!r} is not one of {MODES}")
         if self.optimizer.get("type") not in OPTIMIZERS:
             raise ValueError(f"TranspileConfig.optimizer type {self.optimizer.get('type')!r} is not one "
                              f"of {OPTIMIZERS}")
+        try:
+            check_schedule(self.optimizer.get("lr_schedule"))
+        except ValueError as e:
+            raise ValueError(f"TranspileConfig.optimizer: {e}") from None
         if self.num_servers < 1:
             raise ValueError(f"TranspileConfig.num_servers must be >= 1, got {self.num_servers}")
 

@@ -29,8 +29,23 @@ Paddle steps resumes at step k. The learning rate is the LR variable's value at 
 `program.attrs`: `paddle_ir` ("legacy" | "pir"), `feed_names` (data vars, in order),
 `fetch_names` (one name per entry of `fetch`, in order: for legacy simply the Paddle names),
 `loss_name` and `optimizer` (when an optimizer was imported).
-Not imported (a PaddleImportError says which op): weight decay, gradient clipping, LR schedules,
-optimizers other than SGD / Adam / Adagrad, control flow, and ops without a converter.
+Optimizer settings read (ops_registry/optimizer.py holds their rules):
+- `L2Decay` regularization (`weight_decay=float` or `L2Decay(c)`, also per parameter through
+  `ParamAttr`): Paddle's `scale(param, c)` + `sum` (legacy) / `add_n` (PIR) on the gradient become
+  the update op's `l2_decay = c`;
+- `AdamW` (lr_ratio 1; `apply_decay_param_fun` gives parameters without decay `weight_decay = 0`);
+- LR schedulers `StepDecay`, `ExponentialDecay`, `CosineAnnealingDecay` and `LinearWarmup` (over a
+  float or one of those): `program.lr_scheduler` becomes the update ops' `lr_schedule` with the
+  scheduler's base LR, and their `Step` state starts at its `last_epoch`. Paddle steps a scheduler
+  only when the user calls `scheduler.step()`; hetps steps it once per update, which is Paddle's
+  trajectory when the user calls `step()` after each `exe.run`.
+- legacy-IR `is_sparse=True` tables updated by Adam / AdamW keep Paddle's SelectedRows kernel
+  (`paddle_sparse`, see `ops_registry.optimizer._paddle_sparse_adam`); for dense gradients
+  (all of PIR's) `lazy_mode` has no effect in Paddle and is dropped.
+- `ClipGradByGlobalNorm` (PIR; 3.3.1's legacy IR fails to build it) over every parameter becomes
+  the optimizer's `grad_clip_norm` (single-process only: `transpile` refuses it).
+Not imported (a PaddleImportError says which op): other gradient clipping, other LR schedulers,
+optimizers other than SGD / Adam / AdamW / Adagrad, control flow, and ops without a converter.
 """
 
 from __future__ import annotations
@@ -47,12 +62,13 @@ from typing import Any
 import numpy as np
 
 from ops_registry import get_op
+from ops_registry import optimizer as opt_rules
 
 from . import builder
 from .ir import Program, Var
 from .paddle_ops import CONVERTERS, PaddleImportError, PaddleOp
 
-_OPTIMIZERS = {"sgd": builder.SGD, "adam": builder.Adam, "adagrad": builder.Adagrad}
+_OPTIMIZERS = builder.OPTIMIZERS
 
 __all__ = ["PaddleImportError", "from_paddle"]
 
@@ -74,6 +90,9 @@ class _Read:
     feeds: list[str] = field(default_factory=list)           # data vars, declaration order
     lazy: dict[str, PaddleOp] = field(default_factory=dict)  # PIR constants, emitted when read
     optimize: list[PaddleOp] = field(default_factory=list)   # optimizer update ops
+    selected_rows: set[str] = field(default_factory=set)     # legacy SelectedRows vars (sparse grads)
+    l2: dict[str, float] = field(default_factory=dict)       # param -> its L2Decay coefficient
+    clip: dict[str, float] = field(default_factory=dict)     # param -> ClipGradByGlobalNorm's clip_norm
     loss: str | None = None
     name_of: Callable[[Any], str] = str                      # Variable / Value / str -> name
 
@@ -98,11 +117,20 @@ def from_paddle(main_program: Any, startup_program: Any = None, scope: Any = Non
     kind, hyper = _optimizer(read)
     persist = [n for n, v in imp.program.vars.items() if v.persistable]
     lr_var = [op.one("LearningRate") for op in read.optimize[:1]]
-    their_state = [op.one(slot) for op in read.optimize for slot, _, _ in kind.state]
+    their_state = [op.one(s.name) for op in read.optimize for s in opt_rules.STATE.get(kind.type, ())]
     values = _scope_values(persist + lr_var + their_state, startup_program, scope, legacy)
     imp.program.params = {n: values[n] for n in persist}
     if read.optimize:
-        opt = kind(lr=float(np.asarray(values[lr_var[0]]).reshape(-1)[0]), **hyper)
+        schedule, base_lr, step = _lr_schedule(main_program, read.optimize[0])
+        lr_fact = read.vars.get(lr_var[0])
+        if schedule is None and read.ir == "pir" and lr_fact is not None and lr_fact.is_parameter:
+            raise read.optimize[0].fail(
+                f"the learning rate {lr_var[0]!r} is an LR scheduler's variable, but the program "
+                "carries no `lr_scheduler` (a saved and reloaded program loses it): import the "
+                "program object the scheduler was built with, or use a constant learning rate")
+        lr = base_lr if schedule else float(np.asarray(values[lr_var[0]]).reshape(-1)[0])
+        opt = kind(lr=lr, lr_schedule=schedule, **hyper)
+        values.update({_STEP: np.full((1,), step, np.float32)})
         state = _minimize(imp, read, opt)
         imp.program.params.update({ours: values[theirs] for ours, theirs in state.items()})
     attrs = imp.program.attrs
@@ -123,6 +151,8 @@ def _read_legacy(main: Any, paddle_dir: str) -> _Read:
     block = main.global_block()
     read = _Read("legacy", name_of=lambda v: v if isinstance(v, str) else v.name)
     for name, v in block.vars.items():
+        if v.type == core.VarDesc.VarType.SELECTED_ROWS:
+            read.selected_rows.add(name)
         if v.type != core.VarDesc.VarType.DENSE_TENSOR:
             continue
         read.vars[name] = Var(name, shape=tuple(v.shape), dtype=convert_dtype(v.dtype),
@@ -153,7 +183,31 @@ def _read_legacy(main: Any, paddle_dir: str) -> _Read:
                                    paddle_dir),
                         device.split(":")[0])
         (read.optimize if role & (_ROLE_OPTIMIZE | _ROLE_LRSCHED) else read.ops).append(node)
+    _strip_legacy_l2(read)
     return read
+
+
+def _strip_legacy_l2(read: _Read) -> None:
+    """Paddle's legacy L2Decay is `scale(X=param, scale=c, bias=0) -> d` and `sum(X=[g, d]) -> g'`
+    (optimize role) feeding the update op's Grad: record c for the parameter, point the update at
+    g and drop the two ops."""
+    scaled = {op.outputs["Out"][0]: op for op in read.optimize
+              if op.type == "scale" and not op.inputs.get("ScaleTensor") and not op.attrs.get("bias")
+              and read.vars.get(op.inputs["X"][0], Var("")).is_parameter}
+    sums = {op.outputs["Out"][0]: op for op in read.optimize
+            if op.type == "sum" and len(op.inputs["X"]) == 2 and op.inputs["X"][1] in scaled}
+    drop = set()
+    for op in read.optimize:
+        s = sums.get(op.inputs.get("Grad", [""])[0])
+        if op.type not in _OPTIMIZERS or s is None:
+            continue
+        sc = scaled[s.inputs["X"][1]]
+        if sc.inputs["X"] != op.inputs["Param"]:
+            continue
+        read.l2[op.one("Param")] = float(sc.attrs["scale"])
+        op.inputs = {**op.inputs, "Grad": [s.inputs["X"][0]]}
+        drop |= {id(s), id(sc)}
+    read.optimize = [op for op in read.optimize if id(op) not in drop]
 
 
 # -- reading a PIR program --------------------------------------------------------------------
@@ -187,6 +241,11 @@ _PIR_AS_LEGACY: dict[str, tuple[str, dict, dict, dict]] = {
     "pd_op.sgd_": ("sgd", {}, {}, {}),
     "pd_op.adam_": ("adam", {"beta1": "=beta1", "beta2": "=beta2", "epsilon": "=epsilon"}, {}, {}),
     "pd_op.adagrad_": ("adagrad", {}, {}, {}),
+    "pd_op.unsqueeze": ("unsqueeze2", {"axis": "=axes"}, {}, {}),
+    "pd_op.transpose": ("transpose2", {}, {}, {"perm": "axis"}),
+    "pd_op.softmax": ("softmax", {}, {}, {}),
+    "pd_op.conv2d": ("conv2d", {}, {"out": "Output"}, {}),
+    "pd_op.adamw_": ("adamw", {"beta1": "=beta1", "beta2": "=beta2", "epsilon": "=epsilon"}, {}, {}),
 }
 _PIR_OPTIMIZERS = {"pd_op.sgd_", "pd_op.adam_", "pd_op.adagrad_", "pd_op.adamw_", "pd_op.momentum_",
                    "pd_op.rmsprop_", "pd_op.lamb_"}
@@ -267,14 +326,54 @@ def _read_pir(main: Any, paddle_dir: str) -> _Read:
             read.lazy[names[results[0].id]] = node
         elif kind in _PIR_OPTIMIZERS:
             grad = op.operand_source(op.get_input_names().index("grad"))
+            param = op.operand_source(op.get_input_names().index("param"))
+            grad, coeff = _pir_l2(grad, param, consts)
+            if coeff:
+                read.l2[names[param.id]] = coeff
+            grad, clip = _pir_clip(grad, consts)
+            if clip:
+                read.clip[names[param.id]] = clip
             bad = _grad_transform(grad, backward)
             if bad:
-                raise node.fail(f"the gradient is transformed by {bad!r} before the update (weight "
-                                "decay or gradient clipping?), which is not imported")
+                raise node.fail(f"the gradient is transformed by {bad!r} before the update (gradient "
+                                "clipping, or weight decay other than L2Decay?), which is not imported")
             read.optimize.append(node)
         else:
             read.ops.append(node)
     return read
+
+
+def _pir_l2(grad: Any, param: Any, consts: dict) -> tuple[Any, float]:
+    """(g, c) when `grad` is Paddle's PIR L2Decay `add_n([g, scale(param, full(c), bias=0)])`, else
+    (grad, 0.0)."""
+    op = grad.get_defining_op()
+    if op.name() != "pd_op.add_n":
+        return grad, 0.0
+    combine = op.operand_source(0).get_defining_op()
+    srcs = combine.operands_source() if combine.name() == "builtin.combine" else []
+    if len(srcs) != 2:
+        return grad, 0.0
+    sc = srcs[1].get_defining_op()
+    if sc.name() != "pd_op.scale" or sc.attrs().get("bias") or sc.operand_source(0).id != param.id:
+        return grad, 0.0
+    coeff = consts.get(sc.operand_source(1).id)
+    return (srcs[0], float(coeff)) if coeff is not None else (grad, 0.0)
+
+
+def _pir_clip(grad: Any, consts: dict) -> tuple[Any, float]:
+    """(g, clip_norm) when `grad` is Paddle's PIR ClipGradByGlobalNorm
+    `multiply(g, divide(full(c), maximum(sqrt(..), full(c))))`, else (grad, 0.0)."""
+    op = grad.get_defining_op()
+    if op.name() != "pd_op.multiply":
+        return grad, 0.0
+    div = op.operand_source(1).get_defining_op()
+    if div.name() != "pd_op.divide":
+        return grad, 0.0
+    mx = div.operand_source(1).get_defining_op()
+    clip = consts.get(div.operand_source(0).id)
+    if mx.name() != "pd_op.maximum" or clip is None or consts.get(mx.operand_source(1).id) != clip:
+        return grad, 0.0
+    return op.operand_source(0), float(clip)
 
 
 def _grad_transform(value: Any, backward: set) -> str | None:
@@ -393,7 +492,12 @@ class _Importer:
         first = self.var(next(iter(inputs.values()))[0])
         shapes = {s: ([self.shape(n) for n in ns] if opdef.is_variadic(s) else self.shape(ns[0]))
                   for s, ns in inputs.items()}
-        shape = opdef.infer_shape(shapes, {**opdef.attrs, **attrs}).get(slot)
+        if opdef.infer_shape is not None:
+            shape = opdef.infer_shape(shapes, {**opdef.attrs, **attrs}).get(slot)
+        elif opdef.name == "fill_constant" and "Like" in shapes:
+            shape = shapes["Like"]
+        else:
+            raise op.fail(f"hetps op {opdef.name!r} has no shape rule for an intermediate")
         self.read.vars[name] = Var(name, shape=shape, dtype=first.dtype,
                                    stop_gradient=first.stop_gradient)
         return name
@@ -428,8 +532,11 @@ def _optimizer(read: _Read) -> tuple[type[builder.Optimizer], dict[str, Any]]:
         return builder.Optimizer, {}
     for op in ops:
         if op.type not in _OPTIMIZERS:
-            raise op.fail("only SGD, Adam and Adagrad update ops are imported (not weight decay, "
-                          "gradient clipping, LR schedules or other optimizers)")
+            raise op.fail("only SGD, Adam, AdamW and Adagrad update ops are imported, with L2Decay as "
+                          "the only regularizer (not gradient clipping, other weight decay or other "
+                          "optimizers)")
+        if op.type == "adamw" and float(op.attrs.get("lr_ratio", 1.0)) != 1.0:
+            raise op.fail("AdamW's lr_ratio is not imported (only lr_ratio=1)")
         for flag in ("amsgrad", "multi_precision", "use_global_beta_pow"):
             if op.attrs.get(flag):
                 raise op.fail(f"{flag}=True is not supported")
@@ -446,7 +553,7 @@ def _optimizer(read: _Read) -> tuple[type[builder.Optimizer], dict[str, Any]]:
 
 def _hyper(op: PaddleOp) -> dict[str, Any]:
     a = op.attrs
-    if op.type == "adam":
+    if op.type in ("adam", "adamw"):
         return {"beta1": float(a["beta1"]), "beta2": float(a["beta2"]),
                 "epsilon": float(a["epsilon"]), "lazy_mode": bool(a.get("lazy_mode", False))}
     if op.type == "adagrad":
@@ -455,16 +562,62 @@ def _hyper(op: PaddleOp) -> dict[str, Any]:
 
 
 def _minimize(imp: _Importer, read: _Read, opt: builder.Optimizer) -> dict[str, str]:
-    """Regenerate backward and append hetps update ops; return {our state var: Paddle's}."""
+    """Regenerate backward and append hetps update ops, with the per-parameter settings (L2Decay,
+    AdamW's decay, Paddle's sparse kernel); return {our state var: Paddle's, or _STEP}."""
     by_param = {op.one("Param"): op for op in read.optimize}
+    clips = {read.clip.get(p) for p in by_param}
+    if len(clips) > 1:
+        raise read.optimize[0].fail(f"ClipGradByGlobalNorm clips only some parameters "
+                                    f"({sorted(read.clip)}), which is not imported")
+    opt.grad_clip_norm = clips.pop()
     with builder.program_guard(imp.program, Program()):
         opt.minimize(read.loss, parameter_list=list(by_param))
     state = {}
     for op in imp.program.ops:
-        if op.role == "optimize":
-            theirs = by_param[op.inputs["Param"][0]]
-            state.update({op.inputs[slot][0]: theirs.one(slot) for slot, _, _ in opt.state})
+        if op.role != "optimize" or "Param" not in op.inputs:  # (clip_by_global_norm)
+            continue
+        param = op.inputs["Param"][0]
+        theirs = by_param[param]
+        op.attrs["l2_decay"] = read.l2.get(param, 0.0)
+        if op.type == "adamw":
+            with_decay = theirs.attrs.get("with_decay", True)
+            op.attrs["weight_decay"] = float(theirs.attrs.get("coeff", 0.01)) if with_decay else 0.0
+        if op.type in ("adam", "adamw"):  # as Paddle runs it: its SelectedRows kernel for sparse
+            rows = theirs.one("Grad") in read.selected_rows  # grads, its dense one (lazy moot) else
+            op.attrs.update(paddle_sparse=int(rows), lazy_mode=int(rows and op.attrs["lazy_mode"]))
+        state.update({op.inputs[s.name][0]: _STEP if s is opt_rules.STEP else theirs.one(s.name)
+                      for s in opt.state})
     return state
+
+
+_STEP = "@hetps_lr_step"  # the value of every Step state var (the scheduler's last_epoch)
+_SCHEDULERS = {"StepDecay": ("step", ("step_size", "gamma")), "ExponentialDecay": ("exponential", ("gamma",)),
+               "CosineAnnealingDecay": ("cosine", ("T_max", "eta_min")),
+               "LinearWarmup": ("linear_warmup", ("warmup_steps", "start_lr", "end_lr"))}
+
+
+def _lr_schedule(main: Any, where: PaddleOp) -> tuple[dict[str, Any] | None, float, int]:
+    """(lr_schedule spec, base LR, updates done) of the program's LR scheduler; (None, 0, 0) when it
+    has none (a constant LR, read from its variable)."""
+    sched = getattr(main, "lr_scheduler", None)
+    if sched is None:
+        return None, 0.0, 0
+    spec, base = _schedule_spec(sched, where)
+    return spec, base, int(sched.last_epoch)
+
+
+def _schedule_spec(sched: Any, where: PaddleOp) -> tuple[dict[str, Any], float]:
+    kind = type(sched).__name__
+    if kind not in _SCHEDULERS:
+        raise where.fail(f"LR scheduler {kind} is not imported; supported: {', '.join(_SCHEDULERS)}")
+    name, keys = _SCHEDULERS[kind]
+    spec = {"type": name, **{k: getattr(sched, k) for k in keys}}
+    base = float(sched.base_lr)
+    if kind == "LinearWarmup":
+        inner = sched.learning_rate
+        spec["then"], base = (None, float(inner)) if isinstance(inner, (int, float)) else \
+            _schedule_spec(inner, where)
+    return spec, base
 
 
 def _scope_values(names: list[str], startup: Any, scope: Any, legacy: bool) -> dict[str, np.ndarray]:

@@ -82,15 +82,28 @@ def _reshape(ctx: Ctx, op: PaddleOp, name: str, shape: list[int]) -> str:
 
 @converts("lookup_table_v2", "lookup_table")
 def _lookup(ctx: Ctx, op: PaddleOp) -> None:
-    if op.attrs.get("padding_idx", -1) not in (-1, None):
-        raise op.fail(f"padding_idx={op.attrs['padding_idx']} is not supported")
+    """A lookup; with `padding_idx` p the rows of ids == p are zeros and get a zero gradient (Paddle's
+    semantics), as the lookup times a mask (ids != p) made from the ids: the mask rides along the
+    ids, so it holds on parameter-server tables too, where the lookup gathers local rows."""
     w, ids = op.one("W"), op.one("Ids")
     sparse = bool(op.attrs.get("is_sparse", False))
     ctx.mark_sparse(w, sparse)
     if op.type == "lookup_table":  # v1: ids end in a [.., 1] dim that the output drops
         ids = _reshape(ctx, op, ids, [0] * (len(ctx.shape(ids)) - 1))
-    ctx.emit(op, "embedding", {"W": [w], "Ids": [ids]}, {"Out": op.outputs["Out"]},
-             {"is_sparse": int(sparse)})
+    pad = op.attrs.get("padding_idx", -1)
+    pad = -1 if pad is None else int(pad)
+    if pad < 0:  # Paddle stores padding_idx as a non-negative index, or -1 for none
+        ctx.emit(op, "embedding", {"W": [w], "Ids": [ids]}, {"Out": op.outputs["Out"]},
+                 {"is_sparse": int(sparse)})
+        return
+    rows = ctx.emit(op, "embedding", {"W": [w], "Ids": [ids]}, {"Out": None}, {"is_sparse": int(sparse)})[0]
+    value = ctx.emit(op, "fill_constant", {"Like": [ids]}, {"Out": None},
+                     {"value": float(pad), "dtype": "int64"})
+    hit = ctx.emit(op, "equal", {"A": [ids], "B": value}, {"C": None})
+    keep = ctx.emit(op, "cast", {"input": hit}, {"output": None}, {"to": "float32"})
+    keep = ctx.emit(op, "scale", {"X": keep}, {"Out": None}, {"scale": -1.0, "bias": 1.0})
+    keep = _reshape(ctx, op, keep[0], [0] * len(ctx.shape(ids)) + [1])
+    ctx.emit(op, "mul", {"A": [rows], "B": [keep]}, {"C": op.outputs["Out"]})
 
 
 @converts("reshape2")
@@ -249,3 +262,47 @@ def _reduce(ctx: Ctx, op: PaddleOp) -> None:
              {"data": op.inputs["X"]}, {"reduced": op.outputs["Out"]},
              {"axes": None if whole else [int(d) for d in dims],
               "keepdims": int(bool(op.attrs.get("keep_dim", False)))})
+
+
+@converts("unsqueeze2")
+def _unsqueeze2(ctx: Ctx, op: PaddleOp) -> None:
+    _no_tensor_inputs(op, "AxesTensor", "AxesTensorList")
+    axes = op.attrs["axes"]
+    axes = [int(a) for a in (axes if isinstance(axes, (list, tuple)) else [axes])]
+    ctx.emit(op, "unsqueeze", {"data": op.inputs["X"]}, {"expanded": op.outputs["Out"]}, {"axes": axes})
+
+
+@converts("transpose2")
+def _transpose2(ctx: Ctx, op: PaddleOp) -> None:
+    ctx.emit(op, "transpose", {"data": op.inputs["X"]}, {"transposed": op.outputs["Out"]},
+             {"perm": [int(a) for a in op.attrs["axis"]]})
+
+
+@converts("softmax")
+def _softmax(ctx: Ctx, op: PaddleOp) -> None:
+    ctx.emit(op, "softmax", {"input": op.inputs["X"]}, {"output": op.outputs["Out"]},
+             {"axis": int(op.attrs.get("axis", -1))})
+
+
+@converts("conv2d")
+def _conv2d(ctx: Ctx, op: PaddleOp) -> None:
+    """A 1x1 NCHW convolution (stride 1, no padding, one group), as in xDeepFM's CIN: the filter
+    reshaped to [O, C] times the input as [N, C, H*W] (a batched matmul) -> [N, O, H, W]. Other
+    convolutions are refused."""
+    x, f = op.one("Input"), op.one("Filter")
+    out = op.outputs.get("Output") or op.outputs["Out"]
+    (o, c, kh, kw), (_, c_in, h, w) = ctx.shape(f), ctx.shape(x)
+    a = op.attrs
+    plain = ((kh, kw) == (1, 1) and c == c_in and int(a.get("groups", 1)) == 1
+             and a.get("data_format", "NCHW") in ("NCHW", "AnyLayout")
+             and all(int(v) == 1 for v in a.get("strides", [1, 1]))
+             and all(int(v) == 0 for v in a.get("paddings", [0, 0]))
+             and all(int(v) == 1 for v in a.get("dilations", [1, 1]))
+             and a.get("padding_algorithm", "EXPLICIT") in ("EXPLICIT", "VALID"))
+    if not plain or h < 1 or w < 1:
+        raise op.fail(f"only 1x1 NCHW convolutions with stride 1, no padding and one group are "
+                      f"supported (filter {[o, c, kh, kw]}, input {[c_in, h, w]}, attrs {a})")
+    f2 = _reshape(ctx, op, f, [o, c])
+    x3 = _reshape(ctx, op, x, [-1, c, h * w])
+    y = ctx.emit(op, "matmul", {"A": [f2], "B": [x3]}, {"Y": None})[0]
+    ctx.emit(op, "reshape", {"data": [y]}, {"reshaped": out}, {"shape": [-1, o, h, w]})

@@ -143,7 +143,7 @@ class Plan:
         lines.append("tables:")
         for t in self.tables:
             opt = t["optimizer"]
-            opt_s = "frozen" if not opt else f"{opt['type']}(lr={opt.get('lr')})"
+            opt_s = "frozen" if not opt else _describe_optimizer(opt)
             shape = " x ".join(map(str, t["shape"]))
             lines.append(f"  {t['name']:<24} {t['kind']:<6} {shape} {t['dtype']}  {opt_s}  "
                          f"shard {t['sharding'].get('shard', 'by id hash')}")
@@ -230,3 +230,21 @@ def _transpile(program: Program, config: TranspileConfig) -> Plan:
                 dict(prog.params), loss)
     plan.verify()
     return plan
+
+
+def _describe_optimizer(opt: dict) -> str:
+    """`adamw(lr=0.003, schedule=linear_warmup>cosine, weight_decay=0.01, l2=0.001)` (set rules only)."""
+    parts, sched = [f"lr={opt.get('lr')}"], opt.get("lr_schedule")
+    names = []
+    while sched:
+        names.append(sched["type"])
+        sched = sched.get("then")
+    if names:
+        parts.append("schedule=" + ">".join(names))
+    if opt.get("weight_decay"):
+        parts.append(f"weight_decay={opt['weight_decay']}")
+    if opt.get("l2_decay"):
+        parts.append(f"l2={opt['l2_decay']}")
+    if opt.get("paddle_sparse"):
+        parts.append("paddle_sparse")
+    return f"{opt['type']}({', '.join(parts)})"

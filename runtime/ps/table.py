@@ -30,12 +30,11 @@ from typing import Any
 import numpy as np
 
 from ops_registry import SparseRows, get_op, init_rows, scatter_add
-from transpiler.builder import SGD, Adagrad, Adam, Optimizer
+from ops_registry.optimizer import state_init
+from transpiler.builder import OPTIMIZERS, Optimizer
 
 from .entry import Entry, check_entry
 from .index import make_index
-
-OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
 
 
 class PSError(ValueError):
@@ -50,7 +49,7 @@ def _optimizer(name: str, spec: dict[str, Any]) -> Optimizer:
                       "and 'lr'")
     try:
         return cls(**hyper)
-    except TypeError as e:
+    except (TypeError, ValueError) as e:
         raise PSError(f"table {name!r}: bad {spec['type']} hyper-parameters {hyper}: {e}") from None
 
 
@@ -95,18 +94,18 @@ class Table:
         self.shape = tuple(self.spec["shape"])
         self.check_finite = check_finite
         self.kernel, self.attrs, self.out_slot, self.state_init = None, {}, {}, {}
-        slots: list[tuple[str, str, bool]] = []
+        slots: list = []
         if self.spec["optimizer"] is not None:
             opt = _optimizer(self.name, self.spec["optimizer"])
             opdef = get_op(opt.type)
             self.kernel, self.attrs = opdef.kernel, {**opdef.attrs, **opt.attrs()}
             slots = list(opt.state)
             given = self.spec["optimizer"].get("state") or {}
-            self.state_init = {s: float(given[s]["init"]) if s in given else opt._state_init(s)
-                               for s, _, _ in slots}
-            self.out_slot = {s: o for s, o, _ in slots}
-        self.state_slots = [s for s, _, scalar in slots if not scalar]
-        self.scalars = {s: np.full((1,), self.state_init[s], self.dtype) for s, _, scalar in slots if scalar}
+            self.state_init = {s.name: float(given[s.name]["init"]) if s.name in given
+                               else state_init(s, self.attrs) for s in slots}
+            self.out_slot = {s.name: s.out for s in slots}
+        self.state_slots = [s.name for s in slots if not s.scalar]
+        self.scalars = {s.name: np.full((1,), self.state_init[s.name], self.dtype) for s in slots if s.scalar}
 
     def check_grad(self, grad: np.ndarray, shape: tuple[int, ...], what: str) -> np.ndarray:
         grad = np.asarray(grad)

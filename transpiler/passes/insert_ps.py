@@ -18,8 +18,8 @@ The table specs go to `program.attrs["tables"]` (see `table_spec`).
 from __future__ import annotations
 
 from ops_registry import get_op
+from ops_registry.optimizer import STATE, state_init, state_slots
 
-from ..builder import Optimizer
 from ..config import TranspileConfig
 from ..ir import Op, Program, Var, grad_name
 
@@ -27,24 +27,21 @@ _RESERVED = ("op_role", "op_device", "fwd_id")
 # Row lookups of a table W by Ids (slots "W", "Ids"): a sparse table serves them by pulled rows.
 LOOKUPS = ("embedding", "embedding_bag")
 LOOKUP_GRADS = tuple(f"{t}_grad" for t in LOOKUPS)
-_STATE = {cls.type: cls.state for cls in Optimizer.__subclasses__()}
-_STATE_INIT_ATTR = {"Moment": "initial_accumulator_value", "Beta1Pow": "beta1", "Beta2Pow": "beta2"}
 
 
 def optimizer_spec(type: str, attrs: dict, param: Var) -> dict:
     """{"type", hyper-parameters..., "state": {slot: {"out", "shape", "init"}}} for one table.
 
-    Hyper-parameters are the op's attrs over the registry defaults; state slots come from the
-    builder's optimizer classes and start at 0, except Adam's beta powers (beta1, beta2) and
-    Adagrad's accumulator (`initial_accumulator_value`).
+    Hyper-parameters are the op's attrs over the registry defaults; state slots and their start
+    values come from `ops_registry.optimizer` (`state_slots`, `state_init`).
     """
-    if type not in _STATE:
-        raise ValueError(f"optimizer {type!r} (table {param.name!r}) is not one of {sorted(_STATE)}")
+    if type not in STATE:
+        raise ValueError(f"optimizer {type!r} (table {param.name!r}) is not one of {sorted(STATE)}")
     hyper = {k: v for k, v in {**get_op(type).attrs, **attrs}.items()
              if k not in _RESERVED and not k.startswith("_")}
-    state = {slot: {"out": out, "shape": [1] if scalar else list(param.shape),
-                    "init": float(hyper.get(_STATE_INIT_ATTR.get(slot, ""), 0.0))}
-             for slot, out, scalar in _STATE[type]}
+    state = {s.name: {"out": s.out, "shape": [1] if s.scalar else list(param.shape),
+                      "init": state_init(s, hyper)}
+             for s in state_slots(type, hyper)}
     return {"type": type, **hyper, "state": state}
 
 
@@ -53,6 +50,12 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
     to attrs["tables"]."""
     config = config or TranspileConfig()
     prog = program
+    clip = next((op for op in prog.ops if op.type == "clip_by_global_norm"), None)
+    if clip is not None:
+        raise ValueError(f"gradient clipping by global norm (clip_norm={clip.attrs.get('clip_norm')}) "
+                         "needs every gradient of a step in one place, and the parameter-server tables "
+                         "update table by table: train it single-process (Executor), or drop "
+                         "grad_clip_norm (ClipGradByGlobalNorm) to transpile")
     block = prog.global_block()
     reasons = prog.attrs.setdefault("placement", {})
     persistable = {n for n, v in block.vars.items() if v.persistable}
