@@ -169,7 +169,7 @@ class _Loop:
             if len(arrays) > 1:
                 raise PSError(f"pull takes at most one array (ids), got {len(arrays)}")
             rows = s.pull(_field(h, "table", str), arrays[0] if arrays else None,
-                          _field(h, "step", int, optional=True))
+                          _field(h, "step", int, optional=True), peek=h.get("peek") is True)
             return {}, [rows]
         if op == "push":
             if len(arrays) not in (1, 2):
@@ -193,7 +193,8 @@ class _Loop:
             return {}, [pack_spans(self.rec.take())]
         if op == "stats":
             return {"tables": {n: {"rows": len(t) if isinstance(t, SparseTable) else t.param.shape[0],
-                                   "bytes": t.memory_bytes(), "version": s.version[n]}
+                                   "bytes": t.memory_bytes(), "version": s.version[n],
+                                   "applied": s.applied[n]}
                                for n, t in s.tables.items()}}, []
         raise PSError(f"unknown request op {op!r}; known ops: {', '.join(OPS)}")
 

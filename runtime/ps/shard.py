@@ -83,6 +83,7 @@ class Shard:
         else:
             self.expected = dict.fromkeys(self.tables, int(pushes_per_step))
         self.version = dict.fromkeys(self.tables, 0)
+        self.applied = dict.fromkeys(self.tables, 0)  # pushes applied since start (not checkpointed)
         self.pending: dict[str, dict[int, dict[str, tuple]]] = {n: {} for n in self.tables}
 
     def table(self, name: str) -> DenseTable | SparseTable:
@@ -120,9 +121,14 @@ class Shard:
                           f"{self.version[t.name]} steps, and requests may be at most "
                           f"max_steps_ahead={ahead} steps ahead")
 
-    def pull(self, name: str, ids: np.ndarray | None = None, step: int | None = None) -> np.ndarray:
+    def pull(self, name: str, ids: np.ndarray | None = None, step: int | None = None,
+             peek: bool = False) -> np.ndarray:
+        """A dense table or sparse rows. `peek`: read without creating rows or touching counters
+        (evaluation; `SparseTable.peek`)."""
         t = self.table(name)
         args = self._ids_args(t, ids, "pull")
+        if peek:
+            return t.peek(*args) if isinstance(t, SparseTable) else t.pull()
         self._check_step(t, step, "pull")
         if self.mode == "sync" and step is not None and self.version[name] < step and t.kernel is not None:
             raise NotReady(name, step)  # (a frozen table never changes: nothing to wait for)
@@ -138,6 +144,7 @@ class Shard:
         if self.mode == "sync":
             return self._sync_push(t, grad, ids, step, str(pusher))
         (t.add if self.mode == "geo" else t.push)(grad, *args)
+        self.applied[name] += 1
         return True
 
     def _sync_push(self, t, grad, ids, step, pusher) -> bool:
@@ -167,6 +174,7 @@ class Shard:
             else:
                 t.push(np.sum([g for g, _ in parts], axis=0, dtype=t.dtype))
             self.version[name] += 1
+            self.applied[name] += len(parts)
             applied = True
         return applied
 

@@ -252,6 +252,23 @@ class SparseTable(Table):
             self.entry.touch(slots, len(self.index))
         return self.rows.take(slots, axis=0)
 
+    def peek(self, ids: np.ndarray) -> np.ndarray:
+        """Rows of `ids` as a pull would return them, creating nothing and touching no admission or
+        eviction counters (evaluation): missing rows are the initializer's values for those ids
+        (zeros while admission is on), which is what a later pull would create."""
+        ids = self.check_ids(ids)
+        found = self.index.find(ids)
+        have = found >= 0
+        out = np.zeros((ids.size, self.dim), self.dtype)
+        out[have] = self.rows.take(found[have], axis=0)
+        missing = ids[~have]
+        if missing.size and not (self.entry is not None and self.entry.waiting is not None):
+            if self.spec["initializer"] is None:
+                raise PSError(f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
+                              "were never assigned (PSClient.assign)")
+            out[~have] = init_rows(self.spec["initializer"], self.shape, self.dtype.name, missing)
+        return out
+
     def push(self, grad: np.ndarray, ids: np.ndarray) -> None:
         """One optimizer step with the row-sparse gradient (`ids` may repeat; their rows are summed)."""
         ids = self.check_ids(ids)
