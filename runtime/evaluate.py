@@ -68,15 +68,18 @@ def _executor(pull: TableSource) -> Executor:
 
 def _batches(data: Any) -> Iterator[dict[str, Any]]:
     if hasattr(data, "batch") and callable(data.batch):
-        raise TypeError(f"data {type(data).__name__} makes endless batches: evaluate a finite set, e.g. "
-                        "list(data.batches(batch_size, count))")
+        raise TypeError(
+            f"data {type(data).__name__} makes endless batches: evaluate a finite set, e.g. "
+            "list(data.batches(batch_size, count))"
+        )
     if not isinstance(data, Iterable) or isinstance(data, dict):
         raise TypeError(f"data must be an iterable of feed dicts, got {type(data).__name__}")
     yield from data
 
 
-def run_forward(graph: ForwardGraph, pull: TableSource, data: Any,
-                with_loss: bool) -> Iterator[tuple[dict[str, Any], np.ndarray, float | None]]:
+def run_forward(
+    graph: ForwardGraph, pull: TableSource, data: Any, with_loss: bool
+) -> Iterator[tuple[dict[str, Any], np.ndarray, float | None]]:
     """Per batch of `data`: (batch, prediction, loss or None)."""
     targets = [graph.output] + ([graph.loss] if with_loss and graph.loss else [])
     prog = graph.pruned(targets)
@@ -90,8 +93,9 @@ def run_forward(graph: ForwardGraph, pull: TableSource, data: Any,
         yield batch, np.asarray(outs[0]), float(np.asarray(outs[1])) if len(outs) > 1 else None
 
 
-def evaluate_with(graph: ForwardGraph, pull: TableSource, data: Any,
-                  loss_reduction: str = "mean") -> dict[str, float]:
+def evaluate_with(
+    graph: ForwardGraph, pull: TableSource, data: Any, loss_reduction: str = "mean"
+) -> dict[str, float]:
     """{"loss", "auc", "examples"} of the graph on `data`: the loss over all examples (a mean loss
     weighted by batch size, a sum loss summed), the AUC of the prediction against binary labels
     (NaN otherwise)."""
@@ -110,27 +114,39 @@ def evaluate_with(graph: ForwardGraph, pull: TableSource, data: Any,
         raise ValueError("evaluate got no examples: data is empty")
     y = np.concatenate(labels) if labels else None
     binary = y is not None and y.size == sum(s.size for s in scores) and bool(np.isin(y, (0, 1)).all())
-    return {"loss": total / n if loss_reduction == "mean" else total,
-            "auc": auc(y, np.concatenate(scores)) if binary else float("nan"), "examples": n}
+    return {
+        "loss": total / n if loss_reduction == "mean" else total,
+        "auc": auc(y, np.concatenate(scores)) if binary else float("nan"),
+        "examples": n,
+    }
 
 
 def loss_reduction(plan: Plan) -> str:
-    """"sum" for a reduce_sum loss, else "mean" (how a loss over batches combines)."""
-    op = next((op for p in plan.programs.values() for op in p.ops
-               if plan.loss_name in op.output_names() and op.role != "comm"), None)
+    """ "sum" for a reduce_sum loss, else "mean" (how a loss over batches combines)."""
+    op = next(
+        (
+            op
+            for p in plan.programs.values()
+            for op in p.ops
+            if plan.loss_name in op.output_names() and op.role != "comm"
+        ),
+        None,
+    )
     return "sum" if op is not None and op.type == "reduce_sum" else "mean"
 
 
-def evaluate(plan: Plan, data: Any, checkpoint: str | Path | None = None,
-             output: str | None = None) -> dict[str, float]:
+def evaluate(
+    plan: Plan, data: Any, checkpoint: str | Path | None = None, output: str | None = None
+) -> dict[str, float]:
     """Held-out {"loss", "auc", "examples"} of `plan` with the tables of `checkpoint` (see the
     module docstring); forward only, nothing is updated."""
     graph = forward_graph(plan, output)
     return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, loss_reduction(plan))
 
 
-def predict(plan: Plan, data: Any, checkpoint: str | Path | None = None,
-            output: str | None = None) -> np.ndarray:
+def predict(
+    plan: Plan, data: Any, checkpoint: str | Path | None = None, output: str | None = None
+) -> np.ndarray:
     """The prediction output of `plan` on every batch of `data`, concatenated along the batch axis."""
     graph = forward_graph(plan, output)
     preds = [pred for _, pred, _ in run_forward(graph, checkpoint_source(plan, checkpoint), data, False)]
@@ -149,13 +165,20 @@ def full_tables(plan: Plan, checkpoint: str | Path | None) -> dict[str, np.ndarr
         elif t["shape"][0] > 0:
             out[t["name"]] = pull(t["name"], np.arange(t["shape"][0]))
         else:
-            raise ValueError(f"table {t['name']!r} has an unbounded vocab (shape[0] = -1): a servable "
-                             "export needs every row; give the embedding a vocab size")
+            raise ValueError(
+                f"table {t['name']!r} has an unbounded vocab (shape[0] = -1): a servable "
+                "export needs every row; give the embedding a vocab size"
+            )
     return out
 
 
-def export(plan: Plan, path: str | Path, checkpoint: str | Path | None = None, output: str | None = None,
-           opset: int | None = None) -> Path:
+def export(
+    plan: Plan,
+    path: str | Path,
+    checkpoint: str | Path | None = None,
+    output: str | None = None,
+    opset: int | None = None,
+) -> Path:
     """Write the servable ONNX model of `plan` with the tables of `checkpoint` (see
     transpiler/export_inference.py); `Plan.export_inference` calls this."""
     return export_inference(plan, path, full_tables(plan, checkpoint), output, opset)

@@ -54,16 +54,23 @@ class RunState:
 
 def plan_hash(plan: Plan) -> str:
     """A hash of what decides the run's arithmetic (not of the shard count)."""
-    tables = [{k: t.get(k) for k in ("name", "kind", "shape", "dtype", "initializer", "optimizer")}
-              for t in sorted(plan.tables, key=lambda t: t["name"])]
+    tables = [
+        {k: t.get(k) for k in ("name", "kind", "shape", "dtype", "initializer", "optimizer")}
+        for t in sorted(plan.tables, key=lambda t: t["name"])
+    ]
     doc = {"tables": tables, "programs": {t: p.to_dict() for t, p in sorted(plan.programs.items())}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def run_state(plan: Plan, step: int, data: Any, settings: dict[str, Any]) -> RunState:
     per_epoch = _batches_per_epoch(data)
-    return RunState(step, plan_hash(plan), step // per_epoch if per_epoch else None,
-                    step % per_epoch if per_epoch else None, settings)
+    return RunState(
+        step,
+        plan_hash(plan),
+        step // per_epoch if per_epoch else None,
+        step % per_epoch if per_epoch else None,
+        settings,
+    )
 
 
 def _batches_per_epoch(data: Any) -> int | None:
@@ -83,14 +90,17 @@ def check_root(root: str | Path) -> Path:
     """`root` as an absolute Path after making it; CheckpointError when it cannot hold checkpoints."""
     root = Path(root).absolute()
     if (root / MANIFEST).exists():
-        raise CheckpointError(f"{str(root)!r} is itself one checkpoint; train(checkpoint=DIR) keeps "
-                              "step-NNNNNNNN checkpoints inside DIR: give a new directory (resume=DIR "
-                              "reads this one)")
+        raise CheckpointError(
+            f"{str(root)!r} is itself one checkpoint; train(checkpoint=DIR) keeps "
+            "step-NNNNNNNN checkpoints inside DIR: give a new directory (resume=DIR "
+            "reads this one)"
+        )
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise CheckpointError(f"cannot make the checkpoint directory {str(root)!r}: {e.strerror or e}") \
-            from None
+        raise CheckpointError(
+            f"cannot make the checkpoint directory {str(root)!r}: {e.strerror or e}"
+        ) from None
     return root
 
 
@@ -115,16 +125,20 @@ def latest(root: str | Path) -> Path:
         except CheckpointError:
             continue  # incomplete (its save was killed): an older one is used
         return path
-    raise CheckpointError(f"nothing to resume from: {str(root)!r} holds no complete checkpoint "
-                          "(step-NNNNNNNN directories with a manifest)")
+    raise CheckpointError(
+        f"nothing to resume from: {str(root)!r} holds no complete checkpoint "
+        "(step-NNNNNNNN directories with a manifest)"
+    )
 
 
 def read_state(path: str | Path) -> RunState:
     doc = read_manifest(path)
     run = doc.get("run")
     if not isinstance(run, dict):
-        raise CheckpointError(f"checkpoint {str(path)!r} has no run state (it was saved by PSClient.save, "
-                              "not train): it can be loaded into servers but not resumed")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} has no run state (it was saved by PSClient.save, "
+            "not train): it can be loaded into servers but not resumed"
+        )
     return RunState(**run)
 
 
@@ -136,20 +150,28 @@ def check_resume(plan: Plan, path: str | Path) -> RunState:
     saved = {t["name"]: t for t in doc["tables"]}
     mine = {t["name"]: t for t in plan.tables}
     if set(saved) != set(mine):
-        raise CheckpointError(f"checkpoint {str(path)!r} is of another plan: it has tables {sorted(saved)}, "
-                              f"this plan {sorted(mine)}")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is of another plan: it has tables {sorted(saved)}, "
+            f"this plan {sorted(mine)}"
+        )
     for name, t in mine.items():
         for key in ("kind", "shape", "dtype"):
             if saved[name].get(key) != t.get(key):
-                raise CheckpointError(f"checkpoint {str(path)!r}: table {name!r} has {key} "
-                                      f"{saved[name].get(key)}, this plan's has {t.get(key)}")
+                raise CheckpointError(
+                    f"checkpoint {str(path)!r}: table {name!r} has {key} "
+                    f"{saved[name].get(key)}, this plan's has {t.get(key)}"
+                )
         if (saved[name].get("optimizer") or {}).get("type") != (t.get("optimizer") or {}).get("type"):
-            raise CheckpointError(f"checkpoint {str(path)!r}: table {name!r} was trained with optimizer "
-                                  f"{saved[name].get('optimizer')}, this plan has {t.get('optimizer')}")
+            raise CheckpointError(
+                f"checkpoint {str(path)!r}: table {name!r} was trained with optimizer "
+                f"{saved[name].get('optimizer')}, this plan has {t.get('optimizer')}"
+            )
     if state.plan != plan_hash(plan):
-        raise CheckpointError(f"checkpoint {str(path)!r} is of another plan (hash {state.plan}, this plan "
-                              f"{plan_hash(plan)}): its tables match, but its programs or table settings "
-                              "differ")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is of another plan (hash {state.plan}, this plan "
+            f"{plan_hash(plan)}): its tables match, but its programs or table settings "
+            "differ"
+        )
     return state
 
 
@@ -166,11 +188,17 @@ def wait_applied(client: PSClient, expected: dict[str, int], timeout: float) -> 
     """Wait until every shard holding table t applied `expected[t]` pushes of it since it started."""
     deadline = time.monotonic() + timeout
     while True:
-        late = {n: (s[n]["applied"], want) for s in client.stats() for n, want in expected.items()
-                if n in s and s[n]["applied"] < want}
+        late = {
+            n: (s[n]["applied"], want)
+            for s in client.stats()
+            for n, want in expected.items()
+            if n in s and s[n]["applied"] < want
+        }
         if not late:
             return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the servers did not apply the pushes before a checkpoint within {timeout} s "
-                               f"(table: (applied, expected)): {late}")
+            raise TimeoutError(
+                f"the servers did not apply the pushes before a checkpoint within {timeout} s "
+                f"(table: (applied, expected)): {late}"
+            )
         time.sleep(0.005)

@@ -28,18 +28,18 @@ from .ps import PSClient
 class Pauses:
     plan: Plan
     data: Any
-    start: int                       # the run's first step (a resumed run: the checkpoint's step)
-    end: int | None                  # steps=, when given (no pause at or after it)
-    pushes: dict[str, int]           # pushes per step and table (trainers that push it)
+    start: int  # the run's first step (a resumed run: the checkpoint's step)
+    end: int | None  # steps=, when given (no pause at or after it)
+    pushes: dict[str, int]  # pushes per step and table (trainers that push it)
     settings: dict[str, Any]
-    root: Path | None = None         # checkpoint directory
+    root: Path | None = None  # checkpoint directory
     every: int | None = None
     keep: int = 2
     eval_data: Any = None
     eval_every: int | None = None
     timeout: float = 60.0
     graph: ForwardGraph | None = None
-    client: PSClient | None = None   # the driver's (admin) client, set once the servers run
+    client: PSClient | None = None  # the driver's (admin) client, set once the servers run
     saved: list[int] = field(default_factory=list)
     evaluated: list[int] = field(default_factory=list)
 
@@ -66,13 +66,17 @@ class Pauses:
         return None if b is None or (self.end is not None and b >= self.end) else b
 
     def due(self, step: int) -> bool:
-        return step > self.start and any(step % p == 0 for p in self._periods()) and \
-            (self.end is None or step < self.end)
+        return (
+            step > self.start
+            and any(step % p == 0 for p in self._periods())
+            and (self.end is None or step < self.end)
+        )
 
     def pause(self, step: int, history: Any, tel: Any) -> None:
         """At pause step `step`: wait for the servers, then save and / or evaluate as due."""
-        lifecycle.wait_applied(self.client, {t: (step - self.start) * n for t, n in self.pushes.items()},
-                               self.timeout)
+        lifecycle.wait_applied(
+            self.client, {t: (step - self.start) * n for t, n in self.pushes.items()}, self.timeout
+        )
         if self.every is not None and step % self.every == 0:
             self.save(step)
         if self.eval_every is not None and step % self.eval_every == 0:
@@ -106,13 +110,19 @@ def resume_state(plan: Plan, resume: str | None, steps: int | None) -> tuple[Pat
     path = lifecycle.latest(resume)
     state = lifecycle.check_resume(plan, path)
     if steps is not None and state.step >= steps:
-        raise ValueError(f"checkpoint {str(path)!r} is at step {state.step}, so steps={steps} (which counts "
-                         "the whole run) has nothing left to train; ask for more steps")
+        raise ValueError(
+            f"checkpoint {str(path)!r} is at step {state.step}, so steps={steps} (which counts "
+            "the whole run) has nothing left to train; ask for more steps"
+        )
     return path, state.step
 
 
 def settings_of(cfg: Any) -> dict[str, Any]:
     """The run settings a checkpoint records."""
-    return {"mode": cfg.mode, "batch_size": cfg.batch_size, "micro_batches": cfg.micro_batches,
-            "trainers": cfg.counts, "servers": cfg.servers}
-
+    return {
+        "mode": cfg.mode,
+        "batch_size": cfg.batch_size,
+        "micro_batches": cfg.micro_batches,
+        "trainers": cfg.counts,
+        "servers": cfg.servers,
+    }

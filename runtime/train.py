@@ -31,10 +31,10 @@ from . import sources
 from .channels import Inbox, Outbox
 from .device import array_module
 from .engines import Engine, make_engine
-from .metrics import auc
-from .ps import PSClient, serve
 from .lifecycle import check_root
+from .metrics import auc
 from .pauses import Pauses, resume_state, settings_of
+from .ps import PSClient, serve
 from .telemetry import Telemetry, unpack_spans
 from .trainer import run_trainer
 
@@ -283,7 +283,8 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
         for k, ep in enumerate(ps_eps):
             eng.start(f"ps:{k}", serve, dict(endpoint=ep, specs=plan.tables, shard=k, num_shards=cfg.servers,
                                              mode=cfg.mode, pushes_per_step=cfg.pushes or 1, secret=secret,
-                                             trace=tel.tracing, admin_secret=admin, checkpoint_root=roots or None),
+                                             trace=tel.tracing, admin_secret=admin,
+                                             checkpoint_root=roots or None),
                       report=report, secret=secret)
         pauses.client = PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout, admin_secret=admin)
         if start_from is not None:

@@ -40,9 +40,9 @@ class ForwardGraph:
     """The forward ops of a whole plan (see the module docstring)."""
 
     program: Program
-    feeds: list[str]        # what the prediction needs from the data (the label excluded)
+    feeds: list[str]  # what the prediction needs from the data (the label excluded)
     label_feeds: list[str]  # feeds only the loss reads
-    output: str             # the prediction
+    output: str  # the prediction
     loss: str | None
 
     def pruned(self, targets: list[str]) -> Program:
@@ -52,8 +52,12 @@ class ForwardGraph:
 
 def forward_graph(plan: Plan, output: str | None = None) -> ForwardGraph:
     """The forward graph of `plan`, predicting `output` (default: see the module docstring)."""
-    ops = [op for prog in plan.programs.values() for op in prog.ops
-           if op.role in ("forward", "loss") or op.type in PULLS]
+    ops = [
+        op
+        for prog in plan.programs.values()
+        for op in prog.ops
+        if op.role in ("forward", "loss") or op.type in PULLS
+    ]
     prog = Program()
     block = prog.global_block()
     for p in plan.programs.values():
@@ -70,16 +74,20 @@ def forward_graph(plan: Plan, output: str | None = None) -> ForwardGraph:
         loss_deps = _ancestors(block.ops, [plan.loss_name]) if plan.loss_name else set()
         found = [n for n in sinks if n != plan.loss_name and n not in loss_deps]
         if len(found) != 1:
-            raise ValueError(f"cannot tell the plan's prediction output: forward results no op reads "
-                             f"(besides the loss {plan.loss_name!r}): {found or 'none'}; name it with "
-                             "output=...")
+            raise ValueError(
+                f"cannot tell the plan's prediction output: forward results no op reads "
+                f"(besides the loss {plan.loss_name!r}): {found or 'none'}; name it with "
+                "output=..."
+            )
         output = found[0]
     elif not any(output in op.output_names() for op in block.ops):
-        raise ValueError(f"output {output!r} is not made by a forward op of the plan; forward results no "
-                         f"op reads: {sinks}")
+        raise ValueError(
+            f"output {output!r} is not made by a forward op of the plan; forward results no op reads: {sinks}"
+        )
     needed = _ancestors(block.ops, [output])
-    return ForwardGraph(prog, [f for f in feeds if f in needed], [f for f in feeds if f not in needed],
-                        output, plan.loss_name)
+    return ForwardGraph(
+        prog, [f for f in feeds if f in needed], [f for f in feeds if f not in needed], output, plan.loss_name
+    )
 
 
 def _ordered(ops: list[Op]) -> list[Op]:
@@ -90,8 +98,10 @@ def _ordered(ops: list[Op]) -> list[Op]:
     while pending:
         ready = [op for op in pending if all(n in have or n not in made for n in op.input_names())]
         if not ready:
-            raise ValueError(f"the plan's forward ops form a cycle or read unmade values: "
-                             f"{[str(op) for op in pending[:3]]}")
+            raise ValueError(
+                f"the plan's forward ops form a cycle or read unmade values: "
+                f"{[str(op) for op in pending[:3]]}"
+            )
         for op in ready:
             out.append(op)
             have.update(op.output_names())
@@ -141,18 +151,31 @@ def servable_program(graph: ForwardGraph, tables: dict[str, np.ndarray]) -> Prog
             for slot, names in op.inputs.items():
                 for n in names:
                     src = made.get(n)
-                    if src is not None and src.type in ("pull_sparse", "unique_ids") and not (
-                            op.type == "embedding" and slot in ("W", "Ids")):
-                        raise ValueError(f"op {op} reads {n!r} from {src.type}: only embedding lookups of "
-                                         "pulled rows can be exported")
-            if op.type == "embedding" and (src := made.get(op.inputs["W"][0])) is not None \
-                    and src.type == "pull_sparse":
+                    if (
+                        src is not None
+                        and src.type in ("pull_sparse", "unique_ids")
+                        and not (op.type == "embedding" and slot in ("W", "Ids"))
+                    ):
+                        raise ValueError(
+                            f"op {op} reads {n!r} from {src.type}: only embedding lookups of "
+                            "pulled rows can be exported"
+                        )
+            if (
+                op.type == "embedding"
+                and (src := made.get(op.inputs["W"][0])) is not None
+                and src.type == "pull_sparse"
+            ):
                 table = src.attrs["table"]
                 uniq = made[src.inputs["Ids"][0]]
                 op.inputs = {**op.inputs, "W": [table], "Ids": uniq.inputs["Ids"]}
                 value = params[table] = tables[table]
-                block.vars[table] = Var(table, tuple(np.shape(value)), str(np.asarray(value).dtype),
-                                        persistable=True, is_parameter=True)
+                block.vars[table] = Var(
+                    table,
+                    tuple(np.shape(value)),
+                    str(np.asarray(value).dtype),
+                    persistable=True,
+                    is_parameter=True,
+                )
             kept.append(op)
     block.ops = kept
     used = {n for op in kept for n in op.input_names() + op.output_names()}
@@ -161,8 +184,13 @@ def servable_program(graph: ForwardGraph, tables: dict[str, np.ndarray]) -> Prog
     return prog
 
 
-def export_inference(plan: Plan, path: str | Path, tables: dict[str, np.ndarray], output: str | None = None,
-                     opset: int | None = None) -> Path:
+def export_inference(
+    plan: Plan,
+    path: str | Path,
+    tables: dict[str, np.ndarray],
+    output: str | None = None,
+    opset: int | None = None,
+) -> Path:
     """Write the servable ONNX model of `plan` with table values `tables` to `path` (see the module
     docstring); ValueError when the graph would need a non-standard op."""
     import onnx
@@ -174,16 +202,23 @@ def export_inference(plan: Plan, path: str | Path, tables: dict[str, np.ndarray]
     model = to_onnx(prog, outputs=[graph.output], params=prog.params, opset=opset, name="hetps-inference")
     custom = sorted({n.op_type for n in model.graph.node if n.domain == DOMAIN})
     if custom:
-        raise ValueError(f"the forward graph has ops without a standard ONNX form ({custom}); a servable "
-                         "export needs ONNX ops only")
+        raise ValueError(
+            f"the forward graph has ops without a standard ONNX form ({custom}); a servable "
+            "export needs ONNX ops only"
+        )
     del model.opset_import[:]
     model.opset_import.append(onnx.helper.make_opsetid("", opset or plan_opset(prog)))
     onnx.checker.check_model(model)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     big = sum(np.asarray(v).nbytes for v in tables.values()) > ONNX_LIMIT
-    onnx.save_model(model, str(path), save_as_external_data=big, all_tensors_to_one_file=True,
-                    location=f"{path.name}.data")
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=big,
+        all_tensors_to_one_file=True,
+        location=f"{path.name}.data",
+    )
     return path
 
 
