@@ -1,0 +1,265 @@
+"""The model's life after `train` (issue 15): periodic checkpoints, exact resume, held-out evaluation
+during training, evaluate / predict from a checkpoint, the servable ONNX export."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from procs import wait_dead
+
+from ops_registry import init_rows
+from runtime.data import SyntheticCTR
+from runtime.evaluate import evaluate, export, predict
+from runtime.executor import Executor
+from runtime.lifecycle import checkpoints, latest, read_state
+from runtime.ps import CheckpointError, make_table
+from runtime.telemetry import read_metrics
+from runtime.train import train
+from transpiler import builder as nn
+from transpiler import transpile
+from transpiler.inference import inference_program
+from transpiler.models import wide_deep
+
+REPO = Path(__file__).resolve().parents[1]
+SLOTS, VOCAB = 4, 100
+
+
+def model(hidden=(8,)):
+    return wide_deep(num_slots=SLOTS, vocab=VOCAB, dim=4, hidden=hidden, optimizer=nn.Adam(lr=0.02))
+
+
+def data():
+    return SyntheticCTR(vocab=VOCAB, num_slots=SLOTS)
+
+
+def held_out(batches=3, n=128):
+    return [data().batch(10**6 + i, n) for i in range(batches)]
+
+
+RUN = dict(batch_size=64, trainers={"cpu": 2, "gpu": 1}, allow_emulation=True, mode="sync", progress=False)
+
+
+# -- references, by hand -----------------------------------------------------------------------------
+def tables_by_hand(path: Path, plan) -> dict[str, np.ndarray]:
+    """Every table of checkpoint `path`, read with numpy from its files (unseen sparse rows: their
+    initial values)."""
+    doc = json.loads((path / "manifest.json").read_text())
+    out = {}
+    for t in plan.tables:
+        shape = tuple(t["shape"])
+        full = init_rows(t["initializer"], shape, t["dtype"]) if t["kind"] == "sparse" else None
+        for e in (e for e in doc["files"] if e["table"] == t["name"]):
+            with np.load(path / e["file"]) as z:
+                if t["kind"] == "dense":
+                    full = z["Param"]
+                else:
+                    full[z["ids"]] = z["Param"]
+        out[t["name"]] = full
+    return out
+
+
+def predict_by_hand(m, tables: dict[str, np.ndarray], batches) -> np.ndarray:
+    """The builder program's own forward pass (not the plan's) with `tables` as its parameters."""
+    prog = inference_program(m.main, [m.pred])
+    prog.params = dict(tables)
+    exe = Executor()
+    return np.concatenate(
+        [exe.run(prog, feed={k: b[k] for k in ("sparse", "dense")}, fetch_list=[m.pred])[0] for b in batches]
+    )
+
+
+def auc_by_hand(y: np.ndarray, s: np.ndarray) -> float:
+    """Mann-Whitney: the probability a positive scores above a negative (ties count half)."""
+    pos, neg = s[y == 1], s[y == 0]
+    return float(
+        ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum())
+        / (pos.size * neg.size)
+    )
+
+
+def log_loss_by_hand(y: np.ndarray, p: np.ndarray) -> float:
+    p = p.astype(np.float64)
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+
+# -- kill and resume ------------------------------------------------------------------------------
+KILLED_RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_lifecycle import RUN, data, model
+from runtime.train import train
+
+if __name__ == "__main__":
+    train(model().main, data(), steps=40, checkpoint={ckpt!r}, checkpoint_every=20, metrics={metrics!r},
+          servers=1, stall_timeout=15, **RUN)
+"""
+
+
+def descendants(pid: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(p.name))
+    out, todo = [], [pid]
+    while todo:
+        for k in kids.get(todo.pop(), []):
+            out.append(k)
+            todo.append(k)
+    return out
+
+
+def test_a_run_killed_after_its_step_20_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
+    m = model()
+    ref = train(m.main, data(), steps=40, return_params=True, **RUN)
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "killed.jsonl"
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_RUN.format(tests=str(REPO / "tests"), ckpt=str(ckpt), metrics=str(metrics)))
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 300
+    while not (ckpt / "step-00000020" / "manifest.json").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.monotonic() < deadline, "no step-20 checkpoint within 300 s"
+        time.sleep(0.05)
+    family = descendants(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    # a trainer blocked in a parameter-server call notices the dead server at its stall_timeout (15 s)
+    assert wait_dead(family, 60) == [], "the killed driver's trainers and servers must exit"
+    killed = [r for r in read_metrics(metrics) if r["kind"] == "step"]
+    assert len(killed) >= 20 and (ckpt / "step-00000020").is_dir()
+    assert not (ckpt / "step-00000040").exists()  # it was killed before the end
+    assert latest(ckpt).name == "step-00000020" and read_state(latest(ckpt)).step == 20
+
+    # resumed with another shard count: steps 20-39
+    resumed = train(m.main, data(), steps=40, resume=str(ckpt), return_params=True, servers=2, **RUN)
+    assert resumed.first_step == 20 and resumed.steps == 20
+    np.testing.assert_allclose([r["loss"] for r in killed[:20]], ref.loss[:20], rtol=1e-6)
+    np.testing.assert_allclose(resumed.loss, ref.loss[20:], rtol=1e-6)
+    for name, want in ref.params.items():
+        got = resumed.params[name]
+        assert np.max(np.abs(got - want)) <= 1e-6 * max(1.0, np.max(np.abs(want))), name
+
+
+def test_periodic_checkpoints_keep_the_newest_and_resume_skips_an_incomplete_one(tmp_path):
+    m = model()
+    ckpt = tmp_path / "ckpt"
+    hist = train(m.main, data(), steps=9, checkpoint=str(ckpt), checkpoint_every=3, keep=2, **RUN)
+    assert hist.steps == 9 and [p.name for p in checkpoints(ckpt)] == ["step-00000006", "step-00000009"]
+    state = read_state(ckpt / "step-00000006")
+    assert state.step == 6 and state.settings["mode"] == "sync" and state.settings["batch_size"] == 64
+    (ckpt / "step-00000009" / "manifest.json").unlink()  # as if its save had been killed
+    assert latest(ckpt).name == "step-00000006"
+    resumed = train(m.main, data(), steps=8, resume=str(ckpt), **RUN)
+    assert resumed.first_step == 6 and resumed.steps == 2
+
+
+def test_a_checkpoint_of_another_plan_is_refused_with_the_reason(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    train(model().main, data(), steps=2, checkpoint=str(ckpt), **RUN)
+    with pytest.raises(CheckpointError, match=r"table 'fc_0.b_0' has shape \[8\], this plan's has \[16\]"):
+        train(model(hidden=(16,)).main, data(), steps=4, resume=str(ckpt), **RUN)
+    other = wide_deep(num_slots=SLOTS, vocab=VOCAB, dim=4, hidden=(8,), optimizer=nn.SGD(lr=0.1))
+    with pytest.raises(CheckpointError, match="trained with optimizer"):
+        train(other.main, data(), steps=4, resume=str(ckpt), **RUN)
+    with pytest.raises(ValueError, match="nothing left to train"):
+        train(model().main, data(), steps=2, resume=str(ckpt), **RUN)
+
+
+# -- evaluation -------------------------------------------------------------------------------------
+def test_held_out_evaluation_during_training_matches_a_forward_pass_by_hand(tmp_path):
+    m = model()
+    plan = transpile(m.main)
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    ev = held_out()
+    hist = train(
+        plan,
+        data(),
+        steps=8,
+        checkpoint=str(ckpt),
+        checkpoint_every=4,
+        eval_data=ev,
+        eval_every=4,
+        metrics=str(metrics),
+        **RUN,
+    )
+    assert [e["step"] for e in hist.eval] == [4, 8] and hist.steps == 8
+    y = np.concatenate([b["label"] for b in ev]).ravel()
+    for e in hist.eval:
+        p = predict_by_hand(m, tables_by_hand(ckpt / f"step-{e['step']:08d}", plan), ev).ravel()
+        assert e["examples"] == y.size
+        assert e["loss"] == pytest.approx(log_loss_by_hand(y, p), rel=1e-5)
+        assert e["auc"] == pytest.approx(auc_by_hand(y, p), abs=1e-9)
+    assert [r["step"] for r in read_metrics(metrics) if r["kind"] == "eval"] == [4, 8]
+
+
+def test_evaluate_and_predict_read_a_checkpoint(tmp_path):
+    m = model()
+    plan = transpile(m.main)
+    ckpt = tmp_path / "ckpt"
+    train(plan, data(), steps=5, checkpoint=str(ckpt), **RUN)
+    ev = held_out()
+    want = predict_by_hand(m, tables_by_hand(latest(ckpt), plan), ev)
+    got = predict(plan, ev, checkpoint=str(ckpt))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    res = evaluate(plan, ev, checkpoint=str(ckpt))
+    y = np.concatenate([b["label"] for b in ev]).ravel()
+    assert res["examples"] == y.size
+    assert res["loss"] == pytest.approx(log_loss_by_hand(y, want.ravel()), rel=1e-5)
+    assert res["auc"] == pytest.approx(auc_by_hand(y, want.ravel()), abs=1e-9)
+
+
+def test_a_peek_pull_reads_initial_rows_without_creating_them():
+    t = make_table(
+        {
+            "name": "e",
+            "kind": "sparse",
+            "shape": [50, 3],
+            "initializer": {"type": "normal", "seed": 3},
+            "optimizer": {"type": "adam", "lr": 0.1},
+        }
+    )
+    t.pull(np.array([1, 2]))
+    got = t.peek(np.array([2, 7, 9]))
+    assert len(t) == 2  # nothing created
+    np.testing.assert_array_equal(
+        got[1:], init_rows({"type": "normal", "seed": 3}, (50, 3), "float32", np.array([7, 9]))
+    )
+    np.testing.assert_array_equal(got, t.pull(np.array([2, 7, 9])))  # what a pull then creates
+
+
+# -- export ---------------------------------------------------------------------------------------
+def test_the_servable_export_scores_like_predict_in_onnxruntime(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    plan = transpile(model().main)
+    ckpt = tmp_path / "ckpt"
+    train(plan, data(), steps=5, checkpoint=str(ckpt), **RUN)
+    path = export(plan, tmp_path / "model.onnx", checkpoint=str(ckpt))
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto, full_check=True)
+    assert {n.domain for n in proto.graph.node} <= {""} and [o.domain for o in proto.opset_import] == [""]
+    assert not {n.op_type for n in proto.graph.node} & {"Gradient", "pull_sparse", "send"}
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert sorted(i.name for i in sess.get_inputs()) == ["dense", "sparse"]  # no label
+    ev = held_out()
+    got = np.concatenate([sess.run(None, {"sparse": b["sparse"], "dense": b["dense"]})[0] for b in ev])
+    np.testing.assert_allclose(got, predict(plan, ev, checkpoint=str(ckpt)), rtol=1e-5, atol=1e-6)
