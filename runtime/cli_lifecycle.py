@@ -106,7 +106,7 @@ def _eval_data(args: argparse.Namespace, plan: Any) -> Any:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .cli import EXIT_OK, load_plan
-    from .evaluate import evaluate
+    from .evaluation import evaluate
 
     plan = load_plan(args.plan)
     res = evaluate(plan, _eval_data(args, plan), checkpoint=args.checkpoint)
@@ -116,7 +116,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     from .cli import EXIT_OK, UsageError, load_plan
-    from .evaluate import predict
+    from .evaluation import predict
 
     out = Path(args.output)
     if out.suffix not in (".npy", ".csv"):
@@ -134,7 +134,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 def cmd_export_inference(args: argparse.Namespace) -> int:
     from .cli import EXIT_OK, UsageError, load_plan
-    from .evaluate import export
+    from .evaluation import export
 
     if Path(args.output).suffix != ".onnx":
         raise UsageError(f"-o {args.output}: --inference writes one model: name a .onnx file")

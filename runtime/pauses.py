@@ -20,7 +20,7 @@ from transpiler.export_inference import ForwardGraph, forward_graph
 from transpiler.plan import Plan
 
 from . import lifecycle
-from .evaluate import client_source, evaluate_with, loss_reduction
+from .evaluation import client_source, evaluate_with, loss_reduction
 from .ps import PSClient
 
 

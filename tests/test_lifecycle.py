@@ -17,7 +17,7 @@ from procs import wait_dead
 
 from ops_registry import init_rows
 from runtime.data import SyntheticCTR
-from runtime.evaluate import evaluate, export, predict
+from runtime.evaluation import evaluate, export, predict
 from runtime.executor import Executor
 from runtime.lifecycle import checkpoints, latest, read_state
 from runtime.ps import CheckpointError, make_table
