@@ -263,3 +263,16 @@ def test_the_servable_export_scores_like_predict_in_onnxruntime(tmp_path):
     ev = held_out()
     got = np.concatenate([sess.run(None, {"sparse": b["sparse"], "dense": b["dense"]})[0] for b in ev])
     np.testing.assert_allclose(got, predict(plan, ev, checkpoint=str(ckpt)), rtol=1e-5, atol=1e-6)
+
+
+def test_an_async_run_resumed_reaches_the_held_out_auc_of_an_uninterrupted_one(tmp_path):
+    # one reader trainer: async staleness stays small, so uninterrupted runs agree to ~1e-4 in AUC
+    m, ev = model(), held_out(batches=16, n=256)
+    kw = {**RUN, "trainers": {"cpu": 1, "gpu": 1}, "mode": "async", "eval_data": ev}
+    ref = train(m.main, data(), steps=200, **kw)
+    ckpt = tmp_path / "ckpt"
+    first = train(m.main, data(), steps=100, checkpoint=str(ckpt), **kw)
+    resumed = train(m.main, data(), steps=200, resume=str(ckpt), **kw)
+    assert first.eval[-1]["step"] == 100 and resumed.first_step == 100 and resumed.eval[-1]["step"] == 200
+    assert resumed.eval[-1]["loss"] < first.eval[-1]["loss"] - 0.005  # it went on learning
+    assert resumed.eval[-1]["auc"] == pytest.approx(ref.eval[-1]["auc"], abs=0.005)
