@@ -36,7 +36,7 @@ from typing import Any
 from transpiler.plan import Plan
 
 from .ps import PSClient
-from .ps.checkpoint import MANIFEST, CheckpointError, read_manifest
+from .ps.checkpoint import MANIFEST, CheckpointError, check_target, read_manifest
 
 STEP_DIR = re.compile(r"step-(\d{8})")
 
@@ -99,8 +99,10 @@ def check_root(root: str | Path) -> Path:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CheckpointError(
-            f"cannot make the checkpoint directory {str(root)!r}: {e.strerror or e}"
+            f"cannot save a checkpoint at {str(root)!r}: {e.strerror or e} (train keeps its checkpoints "
+            "in this directory)"
         ) from None
+    check_target(step_dir(root, 0))  # can a save stage a new directory there?
     return root
 
 
