@@ -211,6 +211,46 @@ def test_held_out_evaluation_during_training_matches_a_forward_pass_by_hand(tmp_
     assert [r["step"] for r in read_metrics(metrics) if r["kind"] == "eval"] == [4, 8]
 
 
+def test_held_out_figures_reach_tensorboard_and_the_progress_bar(tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ev = held_out(batches=2)
+    hist = train(
+        model().main,
+        data(),
+        steps=4,
+        eval_data=ev,
+        eval_every=2,
+        tensorboard=str(tmp_path / "tb"),
+        **{**RUN, "progress": True},
+    )
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+    acc.Reload()
+    got = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in ("eval_loss", "eval_auc")}
+    assert [s for s, _ in got["eval_loss"]] == [2, 4]
+    np.testing.assert_allclose([v for _, v in got["eval_loss"]], [e["loss"] for e in hist.eval], rtol=1e-6)
+    np.testing.assert_allclose([v for _, v in got["eval_auc"]], [e["auc"] for e in hist.eval], rtol=1e-6)
+    assert f"val_loss={hist.eval[0]['loss']:.4f}" in capsys.readouterr().err
+
+
+def test_resume_continues_an_iterable_source_at_its_batch_in_the_right_epoch(tmp_path):
+    batches = [data().batch(100 + i, 48) for i in range(5)]  # one epoch: 5 steps
+    m = model()
+    ref = train(m.main, batches, epochs=2, return_params=True, **{**RUN, "batch_size": None})
+    ckpt = tmp_path / "ckpt"
+    first = train(m.main, batches, epochs=2, steps=7, checkpoint=str(ckpt), **{**RUN, "batch_size": None})
+    state = read_state(latest(ckpt))
+    assert (state.step, state.epoch, state.batch) == (7, 1, 2)
+    rest = train(
+        m.main, batches, epochs=2, resume=str(ckpt), return_params=True, **{**RUN, "batch_size": None}
+    )
+    assert rest.first_step == 7 and rest.steps == 3
+    np.testing.assert_allclose(first.loss + rest.loss, ref.loss, rtol=1e-6)
+    for name, want in ref.params.items():
+        assert np.max(np.abs(rest.params[name] - want)) <= 1e-6 * max(1.0, np.max(np.abs(want))), name
+
+
 def test_evaluate_and_predict_read_a_checkpoint(tmp_path):
     m = model()
     plan = transpile(m.main)
