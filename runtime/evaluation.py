@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from transpiler.export_inference import ForwardGraph, export_inference, forward_graph
+from transpiler.export_inference import ONNX_LIMIT, ForwardGraph, export_inference, forward_graph
 from transpiler.plan import Plan
 
 from .executor import Executor
@@ -178,7 +178,9 @@ def export(
     checkpoint: str | Path | None = None,
     output: str | None = None,
     opset: int | None = None,
+    external_over: int = ONNX_LIMIT,
 ) -> Path:
     """Write the servable ONNX model of `plan` with the tables of `checkpoint` (see
-    transpiler/export_inference.py); `Plan.export_inference` calls this."""
-    return export_inference(plan, path, full_tables(plan, checkpoint), output, opset)
+    transpiler/export_inference.py; `external_over`: bytes of tables beyond which the initializers
+    go to `<path>.data`); `Plan.export_inference` does the same from table values."""
+    return export_inference(plan, path, full_tables(plan, checkpoint), output, opset, external_over)

@@ -316,3 +316,16 @@ def test_an_async_run_resumed_reaches_the_held_out_auc_of_an_uninterrupted_one(t
     assert first.eval[-1]["step"] == 100 and resumed.first_step == 100 and resumed.eval[-1]["step"] == 200
     assert resumed.eval[-1]["loss"] < first.eval[-1]["loss"] - 0.005  # it went on learning
     assert resumed.eval[-1]["auc"] == pytest.approx(ref.eval[-1]["auc"], abs=0.005)
+
+
+def test_a_big_export_keeps_its_weights_in_an_external_data_file(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    plan = transpile(model().main)
+    ckpt = tmp_path / "ckpt"
+    train(plan, data(), steps=2, checkpoint=str(ckpt), **RUN)
+    path = export(plan, tmp_path / "m" / "model.onnx", checkpoint=str(ckpt), external_over=0)  # "big"
+    assert (tmp_path / "m" / "model.onnx.data").stat().st_size >= VOCAB * 4 * 4  # deep_emb [vocab, 4]
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ev = held_out(batches=1)
+    got = sess.run(None, {"sparse": ev[0]["sparse"], "dense": ev[0]["dense"]})[0]
+    np.testing.assert_allclose(got, predict(plan, ev, checkpoint=str(ckpt)), rtol=1e-5, atol=1e-6)

@@ -190,9 +190,12 @@ def export_inference(
     tables: dict[str, np.ndarray],
     output: str | None = None,
     opset: int | None = None,
+    external_over: int = ONNX_LIMIT,
 ) -> Path:
     """Write the servable ONNX model of `plan` with table values `tables` to `path` (see the module
-    docstring); ValueError when the graph would need a non-standard op."""
+    docstring) and check it with `onnx.checker`; ValueError when the graph would need a
+    non-standard op. Initializers go to `<path>.data` (ONNX external data) when the tables hold
+    more than `external_over` bytes."""
     import onnx
 
     from .onnx_export import DOMAIN, to_onnx
@@ -208,10 +211,9 @@ def export_inference(
         )
     del model.opset_import[:]
     model.opset_import.append(onnx.helper.make_opsetid("", opset or plan_opset(prog)))
-    onnx.checker.check_model(model)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    big = sum(np.asarray(v).nbytes for v in tables.values()) > ONNX_LIMIT
+    big = sum(np.asarray(v).nbytes for v in tables.values()) > external_over
     onnx.save_model(
         model,
         str(path),
@@ -219,6 +221,7 @@ def export_inference(
         all_tensors_to_one_file=True,
         location=f"{path.name}.data",
     )
+    onnx.checker.check_model(str(path), full_check=True)  # by path: external data too
     return path
 
 
