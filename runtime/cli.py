@@ -408,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one servable ONNX model (standard ops only): the forward graph with trained weights")
     s.add_argument("--checkpoint", metavar="DIR",
                    help="with --inference: the weights (a checkpoint, or train's checkpoint directory)")
+    s.add_argument("--rows", choices=("all", "existing"), default="all",
+                   help="with --inference: sparse tables as full [vocab, dim] arrays (all), or only the "
+                   "rows that exist, ids remapped by a .ids.npz beside the model (existing)")
 
     s = _command(sub, "train", cmd_train, help="train a plan on trainer and parameter-server processes")
     s.add_argument("plan", nargs="?", help="plan directory (or build a model with --model)")

@@ -4,7 +4,7 @@
                              --eval-data D [--eval-every N]
     hetps eval PLAN_DIR --checkpoint DIR --data D          held-out loss, AUC, examples
     hetps predict PLAN_DIR --checkpoint DIR --data D -o scores.npy | scores.csv
-    hetps export PLAN_DIR --checkpoint DIR --inference -o model.onnx
+    hetps export PLAN_DIR --checkpoint DIR --inference [--rows existing] -o model.onnx
 
 Held-out data (`--eval-data`, and `--data` of eval / predict) is read like `train --data`: with
 `--schema` by the schema, else 'synthetic[:seed=N]' (then `--eval-batches` batches of
@@ -138,10 +138,12 @@ def cmd_export_inference(args: argparse.Namespace) -> int:
 
     if Path(args.output).suffix != ".onnx":
         raise UsageError(f"-o {args.output}: --inference writes one model: name a .onnx file")
-    path = export(load_plan(args.plan), args.output, checkpoint=args.checkpoint)
+    path = export(load_plan(args.plan), args.output, checkpoint=args.checkpoint, rows=args.rows)
     print(
         f"servable model written to {path} (inputs: the plan's feeds but the label; output: the prediction)"
     )
+    if args.rows == "existing":
+        print(f"id feeds take positions in {path.with_suffix('.ids.npz')} (runtime.evaluation.remap_ids)")
     return EXIT_OK
 
 

@@ -41,6 +41,12 @@ def client_source(client: PSClient) -> TableSource:
 def checkpoint_source(plan: Plan, checkpoint: str | Path | None) -> TableSource:
     """Tables of checkpoint `checkpoint` (a checkpoint, or a directory of `train`'s step
     checkpoints: the newest), or the plan's initial values without one, in an in-process shard."""
+    shard = load_tables(plan, checkpoint)
+    return lambda table, ids: shard.pull(table, ids, peek=True)
+
+
+def load_tables(plan: Plan, checkpoint: str | Path | None) -> Shard:
+    """An in-process shard holding the tables of `checkpoint` (see `checkpoint_source`)."""
     shard = Shard(plan.tables)
     if checkpoint is not None:
         path = latest(checkpoint)
@@ -52,7 +58,7 @@ def checkpoint_source(plan: Plan, checkpoint: str | Path | None) -> TableSource:
             if name in shard.tables:
                 t = shard.tables[name]
                 t.assign(value, *(() if t.spec["kind"] == "dense" else (np.arange(len(value)),)))
-    return lambda table, ids: shard.pull(table, ids, peek=True)
+    return shard
 
 
 def _executor(pull: TableSource) -> Executor:
@@ -157,18 +163,67 @@ def predict(
 
 def full_tables(plan: Plan, checkpoint: str | Path | None) -> dict[str, np.ndarray]:
     """Every table as a full array (sparse: [vocab, dim], unseen rows at their initial values)."""
-    pull = checkpoint_source(plan, checkpoint)
+    shard = load_tables(plan, checkpoint)
     out = {}
     for t in plan.tables:
         if t["kind"] == "dense":
-            out[t["name"]] = pull(t["name"], None)
+            out[t["name"]] = shard.pull(t["name"], None, peek=True)
         elif t["shape"][0] > 0:
-            out[t["name"]] = pull(t["name"], np.arange(t["shape"][0]))
+            out[t["name"]] = shard.pull(t["name"], np.arange(t["shape"][0]), peek=True)
         else:
             raise ValueError(
-                f"table {t['name']!r} has an unbounded vocab (shape[0] = -1): a servable "
-                "export needs every row; give the embedding a vocab size"
+                f"table {t['name']!r} has an unbounded vocab (shape[0] = -1): export it with "
+                "rows='existing' (only the rows it holds, ids remapped)"
             )
+    return out
+
+
+def existing_tables(plan: Plan, checkpoint: str | Path | None) -> tuple[dict[str, np.ndarray], dict]:
+    """The tables with only the rows that exist, for huge sparse tables: (tables, {feed: ids}).
+
+    Each id feed that sparse lookups read gets the sorted union `ids` of the rows its tables hold;
+    each of those tables keeps the rows of `ids` in that order (a row one table lacks: its initial
+    value) plus one last row of zeros for ids it never saw. A lookup then takes the position of
+    its id in `ids` (`remap_ids`), len(ids) for an unseen id."""
+    shard = load_tables(plan, checkpoint)
+    graph = forward_graph(plan)
+    made = {n: op for op in graph.program.ops for n in op.output_names()}
+    feed_of: dict[str, str] = {}  # sparse table -> the raw feed it is looked up with
+    for op in graph.program.ops:
+        if op.type == "pull_sparse":
+            uniq = made.get(op.inputs["Ids"][0])
+            feed = uniq.inputs["Ids"][0] if uniq is not None and uniq.type == "unique_ids" else None
+            if feed not in graph.feeds or feed_of.get(op.attrs["table"], feed) != feed:
+                raise ValueError(
+                    f"table {op.attrs['table']!r} is not looked up with one raw id feed: "
+                    "rows='existing' cannot remap its ids"
+                )
+            feed_of[op.attrs["table"]] = feed
+    ids = {
+        f: np.unique(
+            np.concatenate([shard.tables[t].index.ids_by_slot() for t, g in feed_of.items() if g == f])
+        )
+        for f in set(feed_of.values())
+    }
+    out = {}
+    for t in plan.tables:
+        name = t["name"]
+        if t["kind"] == "dense":
+            out[name] = shard.pull(name, None, peek=True)
+        elif name in feed_of:
+            rows = shard.pull(name, ids[feed_of[name]], peek=True)
+            out[name] = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])
+    return out, ids
+
+
+def remap_ids(ids: dict[str, np.ndarray], feed: dict[str, Any]) -> dict[str, Any]:
+    """A feed dict for a model exported with rows='existing': each remapped id feed's ids replaced
+    by their positions in `ids` (the `<model>.ids.npz` the export writes), unseen ids by len(ids)."""
+    out = dict(feed)
+    for name, known in ids.items():
+        x = np.asarray(feed[name])
+        pos = np.minimum(np.searchsorted(known, x), len(known) - 1)
+        out[name] = np.where(known[pos] == x, pos, len(known)).astype(np.int64)
     return out
 
 
@@ -179,8 +234,21 @@ def export(
     output: str | None = None,
     opset: int | None = None,
     external_over: int = ONNX_LIMIT,
+    rows: str = "all",
 ) -> Path:
     """Write the servable ONNX model of `plan` with the tables of `checkpoint` (see
     transpiler/export_inference.py; `external_over`: bytes of tables beyond which the initializers
-    go to `<path>.data`); `Plan.export_inference` does the same from table values."""
-    return export_inference(plan, path, full_tables(plan, checkpoint), output, opset, external_over)
+    go to `<path>.data`); `Plan.export_inference` does the same from table values.
+
+    `rows`: "all" (a sparse table as its full [vocab, dim] array: the model takes raw ids) or
+    "existing" (only the rows the checkpoint holds, for huge or unbounded tables: the model then
+    takes each id's position in `<path minus .onnx>.ids.npz` — `remap_ids` computes it — and
+    scores an id never trained with a zero embedding; see `existing_tables`)."""
+    if rows == "all":
+        return export_inference(plan, path, full_tables(plan, checkpoint), output, opset, external_over)
+    if rows != "existing":
+        raise ValueError(f"rows={rows!r}: expected 'all' or 'existing'")
+    tables, ids = existing_tables(plan, checkpoint)
+    out = export_inference(plan, path, tables, output, opset, external_over)
+    np.savez(out.with_suffix(".ids.npz"), **ids)
+    return out

@@ -329,3 +329,26 @@ def test_a_big_export_keeps_its_weights_in_an_external_data_file(tmp_path):
     ev = held_out(batches=1)
     got = sess.run(None, {"sparse": ev[0]["sparse"], "dense": ev[0]["dense"]})[0]
     np.testing.assert_allclose(got, predict(plan, ev, checkpoint=str(ckpt)), rtol=1e-5, atol=1e-6)
+
+
+def test_an_export_of_the_existing_rows_only_scores_remapped_ids_like_predict(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from runtime.evaluation import remap_ids
+
+    plan = transpile(model().main)
+    ckpt = tmp_path / "ckpt"
+    train(plan, data(), steps=1, checkpoint=str(ckpt), **{**RUN, "batch_size": 16})
+    path = export(plan, tmp_path / "model.onnx", checkpoint=str(ckpt), rows="existing")
+    with np.load(tmp_path / "model.ids.npz") as z:
+        ids = {k: z[k] for k in z.files}
+    seen = np.unique(data().batch(0, 16)["sparse"])  # the ids step 0 trained
+    np.testing.assert_array_equal(ids["sparse"], seen)
+    inits = {i.name: i for i in onnx.load(str(path)).graph.initializer}
+    assert list(inits["deep_emb.w_0"].dims) == [seen.size + 1, 4]  # the rows that exist + a zero row
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    batch = data().batch(0, 16)
+    got = sess.run(None, remap_ids(ids, {"sparse": batch["sparse"], "dense": batch["dense"]}))[0]
+    np.testing.assert_allclose(got, predict(plan, [batch], checkpoint=str(ckpt)), rtol=1e-5, atol=1e-6)
+    unseen = remap_ids(ids, {"sparse": np.array([[int(np.setdiff1d(np.arange(VOCAB), seen)[0])] * SLOTS])})
+    assert unseen["sparse"].tolist() == [[seen.size] * SLOTS]  # an id never trained: the zero row
