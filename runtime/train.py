@@ -288,7 +288,7 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
                       report=report, secret=secret)
         pauses.client = PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout, admin_secret=admin)
         if start_from is not None:
-            pauses.client.load(start_from)
+            pauses.client.load(start_from, step=pauses.start)
         elif plan.params:
             _load_values(plan, ps_eps, secret, admin)
         for name in names:

@@ -318,6 +318,13 @@ def test_an_async_run_resumed_reaches_the_held_out_auc_of_an_uninterrupted_one(t
     assert resumed.eval[-1]["auc"] == pytest.approx(ref.eval[-1]["auc"], abs=0.005)
 
 
+def test_a_checkpoint_of_an_async_run_resumes_in_sync_mode(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    train(model().main, data(), steps=4, checkpoint=str(ckpt), **{**RUN, "mode": "async"})
+    hist = train(model().main, data(), steps=7, resume=str(ckpt), **RUN)  # sync counts steps from 4
+    assert hist.first_step == 4 and hist.steps == 3
+
+
 def test_a_big_export_keeps_its_weights_in_an_external_data_file(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     plan = transpile(model().main)

@@ -252,10 +252,12 @@ class PSClient:
             checkpoint.abort(stage)
             raise
 
-    def load(self, path: str | os.PathLike) -> None:
-        """Load checkpoint `path` (saved with any shard count) into every shard."""
+    def load(self, path: str | os.PathLike, step: int | None = None) -> None:
+        """Load checkpoint `path` (saved with any shard count) into every shard. `step`: count the
+        tables' applied sync steps from there (a run resumed at `step`; else the saved counts)."""
         path = os.path.abspath(path)
-        self._call({k: ({"op": "load", "dir": path}, []) for k in range(len(self._socks))})
+        header = {"op": "load", "dir": path, **({"step": int(step)} if step is not None else {})}
+        self._call({k: (header, []) for k in range(len(self._socks))})
 
     def stats(self) -> list[dict]:
         """Per shard: {table: {"rows": n, "bytes": memory held, "version": applied sync steps}}."""

@@ -189,7 +189,7 @@ class _Loop:
         if op == "save":
             return {"files": s.save(self.checkpoint_dir(h))}, []
         if op == "load":
-            s.load(self.checkpoint_dir(h))
+            s.load(self.checkpoint_dir(h), _field(h, "step", int, optional=True))
             return {}, []
         if op == "trace":
             return {}, [pack_spans(self.rec.take())]

@@ -191,8 +191,10 @@ class Shard:
                                         {**t.state_dict(), "version": np.array([self.version[n]])})
                 for n, t in self.tables.items()]
 
-    def load(self, path: str | Path) -> None:
-        """Replace every table of this shard by its rows in checkpoint `path` (any shard count)."""
+    def load(self, path: str | Path, step: int | None = None) -> None:
+        """Replace every table of this shard by its rows in checkpoint `path` (any shard count).
+        `step`: the applied sync steps to count from (a resumed run's first step; a checkpoint of
+        an async run counts none), else the saved counts."""
         doc = checkpoint.read_manifest(path)
         saved = {s["name"]: s for s in doc["tables"]}
         fresh = {}
@@ -217,7 +219,7 @@ class Shard:
                 new.load_state(arrays)
             fresh[name] = (new, version)
         for name, (new, version) in fresh.items():
-            self.tables[name], self.version[name] = new, version
+            self.tables[name], self.version[name] = new, version if step is None else step
             self.pending[name].clear()
 
 
