@@ -4,7 +4,7 @@
 `runtime.ps` checkpoint, saved atomically: see runtime/ps/checkpoint.py) every N steps and at the end
 and keeps the K newest. Its manifest carries the run state (`RunState`) beside the tables (each
 with its optimizer state: moments, Adam's Beta1Pow/Beta2Pow bias-correction powers, the sync step
-count):
+count; a streaming table also its admission and eviction state, runtime/ps/entry.py):
 - `step`: the steps trained, i.e. the next step to run; the data position follows from it (step t
   trains on global batch t: for generated data `batch(t, n)`, for an iterable source the t-th batch
   of its epochs, `epoch` = t // batches per epoch and `batch` = t % that when the source has a

@@ -359,3 +359,20 @@ def test_an_export_of_the_existing_rows_only_scores_remapped_ids_like_predict(tm
     np.testing.assert_allclose(got, predict(plan, [batch], checkpoint=str(ckpt)), rtol=1e-5, atol=1e-6)
     unseen = remap_ids(ids, {"sparse": np.array([[int(np.setdiff1d(np.arange(VOCAB), seen)[0])] * SLOTS])})
     assert unseen["sparse"].tolist() == [[seen.size] * SLOTS]  # an id never trained: the zero row
+
+
+def test_resume_keeps_the_admission_and_eviction_state_of_streaming_tables(tmp_path):
+    from transpiler import TranspileConfig
+
+    cfg = TranspileConfig(sparse_entry={"type": "count", "threshold": 2}, evict_after=4)
+    plan = transpile(model().main, cfg)
+    kw = {**RUN, "trainers": {"cpu": 1, "gpu": 1}}
+    ref = train(plan, data(), steps=12, return_params=True, **kw)
+    ckpt = tmp_path / "ckpt"
+    first = train(plan, data(), steps=6, checkpoint=str(ckpt), **kw)
+    rest = train(plan, data(), steps=12, resume=str(ckpt), return_params=True, servers=2, **kw)
+    np.testing.assert_allclose(first.loss + rest.loss, ref.loss, rtol=1e-6)
+    rows = lambda h: {n: t["rows"] for n, t in h.tables.items()}  # noqa: E731
+    assert rows(rest) == rows(ref)  # the same rows admitted and kept (over 2 shards now)
+    for name, want in ref.params.items():
+        assert np.max(np.abs(rest.params[name] - want)) <= 1e-6 * max(1.0, np.max(np.abs(want))), name

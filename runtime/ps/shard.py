@@ -27,6 +27,7 @@ import numpy as np
 
 from ..wire import MAX_MESSAGE_BYTES
 from . import checkpoint
+from .entry import ENTRY_CLOCK, ENTRY_LAST, WAITING
 from .sharding import shard_of, tables_of_shard
 from .table import DenseTable, PSError, SparseTable, check_spec, make_table
 
@@ -214,8 +215,11 @@ class Shard:
                 version = int(arrays.pop("version")[0])
                 if isinstance(new, SparseTable):
                     mine = shard_of(arrays["ids"], self.num_shards) == self.shard
-                    per_row = {"ids", "Param", *new.state_slots}
+                    per_row = {"ids", "Param", ENTRY_LAST, *new.state_slots}
                     arrays = {k: (a[mine] if k in per_row else a) for k, a in arrays.items()}
+                    if WAITING[0] in arrays:  # ids waiting for admission: this shard's
+                        wait = shard_of(arrays[WAITING[0]], self.num_shards) == self.shard
+                        arrays.update({k: arrays[k][wait] for k in WAITING})
                 new.load_state(arrays)
             fresh[name] = (new, version)
         for name, (new, version) in fresh.items():
@@ -230,6 +234,11 @@ def _check_shapes(path: str | Path, entry: dict, t: DenseTable | SparseTable,
     want = {"version": (1,), **{s: (1,) for s in t.scalars}}
     if isinstance(t, SparseTable):
         want.update({"ids": (n,), "Param": (n, t.dim), **{s: (n, t.dim) for s in t.state_slots}})
+        if t.entry is not None and ENTRY_CLOCK in arrays:  # (checkpoints before issue 15 lack it)
+            want.update({ENTRY_CLOCK: (1,), ENTRY_LAST: (n,)})
+            if t.entry.waiting is not None:
+                w = arrays[WAITING[0]].shape[0] if WAITING[0] in arrays else 0
+                want.update(dict.fromkeys(WAITING, (w,)))
     else:
         want.update({"Param": t.shape, **{s: t.shape for s in t.state_slots}})
     got = {k: a.shape for k, a in arrays.items()}

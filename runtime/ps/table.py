@@ -32,7 +32,7 @@ import numpy as np
 from ops_registry import SparseRows, get_op, init_rows, scatter_add
 from transpiler.builder import SGD, Adagrad, Adam, Optimizer
 
-from .entry import Entry, check_entry
+from .entry import ENTRY_CLOCK, Entry, check_entry
 from .index import make_index
 
 OPTIMIZERS: dict[str, type[Optimizer]] = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
@@ -325,7 +325,8 @@ class SparseTable(Table):
     def state_dict(self) -> dict[str, np.ndarray]:
         n = len(self.index)
         return {"ids": self.index.ids_by_slot(), "Param": self.rows[:n],
-                **{s: a[:n] for s, a in self.row_state.items()}, **self.scalars}
+                **{s: a[:n] for s, a in self.row_state.items()}, **self.scalars,
+                **(self.entry.state_dict(n) if self.entry is not None else {})}
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Set rows `arrays["ids"]` (with their optimizer state) and the scalar state."""
@@ -335,6 +336,8 @@ class SparseTable(Table):
             a[slots] = arrays[s]
         for s in self.scalars:
             self.scalars[s][...] = arrays[s]
+        if self.entry is not None and ENTRY_CLOCK in arrays:
+            self.entry.load_state(slots, len(self.index), arrays)
 
 
 def make_table(spec: dict[str, Any], check_finite: bool = True) -> DenseTable | SparseTable:
