@@ -4,7 +4,12 @@
     hetps inspect PLAN_DIR [--explain VAR] [--program TYPE]
     hetps draw PLAN_DIR -o plan.png        (or plan.svg for big graphs)
     hetps export PLAN_DIR -o ONNX_DIR
+    hetps export PLAN_DIR --checkpoint DIR --inference -o model.onnx
     hetps train PLAN_DIR --data synthetic --steps N --trainers cpu=2,gpu=1 --servers 1 --mode sync
+    hetps train PLAN_DIR --data synthetic --steps N --checkpoint DIR --checkpoint-every 100 \
+                --eval-data synthetic:seed=1 --eval-every 100 [--resume DIR]
+    hetps eval PLAN_DIR --checkpoint DIR --data D
+    hetps predict PLAN_DIR --checkpoint DIR --data D -o scores.npy
     hetps train PLAN_DIR --data 'train/*.parquet' --schema schema.yaml --epochs 1
     hetps train --data train.csv --schema schema.yaml --model wide_deep --epochs 2 --eval-data test.csv
     hetps bench [--steps N] [--trainers cpu=1,gpu=1]
@@ -334,6 +339,12 @@ def cmd_draw(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    if args.inference:
+        from .cli_lifecycle import cmd_export_inference
+
+        return cmd_export_inference(args)
+    if args.checkpoint:
+        raise UsageError("--checkpoint goes with --inference (a servable model with trained weights)")
     for f in load_plan(args.plan).to_onnx(args.output):
         print(f"wrote {f}")
     return EXIT_OK
@@ -392,6 +403,7 @@ def open_schema_data(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     from . import train
+    from .cli_lifecycle import describe_eval, train_kwargs
 
     check_engine(args)
     resolve_run_options(args)
@@ -401,10 +413,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if (args.plan is None) == (args.model is None):
         raise UsageError("give a PLAN_DIR to train, or --model wide_deep|deepfm|dlrm (with --schema) "
                          "to build one")
-    if (args.model or args.eval_data) and not args.schema:
-        raise UsageError("--model and --eval-data read the data by a schema: add --schema schema.yaml")
-    if args.eval_data and not args.model:
-        raise UsageError("--eval-data scores a model built by --model")
+    if args.model and not args.schema:
+        raise UsageError("--model reads the data by a schema: add --schema schema.yaml")
     run = dict(steps=args.steps, epochs=args.epochs, until_loss=args.until_loss, trainers=counts,
                servers=args.servers, mode=args.mode, micro_batches=args.micro_batches, engine=args.engine,
                address=args.address, allow_emulation=args.allow_emulation, metrics=args.metrics,
@@ -417,7 +427,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UsageError("--model trains with Adam; --lr sets its learning rate "
                              "(--optimizer is for a PLAN_DIR)")
         lr = 0.01 if args.lr is None else args.lr
-        _, history, score = fit(args.model, data, eval_data=held_out, lr=lr, **run)
+        life = train_kwargs(args, None, feeds)
+        del life["eval_data"]
+        _, history, score = fit(args.model, data, eval_data=held_out, lr=lr, **run, **life)
         print(describe(history))
         if held_out is not None:
             print(f"held-out AUC {score:.4f} on {held_out.rows()} rows of {args.eval_data}")
@@ -432,8 +444,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     run["servers"] = args.servers or plan.config.num_servers
     if args.optimizer or args.lr is not None:
         print(f"optimizer: {set_optimizer(plan, args.optimizer, args.lr)} (--optimizer/--lr)")
-    history = train(plan, data, batch_size=batch_size, **run)
+    history = train(plan, data, batch_size=batch_size, **run, **train_kwargs(args, plan, feeds))
+    if history.first_step:
+        print(f"resumed at step {history.first_step} from {args.resume}")
     print(describe(history))
+    if history.eval:
+        print(describe_eval(history))
+    if args.checkpoint:
+        print(f"checkpoints in {args.checkpoint} (resume: --resume {args.checkpoint})")
     if args.trace:
         print(f"timeline written to {args.trace} (open it in https://ui.perfetto.dev)")
     if args.tensorboard:
@@ -694,6 +712,8 @@ def _command(sub: Any, name: str, func: Any, **kw: Any) -> argparse.ArgumentPars
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .cli_lifecycle import add_commands, train_options
+
     p = argparse.ArgumentParser(prog="hetps", description="Heterogeneous parameter-server training: "
                                 "transpile a model into per-trainer-type programs and train them.")
     p.add_argument("-v", "--verbose", action="store_true", help="log progress details; show tracebacks")
@@ -734,7 +754,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = _command(sub, "export", cmd_export, help="export each sub-program of a plan to ONNX")
     s.add_argument("plan", help="plan directory")
-    s.add_argument("-o", "--output", required=True, help="directory for <trainer type>.onnx files")
+    s.add_argument("-o", "--output", required=True,
+                   help="directory for <trainer type>.onnx files; with --inference, the .onnx file")
+    s.add_argument("--inference", action="store_true",
+                   help="one servable ONNX model (standard ops only): the forward graph with trained weights")
+    s.add_argument("--checkpoint", metavar="DIR",
+                   help="with --inference: the weights (a checkpoint, or train's checkpoint directory)")
+    s.add_argument("--rows", choices=("all", "existing"), default="all",
+                   help="with --inference: sparse tables as full [vocab, dim] arrays (all), or only the "
+                   "rows that exist, ids remapped by a .ids.npz beside the model (existing)")
 
     s = _command(sub, "train", cmd_train, help="train a plan on trainer and parameter-server processes")
     s.add_argument("plan", nargs="?", help="plan directory (or build a model with --model)")
@@ -746,7 +774,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(runtime/ingest/schema.py)")
     s.add_argument("--model", choices=("wide_deep", "deepfm", "dlrm"),
                    help="build this model from the schema's feeds instead of a PLAN_DIR")
-    s.add_argument("--eval-data", help="held-out files (read by --schema): print the trained model's AUC")
+    s.add_argument("--eval-data", help="held-out data, read like --data (synthetic: other batches): "
+                   "print the trained model's held-out loss and AUC")
     s.add_argument("--shuffle", type=int, default=0, metavar="ROWS",
                    help="with --schema: shuffle windows of ROWS rows (seeded; default 0, file order)")
     s.add_argument("--feeds", help="data column -> program feed, e.g. sparse=a,dense=b,label=c")
@@ -764,6 +793,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tensorboard", metavar="DIR",
                    help="write loss, AUC and examples/s as TensorBoard event files in DIR")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train_options(s)
+
+    add_commands(sub, _command)
 
     s = _command(sub, "bench", cmd_bench, help="measure training throughput on synthetic CTR data",
                        description="Train Wide&Deep (or --plan) on synthetic data with gpu trainers "

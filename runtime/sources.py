@@ -44,15 +44,17 @@ def check_source(data: Any, batch_size: int | None, epochs: int | None) -> None:
                          "iterable of feed dicts brings its own batch size")
 
 
-def global_batches(data: Any, batch_size: int | None, epochs: int | None) -> Iterator[dict[str, Any]]:
-    """Global batches in step order: endless for generated data, `epochs` passes (None: endless)
-    for an iterable source."""
+def global_batches(data: Any, batch_size: int | None, epochs: int | None,
+                   start: int = 0) -> Iterator[dict[str, Any]]:
+    """Global batches in step order from step `start` (a resumed run): endless for generated data,
+    `epochs` passes (None: endless) for an iterable source (whose first `start` batches are read
+    and skipped)."""
     if hasattr(data, "batch") and callable(data.batch):
-        for t in itertools.count():
+        for t in itertools.count(start):
             yield data.batch(t, batch_size)
         return
-    for _ in range(epochs) if epochs is not None else itertools.count():
-        yield from data
+    passes = (b for _ in (range(epochs) if epochs is not None else itertools.count()) for b in data)
+    yield from itertools.islice(passes, start, None)
 
 
 def is_sharded(data: Any) -> bool:
@@ -69,18 +71,18 @@ def prepare(data: Any, readers: int, program: Any) -> None:
 
 
 def reader_batches(data: Any, batch_size: int | None, epochs: int | None, index: int,
-                   count: int) -> Iterator[tuple[dict[str, Any], int, int, int]]:
-    """What reader `index` of `count` trains on, step after step: (batch, global batch size g, lo,
-    hi): rows [lo, hi) of `batch`, its share of a global batch of g examples."""
+                   count: int, start: int = 0) -> Iterator[tuple[dict[str, Any], int, int, int]]:
+    """What reader `index` of `count` trains on, step after step from step `start`: (batch, global
+    batch size g, lo, hi): rows [lo, hi) of `batch`, its share of a global batch of g examples."""
     if not is_sharded(data):
-        for batch in global_batches(data, batch_size, epochs):
+        for batch in global_batches(data, batch_size, epochs, start):
             n = batch_size_of(batch)
             yield (batch, n, *share(n, index, count))
         return
     shard = data.shard(index, count)
-    for _ in range(epochs) if epochs is not None else itertools.count():
-        for local, g in shard:
-            yield local, g, 0, batch_size_of(local)
+    passes = (b for _ in (range(epochs) if epochs is not None else itertools.count()) for b in shard)
+    for local, g in itertools.islice(passes, start, None):
+        yield local, g, 0, batch_size_of(local)
 
 
 def share(n: int, index: int, count: int) -> tuple[int, int]:

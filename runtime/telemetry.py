@@ -156,6 +156,10 @@ def step_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r.get("kind") == "step"]
 
 
+def eval_records(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("kind") == "eval"]
+
+
 class Progress:
     """A tqdm progress bar over steps showing loss, AUC and examples/s; `total` None = unknown.
     The bar appears with the first step, so its clock leaves out the processes' start-up."""
@@ -163,6 +167,7 @@ class Progress:
     def __init__(self, total: int | None, desc: str = "train", enabled: bool = True) -> None:
         self.total, self.desc, self.enabled = total, desc, enabled
         self.bar = None
+        self.held_out: dict[str, str] = {}
 
     def update(self, n: int = 1, loss: float | None = None, auc: float | None = None,
                examples_per_s: float | None = None) -> None:
@@ -179,8 +184,16 @@ class Progress:
             post["auc"] = f"{auc:.4f}"
         if examples_per_s is not None:
             post["ex/s"] = f"{examples_per_s:,.0f}"
+        if self.held_out:
+            post.update(self.held_out)
         self.bar.set_postfix(post, refresh=False)
         self.bar.update(n)
+
+    def eval(self, loss: float, auc: float) -> None:
+        """Show the latest held-out loss (and AUC) beside the training figures."""
+        self.held_out = {"val_loss": f"{loss:.4f}"}
+        if math.isfinite(auc):
+            self.held_out["val_auc"] = f"{auc:.4f}"
 
     def close(self) -> None:
         if self.bar is not None:
@@ -207,6 +220,11 @@ class TensorBoardLog:
             self.writer.add_scalar("auc", auc, step)
         if examples_per_s is not None:
             self.writer.add_scalar("examples_per_s", examples_per_s, step)
+
+    def eval(self, step: int, loss: float, auc: float) -> None:
+        self.writer.add_scalar("eval_loss", loss, step)
+        if math.isfinite(auc):
+            self.writer.add_scalar("eval_auc", auc, step)
 
     def close(self) -> None:
         self.writer.close()
@@ -260,6 +278,16 @@ class Telemetry:
         if self.tb:
             self.tb.step(record["step"], record["loss"], record.get("auc"), rate)
         self.bar.update(1, record["loss"], record.get("auc"), rate)
+
+    def eval(self, record: dict[str, Any]) -> None:
+        """A held-out evaluation {"step", "loss", "auc", "examples"} (train(eval_data=...)): an
+        "eval" record in the metrics file, `eval_loss` / `eval_auc` in TensorBoard, the bar's
+        val_loss / val_auc."""
+        if self.log:
+            self.log.write("eval", **record)
+        if self.tb:
+            self.tb.eval(record["step"], record["loss"], record["auc"])
+        self.bar.eval(record["loss"], record["auc"])
 
     def spans(self, who: str, spans: list[Span]) -> None:
         self.tracks.setdefault(who, []).extend(spans)

@@ -32,9 +32,10 @@ from .channels import Inbox, Outbox
 from .device import array_module
 from .engines import Engine, make_engine
 from .executor import check_feed
+from .lifecycle import check_root
 from .metrics import auc
+from .pauses import Pauses, resume_state, settings_of
 from .ps import PSClient, serve
-from .ps.checkpoint import check_target
 from .telemetry import Telemetry, unpack_spans
 from .trainer import run_trainer
 
@@ -72,7 +73,10 @@ class History:
     busy computing (`busy_s`), in parameter-server calls (`ps_s`), waiting for messages (`wait_s`),
     sending (`send_s`), its `wall_s` and micro-batches run; `params`: final table values when
     asked for (`return_params=True`); `tables`: per table at the end, rows and bytes held by the
-    servers (summed over shards; see runtime/ps/entry.py for admission and eviction).
+    servers (summed over shards; see runtime/ps/entry.py for admission and eviction);
+    `first_step`: the step the run started at (a resumed run: its checkpoint's), so the lists hold
+    steps first_step, first_step + 1, ...; `eval`: the held-out evaluations (`eval_data=`), each
+    {"step", "loss", "auc", "examples"}.
     """
 
     loss: list[float] = field(default_factory=list)
@@ -85,6 +89,8 @@ class History:
     params: dict[str, np.ndarray] | None = None
     tables: dict[str, dict[str, int]] = field(default_factory=dict)
     scores: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list, repr=False)
+    first_step: int = 0
+    eval: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -136,7 +142,9 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
           allow_emulation: bool = False, return_params: bool = False, checkpoint: str | None = None,
           callback: Callable[[dict[str, Any]], None] | None = None, secret: bytes | None = None,
           stall_timeout: float = 60.0, address: str | None = None, metrics: str | None = None,
-          trace: str | None = None, progress: bool | None = None, tensorboard: str | None = None) -> History:
+          trace: str | None = None, progress: bool | None = None, tensorboard: str | None = None,
+          checkpoint_every: int | None = None, keep: int = 2, resume: str | None = None,
+          eval_data: Any = None, eval_every: int | None = None) -> History:
     """Train `plan_or_program` (a Program is transpiled with the default config) on `data`.
 
     - `data`: generated data with `batch(i, n)` (then `batch_size` is the global batch size) or a
@@ -148,9 +156,17 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
       is refused before any process starts unless emulation is allowed.
     - `callback(record)` is called in step order with {"step", "loss", "auc", "examples", "time"}.
     - `return_params`: put the final table values in `History.params` (sparse tables need a known
-      vocab); `checkpoint`: save the servers' tables there (`runtime.ps` checkpoint format; its
-      directory is checked before anything starts, and a failed save raises CheckpointSaveError,
-      which carries the History).
+      vocab); `checkpoint`: a directory that gets a checkpoint `step-NNNNNNNN` every
+      `checkpoint_every` steps and at the end, the `keep` newest kept (tables with their optimizer
+      state, the step, the plan's hash, the settings: runtime/lifecycle.py); it is checked before
+      anything starts, and a failed final save raises CheckpointSaveError, which carries the History.
+    - `resume`: continue from the newest complete checkpoint in this directory (or this
+      checkpoint); `steps` / `epochs` count the whole run, so a step-20 checkpoint resumed with
+      steps=40 trains steps 20-39 on the batches an uninterrupted run would (sync mode: the same
+      run). A checkpoint of another plan is refused; the shard count may differ.
+    - `eval_data` / `eval_every`: the held-out loss and AUC (forward only, the current tables)
+      every `eval_every` steps and at the end, in `History.eval`, the metrics file, TensorBoard
+      and the progress bar (runtime/pauses.py).
     - `engine`: "local" (processes on this machine), "ray" (Ray actors; `address` = the cluster to
       join, None = start a local Ray) or an Engine instance.
     - `metrics`: append start / per-step / end records to this JSONL file (`hetps plot` draws it);
@@ -167,19 +183,24 @@ def train(plan_or_program: Plan | Program, data: Any, *, steps: int | None = Non
     cfg = _Config.make(plan, data, steps, epochs, until_loss, batch_size, trainers, servers, mode,
                        micro_batches, device_map, allow_emulation, stall_timeout)
     sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # plans and checks shards
-    # an unusable checkpoint directory is refused now, not after training; the servers may write
-    # only beside it (a save writes a new directory there, then swaps it in)
-    root = None if checkpoint is None else str(check_target(checkpoint).parent)
+    # an unusable checkpoint directory (or resume point) is refused now, not after training; the
+    # servers may read and write only inside them
+    root = None if checkpoint is None else check_root(checkpoint)
+    start_from, start = resume_state(plan, resume, steps)
+    pauses = Pauses(plan, data, start, steps, cfg.pushes, settings_of(cfg), root, checkpoint_every, keep,
+                    eval_data, eval_every, cfg.stall_timeout)
+    roots = [str(p) for p in (root, start_from) if p is not None]
     _check_first_batch(plan, cfg, data)
     eng = make_engine(engine, address)
     secret = secret if secret is not None else eng.secret or os.urandom(32)
-    tel = Telemetry(metrics, trace, progress, total=steps, meta={
+    tel = Telemetry(metrics, trace, progress, total=None if steps is None else steps - start, meta={
         "trainers": cfg.counts, "servers": cfg.servers, "mode": cfg.mode, "micro_batches": micro_batches,
         "batch_size": batch_size, "engine": type(eng).__name__, "tables": len(plan.tables)},
         tensorboard=tensorboard)
-    history, error = History(), None
+    history, error = History(first_step=start), None
     try:
-        _run(plan, cfg, data, eng, history, secret, tel.chain(callback), return_params, checkpoint, tel, root)
+        _run(plan, cfg, data, eng, history, secret, tel.chain(callback), return_params, pauses, tel, roots,
+             start_from)
     except BaseException as e:
         error = e
         raise
@@ -282,7 +303,8 @@ def _check_first_batch(plan: Plan, cfg: _Config, data: Any) -> None:
 
 
 def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, secret: bytes | None,
-         callback, return_params: bool, checkpoint: str | None, tel: Telemetry, root: str | None) -> None:
+         callback, return_params: bool, pauses: Pauses, tel: Telemetry, roots: list[str],
+         start_from: Any) -> None:
     t0 = time.perf_counter()  # start-up counts placement too (on Ray: ray.init and the actors)
     names = [f"{t}:{i}" for t, n in cfg.counts.items() for i in range(n)]
     kinds = {t: (cfg.device_map or {}).get(t, "gpu" if t.startswith("gpu") else "cpu") for t in cfg.counts}
@@ -295,19 +317,24 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
     ps_eps = [eng.endpoint(f"ps:{k}") for k in range(cfg.servers)]
     admin = os.urandom(32)  # assign / save / load: only this driver may (the trainers lack this key)
     endpoints = {n: eng.endpoint(n) for n in names}
-    listen = _Listen(cfg, eng, inbox, out, names, endpoints, history, callback, tel, t0)
+    listen = _Listen(cfg, eng, inbox, out, names, endpoints, history, callback, tel, pauses, t0)
     try:
         for k, ep in enumerate(ps_eps):
             eng.start(f"ps:{k}", serve, dict(endpoint=ep, specs=plan.tables, shard=k, num_shards=cfg.servers,
                                              mode=cfg.mode, pushes_per_step=cfg.pushes or 1, secret=secret,
-                                             trace=tel.tracing, admin_secret=admin, checkpoint_root=root),
+                                             trace=tel.tracing, admin_secret=admin,
+                                             checkpoint_root=roots or None),
                       report=report, secret=secret)
-        if plan.params:
+        pauses.client = PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout, admin_secret=admin)
+        if start_from is not None:
+            pauses.client.load(start_from, step=pauses.start)
+        elif plan.params:
             _load_values(plan, ps_eps, secret, admin)
         for name in names:
             t, i = name.split(":")
             spec = _trainer_spec(plan, cfg, data, t, int(i), endpoints, ps_eps, report, secret)
             spec["trace"] = tel.tracing
+            spec["start"], spec["grant"] = pauses.start, listen.first_grant()
             eng.start(name, run_trainer, {"spec": spec}, report=report, secret=secret, resources=needs[name])
         listen.run()
         with PSClient(ps_eps, secret=secret, timeout=cfg.stall_timeout, admin_secret=admin) as client:
@@ -319,12 +346,16 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
                     tel.spans(f"ps:{k}", spans)
             if return_params:
                 history.params = _pull_all(client, plan)
-            if checkpoint:
+            end = pauses.start + history.steps
+            if pauses.root is not None:
                 try:
-                    client.save(checkpoint)
+                    pauses.save(end)
                 except Exception as e:
-                    raise CheckpointSaveError(checkpoint, e, history) from e
+                    raise CheckpointSaveError(str(pauses.root), e, history) from e
+            pauses.finish(end, history, tel)
     finally:
+        if pauses.client is not None:
+            pauses.client.close()
         out.close()
         inbox.close()
 
@@ -340,7 +371,6 @@ def _trainer_spec(plan: Plan, cfg: _Config, data, t: str, i: int, endpoints: dic
         "device_map": cfg.device_map, "allow_emulation": cfg.allow_emulation,
         "stall_timeout": cfg.stall_timeout, "data": data if reader else None,
         "batch_size": cfg.batch_size, "steps": cfg.steps, "epochs": cfg.epochs,
-        "grant": LOOKAHEAD if cfg.until_loss is not None else None,
     }
 
 
@@ -348,14 +378,15 @@ class _Listen:
     """The driver's loop: collect reports, grant steps (until_loss), watch the processes."""
 
     def __init__(self, cfg: _Config, eng: Engine, inbox: Inbox, out: Outbox, names: list[str],
-                 endpoints: dict, history: History, callback, tel: Telemetry, t0: float) -> None:
+                 endpoints: dict, history: History, callback, tel: Telemetry, pauses: Pauses,
+                 t0: float) -> None:
         self.cfg, self.eng, self.inbox, self.out = cfg, eng, inbox, out
         self.names, self.endpoints, self.history, self.callback = names, endpoints, history, callback
-        self.tel = tel
+        self.tel, self.pauses = tel, pauses
         self.readers = [n for n in names if n.split(":")[0] == cfg.reader]
         self.steps: dict[int, _Step] = {}
-        self.next = 0                # next step to hand to the history
-        self.grant, self.final = LOOKAHEAD, False
+        self.next = pauses.start     # next step to hand to the history
+        self.grant, self.final = self.first_grant(), False
         self.ready: set[str] = set()
         self.done: set[str] = set()
         self.stopped: dict[str, float] = {}  # name -> when the engine first saw it stopped
@@ -430,14 +461,33 @@ class _Listen:
             self.next += 1
             self._grant()
 
+    def first_grant(self) -> int | None:
+        """Readers may start steps < this (None: no limit): LOOKAHEAD steps ahead for until_loss,
+        and never past the next pause (a checkpoint or evaluation: runtime/pauses.py)."""
+        start = self.pauses.start
+        limits = [start + LOOKAHEAD] if self.cfg.until_loss is not None else []
+        pause = self.pauses.next_pause(start)
+        return min([*limits, pause]) if pause is not None else min(limits, default=None)
+
     def _grant(self) -> None:
-        if self.cfg.until_loss is None or self.final:
+        if self.pauses.due(self.next):
+            try:
+                self.pauses.pause(self.next, self.history, self.tel)
+            except Exception as e:
+                raise TrainingError(f"the pause at step {self.next} (checkpoint / evaluation)",
+                                    f"{type(e).__name__}: {e}") from e
+        if self.final or (self.cfg.until_loss is None and self.grant is None):
             return
-        recent = self.history.loss[-LOSS_WINDOW:]
-        if len(recent) == LOSS_WINDOW and np.mean(recent) <= self.cfg.until_loss:
-            self.final = True
-        else:
-            self.grant = self.next + LOOKAHEAD
+        if self.cfg.until_loss is not None:
+            recent = self.history.loss[-LOSS_WINDOW:]
+            if len(recent) == LOSS_WINDOW and np.mean(recent) <= self.cfg.until_loss:
+                self.final = True
+        if not self.final:
+            pause = self.pauses.next_pause(self.next)
+            limits = [self.next + LOOKAHEAD] if self.cfg.until_loss is not None else []
+            self.grant = min([*limits, pause]) if pause is not None else min(limits, default=None)
+            if self.grant is None:  # no more pauses and no until_loss: readers run to the end
+                self.grant = 1 << 62
         for r in self.readers:
             self.out.send(self.endpoints[r], {"k": "grant", "upto": self.grant, "final": self.final})
 

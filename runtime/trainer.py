@@ -199,7 +199,7 @@ class Trainer:
         self.items: dict[tuple[int, int, int], Item] = {}
         self.arrived: dict[tuple[int, int, int], dict[str, Any]] = {}
         self.steps: dict[int, StepState] = {}
-        self.flushed = 0           # steps < flushed are pushed
+        self.flushed = spec.get("start", 0)  # steps < flushed are pushed (a resumed run starts later)
         self.end: int | None = None    # no step >= end runs
         self.ends: dict[int, int] = {}  # reader index -> its end step (non-readers)
         self.cur: Item | None = None
@@ -209,7 +209,7 @@ class Trainer:
         self.peer_of = {ep: name for name, ep in spec["endpoints"].items()}
         # reader state
         self.batches: Iterator | None = None
-        self.next_step = 0
+        self.next_step = self.flushed
         self.grant = spec.get("grant")  # None: no limit from the driver; else steps < grant may start
         self.grant_final = False
 
@@ -223,10 +223,10 @@ class Trainer:
 
         self.client = client()
         self.bg = Background(client)
-        self._prefetch(0)
+        self._prefetch(self.flushed)
         if self.is_reader:
             self.batches = sources.reader_batches(s["data"], s["batch_size"], s["epochs"], self.index,
-                                                  self.counts[self.type])
+                                                  self.counts[self.type], start=self.flushed)
 
     def _report(self, header: dict, arrays: list = ()) -> None:
         self.out.send(self.spec["driver"], {**header, "who": self.name}, arrays)

@@ -380,14 +380,14 @@ def test_cli_trains_a_plan_on_parquet_by_schema_and_refuses_bad_combinations(tmp
     common = ["--data", data, "--schema", schema, "--batch-size", "16", "--allow-emulation", "--no-progress"]
     assert main(["train", str(plan), *map(str, common), "--epochs", "2"]) == 0
     assert capsys.readouterr().out.startswith("8 steps")  # 2 epochs of 64 rows in global batches of 16
+    # a plan evaluates held-out files read by the same schema (issue 15: --eval-data beyond --model)
+    assert main(["train", str(plan), *map(str, common), "--epochs", "1", "--eval-data", data]) == 0
+    assert "held-out at step 4: loss" in capsys.readouterr().out
     for argv, message in (
         ([*common, "--epochs", "1"], "give a PLAN_DIR"),
         ([plan, *common, "--model", "dlrm", "--epochs", "1"], "give a PLAN_DIR"),
         (["--data", data, "--model", "dlrm", "--epochs", "1"], "add --schema"),
-        (
-            [plan, *common, "--eval-data", data, "--epochs", "1"],
-            "--eval-data scores a model built by --model",
-        ),
+        ([plan, *common, "--eval-every", "2", "--epochs", "1"], "--eval-every N needs --eval-data"),
         (
             ["--data", str(tmp_path / "none.csv"), "--schema", schema, "--model", "dlrm", "--epochs", "1"],
             "none.csv",

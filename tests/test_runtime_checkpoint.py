@@ -12,6 +12,7 @@ from procs import alive
 
 from runtime.data import SyntheticCTR
 from runtime.engines import LocalEngine
+from runtime.lifecycle import latest
 from runtime.ps import CheckpointError, Shard
 from runtime.train import CheckpointSaveError, train
 from transpiler import builder as nn
@@ -47,15 +48,15 @@ def test_a_failed_final_save_keeps_the_history_and_the_previous_checkpoint(tmp_p
         model = wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1))
         kw = dict(steps=3, batch_size=64, trainers={"cpu": 1, "gpu": 1}, allow_emulation=True)
         train(model.main, SyntheticCTR(vocab=1000), checkpoint=str(mnt / "ckpt"), **kw)
-        Shard(transpile(model.main).tables).load(mnt / "ckpt")  # the first run's checkpoint
-        before = {p.name: p.read_bytes() for p in (mnt / "ckpt").iterdir()}
+        Shard(transpile(model.main).tables).load(latest(mnt / "ckpt"))  # the first run's checkpoint
+        before = {str(p): p.read_bytes() for p in (mnt / "ckpt").rglob("*") if p.is_file()}
         (mnt / "filler").write_bytes(b"\0" * (os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize - 4096))
         eng = LocalEngine()
         failed = r"training finished \(3 steps\).*No space left"
         with pytest.raises(CheckpointSaveError, match=failed) as err:
             train(model.main, SyntheticCTR(vocab=1000), checkpoint=str(mnt / "ckpt"), engine=eng, **kw)
         assert err.value.history.steps == 3 and len(err.value.history.loss) == 3
-        assert {p.name: p.read_bytes() for p in (mnt / "ckpt").iterdir()} == before
+        assert {str(p): p.read_bytes() for p in (mnt / "ckpt").rglob("*") if p.is_file()} == before
         assert sorted(p.name for p in mnt.iterdir()) == ["ckpt", "filler"]  # no half-written save
         assert not alive(eng.pids().values())
     finally:

@@ -72,3 +72,17 @@ def test_06_csv_click_log_trains_through_the_cli_and_scores_held_out_rows(tmp_pa
     assert f"on 1200 rows of {tmp_path / 'test.csv'}" in printed  # the held-out 20%, read by the schema
     assert out["auc"] > 0.75  # held-out rows never trained on; chance is 0.5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["schema.yaml", "test.csv", "train.csv"]
+
+
+def test_07_lifecycle_is_interrupted_resumes_and_serves_its_export(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    out = tutorial("07_lifecycle.py").main(["--steps", "30", "--every", "10", "--held-out", "4",
+                                            "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "$ hetps train" in printed and "--checkpoint-every 10" in printed
+    assert "hetps exited with 130" in printed  # Ctrl-C ended the first run
+    assert out["stopped_at"] == out["first_step"] and out["first_step"] % 10 == 0 and out["first_step"] < 30
+    assert out["first_step"] + out["steps"] == 30  # steps count the whole run
+    assert [e["step"] for e in out["eval"]][-1] == 30
+    assert out["served_auc"] == pytest.approx(out["auc"], abs=1e-4) and out["auc"] > 0.7
+    assert out["max_diff"] < 1e-5

@@ -171,6 +171,15 @@ class Plan:
             out.append(f)
         return out
 
+    def export_inference(self, path: str | Path, tables: dict[str, np.ndarray],
+                         output: str | None = None, opset: int | None = None) -> Path:
+        """One servable ONNX model at `path`: the forward graph predicting `output`, with `tables`
+        (full arrays by table name) as initializers (see transpiler/export_inference.py). With a
+        checkpoint: `runtime.export(plan, path, checkpoint=DIR)` (or `hetps export --inference`)."""
+        from .export_inference import export_inference
+
+        return export_inference(self, path, tables, output, opset)
+
     def draw(self, path: str | Path) -> Path:
         """A picture of the op graph laid out by Graphviz `dot` (`.png`, `.svg` for big graphs, `.pdf`):
         ops in one box per trainer type, data feeds and boundary tensors labelled with their names,

@@ -1,4 +1,5 @@
-"""CTR models built from a dataset's feeds, and their held-out AUC (what `hetps train --model` runs).
+"""CTR models built from a dataset's feeds, and their held-out AUC (what `hetps train --model` runs;
+the AUC is `train(eval_data=...)`'s final evaluation, runtime/evaluation.py).
 
 Every categorical feature is a field: each `sparse` column, and each multi-valued column as the
 sum of its bag's embeddings (pad id 0 has a row of its own, so the sum also tells the bag's
@@ -13,17 +14,10 @@ The loss is the mean log loss of sigmoid(logit).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-import numpy as np
-
 from transpiler import builder as nn
-from transpiler import inference_program
 from transpiler.ir import Program
 from transpiler.models import Model
 
-from ..executor import Executor
-from ..metrics import auc
 from .schema import Schema
 
 MODELS = ("wide_deep", "deepfm", "dlrm")
@@ -114,26 +108,6 @@ def _dlrm(z, dense, fields: int, dim: int, hidden: tuple[int, ...]):
     return nn.fc(_mlp(h, hidden), 1)
 
 
-def predict(
-    model: Model, params: dict[str, np.ndarray], data: Iterable[dict]
-) -> tuple[np.ndarray, np.ndarray]:
-    """(scores, labels) of the model with trained `params` (`History.params`) on every batch of `data`."""
-    infer = inference_program(model.main, [model.pred])
-    infer.params = dict(params)
-    exe = Executor()
-    scores, labels = [], []
-    for feed in data:
-        (p,) = exe.run(infer, feed={k: feed[k] for k in model.feeds if k != "label"}, fetch_list=[model.pred])
-        scores.append(np.asarray(p).ravel())
-        labels.append(np.asarray(feed["label"]).ravel())
-    return np.concatenate(scores), np.concatenate(labels)
-
-
-def held_out_auc(model: Model, params: dict[str, np.ndarray], data: Iterable[dict]) -> float:
-    scores, labels = predict(model, params, data)
-    return auc(labels, scores)
-
-
 def fit(
     kind: str,
     data,
@@ -151,6 +125,7 @@ def fit(
     from ..train import train
 
     model = build_model(kind, data.schema, data.feed_shapes(), dim=dim, optimizer=nn.Adam(lr=lr))
-    hist = train(model.main, data, epochs=epochs, steps=steps, return_params=True, **train_kw)
-    score = held_out_auc(model, hist.params, eval_data) if eval_data is not None else float("nan")
+    hist = train(model.main, data, epochs=epochs, steps=steps, return_params=True, eval_data=eval_data,
+                 **train_kw)
+    score = hist.eval[-1]["auc"] if eval_data is not None else float("nan")  # runtime.evaluate's, at the end
     return model, hist, score

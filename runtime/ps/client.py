@@ -155,22 +155,24 @@ class PSClient:
         owner = shard_of(ids, len(self._socks))
         return [np.flatnonzero(owner == k) for k in range(len(self._socks))]
 
-    def pull(self, table: str, ids: np.ndarray | None = None, *, step: int | None = None) -> np.ndarray:
+    def pull(self, table: str, ids: np.ndarray | None = None, *, step: int | None = None,
+             peek: bool = False) -> np.ndarray:
         """Dense: the parameter. Sparse: rows of `ids` (any shape), shape ids.shape + (dim,).
 
         In sync mode pass the trainer's `step` t: the reply waits until t steps are applied.
+        `peek`: read without creating rows or touching admission counters (evaluation).
         """
-        return self.pull_many([(table, ids)], step=step)[0]
+        return self.pull_many([(table, ids)], step=step, peek=peek)[0]
 
     def pull_many(self, requests: Sequence[tuple[str, np.ndarray | None]], *,
-                  step: int | None = None) -> list[np.ndarray]:
+                  step: int | None = None, peek: bool = False) -> list[np.ndarray]:
         """`pull` of several (table, ids or None) at once: all their shard requests are in flight
         together, so they cost one round trip, not one per table."""
         sends: list[tuple[int, dict, list]] = []
         plans = []  # per request: spec, ids' shape (None: dense), unique ids, inverse, [(send, positions)]
         for table, ids in requests:
             spec = self._check_ids(table, ids, "pull")
-            base = {"op": "pull", "table": table, "step": step}
+            base = {"op": "pull", "table": table, "step": step, **({"peek": True} if peek else {})}
             if spec["kind"] == "dense":
                 plans.append((spec, None, 0, None, [(len(sends), None)]))
                 sends.append((self._dense[table], base, []))
@@ -235,24 +237,27 @@ class PSClient:
                     for k, p in enumerate(self._split(ids)) if p.size})
 
     # -- admin --------------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike, **meta: Any) -> None:
         """Checkpoint every shard into directory `path` (on a file system the servers share, inside
-        their checkpoint root), replacing the checkpoint there only once the new one is complete."""
+        their checkpoint root), replacing the checkpoint there only once the new one is complete.
+        `meta` (JSON values) goes into the manifest (e.g. `train`'s run state)."""
         stage = checkpoint.begin(path)
         try:
             replies = self._call({k: ({"op": "save", "dir": str(stage.resolve())}, [])
                                   for k in range(len(self._socks))})
             files = [e for k in sorted(replies) for e in replies[k][0]["files"]]
-            checkpoint.finish(stage, path, list(self.specs.values()), files, num_shards=len(self._socks),
-                              mode=self.mode)
+            checkpoint.finish(stage, path, list(self.specs.values()), files,
+                              **{"num_shards": len(self._socks), "mode": self.mode, **meta})
         except BaseException:
             checkpoint.abort(stage)
             raise
 
-    def load(self, path: str | os.PathLike) -> None:
-        """Load checkpoint `path` (saved with any shard count) into every shard."""
+    def load(self, path: str | os.PathLike, step: int | None = None) -> None:
+        """Load checkpoint `path` (saved with any shard count) into every shard. `step`: count the
+        tables' applied sync steps from there (a run resumed at `step`; else the saved counts)."""
         path = os.path.abspath(path)
-        self._call({k: ({"op": "load", "dir": path}, []) for k in range(len(self._socks))})
+        header = {"op": "load", "dir": path, **({"step": int(step)} if step is not None else {})}
+        self._call({k: (header, []) for k in range(len(self._socks))})
 
     def stats(self) -> list[dict]:
         """Per shard: {table: {"rows": n, "bytes": memory held, "version": applied sync steps}}."""

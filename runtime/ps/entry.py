@@ -26,6 +26,9 @@ import numpy as np
 from .index import make_index
 
 ENTRY_TYPES = ("count", "probability")
+# checkpoint arrays of a streaming table: the push clock, each row's last touch (per row), the ids
+# waiting for admission with their sightings and last sighting (per waiting id)
+ENTRY_CLOCK, ENTRY_LAST, WAITING = "EntryClock", "EntryLast", ("WaitIds", "WaitCount", "WaitSeen")
 
 
 def check_entry(name: str, entry: Any, evict_after: Any) -> None:
@@ -146,3 +149,25 @@ class Entry:
 
     def nbytes(self) -> int:
         return self.last.nbytes + (self.waiting.nbytes() if self.waiting is not None else 0)
+
+    def state_dict(self, rows: int) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps (see ENTRY_CLOCK): `rows` rows' last touches."""
+        self.touch(np.zeros(0, np.int64), rows)  # (rows never touched since a load: room for them)
+        out = {ENTRY_CLOCK: np.array([self.clock]), ENTRY_LAST: self.last[:rows].copy()}
+        if self.waiting is not None:
+            m = len(self.waiting)
+            out.update(zip(WAITING, (self.waiting.index.ids_by_slot(), self.waiting.count[:m],
+                                     self.waiting.seen[:m]), strict=True))
+        return out
+
+    def load_state(self, slots: np.ndarray, rows: int, arrays: dict[str, np.ndarray]) -> None:
+        """Restore a checkpoint's state for rows now at `slots` (this shard's share of one file)."""
+        self.clock = int(arrays[ENTRY_CLOCK][0])
+        self.touch(np.zeros(0, np.int64), rows)
+        self.last[slots] = arrays[ENTRY_LAST]
+        if self.waiting is not None and WAITING[0] in arrays:
+            w = self.waiting
+            ids, count, seen = (arrays[k] for k in WAITING)
+            w.sight(ids, 0)  # makes their slots (and room); then the saved figures replace the sighting
+            found = w.index.find(ids)
+            w.count[found], w.seen[found] = count, seen

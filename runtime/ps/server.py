@@ -61,13 +61,14 @@ def _describe(e: Exception) -> str:
 
 class _Loop:
     def __init__(self, sock: zmq.Socket, shard: Shard, secret: bytes | None, trace: bool = False,
-                 admin_secret: bytes | None = None, checkpoint_root: str | None = None) -> None:
+                 admin_secret: bytes | None = None, checkpoint_root: str | list[str] | None = None) -> None:
         self.sock, self.shard, self.secret = sock, shard, secret
         # without a data key nothing is authenticated (a private endpoint): an admin key alone means nothing
         self.keys = () if secret is None else (secret,) if admin_secret is None else (secret, admin_secret)
         self.admin_key = 1 if len(self.keys) == 2 else None
         self.replays = ReplayGuard() if self.keys else None
-        self.root = os.path.realpath(checkpoint_root) if checkpoint_root is not None else None
+        roots = [checkpoint_root] if isinstance(checkpoint_root, str) else checkpoint_root or []
+        self.roots = [os.path.realpath(r) for r in roots]
         self.limits = shard.limits
         self.rec = Recorder(trace)
         self.parked: dict[str, list[tuple[Any, dict, list]]] = {}
@@ -152,12 +153,13 @@ class _Loop:
     def checkpoint_dir(self, h: dict) -> str:
         """The request's `dir`, when it lies inside the checkpoint root the server was started with."""
         d = _field(h, "dir", str)
-        if self.root is None:
+        if not self.roots:
             raise PSError(f"{h.get('op')!r} refused: this server was started without a checkpoint root "
                           "(serve / Servers checkpoint_root=...), so it saves and loads nowhere")
         real = os.path.realpath(d)
-        if os.path.commonpath([real, self.root]) != self.root:
-            raise PSError(f"{h.get('op')!r} refused: {d!r} is outside the checkpoint root {self.root!r} "
+        if not any(os.path.commonpath([real, r]) == r for r in self.roots):
+            where = self.roots[0] if len(self.roots) == 1 else self.roots
+            raise PSError(f"{h.get('op')!r} refused: {d!r} is outside the checkpoint root {where!r} "
                           "this server was started with")
         return real
 
@@ -169,7 +171,7 @@ class _Loop:
             if len(arrays) > 1:
                 raise PSError(f"pull takes at most one array (ids), got {len(arrays)}")
             rows = s.pull(_field(h, "table", str), arrays[0] if arrays else None,
-                          _field(h, "step", int, optional=True))
+                          _field(h, "step", int, optional=True), peek=h.get("peek") is True)
             return {}, [rows]
         if op == "push":
             if len(arrays) not in (1, 2):
@@ -187,13 +189,14 @@ class _Loop:
         if op == "save":
             return {"files": s.save(self.checkpoint_dir(h))}, []
         if op == "load":
-            s.load(self.checkpoint_dir(h))
+            s.load(self.checkpoint_dir(h), _field(h, "step", int, optional=True))
             return {}, []
         if op == "trace":
             return {}, [pack_spans(self.rec.take())]
         if op == "stats":
             return {"tables": {n: {"rows": len(t) if isinstance(t, SparseTable) else t.param.shape[0],
-                                   "bytes": t.memory_bytes(), "version": s.version[n]}
+                                   "bytes": t.memory_bytes(), "version": s.version[n],
+                                   "applied": s.applied[n]}
                                for n, t in s.tables.items()}}, []
         raise PSError(f"unknown request op {op!r}; known ops: {', '.join(OPS)}")
 
@@ -219,7 +222,8 @@ class _Loop:
 def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int = 1, mode: str = "async",
           pushes_per_step: int | dict[str, int] = 1, check_finite: bool = True,
           secret: bytes | None = None, ready: Any = None, log_file: str | None = None,
-          trace: bool = False, admin_secret: bytes | None = None, checkpoint_root: str | None = None,
+          trace: bool = False, admin_secret: bytes | None = None,
+          checkpoint_root: str | list[str] | None = None,
           limits: Limits | None = None) -> None:
     """Run one shard until stopped. `ready` (a multiprocessing Connection) gets the bound endpoint,
     or `("error", message)` when the server cannot start. With `log_file`, everything the process

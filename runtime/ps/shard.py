@@ -27,6 +27,7 @@ import numpy as np
 
 from ..wire import MAX_MESSAGE_BYTES
 from . import checkpoint
+from .entry import ENTRY_CLOCK, ENTRY_LAST, WAITING
 from .sharding import shard_of, tables_of_shard
 from .table import DenseTable, PSError, SparseTable, check_spec, make_table
 
@@ -83,6 +84,7 @@ class Shard:
         else:
             self.expected = dict.fromkeys(self.tables, int(pushes_per_step))
         self.version = dict.fromkeys(self.tables, 0)
+        self.applied = dict.fromkeys(self.tables, 0)  # pushes applied since start (not checkpointed)
         self.pending: dict[str, dict[int, dict[str, tuple]]] = {n: {} for n in self.tables}
 
     def table(self, name: str) -> DenseTable | SparseTable:
@@ -120,9 +122,14 @@ class Shard:
                           f"{self.version[t.name]} steps, and requests may be at most "
                           f"max_steps_ahead={ahead} steps ahead")
 
-    def pull(self, name: str, ids: np.ndarray | None = None, step: int | None = None) -> np.ndarray:
+    def pull(self, name: str, ids: np.ndarray | None = None, step: int | None = None,
+             peek: bool = False) -> np.ndarray:
+        """A dense table or sparse rows. `peek`: read without creating rows or touching counters
+        (evaluation; `SparseTable.peek`)."""
         t = self.table(name)
         args = self._ids_args(t, ids, "pull")
+        if peek:
+            return t.peek(*args) if isinstance(t, SparseTable) else t.pull()
         self._check_step(t, step, "pull")
         if self.mode == "sync" and step is not None and self.version[name] < step and t.kernel is not None:
             raise NotReady(name, step)  # (a frozen table never changes: nothing to wait for)
@@ -138,6 +145,7 @@ class Shard:
         if self.mode == "sync":
             return self._sync_push(t, grad, ids, step, str(pusher))
         (t.add if self.mode == "geo" else t.push)(grad, *args)
+        self.applied[name] += 1
         return True
 
     def _sync_push(self, t, grad, ids, step, pusher) -> bool:
@@ -167,6 +175,7 @@ class Shard:
             else:
                 t.push(np.sum([g for g, _ in parts], axis=0, dtype=t.dtype))
             self.version[name] += 1
+            self.applied[name] += len(parts)
             applied = True
         return applied
 
@@ -183,8 +192,10 @@ class Shard:
                                         {**t.state_dict(), "version": np.array([self.version[n]])})
                 for n, t in self.tables.items()]
 
-    def load(self, path: str | Path) -> None:
-        """Replace every table of this shard by its rows in checkpoint `path` (any shard count)."""
+    def load(self, path: str | Path, step: int | None = None) -> None:
+        """Replace every table of this shard by its rows in checkpoint `path` (any shard count).
+        `step`: the applied sync steps to count from (a resumed run's first step; a checkpoint of
+        an async run counts none), else the saved counts."""
         doc = checkpoint.read_manifest(path)
         saved = {s["name"]: s for s in doc["tables"]}
         fresh = {}
@@ -204,12 +215,15 @@ class Shard:
                 version = int(arrays.pop("version")[0])
                 if isinstance(new, SparseTable):
                     mine = shard_of(arrays["ids"], self.num_shards) == self.shard
-                    per_row = {"ids", "Param", *new.state_slots}
+                    per_row = {"ids", "Param", ENTRY_LAST, *new.state_slots}
                     arrays = {k: (a[mine] if k in per_row else a) for k, a in arrays.items()}
+                    if WAITING[0] in arrays:  # ids waiting for admission: this shard's
+                        wait = shard_of(arrays[WAITING[0]], self.num_shards) == self.shard
+                        arrays.update({k: arrays[k][wait] for k in WAITING})
                 new.load_state(arrays)
             fresh[name] = (new, version)
         for name, (new, version) in fresh.items():
-            self.tables[name], self.version[name] = new, version
+            self.tables[name], self.version[name] = new, version if step is None else step
             self.pending[name].clear()
 
 
@@ -220,6 +234,11 @@ def _check_shapes(path: str | Path, entry: dict, t: DenseTable | SparseTable,
     want = {"version": (1,), **{s: (1,) for s in t.scalars}}
     if isinstance(t, SparseTable):
         want.update({"ids": (n,), "Param": (n, t.dim), **{s: (n, t.dim) for s in t.state_slots}})
+        if t.entry is not None and ENTRY_CLOCK in arrays:  # (checkpoints before issue 15 lack it)
+            want.update({ENTRY_CLOCK: (1,), ENTRY_LAST: (n,)})
+            if t.entry.waiting is not None:
+                w = arrays[WAITING[0]].shape[0] if WAITING[0] in arrays else 0
+                want.update(dict.fromkeys(WAITING, (w,)))
     else:
         want.update({"Param": t.shape, **{s: t.shape for s in t.state_slots}})
     got = {k: a.shape for k, a in arrays.items()}

@@ -33,7 +33,7 @@ from ops_registry import SparseRows, get_op, init_rows, scatter_add
 from ops_registry.optimizer import state_init
 from transpiler.builder import OPTIMIZERS, Optimizer
 
-from .entry import Entry, check_entry
+from .entry import ENTRY_CLOCK, Entry, check_entry
 from .index import make_index
 
 
@@ -251,6 +251,23 @@ class SparseTable(Table):
             self.entry.touch(slots, len(self.index))
         return self.rows.take(slots, axis=0)
 
+    def peek(self, ids: np.ndarray) -> np.ndarray:
+        """Rows of `ids` as a pull would return them, creating nothing and touching no admission or
+        eviction counters (evaluation): missing rows are the initializer's values for those ids
+        (zeros while admission is on), which is what a later pull would create."""
+        ids = self.check_ids(ids)
+        found = self.index.find(ids)
+        have = found >= 0
+        out = np.zeros((ids.size, self.dim), self.dtype)
+        out[have] = self.rows.take(found[have], axis=0)
+        missing = ids[~have]
+        if missing.size and not (self.entry is not None and self.entry.waiting is not None):
+            if self.spec["initializer"] is None:
+                raise PSError(f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
+                              "were never assigned (PSClient.assign)")
+            out[~have] = init_rows(self.spec["initializer"], self.shape, self.dtype.name, missing)
+        return out
+
     def push(self, grad: np.ndarray, ids: np.ndarray) -> None:
         """One optimizer step with the row-sparse gradient (`ids` may repeat; their rows are summed)."""
         ids = self.check_ids(ids)
@@ -307,7 +324,8 @@ class SparseTable(Table):
     def state_dict(self) -> dict[str, np.ndarray]:
         n = len(self.index)
         return {"ids": self.index.ids_by_slot(), "Param": self.rows[:n],
-                **{s: a[:n] for s, a in self.row_state.items()}, **self.scalars}
+                **{s: a[:n] for s, a in self.row_state.items()}, **self.scalars,
+                **(self.entry.state_dict(n) if self.entry is not None else {})}
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Set rows `arrays["ids"]` (with their optimizer state) and the scalar state."""
@@ -317,6 +335,8 @@ class SparseTable(Table):
             a[slots] = arrays[s]
         for s in self.scalars:
             self.scalars[s][...] = arrays[s]
+        if self.entry is not None and ENTRY_CLOCK in arrays:
+            self.entry.load_state(slots, len(self.index), arrays)
 
 
 def make_table(spec: dict[str, Any], check_finite: bool = True) -> DenseTable | SparseTable:

@@ -1,0 +1,254 @@
+"""`evaluate` and `predict`: a plan's forward graph on held-out data, with trained tables.
+
+The forward graph (`transpiler.export_inference.forward_graph`: every trainer type's forward ops in
+one program, send/recv dropped) runs in this process on the numpy executor; its `pull_dense` /
+`pull_sparse` ops read the tables from a `TableSource`: the servers of a running job (what
+`train(eval_data=...)` uses, through the driver's client, with peek pulls that create no rows and
+update nothing) or a checkpoint loaded into an in-process shard (`evaluate` / `predict` with
+`checkpoint=`; without one, the plan's initial values). Ids a table never saw read as the
+initializer's values for them, as a training pull would.
+
+`data`: an iterable of feed dicts (a list, `ArrayReader`, a dataset of `runtime.data.open_dataset`);
+each dict is one batch, run as is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from transpiler.export_inference import ONNX_LIMIT, ForwardGraph, export_inference, forward_graph
+from transpiler.plan import Plan
+
+from .executor import Executor
+from .lifecycle import check_resume, latest
+from .metrics import auc
+from .ps import PSClient, Shard
+from .ps.checkpoint import read_manifest
+
+# pull(table, ids or None) -> the dense table or the rows of ids
+TableSource = Callable[[str, "np.ndarray | None"], np.ndarray]
+
+
+def client_source(client: PSClient) -> TableSource:
+    """Tables read from running servers without changing them (peek pulls)."""
+    return lambda table, ids: client.pull(table, ids, peek=True)
+
+
+def checkpoint_source(plan: Plan, checkpoint: str | Path | None) -> TableSource:
+    """Tables of checkpoint `checkpoint` (a checkpoint, or a directory of `train`'s step
+    checkpoints: the newest), or the plan's initial values without one, in an in-process shard."""
+    shard = load_tables(plan, checkpoint)
+    return lambda table, ids: shard.pull(table, ids, peek=True)
+
+
+def load_tables(plan: Plan, checkpoint: str | Path | None) -> Shard:
+    """An in-process shard holding the tables of `checkpoint` (see `checkpoint_source`)."""
+    shard = Shard(plan.tables)
+    if checkpoint is not None:
+        path = latest(checkpoint)
+        if "run" in read_manifest(path):
+            check_resume(plan, path)
+        shard.load(path)
+    else:
+        for name, value in plan.params.items():
+            if name in shard.tables:
+                t = shard.tables[name]
+                t.assign(value, *(() if t.spec["kind"] == "dense" else (np.arange(len(value)),)))
+    return shard
+
+
+def _executor(pull: TableSource) -> Executor:
+    def pull_dense(op, values) -> None:
+        values[op.outputs["Out"][0]] = pull(op.attrs["table"], None)
+
+    def pull_sparse(op, values) -> None:
+        ids = np.asarray(values[op.inputs["Ids"][0]]).reshape(-1)
+        values[op.outputs["Out"][0]] = pull(op.attrs["table"], ids)
+
+    return Executor(handlers={"pull_dense": pull_dense, "pull_sparse": pull_sparse})
+
+
+def _batches(data: Any) -> Iterator[dict[str, Any]]:
+    if hasattr(data, "batch") and callable(data.batch):
+        raise TypeError(
+            f"data {type(data).__name__} makes endless batches: evaluate a finite set, e.g. "
+            "list(data.batches(batch_size, count))"
+        )
+    if not isinstance(data, Iterable) or isinstance(data, dict):
+        raise TypeError(f"data must be an iterable of feed dicts, got {type(data).__name__}")
+    yield from data
+
+
+def run_forward(
+    graph: ForwardGraph, pull: TableSource, data: Any, with_loss: bool
+) -> Iterator[tuple[dict[str, Any], np.ndarray, float | None]]:
+    """Per batch of `data`: (batch, prediction, loss or None)."""
+    targets = [graph.output] + ([graph.loss] if with_loss and graph.loss else [])
+    prog = graph.pruned(targets)
+    feeds = graph.feeds + (graph.label_feeds if with_loss else [])
+    exe = _executor(pull)
+    for batch in _batches(data):
+        missing = [f for f in feeds if f not in batch]
+        if missing:
+            raise KeyError(f"a batch lacks the feeds {missing} the model reads; it has {sorted(batch)}")
+        outs = exe.run(prog, feed={f: batch[f] for f in feeds}, fetch_list=targets)
+        yield batch, np.asarray(outs[0]), float(np.asarray(outs[1])) if len(outs) > 1 else None
+
+
+def evaluate_with(
+    graph: ForwardGraph, pull: TableSource, data: Any, loss_reduction: str = "mean"
+) -> dict[str, float]:
+    """{"loss", "auc", "examples"} of the graph on `data`: the loss over all examples (a mean loss
+    weighted by batch size, a sum loss summed), the AUC of the prediction against binary labels
+    (NaN otherwise)."""
+    if not graph.loss:
+        raise ValueError("the plan has no loss: evaluate needs one (use predict for predictions)")
+    label = graph.label_feeds[0] if len(graph.label_feeds) == 1 else None
+    total, n, scores, labels = 0.0, 0, [], []
+    for batch, pred, loss in run_forward(graph, pull, data, with_loss=True):
+        size = len(pred)
+        total += loss * size if loss_reduction == "mean" else loss
+        n += size
+        if label is not None:
+            scores.append(pred.reshape(-1))
+            labels.append(np.asarray(batch[label]).reshape(-1))
+    if n == 0:
+        raise ValueError("evaluate got no examples: data is empty")
+    y = np.concatenate(labels) if labels else None
+    binary = y is not None and y.size == sum(s.size for s in scores) and bool(np.isin(y, (0, 1)).all())
+    return {
+        "loss": total / n if loss_reduction == "mean" else total,
+        "auc": auc(y, np.concatenate(scores)) if binary else float("nan"),
+        "examples": n,
+    }
+
+
+def loss_reduction(plan: Plan) -> str:
+    """ "sum" for a reduce_sum loss, else "mean" (how a loss over batches combines)."""
+    op = next(
+        (
+            op
+            for p in plan.programs.values()
+            for op in p.ops
+            if plan.loss_name in op.output_names() and op.role != "comm"
+        ),
+        None,
+    )
+    return "sum" if op is not None and op.type == "reduce_sum" else "mean"
+
+
+def evaluate(
+    plan: Plan, data: Any, checkpoint: str | Path | None = None, output: str | None = None
+) -> dict[str, float]:
+    """Held-out {"loss", "auc", "examples"} of `plan` with the tables of `checkpoint` (see the
+    module docstring); forward only, nothing is updated."""
+    graph = forward_graph(plan, output)
+    return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, loss_reduction(plan))
+
+
+def predict(
+    plan: Plan, data: Any, checkpoint: str | Path | None = None, output: str | None = None
+) -> np.ndarray:
+    """The prediction output of `plan` on every batch of `data`, concatenated along the batch axis."""
+    graph = forward_graph(plan, output)
+    preds = [pred for _, pred, _ in run_forward(graph, checkpoint_source(plan, checkpoint), data, False)]
+    if not preds:
+        raise ValueError("predict got no examples: data is empty")
+    return np.concatenate(preds)
+
+
+def full_tables(plan: Plan, checkpoint: str | Path | None) -> dict[str, np.ndarray]:
+    """Every table as a full array (sparse: [vocab, dim], unseen rows at their initial values)."""
+    shard = load_tables(plan, checkpoint)
+    out = {}
+    for t in plan.tables:
+        if t["kind"] == "dense":
+            out[t["name"]] = shard.pull(t["name"], None, peek=True)
+        elif t["shape"][0] > 0:
+            out[t["name"]] = shard.pull(t["name"], np.arange(t["shape"][0]), peek=True)
+        else:
+            raise ValueError(
+                f"table {t['name']!r} has an unbounded vocab (shape[0] = -1): export it with "
+                "rows='existing' (only the rows it holds, ids remapped)"
+            )
+    return out
+
+
+def existing_tables(plan: Plan, checkpoint: str | Path | None) -> tuple[dict[str, np.ndarray], dict]:
+    """The tables with only the rows that exist, for huge sparse tables: (tables, {feed: ids}).
+
+    Each id feed that sparse lookups read gets the sorted union `ids` of the rows its tables hold;
+    each of those tables keeps the rows of `ids` in that order (a row one table lacks: its initial
+    value) plus one last row of zeros for ids it never saw. A lookup then takes the position of
+    its id in `ids` (`remap_ids`), len(ids) for an unseen id."""
+    shard = load_tables(plan, checkpoint)
+    graph = forward_graph(plan)
+    made = {n: op for op in graph.program.ops for n in op.output_names()}
+    feed_of: dict[str, str] = {}  # sparse table -> the raw feed it is looked up with
+    for op in graph.program.ops:
+        if op.type == "pull_sparse":
+            uniq = made.get(op.inputs["Ids"][0])
+            feed = uniq.inputs["Ids"][0] if uniq is not None and uniq.type == "unique_ids" else None
+            if feed not in graph.feeds or feed_of.get(op.attrs["table"], feed) != feed:
+                raise ValueError(
+                    f"table {op.attrs['table']!r} is not looked up with one raw id feed: "
+                    "rows='existing' cannot remap its ids"
+                )
+            feed_of[op.attrs["table"]] = feed
+    ids = {
+        f: np.unique(
+            np.concatenate([shard.tables[t].index.ids_by_slot() for t, g in feed_of.items() if g == f])
+        )
+        for f in set(feed_of.values())
+    }
+    out = {}
+    for t in plan.tables:
+        name = t["name"]
+        if t["kind"] == "dense":
+            out[name] = shard.pull(name, None, peek=True)
+        elif name in feed_of:
+            rows = shard.pull(name, ids[feed_of[name]], peek=True)
+            out[name] = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])
+    return out, ids
+
+
+def remap_ids(ids: dict[str, np.ndarray], feed: dict[str, Any]) -> dict[str, Any]:
+    """A feed dict for a model exported with rows='existing': each remapped id feed's ids replaced
+    by their positions in `ids` (the `<model>.ids.npz` the export writes), unseen ids by len(ids)."""
+    out = dict(feed)
+    for name, known in ids.items():
+        x = np.asarray(feed[name])
+        pos = np.minimum(np.searchsorted(known, x), len(known) - 1)
+        out[name] = np.where(known[pos] == x, pos, len(known)).astype(np.int64)
+    return out
+
+
+def export(
+    plan: Plan,
+    path: str | Path,
+    checkpoint: str | Path | None = None,
+    output: str | None = None,
+    opset: int | None = None,
+    external_over: int = ONNX_LIMIT,
+    rows: str = "all",
+) -> Path:
+    """Write the servable ONNX model of `plan` with the tables of `checkpoint` (see
+    transpiler/export_inference.py; `external_over`: bytes of tables beyond which the initializers
+    go to `<path>.data`); `Plan.export_inference` does the same from table values.
+
+    `rows`: "all" (a sparse table as its full [vocab, dim] array: the model takes raw ids) or
+    "existing" (only the rows the checkpoint holds, for huge or unbounded tables: the model then
+    takes each id's position in `<path minus .onnx>.ids.npz` — `remap_ids` computes it — and
+    scores an id never trained with a zero embedding; see `existing_tables`)."""
+    if rows == "all":
+        return export_inference(plan, path, full_tables(plan, checkpoint), output, opset, external_over)
+    if rows != "existing":
+        raise ValueError(f"rows={rows!r}: expected 'all' or 'existing'")
+    tables, ids = existing_tables(plan, checkpoint)
+    out = export_inference(plan, path, tables, output, opset, external_over)
+    np.savez(out.with_suffix(".ids.npz"), **ids)
+    return out
