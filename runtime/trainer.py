@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from ops_registry import SparseRows, get_op
+from transpiler.inference import score_names
 from transpiler.ir import Program
 from transpiler.passes import segment_programs
 
@@ -54,10 +55,6 @@ from .device import array_module
 from .executor import Executor
 from .ps import PSClient
 from .telemetry import Recorder, pack_spans
-
-# Loss ops whose inputs are (score, binary label): the loss trainer reports them for the AUC.
-SCORE_OPS = {"sigmoid_cross_entropy_with_logits": ("X", "Label"), "log_loss": ("Predicted", "Labels"),
-             "bce_loss": ("X", "Label")}
 
 
 def route(counts: dict[str, int], reader: str, dst_type: str, origin: int, mb: int,
@@ -167,10 +164,7 @@ class Trainer:
         self.seg_recvs = [[op.attrs["tensor"] for op in seg.ops if op.type == "recv"] for seg in self.segs]
         self.feeds = self.program.attrs.get("feeds", [])
         self.loss = spec["loss"] if spec["loss"] in self.program.vars else None
-        self.score = (self.program.attrs.get("score_names") or next(
-            ([op.inputs[a][0], op.inputs[b][0]] for op in self.program.ops
-             if op.type in SCORE_OPS and op.role != "backward"
-             for a, b in [SCORE_OPS[op.type]]), None)) if self.loss else None
+        self.score = score_names(self.program) if self.loss else None  # reported for the AUC
         self.seg_outs = _kept_outputs(self.segs, [self.loss, *(self.score or [])])
         self.loss_scale = spec["loss_reduction"] == "mean"
         self.seed_id = next((op.id for op in self.program.ops if op.type == "fill_constant"

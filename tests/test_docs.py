@@ -305,6 +305,7 @@ def hetps_blocks() -> list[Block]:
         b
         for b in blocks("bash")
         if "hetps train" in b.text and not is_cluster(b) and b.page != "docs/cluster.md"
+        and "--resume" not in b.text  # the checkpoint/resume block: test_resume_block
     ]
 
 
@@ -425,3 +426,21 @@ def test_cli_schema_example_reads_a_csv_as_its_comments_say(tmp_path):
     np.testing.assert_allclose(batch["dense"].ravel(), [-1.2247449, 0.0, 1.2247449], rtol=1e-5)  # standardize
     assert batch["sparse"][:, 1].tolist()[::2] == [2, 1]  # listed items get ids 1..K in file order
     assert batch["genres"][0, :2].all() and (batch["genres"][1, 1:] == 0).all()  # a bag, padded with 0
+
+
+def test_resume_block_checkpoints_evaluates_and_resumes(tmp_path, capsys):
+    """cli.md's checkpoint / resume block with its step counts scaled by 1/50: the second run starts
+    where the first one's last checkpoint is, and the metrics hold both runs' held-out evaluations."""
+    (b,) = [b for b in blocks("bash") if "--resume" in b.text]
+    text = re.sub(r"--(steps|checkpoint-every|eval-every) (\d+)", lambda m: f"--{m[1]} {int(m[2]) // 50}",
+                  b.text)
+    outputs = []
+    for argv in commands(Block(b.page, b.line, b.lang, text)):
+        run_hetps(argv, tmp_path)
+        outputs.append(capsys.readouterr().out)
+    assert "resumed at step 4" in outputs[2], outputs[2]
+    ckpts = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step-"))
+    assert ckpts == ["step-00000004", "step-00000006"], ckpts  # every 2 steps, the newest 2 kept
+    records = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 4, 6]  # every 2 steps and at the ends
+    check_png(tmp_path / "curves.png")

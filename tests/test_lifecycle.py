@@ -376,3 +376,20 @@ def test_resume_keeps_the_admission_and_eviction_state_of_streaming_tables(tmp_p
     assert rows(rest) == rows(ref)  # the same rows admitted and kept (over 2 shards now)
     for name, want in ref.params.items():
         assert np.max(np.abs(rest.params[name] - want)) <= 1e-6 * max(1.0, np.max(np.abs(want))), name
+
+
+def test_an_imported_onnx_models_servable_export_reproduces_the_original(tmp_path):
+    """paddle2onnx's Wide&Deep with an attached loss (the loss reads the prediction): exported with its
+    imported weights, the servable model gives what the original model gives in onnxruntime."""
+    import onnxruntime as ort
+    from assets import MODELS
+
+    from transpiler import from_onnx, transpile
+
+    plan = transpile(from_onnx(MODELS / "wide_deep.onnx", loss="bce"))
+    path = plan.export_inference(tmp_path / "m.onnx", dict(plan.params))
+    io = np.load(MODELS / "wide_deep_io.npz")
+    feed = {"sparse": io["arr_0"], "dense": io["arr_1"]}
+    want = ort.InferenceSession(str(MODELS / "wide_deep.onnx")).run(None, feed)[0]
+    got = ort.InferenceSession(str(path)).run(None, feed)[0]
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-7)

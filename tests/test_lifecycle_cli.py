@@ -99,7 +99,8 @@ def test_predict_eval_and_the_inference_export_agree(session, capsys):
     ],
 )
 def test_lifecycle_options_without_their_partner_exit_2(session, argv, message, capsys):
-    rc = main(["train", str(session / "plan"), "--data", "synthetic", "--steps", "2", *argv])
+    rc = main(["train", str(session / "plan"), "--data", "synthetic", "--steps", "2", "--allow-emulation",
+               *argv])
     assert rc == 2 and message in capsys.readouterr().err
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ops_registry import get_op
 
+from .inference import score_names
 from .ir import Op, Program, Var
 
 if TYPE_CHECKING:
@@ -73,6 +74,9 @@ def forward_graph(plan: Plan, output: str | None = None) -> ForwardGraph:
     if output is None:
         loss_deps = _ancestors(block.ops, [plan.loss_name]) if plan.loss_name else set()
         found = [n for n in sinks if n != plan.loss_name and n not in loss_deps]
+        scored = next((s[0] for p in plan.programs.values() if (s := score_names(p))), None)
+        if not found and scored is not None:  # the loss reads the prediction (an attached ONNX loss)
+            found = [scored]
         if len(found) != 1:
             raise ValueError(
                 f"cannot tell the plan's prediction output: forward results no op reads "

@@ -13,6 +13,20 @@ from ops_registry import get_op
 
 from .ir import Program, Var
 
+# Loss ops whose inputs are (score, binary label): the AUC ranks the score, serving exports it.
+SCORE_OPS = {"sigmoid_cross_entropy_with_logits": ("X", "Label"), "log_loss": ("Predicted", "Labels"),
+             "bce_loss": ("X", "Label")}
+
+
+def score_names(program: Program) -> list[str] | None:
+    """[prediction, label] of `program`'s loss: `attrs["score_names"]` (set by importers that find a
+    loss written as raw ops), else the inputs of its forward loss op of a kind in SCORE_OPS."""
+    named = program.attrs.get("score_names")
+    if named:
+        return list(named)
+    return next(([op.inputs[a][0], op.inputs[b][0]] for op in program.ops
+                 if op.type in SCORE_OPS and op.role != "backward" for a, b in [SCORE_OPS[op.type]]), None)
+
 
 def inference_program(program: Program, targets: list[str | Var] | None = None) -> Program:
     """A new Program with only the forward ops of `program` (those `targets` need, when given)."""
