@@ -3,7 +3,7 @@
 Each trainer type gets an `Executor` whose handlers implement the comm and PS ops in memory:
 `send` drops the tensor in a mailbox keyed by (tensor, micro-batch id, destination), `recv` takes
 it out, pulls and pushes talk to an `InMemoryServer`. One step runs every sub-program's segments
-(cut at recv ops) in the order `transpiler.passes.schedule` finds, so a plan that could deadlock
+(cut at recv ops) in the order `transpiler.schedule.schedule` finds, so a plan that could deadlock
 fails here with a `DeadlockError` naming the waiting recvs. The server has sync semantics: a step's
 pushes are summed per table and applied once, after every trainer has finished the step, with the
 registry's optimizer kernels — so a correct plan reproduces single-process training.
@@ -18,8 +18,8 @@ import numpy as np
 
 from ops_registry import SparseRows, get_op, init_rows
 from transpiler.ir import Op, Var
-from transpiler.passes import schedule, segment_programs
 from transpiler.plan import Plan
+from transpiler.schedule import schedule, segment_programs
 
 from .executor import Executor
 

@@ -37,7 +37,7 @@ from ops_registry import get_op
 from .config import TranspileConfig
 from .ir import Op, Program
 from .passes.assign_devices import bytes_per_example
-from .passes.verify import segments
+from .schedule import segments
 
 KINDS = ("cpu", "gpu")
 COMM_TYPES = frozenset({"send", "recv", "pull_dense", "push_dense", "pull_sparse", "push_sparse", "data"})

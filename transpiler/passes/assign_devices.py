@@ -58,7 +58,7 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
     """Set `op_device` on every op of `program` (in place); reasons in attrs["placement"]."""
     config = config or TranspileConfig()
     prog = program
-    ops = prog.ops
+    block, ops = prog.global_block(), prog.ops
     check_name_patterns(ops, config.name_devices)
     by_id = {op.id: op for op in ops}
     reasons: dict[str, str] = {}
@@ -72,7 +72,7 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
                              "transpiled; transpile the original single-process program")
         if role == "optimize":
             table = (op.inputs.get("Param") or ["?"])[0]
-            op.attrs["op_device"] = "ps"
+            block.update_op(op, attrs={"op_device": "ps"})
             reasons[str(op.id)] = (f"optimizer op: leaves the trainers; the parameter server applies it "
                                    f"to table {table!r}")
             continue
@@ -96,13 +96,12 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
         if op.role == "optimize":
             continue
         u = unit_of[op.id]
-        op.attrs["op_device"] = device[u]
+        block.update_op(op, attrs={"op_device": device[u]})
         if u != op.id:
             reasons[str(op.id)] = (f"backward op: follows its forward op id {u} {by_id[u].type!r} "
                                    f"on {device[u]}")
     prog.attrs["placement"] = reasons
     prog.attrs["trainer_types"] = list(config.trainer_types)
-    prog.version += 1
     return prog
 
 
