@@ -25,7 +25,7 @@ def _binary(name, onnx, fwd, vjp, doc):
         ga, gb = vjp(xp, a, b, g)
         return {"A": unbroadcast(xp, ga, a.shape), "B": unbroadcast(xp, gb, b.shape)}
 
-    register(OpDef(name, "elementwise", ("A", "B"), ("C",), kernel, grad if vjp else None,
+    register(OpDef(name, "light", ("A", "B"), ("C",), kernel, grad if vjp else None,
                    infer_shape=binary("C"), onnx=onnx))
 
 
@@ -73,7 +73,7 @@ def _pow_vjp(xp, ins, outs, douts, attrs):
             "Y": unbroadcast(xp, gy, y.shape).astype(y.dtype)}
 
 
-register(OpDef("pow", "elementwise", ("X", "Y"), ("Z",), _pow, _pow_vjp, onnx="Pow",
+register(OpDef("pow", "light", ("X", "Y"), ("Z",), _pow, _pow_vjp, onnx="Pow",
                infer_shape=lambda s, a: {"Z": broadcast(s["X"], s["Y"])}))
 
 
@@ -99,7 +99,7 @@ def _clip_vjp(xp, ins, outs, douts, attrs):
     return {"input": douts["output"] * inside}
 
 
-register(OpDef("clip", "elementwise", ("input", "min?", "max?"), ("output",), _clip, _clip_vjp,
+register(OpDef("clip", "light", ("input", "min?", "max?"), ("output",), _clip, _clip_vjp,
                no_grad=("min", "max"), onnx="Clip", infer_shape=same_as("input", "output"),
                attrs={"min": None, "max": None}))
 
@@ -116,7 +116,7 @@ def _where_vjp(xp, ins, outs, douts, attrs):
             "Y": unbroadcast(xp, xp.where(c, zero, g), ins["Y"].shape)}
 
 
-register(OpDef("where", "elementwise", ("condition", "X", "Y"), ("output",), _where, _where_vjp,
+register(OpDef("where", "light", ("condition", "X", "Y"), ("output",), _where, _where_vjp,
                no_grad=("condition",), onnx="Where",
                infer_shape=lambda s, a: {"output": broadcast(s["condition"], broadcast(s["X"], s["Y"]))}))
 
@@ -233,7 +233,7 @@ def _sum_shape(s, attrs):
     return {"sum": out}
 
 
-register(OpDef("sum", "elementwise", ("data_0*",), ("sum",), _sum, _sum_vjp,
+register(OpDef("sum", "light", ("data_0*",), ("sum",), _sum, _sum_vjp,
                infer_shape=_sum_shape, onnx="Sum"))
 
 
@@ -248,7 +248,7 @@ def _mean_vjp(xp, ins, outs, douts, attrs):
     return {"data_0": [unbroadcast(xp, g, x.shape) for x in ins["data_0"]]}
 
 
-register(OpDef("mean", "elementwise", ("data_0*",), ("mean",), _mean, _mean_vjp,
+register(OpDef("mean", "light", ("data_0*",), ("mean",), _mean, _mean_vjp,
                infer_shape=lambda s, a: {"mean": _sum_shape(s, a)["sum"]}, onnx="Mean"))
 
 
@@ -306,7 +306,7 @@ def _scale(xp, ins, attrs):
     return {"Out": (x * attrs["scale"] + attrs["bias"]).astype(x.dtype, copy=False)}
 
 
-register(OpDef("scale", "elementwise", ("X",), ("Out",), _scale,
+register(OpDef("scale", "light", ("X",), ("Out",), _scale,
                lambda xp, i, o, d, a: {"X": d["Out"] * a["scale"]},
                infer_shape=same_as("X", "Out"), attrs={"scale": 1.0, "bias": 0.0}))
 
@@ -332,7 +332,7 @@ def _mod_vjp(xp, ins, outs, douts, attrs):
     return {"A": unbroadcast(xp, g, a.shape), "B": unbroadcast(xp, -g * q, b.shape)}
 
 
-register(OpDef("mod", "elementwise", ("A", "B"), ("C",), _mod, _mod_vjp, infer_shape=binary("C"),
+register(OpDef("mod", "light", ("A", "B"), ("C",), _mod, _mod_vjp, infer_shape=binary("C"),
                onnx="Mod", attrs={"fmod": 0}))
 
 
@@ -401,7 +401,7 @@ def _extremum(name: str, onnx: str, pick, out: str) -> None:
         ties = sum(h.astype(g.dtype) for h in hits)
         return {"data_0": [unbroadcast(xp, g * h / ties, x.shape) for h, x in zip(hits, xs, strict=True)]}
 
-    register(OpDef(name, "elementwise", ("data_0*",), (out,), kernel, vjp, onnx=onnx,
+    register(OpDef(name, "light", ("data_0*",), (out,), kernel, vjp, onnx=onnx,
                    infer_shape=lambda s, a: {out: _sum_shape(s, a)["sum"]}))
 
 

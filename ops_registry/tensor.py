@@ -33,7 +33,7 @@ def _concat_shape(s, attrs):
     return {"concat_result": tuple(total if i == axis else d for i, d in enumerate(xs[0]))}
 
 
-register(OpDef("concat", "elementwise", ("inputs*",), ("concat_result",), _concat, _concat_vjp,
+register(OpDef("concat", "light", ("inputs*",), ("concat_result",), _concat, _concat_vjp,
                infer_shape=_concat_shape, onnx="Concat", attrs={"axis": 0}))
 
 
@@ -65,7 +65,7 @@ def _reshape_shape(s, attrs):
     return {"reshaped": tuple(total // rest if d == -1 else d for d in t)}
 
 
-register(OpDef("reshape", "elementwise", ("data", "shape?"), ("reshaped",), _reshape,
+register(OpDef("reshape", "light", ("data", "shape?"), ("reshaped",), _reshape,
                lambda xp, i, o, d, a: {"data": d["reshaped"].reshape(i["data"].shape)},
                no_grad=("shape",), infer_shape=_reshape_shape, onnx="Reshape",
                attrs={"shape": None, "allowzero": 0}))
@@ -229,7 +229,7 @@ for _name, _onnx, _k, _v in (
     ("reduce_sum_square", "ReduceSumSquare", _reduce_sum_square, _vjp_from(lambda xp, x, y: 2 * x)),
     ("reduce_log_sum_exp", "ReduceLogSumExp", _reduce_log_sum_exp, _vjp_from(lambda xp, x, y: xp.exp(x - y))),
 ):
-    register(OpDef(_name, "elementwise", ("data", "axes?"), ("reduced",), _k, _v, no_grad=("axes",),
+    register(OpDef(_name, "light", ("data", "axes?"), ("reduced",), _k, _v, no_grad=("axes",),
                    onnx=_onnx, attrs={"axes": None, "keepdims": 1, "noop_with_empty_axes": 0},
                    infer_shape=lambda s, a: {"reduced": reduce(s["data"], _axes(a), a.get("keepdims", 1))}))
 
@@ -240,7 +240,7 @@ def _cast(xp, ins, attrs):
     return {"output": ins["input"].astype(attrs["to"], copy=False)}
 
 
-register(OpDef("cast", "elementwise", ("input",), ("output",), _cast,
+register(OpDef("cast", "light", ("input",), ("output",), _cast,
                lambda xp, i, o, d, a: {"input": d["output"].astype(i["input"].dtype, copy=False)},
                infer_shape=same_as("input", "output"), onnx="Cast", attrs={"to": "float32"}))
 
@@ -263,7 +263,7 @@ def _fill_constant(xp, ins, attrs):
     return {"Out": xp.full(shape, attrs["value"], dtype=dtype)}
 
 
-register(OpDef("fill_constant", "elementwise", ("Like?",), ("Out",), _fill_constant,
+register(OpDef("fill_constant", "light", ("Like?",), ("Out",), _fill_constant,
                attrs={"value": 0.0, "shape": (), "dtype": "float32"}))
 
 
@@ -281,7 +281,7 @@ def _constant_shape(s, attrs):
     return {"output": np.shape(attrs["value"])}
 
 
-register(OpDef("constant", "elementwise", (), ("output",), _constant, infer_shape=_constant_shape,
+register(OpDef("constant", "light", (), ("output",), _constant, infer_shape=_constant_shape,
                attrs={"value": 0.0, "dtype": "float32"}))
 
 
@@ -306,7 +306,7 @@ def _layout(name, onnx, fwd, doc, slots, args=(), attrs=None, infer=None):
         return {y_: fwd(xp, ins[x_], {**a, **{k: static_arg(ins, a, k) for k in args}})}
 
     kernel.__doc__ = doc
-    register(OpDef(name, "elementwise", (x_, *(f"{k}?" for k in args)), (y_,), kernel,
+    register(OpDef(name, "light", (x_, *(f"{k}?" for k in args)), (y_,), kernel,
                    lambda xp, i, o, d, a: {x_: d[y_].reshape(i[x_].shape)}, no_grad=args,
                    infer_shape=infer, onnx=onnx, attrs={**{k: None for k in args}, **(attrs or {})}))
 
@@ -362,7 +362,7 @@ def _transpose_vjp(xp, ins, outs, douts, attrs):
     return {"data": xp.transpose(douts["transposed"], inverse)}
 
 
-register(OpDef("transpose", "elementwise", ("data",), ("transposed",), _transpose, _transpose_vjp,
+register(OpDef("transpose", "light", ("data",), ("transposed",), _transpose, _transpose_vjp,
                onnx="Transpose", attrs={"perm": None},
                infer_shape=lambda s, a: {"transposed": tuple(s["data"][p] for p in a["perm"])
                                          if a.get("perm") else tuple(reversed(s["data"]))}))
@@ -375,7 +375,7 @@ def _shape(xp, ins, attrs):
     return {"shape": xp.asarray(np.array(ins["data"].shape[attrs["start"]:attrs["end"]], dtype=np.int64))}
 
 
-register(OpDef("shape", "elementwise", ("data",), ("shape",), _shape, onnx="Shape",
+register(OpDef("shape", "light", ("data",), ("shape",), _shape, onnx="Shape",
                attrs={"start": 0, "end": None}))
 
 
@@ -386,7 +386,7 @@ def _constant_of_shape(xp, ins, attrs):
     return {"output": xp.full(shape, attrs["value"], dtype=attrs["dtype"])}
 
 
-register(OpDef("constant_of_shape", "elementwise", ("input?",), ("output",), _constant_of_shape,
+register(OpDef("constant_of_shape", "light", ("input?",), ("output",), _constant_of_shape,
                onnx="ConstantOfShape", attrs={"input": None, "value": 0.0, "dtype": "float32"}))
 
 
@@ -421,7 +421,7 @@ def _slice_vjp(xp, ins, outs, douts, attrs):
 
 
 _SLICE_ARGS = ("starts", "ends", "axes", "steps")
-register(OpDef("slice", "elementwise", ("data", *(f"{k}?" for k in _SLICE_ARGS)), ("output",), _slice,
+register(OpDef("slice", "light", ("data", *(f"{k}?" for k in _SLICE_ARGS)), ("output",), _slice,
                _slice_vjp, no_grad=_SLICE_ARGS, onnx="Slice", attrs={k: None for k in _SLICE_ARGS}))
 
 
@@ -434,7 +434,7 @@ def _expand(xp, ins, attrs):
     return {"output": xp.broadcast_to(x, shape).copy()}
 
 
-register(OpDef("expand", "elementwise", ("input", "shape?"), ("output",), _expand,
+register(OpDef("expand", "light", ("input", "shape?"), ("output",), _expand,
                lambda xp, i, o, d, a: {"input": unbroadcast(xp, d["output"], i["input"].shape)},
                no_grad=("shape",), onnx="Expand", attrs={"shape": None}))
 
@@ -451,7 +451,7 @@ def _tile_vjp(xp, ins, outs, douts, attrs):
     return {"input": g.reshape(split).sum(axis=tuple(range(0, 2 * x.ndim, 2)))}
 
 
-register(OpDef("tile", "elementwise", ("input", "repeats?"), ("output",), _tile, _tile_vjp,
+register(OpDef("tile", "light", ("input", "repeats?"), ("output",), _tile, _tile_vjp,
                no_grad=("repeats",), onnx="Tile", attrs={"repeats": None}))
 
 
@@ -485,7 +485,7 @@ def _split_vjp(xp, ins, outs, douts, attrs):
     return {"input": xp.concatenate(parts, axis=attrs["axis"])}
 
 
-register(OpDef("split", "elementwise", ("input", "split?"), ("outputs*",), _split, _split_vjp,
+register(OpDef("split", "light", ("input", "split?"), ("outputs*",), _split, _split_vjp,
                no_grad=("split",), onnx="Split", attrs={"axis": 0, "split": None, "num_outputs": None}))
 
 
@@ -513,7 +513,7 @@ def _gather_shape(s, attrs):
     return {"output": data[:axis] + tuple(s["indices"]) + data[axis + 1:]}
 
 
-register(OpDef("gather", "elementwise", ("data", "indices"), ("output",), _gather, _gather_vjp,
+register(OpDef("gather", "light", ("data", "indices"), ("output",), _gather, _gather_vjp,
                no_grad=("indices",), onnx="Gather", attrs={"axis": 0}, infer_shape=_gather_shape))
 
 
@@ -539,6 +539,6 @@ def _gather_elements_vjp(xp, ins, outs, douts, attrs):
     return {"data": out}
 
 
-register(OpDef("gather_elements", "elementwise", ("data", "indices"), ("output",), _gather_elements,
+register(OpDef("gather_elements", "light", ("data", "indices"), ("output",), _gather_elements,
                _gather_elements_vjp, no_grad=("indices",), onnx="GatherElements", attrs={"axis": 0},
                infer_shape=lambda s, a: {"output": s["indices"]}))

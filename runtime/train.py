@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from transpiler.config import kind_of
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
 
@@ -285,7 +286,7 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
          callback, return_params: bool, checkpoint: str | None, tel: Telemetry, root: str | None) -> None:
     t0 = time.perf_counter()  # start-up counts placement too (on Ray: ray.init and the actors)
     names = [f"{t}:{i}" for t, n in cfg.counts.items() for i in range(n)]
-    kinds = {t: (cfg.device_map or {}).get(t, "gpu" if t.startswith("gpu") else "cpu") for t in cfg.counts}
+    kinds = {t: kind_of(t, cfg.device_map) for t in cfg.counts}
     needs = {**{f"ps:{k}": {} for k in range(cfg.servers)},
              **{n: {"gpu": 1} if kinds[n.split(":")[0]] == "gpu" else {} for n in names}}
     eng.place(needs)

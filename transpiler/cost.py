@@ -34,23 +34,14 @@ from typing import Any
 
 from ops_registry import get_op
 
-from .config import TranspileConfig
+from .config import KINDS, TranspileConfig, kind_of
 from .ir import Op, Program
 from .passes.assign_devices import bytes_per_example
 from .schedule import segments
 
-KINDS = ("cpu", "gpu")
 COMM_TYPES = frozenset({"send", "recv", "pull_dense", "push_dense", "pull_sparse", "push_sparse", "data"})
 MICRO_BATCHES = (1, 2, 4, 8, 16)
-MOVABLE = frozenset({"dense", "elementwise", "loss"})
-
-
-def kind_of(trainer_type: str, device_map: dict[str, str] | None = None) -> str:
-    """ "cpu" | "gpu": the device kind of a trainer type (default: a type named "gpu*" is a GPU type)."""
-    kind = (device_map or {}).get(trainer_type, "gpu" if trainer_type.startswith("gpu") else "cpu")
-    if kind not in KINDS:
-        raise ValueError(f"device_map[{trainer_type!r}] = {kind!r}; expected 'cpu' or 'gpu'")
-    return kind
+MOVABLE = frozenset({"dense", "light", "loss"})
 
 
 def op_signature(op: Op, program: Program) -> str:

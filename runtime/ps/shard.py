@@ -25,12 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from transpiler.config import MODES
+
 from ..wire import MAX_MESSAGE_BYTES
 from . import checkpoint
 from .sharding import shard_of, tables_of_shard
 from .table import DenseTable, PSError, SparseTable, check_spec, make_table
 
-MODES = ("sync", "async", "geo")
 MAX_NEW_ROWS = 1 << 20       # rows one request may create in an unbounded sparse table
 MAX_STEPS_AHEAD = 64         # how far past the applied steps a sync push or pull may be
 MAX_BUFFERED = 1024          # sync pushes per table waiting for later steps

@@ -4,8 +4,8 @@ Rules, strongest first:
 1. An explicit `op_device` on a forward op (e.g. Paddle's `device_guard`) wins.
 2. `config.name_devices` (a glob on an output var name), then `config.op_type_devices`.
 3. The registry category through `config.category_map` (io, sparse -> cpu; dense, loss -> gpu).
-4. Light ops (categories absent from the map: elementwise, reshape/concat, reductions) and the
-   backward `sum` ops that accumulate gradients go where fewer bytes cross (below).
+4. Light ops (categories absent from the map, by default `light`: activations, reshape/concat,
+   reductions) and the backward `sum` ops that accumulate gradients go where fewer bytes cross (below).
 Backward ops run on their forward op's trainer type (`fwd_id`); optimizer ops go to the parameter
 server ("ps"). Reasons go to `program.attrs["placement"]` {op id: text}; `Plan.explain` reads them.
 
@@ -141,7 +141,7 @@ def _rule(op: Op, config: TranspileConfig) -> tuple[str, str] | None:
 
 def _light_reason(op: Op, dev: str, local: dict[str, int], first_input: str | None) -> str:
     what = "gradient-accumulation 'sum'" if op.role == "backward" else \
-        f"light {get_op(op.type).category!r} op"
+        f"{get_op(op.type).category} op {op.type!r}"
     if not local:
         return f"{what}: no placed neighbour, so the first trainer type, {dev}"
     if len(local) == 1:
