@@ -85,6 +85,8 @@ def draw(out: Path) -> Path:
         if i % 3:
             arrow(ax, (x - 0.16, y + 0.37), (x, y + 0.37))
     arrow(ax, (3.42, 5.9), (3.68, 6.6))
+    ax.text(6.0, 5.18, "Program.lint() after every pass (ops change only through Block methods)",
+            ha="center", fontsize=8.5, style="italic", color=PASS)
     arrow(ax, (3.7 + 2 * 1.6 + 0.3, 6.43), (3.7 + 1.1, 6.2))
     plan = "Plan\none program per\ntrainer type,\ntables, channels\n(save / draw /\nONNX export)"
     box(ax, 8.6, 5.1, 1.6, 1.6, plan, IR, 8.5)

@@ -30,6 +30,12 @@ class InMemoryServer:
     Values start from the plan's `params` or the table's initializer (the startup program's values).
     `push` queues a gradient; `apply` sums each table's queued gradients (the registry's `sum`:
     dense adds, row-sparse concatenates) and runs its optimizer kernel once.
+
+    It does not reuse the sync `runtime.ps.shard.Shard` on purpose: this server is the oracle the
+    real parameter servers are tested against, so it shares none of their code (row index, sharding,
+    table optimizers, step bookkeeping) and applies the registry's optimizer kernels, the ones
+    single-process training runs, to whole arrays; a bug in the shard then shows as a difference
+    instead of being copied into the reference.
     """
 
     def __init__(self, plan: Plan) -> None:

@@ -120,7 +120,9 @@ class History:
 
 
 @dataclass
-class _Step:
+class _StepTally:
+    """The driver's tally of one step: data readers that reported it, items, examples, loss reports
+    received (`got`), summed loss, and the scores and labels for its AUC."""
     readers: int = 0
     items: int = 0
     examples: int = 0
@@ -354,7 +356,7 @@ class _Listen:
         self.names, self.endpoints, self.history, self.callback = names, endpoints, history, callback
         self.tel = tel
         self.readers = [n for n in names if n.split(":")[0] == cfg.reader]
-        self.steps: dict[int, _Step] = {}
+        self.steps: dict[int, _StepTally] = {}
         self.next = 0                # next step to hand to the history
         self.grant, self.final = LOOKAHEAD, False
         self.ready: set[str] = set()
@@ -388,10 +390,10 @@ class _Listen:
                 self.t_start = now
                 self.history.startup_s = now - self.t0
         elif kind == "step":
-            st = self.steps.setdefault(h["s"], _Step())
+            st = self.steps.setdefault(h["s"], _StepTally())
             st.readers, st.items, st.examples = st.readers + 1, st.items + h["items"], st.examples + h["n"]
         elif kind == "losses":
-            st = self.steps.setdefault(h["s"], _Step())
+            st = self.steps.setdefault(h["s"], _StepTally())
             st.got += len(h["items"])
             mean = self.cfg.loss_reduction == "mean"
             st.loss += sum(loss * (n if mean else 1) for n, loss in h["items"])
