@@ -45,3 +45,13 @@ def array_module(trainer_type: str, device_map: dict[str, str] | None = None,
         log.warning("trainer type %r: no CUDA device, EMULATING the GPU trainer with CPU (numpy) kernels",
                     trainer_type)
     return np, "gpu EMULATED on cpu (numpy)"
+
+
+def to_host(v: Any) -> Any:
+    """A numpy array of `v`, copied off the GPU for cupy arrays; a row-sparse value (`SparseRows`)
+    is returned as it is (its parts stay where they are)."""
+    if hasattr(v, "__cuda_array_interface__"):
+        return v.get()
+    if hasattr(v, "to_dense"):
+        return v
+    return np.asarray(v)

@@ -51,6 +51,7 @@ from transpiler.schedule import segment_programs
 from . import sources
 from .channels import Inbox, Outbox, pack_tensors, unpack_tensors
 from .device import array_module
+from .device import to_host as _host
 from .executor import Executor
 from .ps import PSClient
 from .telemetry import Recorder, pack_spans
@@ -602,11 +603,6 @@ def _kept_outputs(segs: list[Program], report: list[str | None]) -> list[list[st
         kept.append([n for n in outs if n in later])
         later.update(n for op in seg.ops for n in op.input_names())
     return kept[::-1]
-
-
-def _host(v: Any) -> np.ndarray:
-    """A numpy array of `v` (copied off the GPU for cupy arrays)."""
-    return v.get() if hasattr(v, "__cuda_array_interface__") else np.asarray(v)
 
 
 def _device(xp: Any, v: Any) -> Any:
