@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from benchmarks import ctr
     from runtime.profile import machine_profile, unique_fraction
     from transpiler import transpile
-    from transpiler.cost import PlanCost, RunSettings, best_setting
+    from transpiler.cost import PlanCost, RunSettings
+    from transpiler.tune import best_setting
 
     plan = transpile(ctr.build().main)
     t0 = time.perf_counter()

@@ -409,7 +409,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- tune: placement and resources by measured cost (transpiler/cost.py, runtime/profile.py) -------------
+# -- tune: placement and resources by measured cost (transpiler/cost.py + tune.py, runtime/profile.py)
 def parse_budget(text: str) -> dict[str, int]:
     """'cpu=16,gpu=1' -> {"cpu": 16, "gpu": 1} (gpu may be 0 or left out)."""
     out = {"gpu": 0}
@@ -444,7 +444,7 @@ def _tune_sample(plan, batch_size: int):
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from transpiler import TranspileConfig, transpile
-    from transpiler.cost import Budget
+    from transpiler.tune import Budget
 
     from .profile import tune
 

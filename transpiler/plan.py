@@ -122,7 +122,7 @@ class Plan:
     # -- views ----------------------------------------------------------------------------
     def summary(self, profile: Any = None, settings: Any = None) -> str:
         """Ops per trainer type, each boundary tensor with bytes per example, each table; given a
-        `transpiler.cost.Profile`, also the predicted examples/s and bottleneck role for `settings`
+        `transpiler.cost_profile.Profile`, also the predicted examples/s and bottleneck role for `settings`
         (a `transpiler.cost.RunSettings`; default one trainer per type, the config's servers and mode)."""
         lines = [f"plan: {len(self.programs)} trainer types, {len(self.tables)} tables, "
                  f"{len(self.channels)} boundary tensors; ps mode {self.config.mode}, "
