@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ops_registry import SparseRows, get_op, init_rows
+from ops_registry.embedding import check_ids
 from transpiler.ir import Op, Var
 from transpiler.plan import Plan
 from transpiler.schedule import schedule, segment_programs
@@ -66,10 +67,10 @@ class InMemoryServer:
         if ids is None:
             return value.copy()
         ids = np.asarray(ids)
-        if ids.size and (ids.min() < 0 or ids.max() >= value.shape[0]):
-            bad = ids[(ids < 0) | (ids >= value.shape[0])][:5]
-            raise IndexError(f"pull of table {table!r}: ids out of range [0, {value.shape[0]}): "
-                             f"{bad.tolist()}")
+        try:
+            check_ids(np, ids, value.shape[0])
+        except IndexError as e:
+            raise IndexError(f"pull of table {table!r}: {e}") from None
         return value[ids]
 
     def push(self, table: str, grad: Any, ids: np.ndarray | None = None) -> None:
