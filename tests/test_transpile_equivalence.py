@@ -158,5 +158,5 @@ def test_oracle_server_refuses_ids_outside_a_table():
     server = InMemoryServer(plan)
     sparse = next(t["name"] for t in plan.tables if t["kind"] == "sparse")
     assert server.pull(sparse, np.array([0, 29])).shape[0] == 2
-    with pytest.raises(IndexError, match=rf"pull of table '{sparse}': ids out of range \[0, 30\): \[30, -1\]"):
+    with pytest.raises(IndexError, match=rf"'{sparse}': ids out of range \[0, 30\): \[30, -1\]"):
         server.pull(sparse, np.array([3, 30, -1]))
