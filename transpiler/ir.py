@@ -335,32 +335,56 @@ class LintError(ValueError):
 
 def lint(program: Program) -> None:
     """Check what every pass must keep true (torch.fx's `Graph.lint` habit), raising `LintError`
-    naming the op: op ids are unique and below the next fresh id; op types are registered; roles
-    are among OP_ROLES; every var an op names is in its block; every input is persistable (state
-    that lives outside the ops: parameters, tables) or defined by an earlier op."""
+    naming the op: op ids are unique and below the next fresh id; op types are registered and name
+    only their own slots; roles are among OP_ROLES; every var an op names is in its block; every
+    input is persistable (state that lives outside the ops: parameters, tables) or defined by an
+    earlier op. Linear in the ops (it runs after every pass of `transpile`)."""
+    slots: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
     seen: dict[int, Op] = {}
+    roles = frozenset(OP_ROLES)
     for b in program.blocks:
-        defined = {n for n, v in b.vars.items() if v.persistable}
-        for i, op in enumerate(b.ops):
-            where = f"block {b.idx} op #{i} {op.type!r} (id {op.id})"
-            if op.id in seen:
-                raise LintError(f"{where}: id {op.id} is also the id of op {seen[op.id].type!r}")
-            if not 0 <= op.id < program._next_id:
-                raise LintError(f"{where}: id outside [0, {program._next_id}); make ops with "
-                                "Program.append_op or ids with Program.new_id")
+        names = b.vars
+        defined = {n for n, v in names.items() if v.persistable}
+        for i, op in enumerate(b._ops):
+            known = slots.get(op.type) or _slots_of(op.type, lambda: _where(b, i, op), slots)
+            if op.id in seen or not 0 <= op.id < program._next_id:
+                raise LintError(_id_problem(program, b, i, op, seen))
             seen[op.id] = op
-            if not has_op(op.type):
-                raise LintError(f"{where}: op type {op.type!r} is not registered in ops_registry")
-            opdef = get_op(op.type)
-            for slot in set(op.inputs) - set(opdef.in_slots) | set(op.outputs) - set(opdef.out_slots):
-                raise LintError(f"{where}: slot {slot!r} is not one of {op.type!r}'s slots "
-                                f"(inputs {opdef.in_slots}, outputs {opdef.out_slots})")
-            if op.role not in OP_ROLES:
-                raise LintError(f"{where}: op_role {op.role!r} is not one of {OP_ROLES}")
-            for n in op.input_names() + op.output_names():
-                if n not in b.vars:
-                    raise LintError(f"{where}: names var {n!r}, which block {b.idx} does not have")
-            for n in op.input_names():
-                if n not in defined:
-                    raise LintError(f"{where}: reads {n!r} before anything defines it")
-            defined.update(op.output_names())
+            if not known[0].issuperset(op.inputs) or not known[1].issuperset(op.outputs):
+                raise LintError(f"{_where(b, i, op)}: slot "
+                                f"{sorted(set(op.inputs) - known[0] | set(op.outputs) - known[1])[0]!r} "
+                                f"is not one of {op.type!r}'s slots (inputs {sorted(known[0])}, "
+                                f"outputs {sorted(known[1])})")
+            if op.attrs.get("op_role", "forward") not in roles:
+                raise LintError(f"{_where(b, i, op)}: op_role {op.role!r} is not one of {OP_ROLES}")
+            for vs in op.inputs.values():
+                for n in vs:
+                    if n and n not in defined:
+                        raise LintError(f"{_where(b, i, op)}: " + (
+                            f"names var {n!r}, which block {b.idx} does not have" if n not in names
+                            else f"reads {n!r} before anything defines it"))
+            for vs in op.outputs.values():
+                for n in vs:
+                    if n and n not in names:
+                        raise LintError(f"{_where(b, i, op)}: names var {n!r}, which block {b.idx} does "
+                                        "not have")
+                    defined.add(n)
+
+
+def _where(b: Block, i: int, op: Op) -> str:
+    return f"block {b.idx} op #{i} {op.type!r} (id {op.id})"
+
+
+def _slots_of(type: str, where: Any, cache: dict) -> tuple[frozenset[str], frozenset[str]]:
+    if not has_op(type):
+        raise LintError(f"{where()}: op type {type!r} is not registered in ops_registry")
+    opdef = get_op(type)
+    cache[type] = (frozenset(opdef.in_slots), frozenset(opdef.out_slots))
+    return cache[type]
+
+
+def _id_problem(program: Program, b: Block, i: int, op: Op, seen: dict[int, Op]) -> str:
+    if op.id in seen:
+        return f"{_where(b, i, op)}: id {op.id} is also the id of op {seen[op.id].type!r}"
+    return (f"{_where(b, i, op)}: id outside [0, {program._next_id}); make ops with Program.append_op "
+            "or ids with Program.new_id")

@@ -71,6 +71,7 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
     rw = _Rewrite(prog, prog.attrs.setdefault("placement", {}))
     push_after = {grad_name(p): p for p in optim if p not in sparse}
     sparse_grads = {grad_name(w) for w in sparse}
+    dense_read = read - sparse
     for op in prog.ops:
         if op.role == "optimize" or (op.type == "sum" and op.output_names()[0] in sparse_grads):
             continue
@@ -79,7 +80,7 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
         elif op.type in LOOKUP_GRADS and op.attrs.get("fwd_id") in rw.lookup:
             _rewrite_lookup_grad(rw, op, optim)
         else:
-            _pull_push_dense(rw, op, read - sparse, push_after)
+            _pull_push_dense(rw, op, dense_read, push_after)
     block.set_ops(rw.ops)
     prog.attrs["tables"] = _specs(block, read | set(sparse), sparse, optim, prog.params, config)
     return prog
