@@ -31,8 +31,19 @@ def _mod_vjp(xp, ins, outs, douts, attrs):
     return {"A": unbroadcast(xp, g, a.shape), "B": unbroadcast(xp, -g * q, b.shape)}
 
 
-register(OpDef("mod", "light", ("A", "B"), ("C",), _mod, _mod_vjp, infer_shape=binary("C"),
-               onnx="Mod", attrs={"fmod": 0}))
+register(
+    OpDef(
+        "mod",
+        "light",
+        ("A", "B"),
+        ("C",),
+        _mod,
+        _mod_vjp,
+        infer_shape=binary("C"),
+        onnx="Mod",
+        attrs={"fmod": 0},
+    )
+)
 
 
 def _zero_grad(xp, x, y, g, a):
@@ -42,16 +53,44 @@ def _zero_grad(xp, x, y, g, a):
 
 _unary("floor", "Floor", lambda xp, x, a: xp.floor(x), _zero_grad, "Y = floor(X).")
 _unary("ceil", "Ceil", lambda xp, x, a: xp.ceil(x), _zero_grad, "Y = ceil(X).")
-_unary("round", "Round", lambda xp, x, a: xp.round(x), _zero_grad,
-       "Y = X rounded to the nearest integer, halves to even.")
-_unary("sign", "Sign", lambda xp, x, a: xp.sign(x), _zero_grad, "output = -1, 0 or 1 by the sign of input.",
-       slots=("input", "output"))
-_unary("reciprocal", "Reciprocal", lambda xp, x, a: (1 / x).astype(x.dtype, copy=False),
-       lambda xp, x, y, g, a: -g * y * y, "Y = 1 / X.")
-_unary("sin", "Sin", lambda xp, x, a: xp.sin(x), lambda xp, x, y, g, a: g * xp.cos(x),
-       "output = sin(input).", slots=("input", "output"))
-_unary("cos", "Cos", lambda xp, x, a: xp.cos(x), lambda xp, x, y, g, a: -g * xp.sin(x),
-       "output = cos(input).", slots=("input", "output"))
+_unary(
+    "round",
+    "Round",
+    lambda xp, x, a: xp.round(x),
+    _zero_grad,
+    "Y = X rounded to the nearest integer, halves to even.",
+)
+_unary(
+    "sign",
+    "Sign",
+    lambda xp, x, a: xp.sign(x),
+    _zero_grad,
+    "output = -1, 0 or 1 by the sign of input.",
+    slots=("input", "output"),
+)
+_unary(
+    "reciprocal",
+    "Reciprocal",
+    lambda xp, x, a: (1 / x).astype(x.dtype, copy=False),
+    lambda xp, x, y, g, a: -g * y * y,
+    "Y = 1 / X.",
+)
+_unary(
+    "sin",
+    "Sin",
+    lambda xp, x, a: xp.sin(x),
+    lambda xp, x, y, g, a: g * xp.cos(x),
+    "output = sin(input).",
+    slots=("input", "output"),
+)
+_unary(
+    "cos",
+    "Cos",
+    lambda xp, x, a: xp.cos(x),
+    lambda xp, x, y, g, a: -g * xp.sin(x),
+    "output = cos(input).",
+    slots=("input", "output"),
+)
 
 
 def _erf(xp, x, a):
@@ -62,9 +101,14 @@ def _erf(xp, x, a):
     return erf(x).astype(x.dtype, copy=False)
 
 
-_unary("erf", "Erf", _erf, lambda xp, x, y, g, a: g * (2 / math.sqrt(math.pi)) * xp.exp(-x * x),
-       "output = erf(input), the Gauss error function (exact GELU is x/2 * (1 + erf(x / sqrt 2))).",
-       slots=("input", "output"))
+_unary(
+    "erf",
+    "Erf",
+    _erf,
+    lambda xp, x, y, g, a: g * (2 / math.sqrt(math.pi)) * xp.exp(-x * x),
+    "output = erf(input), the Gauss error function (exact GELU is x/2 * (1 + erf(x / sqrt 2))).",
+    slots=("input", "output"),
+)
 _unary("is_nan", "IsNaN", lambda xp, x, a: xp.isnan(x), None, "Y = X is NaN, bool.")
 
 
@@ -77,8 +121,14 @@ def _is_inf(xp, x, a):
     return inf
 
 
-_unary("is_inf", "IsInf", _is_inf, None, "Y = X is +inf (when detect_positive) or -inf (when "
-       "detect_negative), bool.", attrs={"detect_positive": 1, "detect_negative": 1})
+_unary(
+    "is_inf",
+    "IsInf",
+    _is_inf,
+    None,
+    "Y = X is +inf (when detect_positive) or -inf (when detect_negative), bool.",
+    attrs={"detect_positive": 1, "detect_negative": 1},
+)
 
 
 def _extremum(name: str, onnx: str, pick, out: str) -> None:
@@ -100,8 +150,18 @@ def _extremum(name: str, onnx: str, pick, out: str) -> None:
         ties = sum(h.astype(g.dtype) for h in hits)
         return {"data_0": [unbroadcast(xp, g * h / ties, x.shape) for h, x in zip(hits, xs, strict=True)]}
 
-    register(OpDef(name, "light", ("data_0*",), (out,), kernel, vjp, onnx=onnx,
-                   infer_shape=lambda s, a: {out: _sum_shape(s, a)["sum"]}))
+    register(
+        OpDef(
+            name,
+            "light",
+            ("data_0*",),
+            (out,),
+            kernel,
+            vjp,
+            onnx=onnx,
+            infer_shape=lambda s, a: {out: _sum_shape(s, a)["sum"]},
+        )
+    )
 
 
 _extremum("min", "Min", lambda xp, a, b: xp.minimum(a, b), "min")

@@ -84,7 +84,7 @@ def _reduce_prod_vjp(xp, ins, outs, douts, attrs):
     ax = list(range(x.ndim)) if axes is None else sorted({a % x.ndim for a in axes})
     rest = [i for i in range(x.ndim) if i not in ax]
     moved = xp.transpose(x, rest + ax)
-    flat = moved.reshape(*moved.shape[:len(rest)], -1)
+    flat = moved.reshape(*moved.shape[: len(rest)], -1)
     ones = xp.ones((*flat.shape[:-1], 1), dtype=x.dtype)
     before = xp.concatenate([ones, xp.cumprod(flat, axis=-1)[..., :-1]], axis=-1)
     after = xp.flip(xp.concatenate([ones, xp.cumprod(xp.flip(flat, -1), axis=-1)[..., :-1]], axis=-1), -1)
@@ -102,8 +102,11 @@ def _inverse(perm: list[int]) -> list[int]:
 def _reduce_l2(xp, ins, attrs):
     """reduced = sqrt of the sum of squares of data over `axes` (all when absent)."""
     x = ins["data"]
-    return {"reduced": xp.sqrt((x * x).sum(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"])))
-            .astype(x.dtype)}
+    return {
+        "reduced": xp.sqrt((x * x).sum(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"]))).astype(
+            x.dtype
+        )
+    }
 
 
 def _reduce_l2_vjp(xp, ins, outs, douts, attrs):
@@ -165,6 +168,17 @@ for _name, _onnx, _k, _v in (
     ("reduce_sum_square", "ReduceSumSquare", _reduce_sum_square, _vjp_from(lambda xp, x, y: 2 * x)),
     ("reduce_log_sum_exp", "ReduceLogSumExp", _reduce_log_sum_exp, _vjp_from(lambda xp, x, y: xp.exp(x - y))),
 ):
-    register(OpDef(_name, "light", ("data", "axes?"), ("reduced",), _k, _v, no_grad=("axes",),
-                   onnx=_onnx, attrs={"axes": None, "keepdims": 1, "noop_with_empty_axes": 0},
-                   infer_shape=lambda s, a: {"reduced": reduce(s["data"], _axes(a), a.get("keepdims", 1))}))
+    register(
+        OpDef(
+            _name,
+            "light",
+            ("data", "axes?"),
+            ("reduced",),
+            _k,
+            _v,
+            no_grad=("axes",),
+            onnx=_onnx,
+            attrs={"axes": None, "keepdims": 1, "noop_with_empty_axes": 0},
+            infer_shape=lambda s, a: {"reduced": reduce(s["data"], _axes(a), a.get("keepdims", 1))},
+        )
+    )
