@@ -47,7 +47,7 @@ def cpu_use(pred, cpu_ms: dict[str, float]) -> str:
     return ", ".join(out)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60, help="timed steps per setting (after warm-up)")
     ap.add_argument("--warmup", type=int, default=10)
@@ -56,14 +56,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--servers", type=ints, default=[1, 2])
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--refresh", action="store_true", help="profile this machine again")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
     sys.path.insert(0, str(REPO))
     logging.getLogger("hetps.device").setLevel(logging.ERROR)  # the emulation is stated below
 
     from benchmarks import ctr
     from runtime.profile import machine_profile, unique_fraction
     from transpiler import transpile
-    from transpiler.cost import PlanCost, RunSettings, best_setting
+    from transpiler.cost import PlanCost, RunSettings
+    from transpiler.tune import best_setting
 
     plan = transpile(ctr.build().main)
     t0 = time.perf_counter()

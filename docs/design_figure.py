@@ -61,17 +61,29 @@ def draw(out: Path) -> Path:
     ax.set_xlim(0, 14)
     ax.set_ylim(-0.5, 8)
     ax.axis("off")
+    frontends(ax)
+    passes(ax)
+    runtime(ax)
+    layers(ax)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
 
-    # 1. frontends -> one static training program
+
+def frontends(ax) -> None:
+    """1. frontends -> one static training program."""
     ax.text(1.6, 7.65, "1. a static training program", ha="center", fontsize=11, weight="bold")
     for i, name in enumerate(("builder API", "PaddlePaddle\nstatic Program", "ONNX graph")):
         box(ax, 0.2, 6.3 - i * 0.95, 1.5, 0.75, name, IR, 9)
         arrow(ax, (1.75, 6.68 - i * 0.95), (2.2, 5.9 - 0.0 * i))
     box(ax, 2.2, 5.1, 1.2, 1.6, "Program\n(ops, vars,\nparams)\n+ loss", IR, 9)
 
-    # 2. passes
+
+def passes(ax) -> None:
+    """2. the passes, the lint after each, the Plan."""
     ax.text(6.0, 7.65, "2. transpiler passes (plain functions)", ha="center", fontsize=11, weight="bold")
-    passes = [
+    names = [
         "append_backward",
         "assign_devices\n(op type → trainer type)",
         "insert_ps\n(pull / push)",
@@ -79,18 +91,22 @@ def draw(out: Path) -> Path:
         "split",
         "verify",
     ]
-    for i, name in enumerate(passes):
+    for i, name in enumerate(names):
         x, y = 3.7 + (i % 3) * 1.6, 6.45 - (i // 3) * 1.05
         box(ax, x, y, 1.45, 0.75, name, PASS, 8)
         if i % 3:
             arrow(ax, (x - 0.16, y + 0.37), (x, y + 0.37))
     arrow(ax, (3.42, 5.9), (3.68, 6.6))
+    ax.text(6.0, 5.18, "Program.lint() after every pass (ops change only through Block methods)",
+            ha="center", fontsize=8.5, style="italic", color=PASS)
     arrow(ax, (3.7 + 2 * 1.6 + 0.3, 6.43), (3.7 + 1.1, 6.2))
     plan = "Plan\none program per\ntrainer type,\ntables, channels\n(save / draw /\nONNX export)"
     box(ax, 8.6, 5.1, 1.6, 1.6, plan, IR, 8.5)
     arrow(ax, (3.7 + 2 * 1.6 + 1.47, 5.77), (8.58, 5.9))
 
-    # 3. runtime
+
+def runtime(ax) -> None:
+    """3. the processes of a run and what flows between them."""
     ax.text(
         5.2,
         4.3,
@@ -132,7 +148,10 @@ def draw(out: Path) -> Path:
         va="center",
     )
 
-    # layers
+
+
+def layers(ax) -> None:
+    """The three packages; imports point down."""
     ax.text(12.1, 7.6, "imports point down", ha="center", fontsize=10, weight="bold")
     for i, (name, what) in enumerate(
         (
@@ -144,10 +163,6 @@ def draw(out: Path) -> Path:
         box(ax, 11.1, 6.75 - i * 0.85, 2.0, 0.62, f"{name}\n{what}", "#777777", 8, 0.06)
         if i:
             arrow(ax, (12.1, 6.75 - (i - 1) * 0.85), (12.1, 7.38 - i * 0.85))
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-CATEGORIES = ("io", "sparse", "dense", "elementwise", "loss", "optimizer", "comm", "init")
+CATEGORIES = ("io", "sparse", "dense", "light", "loss", "optimizer", "comm", "init")
 
 
 class UnknownOpError(KeyError):

@@ -53,7 +53,7 @@ def _gather_nd_shape(s, attrs):
 register(
     OpDef(
         "gather_nd",
-        "elementwise",
+        "light",
         ("data", "indices"),
         ("output",),
         _gather_nd,
@@ -104,7 +104,7 @@ def _scatter_nd(xp, ins, attrs):
 register(
     OpDef(
         "scatter_nd",
-        "elementwise",
+        "light",
         ("data", "indices", "updates"),
         ("output",),
         _scatter_nd,
@@ -132,7 +132,7 @@ def _scatter_elements(xp, ins, attrs):
 register(
     OpDef(
         "scatter_elements",
-        "elementwise",
+        "light",
         ("data", "indices", "updates"),
         ("output",),
         _scatter_elements,
@@ -163,7 +163,7 @@ def _range(xp, ins, attrs):
     return {"output": (start + xp.arange(n, dtype=delta.dtype) * delta).astype(start.dtype)}
 
 
-register(OpDef("range", "elementwise", ("start", "limit", "delta"), ("output",), _range, onnx="Range"))
+register(OpDef("range", "light", ("start", "limit", "delta"), ("output",), _range, onnx="Range"))
 
 
 def _cumsum_axis(ins, attrs, ndim: int) -> int:
@@ -195,7 +195,7 @@ def _cumsum_vjp(xp, ins, outs, douts, attrs):
 register(
     OpDef(
         "cumsum",
-        "elementwise",
+        "light",
         ("x", "axis?"),
         ("y",),
         _cumsum,
@@ -217,7 +217,7 @@ def _size(xp, ins, attrs):
 
 register(
     OpDef(
-        "size", "elementwise", ("data",), ("size",), _size, onnx="Size", infer_shape=lambda s, a: {"size": ()}
+        "size", "light", ("data",), ("size",), _size, onnx="Size", infer_shape=lambda s, a: {"size": ()}
     )
 )
 
@@ -228,7 +228,7 @@ def _nonzero(xp, ins, attrs):
     return {"Y": xp.stack(xp.nonzero(x.reshape(1) if x.ndim == 0 else x)).astype("int64").reshape(x.ndim, -1)}
 
 
-register(OpDef("nonzero", "elementwise", ("X",), ("Y",), _nonzero, onnx="NonZero"))
+register(OpDef("nonzero", "light", ("X",), ("Y",), _nonzero, onnx="NonZero"))
 
 
 # -- arg-reductions and sorting ----------------------------------------------------------------
@@ -264,7 +264,7 @@ for _name, _onnx, _find in (
     register(
         OpDef(
             _name,
-            "elementwise",
+            "light",
             ("data",),
             ("reduced",),
             _arg(_find),
@@ -303,7 +303,7 @@ def _topk_vjp(xp, ins, outs, douts, attrs):
 register(
     OpDef(
         "topk",
-        "elementwise",
+        "light",
         ("X", "K?"),
         ("Values", "Indices"),
         _topk,
@@ -339,7 +339,7 @@ def _trilu_vjp(xp, ins, outs, douts, attrs):
 register(
     OpDef(
         "trilu",
-        "elementwise",
+        "light",
         ("input", "k?"),
         ("output",),
         _trilu,
@@ -370,7 +370,7 @@ def _one_hot(xp, ins, attrs):
 register(
     OpDef(
         "one_hot",
-        "elementwise",
+        "light",
         ("indices", "depth?", "values"),
         ("output",),
         _one_hot,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import string
 from collections import Counter
 
@@ -25,7 +24,7 @@ def _binary(name, onnx, fwd, vjp, doc):
         ga, gb = vjp(xp, a, b, g)
         return {"A": unbroadcast(xp, ga, a.shape), "B": unbroadcast(xp, gb, b.shape)}
 
-    register(OpDef(name, "elementwise", ("A", "B"), ("C",), kernel, grad if vjp else None,
+    register(OpDef(name, "light", ("A", "B"), ("C",), kernel, grad if vjp else None,
                    infer_shape=binary("C"), onnx=onnx))
 
 
@@ -73,7 +72,7 @@ def _pow_vjp(xp, ins, outs, douts, attrs):
             "Y": unbroadcast(xp, gy, y.shape).astype(y.dtype)}
 
 
-register(OpDef("pow", "elementwise", ("X", "Y"), ("Z",), _pow, _pow_vjp, onnx="Pow",
+register(OpDef("pow", "light", ("X", "Y"), ("Z",), _pow, _pow_vjp, onnx="Pow",
                infer_shape=lambda s, a: {"Z": broadcast(s["X"], s["Y"])}))
 
 
@@ -99,7 +98,7 @@ def _clip_vjp(xp, ins, outs, douts, attrs):
     return {"input": douts["output"] * inside}
 
 
-register(OpDef("clip", "elementwise", ("input", "min?", "max?"), ("output",), _clip, _clip_vjp,
+register(OpDef("clip", "light", ("input", "min?", "max?"), ("output",), _clip, _clip_vjp,
                no_grad=("min", "max"), onnx="Clip", infer_shape=same_as("input", "output"),
                attrs={"min": None, "max": None}))
 
@@ -116,7 +115,7 @@ def _where_vjp(xp, ins, outs, douts, attrs):
             "Y": unbroadcast(xp, xp.where(c, zero, g), ins["Y"].shape)}
 
 
-register(OpDef("where", "elementwise", ("condition", "X", "Y"), ("output",), _where, _where_vjp,
+register(OpDef("where", "light", ("condition", "X", "Y"), ("output",), _where, _where_vjp,
                no_grad=("condition",), onnx="Where",
                infer_shape=lambda s, a: {"output": broadcast(s["condition"], broadcast(s["X"], s["Y"]))}))
 
@@ -233,7 +232,7 @@ def _sum_shape(s, attrs):
     return {"sum": out}
 
 
-register(OpDef("sum", "elementwise", ("data_0*",), ("sum",), _sum, _sum_vjp,
+register(OpDef("sum", "light", ("data_0*",), ("sum",), _sum, _sum_vjp,
                infer_shape=_sum_shape, onnx="Sum"))
 
 
@@ -248,7 +247,7 @@ def _mean_vjp(xp, ins, outs, douts, attrs):
     return {"data_0": [unbroadcast(xp, g, x.shape) for x in ins["data_0"]]}
 
 
-register(OpDef("mean", "elementwise", ("data_0*",), ("mean",), _mean, _mean_vjp,
+register(OpDef("mean", "light", ("data_0*",), ("mean",), _mean, _mean_vjp,
                infer_shape=lambda s, a: {"mean": _sum_shape(s, a)["sum"]}, onnx="Mean"))
 
 
@@ -306,104 +305,6 @@ def _scale(xp, ins, attrs):
     return {"Out": (x * attrs["scale"] + attrs["bias"]).astype(x.dtype, copy=False)}
 
 
-register(OpDef("scale", "elementwise", ("X",), ("Out",), _scale,
+register(OpDef("scale", "light", ("X",), ("Out",), _scale,
                lambda xp, i, o, d, a: {"X": d["Out"] * a["scale"]},
                infer_shape=same_as("X", "Out"), attrs={"scale": 1.0, "bias": 0.0}))
-
-
-# -- ops exporters emit for recommendation models (issue 14) ---------------------------------------
-_binary("and", "And", lambda xp, a, b: xp.logical_and(a, b), None, "C = A and B, bool (broadcasting).")
-_binary("or", "Or", lambda xp, a, b: xp.logical_or(a, b), None, "C = A or B, bool (broadcasting).")
-_binary("xor", "Xor", lambda xp, a, b: xp.logical_xor(a, b), None, "C = A xor B, bool (broadcasting).")
-_unary("not", "Not", lambda xp, x, a: xp.logical_not(x), None, "Y = not X, bool.")
-
-
-def _mod(xp, ins, attrs):
-    """C = A mod B (broadcasting): the remainder takes the divisor's sign (Python's %), or the
-    dividend's when `fmod` (C's fmod)."""
-    a, b = ins["A"], ins["B"]
-    return {"C": (xp.fmod(a, b) if attrs["fmod"] else xp.mod(a, b)).astype(a.dtype, copy=False)}
-
-
-def _mod_vjp(xp, ins, outs, douts, attrs):
-    """C = A - B * q with q piecewise constant (trunc or floor of A / B): dA = g, dB = -g q."""
-    a, b, g = ins["A"], ins["B"], douts["C"]
-    q = xp.trunc(a / b) if attrs["fmod"] else xp.floor(a / b)
-    return {"A": unbroadcast(xp, g, a.shape), "B": unbroadcast(xp, -g * q, b.shape)}
-
-
-register(OpDef("mod", "elementwise", ("A", "B"), ("C",), _mod, _mod_vjp, infer_shape=binary("C"),
-               onnx="Mod", attrs={"fmod": 0}))
-
-
-def _zero_grad(xp, x, y, g, a):
-    """A piecewise-constant function: the gradient is 0 (as torch's floor / ceil / round / sign)."""
-    return xp.zeros_like(g)
-
-
-_unary("floor", "Floor", lambda xp, x, a: xp.floor(x), _zero_grad, "Y = floor(X).")
-_unary("ceil", "Ceil", lambda xp, x, a: xp.ceil(x), _zero_grad, "Y = ceil(X).")
-_unary("round", "Round", lambda xp, x, a: xp.round(x), _zero_grad,
-       "Y = X rounded to the nearest integer, halves to even.")
-_unary("sign", "Sign", lambda xp, x, a: xp.sign(x), _zero_grad, "output = -1, 0 or 1 by the sign of input.",
-       slots=("input", "output"))
-_unary("reciprocal", "Reciprocal", lambda xp, x, a: (1 / x).astype(x.dtype, copy=False),
-       lambda xp, x, y, g, a: -g * y * y, "Y = 1 / X.")
-_unary("sin", "Sin", lambda xp, x, a: xp.sin(x), lambda xp, x, y, g, a: g * xp.cos(x),
-       "output = sin(input).", slots=("input", "output"))
-_unary("cos", "Cos", lambda xp, x, a: xp.cos(x), lambda xp, x, y, g, a: -g * xp.sin(x),
-       "output = cos(input).", slots=("input", "output"))
-
-
-def _erf(xp, x, a):
-    if xp.__name__ == "numpy":
-        from scipy.special import erf
-    else:  # cupy
-        from cupyx.scipy.special import erf
-    return erf(x).astype(x.dtype, copy=False)
-
-
-_unary("erf", "Erf", _erf, lambda xp, x, y, g, a: g * (2 / math.sqrt(math.pi)) * xp.exp(-x * x),
-       "output = erf(input), the Gauss error function (exact GELU is x/2 * (1 + erf(x / sqrt 2))).",
-       slots=("input", "output"))
-_unary("is_nan", "IsNaN", lambda xp, x, a: xp.isnan(x), None, "Y = X is NaN, bool.")
-
-
-def _is_inf(xp, x, a):
-    inf = xp.isinf(x)
-    if not a["detect_positive"]:
-        inf &= x < 0
-    if not a["detect_negative"]:
-        inf &= x > 0
-    return inf
-
-
-_unary("is_inf", "IsInf", _is_inf, None, "Y = X is +inf (when detect_positive) or -inf (when "
-       "detect_negative), bool.", attrs={"detect_positive": 1, "detect_negative": 1})
-
-
-def _extremum(name: str, onnx: str, pick, out: str) -> None:
-    """Min / Max: the elementwise extremum of all inputs (broadcasting); the gradient goes to the
-    inputs holding it, shared equally between ties."""
-
-    def kernel(xp, ins, attrs):
-        xs = ins["data_0"]
-        y = xs[0]
-        for x in xs[1:]:
-            y = pick(xp, y, x)
-        return {out: y}
-
-    kernel.__doc__ = f"{out} = elementwise {out} of all inputs (broadcasting)."
-
-    def vjp(xp, ins, outs, douts, attrs):
-        xs, y, g = ins["data_0"], outs[out], douts[out]
-        hits = [x == y for x in xs]
-        ties = sum(h.astype(g.dtype) for h in hits)
-        return {"data_0": [unbroadcast(xp, g * h / ties, x.shape) for h, x in zip(hits, xs, strict=True)]}
-
-    register(OpDef(name, "elementwise", ("data_0*",), (out,), kernel, vjp, onnx=onnx,
-                   infer_shape=lambda s, a: {out: _sum_shape(s, a)["sum"]}))
-
-
-_extremum("min", "Min", lambda xp, a, b: xp.minimum(a, b), "min")
-_extremum("max", "Max", lambda xp, a, b: xp.maximum(a, b), "max")

@@ -6,7 +6,7 @@ from .base import OpDef, register, static_arg, unbroadcast
 from .shapes import same_as
 
 
-def _unary(name, onnx, fwd, vjp, doc, category="elementwise", attrs=None, slots=("X", "Y")):
+def _unary(name, onnx, fwd, vjp, doc, category="light", attrs=None, slots=("X", "Y")):
     """Register a one-input one-output op (slots as in ONNX's schema: X -> Y or input -> output);
     `vjp(xp, x, y, g, attrs)` gives the input's gradient, None for a non-differentiable op."""
     x_, y_ = slots
@@ -83,7 +83,7 @@ def _dropout_vjp(xp, ins, outs, douts, attrs):
     return {"data": douts["output"] * outs["mask"] / (1.0 - ratio)}
 
 
-register(OpDef("dropout", "elementwise", ("data", "ratio?", "training_mode?"), ("output", "mask"),
+register(OpDef("dropout", "light", ("data", "ratio?", "training_mode?"), ("output", "mask"),
                _dropout, _dropout_vjp, no_grad=("ratio", "training_mode"),
                infer_shape=lambda s, a: {"output": s["data"], "mask": s["data"]},
                onnx="Dropout", needs_rng=True,
@@ -242,5 +242,5 @@ def _prelu_vjp(xp, ins, outs, douts, attrs):
     return {"X": xp.where(neg, g * s, g), "slope": unbroadcast(xp, xp.where(neg, g * x, 0), s.shape)}
 
 
-register(OpDef("prelu", "elementwise", ("X", "slope"), ("Y",), _prelu, _prelu_vjp, onnx="PRelu",
+register(OpDef("prelu", "light", ("X", "slope"), ("Y",), _prelu, _prelu_vjp, onnx="PRelu",
                infer_shape=same_as("X", "Y")))

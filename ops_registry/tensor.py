@@ -1,9 +1,9 @@
-"""Shape and layout ops, reductions, data feeding and constants."""
+"""Shape and layout ops, data feeding and constants (reductions: reduce.py)."""
 
 from __future__ import annotations
 
 from .base import OpDef, register, scatter_add, static_arg, unbroadcast
-from .shapes import reduce, same_as
+from .shapes import same_as
 
 
 def _concat(xp, ins, attrs):
@@ -33,7 +33,7 @@ def _concat_shape(s, attrs):
     return {"concat_result": tuple(total if i == axis else d for i, d in enumerate(xs[0]))}
 
 
-register(OpDef("concat", "elementwise", ("inputs*",), ("concat_result",), _concat, _concat_vjp,
+register(OpDef("concat", "light", ("inputs*",), ("concat_result",), _concat, _concat_vjp,
                infer_shape=_concat_shape, onnx="Concat", attrs={"axis": 0}))
 
 
@@ -65,173 +65,10 @@ def _reshape_shape(s, attrs):
     return {"reshaped": tuple(total // rest if d == -1 else d for d in t)}
 
 
-register(OpDef("reshape", "elementwise", ("data", "shape?"), ("reshaped",), _reshape,
+register(OpDef("reshape", "light", ("data", "shape?"), ("reshaped",), _reshape,
                lambda xp, i, o, d, a: {"data": d["reshaped"].reshape(i["data"].shape)},
                no_grad=("shape",), infer_shape=_reshape_shape, onnx="Reshape",
                attrs={"shape": None, "allowzero": 0}))
-
-
-def _axes(attrs, ins=None):
-    """The reduced axes: None for all; () for none (empty axes with noop_with_empty_axes)."""
-    axes = static_arg(ins or {}, attrs, "axes")
-    if axes is None or len(axes) == 0:
-        return () if attrs.get("noop_with_empty_axes") else None
-    return tuple(axes)
-
-
-def _reduce_sum(xp, ins, attrs):
-    """reduced = sum of data over `axes` (all when absent), keeping them when keepdims."""
-    x = ins["data"]
-    return {"reduced": x.sum(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"])).astype(x.dtype)}
-
-
-def _reduce_mean(xp, ins, attrs):
-    """reduced = mean of data over `axes` (all when absent), keeping them when keepdims."""
-    x = ins["data"]
-    return {"reduced": x.mean(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"])).astype(x.dtype)}
-
-
-def _reduce_max(xp, ins, attrs):
-    """reduced = max of data over `axes` (all when absent); an empty reduction gives the dtype's
-    lowest value (-inf for floats), as ONNX specifies."""
-    x = ins["data"]
-    low = False if x.dtype == bool else (-xp.inf if x.dtype.kind == "f" else xp.iinfo(x.dtype).min)
-    return {"reduced": x.max(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"]), initial=low)}
-
-
-def _expand_back(xp, g, x, attrs, ins):
-    axes = _axes(attrs, ins)
-    if not attrs["keepdims"]:
-        ax = range(x.ndim) if axes is None else [a % x.ndim for a in axes]
-        g = g.reshape([1 if i in ax else d for i, d in enumerate(x.shape)])
-    return xp.broadcast_to(g, x.shape)
-
-
-def _reduce_count(x, attrs, ins):
-    axes = _axes(attrs, ins)
-    ax = range(x.ndim) if axes is None else [a % x.ndim for a in axes]
-    n = 1
-    for a in ax:
-        n *= x.shape[a]
-    return n
-
-
-def _reduce_extremum_vjp(xp, ins, outs, douts, attrs):
-    """ReduceMax / ReduceMin: the gradient goes to the elements equal to the result, shared equally
-    between ties."""
-    x = ins["data"]
-    hit = x == _expand_back(xp, outs["reduced"], x, attrs, ins)
-    axes = _axes(attrs, ins)
-    ties = hit.sum(axis=axes, keepdims=True)
-    return {"data": (_expand_back(xp, douts["reduced"], x, attrs, ins) * hit / ties).astype(x.dtype)}
-
-
-def _reduce_min(xp, ins, attrs):
-    """reduced = min of data over `axes` (all when absent); an empty reduction gives the dtype's
-    highest value (+inf for floats, True for bools), as ONNX specifies."""
-    x = ins["data"]
-    high = True if x.dtype == bool else (xp.inf if x.dtype.kind == "f" else xp.iinfo(x.dtype).max)
-    return {"reduced": x.min(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"]), initial=high)}
-
-
-def _reduce_prod(xp, ins, attrs):
-    """reduced = product of data over `axes` (all when absent; 1 for an empty reduction)."""
-    x = ins["data"]
-    return {"reduced": x.prod(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"])).astype(x.dtype)}
-
-
-def _reduce_prod_vjp(xp, ins, outs, douts, attrs):
-    """d prod / d x_i = the product of the others: exclusive prefix times exclusive suffix products
-    over the reduced elements (exact where some x are 0, unlike prod / x)."""
-    x = ins["data"]
-    axes = _axes(attrs, ins)
-    ax = list(range(x.ndim)) if axes is None else sorted({a % x.ndim for a in axes})
-    rest = [i for i in range(x.ndim) if i not in ax]
-    moved = xp.transpose(x, rest + ax)
-    flat = moved.reshape(*moved.shape[:len(rest)], -1)
-    ones = xp.ones((*flat.shape[:-1], 1), dtype=x.dtype)
-    before = xp.concatenate([ones, xp.cumprod(flat, axis=-1)[..., :-1]], axis=-1)
-    after = xp.flip(xp.concatenate([ones, xp.cumprod(xp.flip(flat, -1), axis=-1)[..., :-1]], axis=-1), -1)
-    others = xp.transpose((before * after).reshape(moved.shape), _inverse(rest + ax))
-    return {"data": (_expand_back(xp, douts["reduced"], x, attrs, ins) * others).astype(x.dtype)}
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    out = [0] * len(perm)
-    for i, p in enumerate(perm):
-        out[p] = i
-    return out
-
-
-def _reduce_l2(xp, ins, attrs):
-    """reduced = sqrt of the sum of squares of data over `axes` (all when absent)."""
-    x = ins["data"]
-    return {"reduced": xp.sqrt((x * x).sum(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"])))
-            .astype(x.dtype)}
-
-
-def _reduce_l2_vjp(xp, ins, outs, douts, attrs):
-    """d ||x|| / dx = x / ||x|| (0 where the norm is 0: the subgradient of least norm)."""
-    x = ins["data"]
-    y = _expand_back(xp, outs["reduced"], x, attrs, ins)
-    g = _expand_back(xp, douts["reduced"], x, attrs, ins)
-    return {"data": xp.where(y > 0, g * x / xp.where(y > 0, y, 1), 0).astype(x.dtype)}
-
-
-def _reduce_sum_square(xp, ins, attrs):
-    """reduced = sum of squares of data over `axes` (all when absent)."""
-    x = ins["data"]
-    return {"reduced": (x * x).sum(axis=_axes(attrs, ins), keepdims=bool(attrs["keepdims"])).astype(x.dtype)}
-
-
-def _reduce_log_sum_exp(xp, ins, attrs):
-    """reduced = log(sum(exp(data))) over `axes` (all when absent), shifted by the max so exp never
-    overflows; -inf for an empty reduction."""
-    x = ins["data"]
-    axes = _axes(attrs, ins)
-    m = x.max(axis=axes, keepdims=True, initial=-xp.inf)
-    m = xp.where(xp.isfinite(m), m, 0)
-    y = xp.log(xp.exp(x - m).sum(axis=axes, keepdims=True)) + m
-    if not attrs["keepdims"]:
-        y = y.reshape(reduce(x.shape, axes, False))
-    return {"reduced": y.astype(x.dtype)}
-
-
-def _vjp_from(local):
-    """A reduction's vjp from its local derivative `local(xp, x, y) = d y / d x` (y broadcast back)."""
-
-    def vjp(xp, ins, outs, douts, attrs):
-        x = ins["data"]
-        y = _expand_back(xp, outs["reduced"], x, attrs, ins)
-        return {"data": (_expand_back(xp, douts["reduced"], x, attrs, ins) * local(xp, x, y)).astype(x.dtype)}
-
-    return vjp
-
-
-def _reduce_sum_vjp(xp, ins, outs, douts, attrs):
-    x = ins["data"]
-    return {"data": _expand_back(xp, douts["reduced"], x, attrs, ins).astype(x.dtype)}
-
-
-def _reduce_mean_vjp(xp, ins, outs, douts, attrs):
-    x = ins["data"]
-    g = _expand_back(xp, douts["reduced"], x, attrs, ins)
-    return {"data": (g / _reduce_count(x, attrs, ins)).astype(x.dtype)}
-
-
-for _name, _onnx, _k, _v in (
-    ("reduce_sum", "ReduceSum", _reduce_sum, _reduce_sum_vjp),
-    ("reduce_mean", "ReduceMean", _reduce_mean, _reduce_mean_vjp),
-    ("reduce_max", "ReduceMax", _reduce_max, _reduce_extremum_vjp),
-    ("reduce_min", "ReduceMin", _reduce_min, _reduce_extremum_vjp),
-    ("reduce_prod", "ReduceProd", _reduce_prod, _reduce_prod_vjp),
-    ("reduce_l2", "ReduceL2", _reduce_l2, _reduce_l2_vjp),
-    ("reduce_sum_square", "ReduceSumSquare", _reduce_sum_square, _vjp_from(lambda xp, x, y: 2 * x)),
-    ("reduce_log_sum_exp", "ReduceLogSumExp", _reduce_log_sum_exp, _vjp_from(lambda xp, x, y: xp.exp(x - y))),
-):
-    register(OpDef(_name, "elementwise", ("data", "axes?"), ("reduced",), _k, _v, no_grad=("axes",),
-                   onnx=_onnx, attrs={"axes": None, "keepdims": 1, "noop_with_empty_axes": 0},
-                   infer_shape=lambda s, a: {"reduced": reduce(s["data"], _axes(a), a.get("keepdims", 1))}))
 
 
 def _cast(xp, ins, attrs):
@@ -240,7 +77,7 @@ def _cast(xp, ins, attrs):
     return {"output": ins["input"].astype(attrs["to"], copy=False)}
 
 
-register(OpDef("cast", "elementwise", ("input",), ("output",), _cast,
+register(OpDef("cast", "light", ("input",), ("output",), _cast,
                lambda xp, i, o, d, a: {"input": d["output"].astype(i["input"].dtype, copy=False)},
                infer_shape=same_as("input", "output"), onnx="Cast", attrs={"to": "float32"}))
 
@@ -263,7 +100,7 @@ def _fill_constant(xp, ins, attrs):
     return {"Out": xp.full(shape, attrs["value"], dtype=dtype)}
 
 
-register(OpDef("fill_constant", "elementwise", ("Like?",), ("Out",), _fill_constant,
+register(OpDef("fill_constant", "light", ("Like?",), ("Out",), _fill_constant,
                attrs={"value": 0.0, "shape": (), "dtype": "float32"}))
 
 
@@ -281,7 +118,7 @@ def _constant_shape(s, attrs):
     return {"output": np.shape(attrs["value"])}
 
 
-register(OpDef("constant", "elementwise", (), ("output",), _constant, infer_shape=_constant_shape,
+register(OpDef("constant", "light", (), ("output",), _constant, infer_shape=_constant_shape,
                attrs={"value": 0.0, "dtype": "float32"}))
 
 
@@ -306,7 +143,7 @@ def _layout(name, onnx, fwd, doc, slots, args=(), attrs=None, infer=None):
         return {y_: fwd(xp, ins[x_], {**a, **{k: static_arg(ins, a, k) for k in args}})}
 
     kernel.__doc__ = doc
-    register(OpDef(name, "elementwise", (x_, *(f"{k}?" for k in args)), (y_,), kernel,
+    register(OpDef(name, "light", (x_, *(f"{k}?" for k in args)), (y_,), kernel,
                    lambda xp, i, o, d, a: {x_: d[y_].reshape(i[x_].shape)}, no_grad=args,
                    infer_shape=infer, onnx=onnx, attrs={**{k: None for k in args}, **(attrs or {})}))
 
@@ -362,7 +199,7 @@ def _transpose_vjp(xp, ins, outs, douts, attrs):
     return {"data": xp.transpose(douts["transposed"], inverse)}
 
 
-register(OpDef("transpose", "elementwise", ("data",), ("transposed",), _transpose, _transpose_vjp,
+register(OpDef("transpose", "light", ("data",), ("transposed",), _transpose, _transpose_vjp,
                onnx="Transpose", attrs={"perm": None},
                infer_shape=lambda s, a: {"transposed": tuple(s["data"][p] for p in a["perm"])
                                          if a.get("perm") else tuple(reversed(s["data"]))}))
@@ -375,7 +212,7 @@ def _shape(xp, ins, attrs):
     return {"shape": xp.asarray(np.array(ins["data"].shape[attrs["start"]:attrs["end"]], dtype=np.int64))}
 
 
-register(OpDef("shape", "elementwise", ("data",), ("shape",), _shape, onnx="Shape",
+register(OpDef("shape", "light", ("data",), ("shape",), _shape, onnx="Shape",
                attrs={"start": 0, "end": None}))
 
 
@@ -386,7 +223,7 @@ def _constant_of_shape(xp, ins, attrs):
     return {"output": xp.full(shape, attrs["value"], dtype=attrs["dtype"])}
 
 
-register(OpDef("constant_of_shape", "elementwise", ("input?",), ("output",), _constant_of_shape,
+register(OpDef("constant_of_shape", "light", ("input?",), ("output",), _constant_of_shape,
                onnx="ConstantOfShape", attrs={"input": None, "value": 0.0, "dtype": "float32"}))
 
 
@@ -421,7 +258,7 @@ def _slice_vjp(xp, ins, outs, douts, attrs):
 
 
 _SLICE_ARGS = ("starts", "ends", "axes", "steps")
-register(OpDef("slice", "elementwise", ("data", *(f"{k}?" for k in _SLICE_ARGS)), ("output",), _slice,
+register(OpDef("slice", "light", ("data", *(f"{k}?" for k in _SLICE_ARGS)), ("output",), _slice,
                _slice_vjp, no_grad=_SLICE_ARGS, onnx="Slice", attrs={k: None for k in _SLICE_ARGS}))
 
 
@@ -434,7 +271,7 @@ def _expand(xp, ins, attrs):
     return {"output": xp.broadcast_to(x, shape).copy()}
 
 
-register(OpDef("expand", "elementwise", ("input", "shape?"), ("output",), _expand,
+register(OpDef("expand", "light", ("input", "shape?"), ("output",), _expand,
                lambda xp, i, o, d, a: {"input": unbroadcast(xp, d["output"], i["input"].shape)},
                no_grad=("shape",), onnx="Expand", attrs={"shape": None}))
 
@@ -451,7 +288,7 @@ def _tile_vjp(xp, ins, outs, douts, attrs):
     return {"input": g.reshape(split).sum(axis=tuple(range(0, 2 * x.ndim, 2)))}
 
 
-register(OpDef("tile", "elementwise", ("input", "repeats?"), ("output",), _tile, _tile_vjp,
+register(OpDef("tile", "light", ("input", "repeats?"), ("output",), _tile, _tile_vjp,
                no_grad=("repeats",), onnx="Tile", attrs={"repeats": None}))
 
 
@@ -485,7 +322,7 @@ def _split_vjp(xp, ins, outs, douts, attrs):
     return {"input": xp.concatenate(parts, axis=attrs["axis"])}
 
 
-register(OpDef("split", "elementwise", ("input", "split?"), ("outputs*",), _split, _split_vjp,
+register(OpDef("split", "light", ("input", "split?"), ("outputs*",), _split, _split_vjp,
                no_grad=("split",), onnx="Split", attrs={"axis": 0, "split": None, "num_outputs": None}))
 
 
@@ -513,7 +350,7 @@ def _gather_shape(s, attrs):
     return {"output": data[:axis] + tuple(s["indices"]) + data[axis + 1:]}
 
 
-register(OpDef("gather", "elementwise", ("data", "indices"), ("output",), _gather, _gather_vjp,
+register(OpDef("gather", "light", ("data", "indices"), ("output",), _gather, _gather_vjp,
                no_grad=("indices",), onnx="Gather", attrs={"axis": 0}, infer_shape=_gather_shape))
 
 
@@ -539,6 +376,6 @@ def _gather_elements_vjp(xp, ins, outs, douts, attrs):
     return {"data": out}
 
 
-register(OpDef("gather_elements", "elementwise", ("data", "indices"), ("output",), _gather_elements,
+register(OpDef("gather_elements", "light", ("data", "indices"), ("output",), _gather_elements,
                _gather_elements_vjp, no_grad=("indices",), onnx="GatherElements", attrs={"axis": 0},
                infer_shape=lambda s, a: {"output": s["indices"]}))

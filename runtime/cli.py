@@ -19,15 +19,13 @@
 
 Exit codes: 0 success, 1 the work failed (the message says why), 2 bad arguments (usage printed),
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM; cleaned up like Ctrl-C).
-A MODEL is an ONNX file (`.onnx`), a saved PaddlePaddle training program (`paddle.static.save`
-prefix: `.pdmodel` for the legacy IR, `.json` + `.pdparams` for PIR) or a saved hetps program
-(`Program.save`: `.json` [+ `.npz`]).
+A MODEL is any file `transpiler.load.load_model` reads: ONNX, a saved PaddlePaddle training
+program or a saved hetps program.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -60,85 +58,26 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 # -- models and plans ---------------------------------------------------------------------------
-def model_kind(path: Path) -> tuple[str, Path]:
-    """("onnx" | "paddle-legacy" | "paddle-pir" | "hetps", path) of a model file or file prefix."""
-    if path.suffix == ".onnx" and path.is_file():
-        return "onnx", path
-    for suffix, kind in ((".pdmodel", "paddle-legacy"), (".json", None)):
-        f = path if path.suffix == suffix else Path(f"{path}{suffix}")
-        if not f.is_file():
-            continue
-        if kind:
-            return kind, f
-        if f.with_suffix(".pdparams").is_file():
-            return "paddle-pir", f
-        try:
-            is_program = "blocks" in json.loads(f.read_text())
-        except (ValueError, UnicodeDecodeError):
-            is_program = False
-        if is_program:
-            return "hetps", f
-        raise UsageError(f"{f} is neither a saved hetps program (JSON with 'blocks') nor a saved "
-                         "PIR Paddle program (no .pdparams beside it)")
-    if path.is_dir() and (path / "plan.json").is_file():
-        raise UsageError(f"{path} is already a plan directory; use it with inspect / draw / train")
-    raise UsageError(f"no model at {path}: expected an .onnx file, a paddle.static.save prefix "
-                     "(.pdmodel, or .json + .pdparams) or a hetps Program.save file (.json)")
-
-
-def load_paddle(kind: str, path: Path):
-    """A saved Paddle training program (`paddle.static.save`) with its saved values, imported."""
-    import paddle
-
-    from transpiler import from_paddle
-
-    paddle.enable_static()
-    prefix = str(path.with_suffix(""))
-    if kind == "paddle-legacy":
-        with paddle.pir_utils.OldIrGuard():
-            program = paddle.static.Program.parse_from_string(path.read_bytes())
-            # a parsed ProgramDesc forgets which vars were data: those read, never written, not persistable
-            block = program.global_block()
-            written = {n for op in block.ops for n in op.output_arg_names}
-            for n in {n for op in block.ops for n in op.input_arg_names} - written:
-                if not block.var(n).persistable:
-                    block.var(n).is_data = True
-            return from_paddle(program, scope=_paddle_scope(paddle, prefix))
-    program = paddle.static.Program()
-    paddle.base.core.deserialize_pir_program(str(path), program, 1)
-    return from_paddle(program, scope=_paddle_scope(paddle, prefix))
-
-
-def _paddle_scope(paddle, prefix: str):
-    scope = paddle.static.Scope()
-    for name, value in paddle.static.load_program_state(prefix).items():
-        scope.var(name).get_tensor().set(np.asarray(value), paddle.CPUPlace())
-    return scope
-
-
 def load_model(path: Path, loss: str | None, label: str | None, onnx: OnnxOptions | None = None):
-    """A training Program from any model file `model_kind` recognises."""
-    kind, f = model_kind(path)
+    """The training Program of MODEL (`transpiler.load.load_model`), its flags checked first."""
+    from transpiler.load import ModelFileError, model_kind
+    from transpiler.load import load_model as transpiler_load_model
+
     onnx = onnx or OnnxOptions()
+    try:
+        kind, f = model_kind(path)
+    except ModelFileError as e:
+        raise UsageError(str(e)) from None
     if kind != "onnx":
         for flag, value in (("--loss", loss), *onnx.given()):
             if value is not None:
                 raise UsageError(f"{flag} applies to ONNX models only; {f} is a {kind} program")
-    if kind == "onnx":
-        from transpiler import from_onnx
-
-        if loss is not None and (onnx.pred is not None or onnx.clamp_log is not None):
-            raise UsageError("--pred / --clamp-log apply to a loss inside the model; with --loss the "
-                             "prediction is the model's first output")
-        program = from_onnx(f, loss=loss, label=label, dynamic_batch=not onnx.fixed_batch,
-                            pred=onnx.pred, log_clamp=onnx.clamp_log)
-    elif kind == "hetps":
-        from transpiler import Program
-
-        program = Program.load(f)
-    else:
-        program = load_paddle(kind, f)
-    return program
+        return transpiler_load_model(f)
+    if loss is not None and (onnx.pred is not None or onnx.clamp_log is not None):
+        raise UsageError("--pred / --clamp-log apply to a loss inside the model; with --loss the "
+                         "prediction is the model's first output")
+    return transpiler_load_model(f, loss=loss, label=label, dynamic_batch=not onnx.fixed_batch,
+                                 pred=onnx.pred, log_clamp=onnx.clamp_log)
 
 
 @dataclass(frozen=True)
@@ -494,7 +433,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# -- tune: placement and resources by measured cost (transpiler/cost.py, runtime/profile.py) -------------
+# -- tune: placement and resources by measured cost (transpiler/cost.py + tune.py, runtime/profile.py)
 def parse_budget(text: str) -> dict[str, int]:
     """'cpu=16,gpu=1' -> {"cpu": 16, "gpu": 1} (gpu may be 0 or left out)."""
     out = {"gpu": 0}
@@ -529,7 +468,7 @@ def _tune_sample(plan, batch_size: int):
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from transpiler import TranspileConfig, transpile
-    from transpiler.cost import Budget
+    from transpiler.tune import Budget
 
     from .profile import tune
 

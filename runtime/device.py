@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from transpiler.config import kind_of
+
 log = logging.getLogger("hetps.device")
 
 
@@ -29,11 +31,8 @@ def array_module(trainer_type: str, device_map: dict[str, str] | None = None,
     """(xp, description) for `trainer_type`; `device_map` maps trainer types to "cpu" | "gpu"
     (default: a type named like "gpu*" is a GPU type, everything else CPU). Emulation is logged
     unless `announce` is False (trainer processes: the driver announced it once for the run)."""
-    kind = (device_map or {}).get(trainer_type, "gpu" if trainer_type.startswith("gpu") else "cpu")
-    if kind == "cpu":
+    if kind_of(trainer_type, device_map) == "cpu":
         return np, "cpu (numpy)"
-    if kind != "gpu":
-        raise ValueError(f"device_map[{trainer_type!r}] = {kind!r}; expected 'cpu' or 'gpu'")
     if cuda_available():
         import cupy
 
@@ -46,3 +45,13 @@ def array_module(trainer_type: str, device_map: dict[str, str] | None = None,
         log.warning("trainer type %r: no CUDA device, EMULATING the GPU trainer with CPU (numpy) kernels",
                     trainer_type)
     return np, "gpu EMULATED on cpu (numpy)"
+
+
+def to_host(v: Any) -> Any:
+    """A numpy array of `v`, copied off the GPU for cupy arrays; a row-sparse value (`SparseRows`)
+    is returned as it is (its parts stay where they are)."""
+    if hasattr(v, "__cuda_array_interface__"):
+        return v.get()
+    if hasattr(v, "to_dense"):
+        return v
+    return np.asarray(v)

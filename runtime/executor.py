@@ -17,6 +17,8 @@ import numpy as np
 from ops_registry import get_op
 from transpiler.ir import Op, Program, Var
 
+from .device import to_host
+
 
 class ExecutionError(RuntimeError):
     """A kernel failed; the message names the op, its inputs with shapes, and the cause."""
@@ -172,7 +174,7 @@ class Executor:
                 raise KeyError(f"fetch {name!r}: no op of the program produced it and it is not in "
                                "the scope")
             v = values[name]
-            out.append(_to_numpy(v) if return_numpy else v)
+            out.append(to_host(v) if return_numpy else v)
         return out
 
     def _feed_value(self, var: Var | None, name: str, feed: dict[str, Any], op: Op) -> Any:
@@ -224,9 +226,3 @@ def _shape_of(v: Any) -> Any:
     return list(getattr(v, "shape", ())) if v is not None else None
 
 
-def _to_numpy(v: Any) -> Any:
-    if hasattr(v, "get") and hasattr(v, "__cuda_array_interface__"):
-        return v.get()
-    if hasattr(v, "to_dense"):
-        return v
-    return np.asarray(v)

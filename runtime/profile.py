@@ -31,23 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from transpiler.config import TranspileConfig
-from transpiler.cost import (
-    KINDS,
-    Budget,
-    KernelCost,
-    LinkCost,
-    Overhead,
-    Profile,
-    PSCost,
-    RunSettings,
-    TuneResult,
-    kernel_ops,
-    op_signature,
-)
-from transpiler.cost import tune as _tune
+from transpiler.config import KINDS, TranspileConfig
+from transpiler.cost import RunSettings
+from transpiler.cost_profile import KernelCost, LinkCost, Overhead, Profile, PSCost, kernel_ops, op_signature
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
+from transpiler.tune import Budget, TuneResult
+from transpiler.tune import tune as _tune
 
 from .channels import Inbox, Outbox, pack_tensors
 from .device import cuda_available
@@ -501,7 +491,7 @@ def tune(
     log: Callable[[str], None] = lambda s: None,
 ) -> TuneResult:
     """Profile this machine (cached, unless `profile` is given) and search placement and resources
-    for `program` within `budget` (see transpiler.cost.tune). A Plan keeps its placement: only trainer
+    for `program` within `budget` (see transpiler.tune.tune). A Plan keeps its placement: only trainer
     counts, micro-batches, shards and modes are searched. `sample`: a batch of the data, for the share
     of unique ids among a step's ids (default 1.0: every id distinct)."""
     if isinstance(program, Plan):

@@ -3,7 +3,7 @@
 Each trainer type gets an `Executor` whose handlers implement the comm and PS ops in memory:
 `send` drops the tensor in a mailbox keyed by (tensor, micro-batch id, destination), `recv` takes
 it out, pulls and pushes talk to an `InMemoryServer`. One step runs every sub-program's segments
-(cut at recv ops) in the order `transpiler.passes.schedule` finds, so a plan that could deadlock
+(cut at recv ops) in the order `transpiler.schedule.schedule` finds, so a plan that could deadlock
 fails here with a `DeadlockError` naming the waiting recvs. The server has sync semantics: a step's
 pushes are summed per table and applied once, after every trainer has finished the step, with the
 registry's optimizer kernels — so a correct plan reproduces single-process training.
@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from ops_registry import SparseRows, get_op, init_rows
+from ops_registry.embedding import check_ids
 from transpiler.ir import Op, Var
-from transpiler.passes import schedule, segment_programs
 from transpiler.plan import Plan
+from transpiler.schedule import schedule, segment_programs
 
 from .executor import Executor
 
@@ -30,6 +31,12 @@ class InMemoryServer:
     Values start from the plan's `params` or the table's initializer (the startup program's values).
     `push` queues a gradient; `apply` sums each table's queued gradients (the registry's `sum`:
     dense adds, row-sparse concatenates) and runs its optimizer kernel once.
+
+    It does not reuse the sync `runtime.ps.shard.Shard` on purpose: this server is the oracle the
+    real parameter servers are tested against, so it shares none of their code (row index, sharding,
+    table optimizers, step bookkeeping) and applies the registry's optimizer kernels, the ones
+    single-process training runs, to whole arrays; a bug in the shard then shows as a difference
+    instead of being copied into the reference.
     """
 
     def __init__(self, plan: Plan) -> None:
@@ -60,10 +67,10 @@ class InMemoryServer:
         if ids is None:
             return value.copy()
         ids = np.asarray(ids)
-        if ids.size and (ids.min() < 0 or ids.max() >= value.shape[0]):
-            bad = ids[(ids < 0) | (ids >= value.shape[0])][:5]
-            raise IndexError(f"pull of table {table!r}: ids out of range [0, {value.shape[0]}): "
-                             f"{bad.tolist()}")
+        try:
+            check_ids(np, ids, value.shape[0])
+        except IndexError as e:
+            raise IndexError(f"pull of table {table!r}: {e}") from None
         return value[ids]
 
     def push(self, table: str, grad: Any, ids: np.ndarray | None = None) -> None:

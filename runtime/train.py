@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from transpiler.config import kind_of
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
 
@@ -125,7 +126,9 @@ class History:
 
 
 @dataclass
-class _Step:
+class _StepTally:
+    """The driver's tally of one step: data readers that reported it, items, examples, loss reports
+    received (`got`), summed loss, and the scores and labels for its AUC."""
     readers: int = 0
     items: int = 0
     examples: int = 0
@@ -307,7 +310,7 @@ def _run(plan: Plan, cfg: _Config, data: Any, eng: Engine, history: History, sec
          start_from: Any) -> None:
     t0 = time.perf_counter()  # start-up counts placement too (on Ray: ray.init and the actors)
     names = [f"{t}:{i}" for t, n in cfg.counts.items() for i in range(n)]
-    kinds = {t: (cfg.device_map or {}).get(t, "gpu" if t.startswith("gpu") else "cpu") for t in cfg.counts}
+    kinds = {t: kind_of(t, cfg.device_map) for t in cfg.counts}
     needs = {**{f"ps:{k}": {} for k in range(cfg.servers)},
              **{n: {"gpu": 1} if kinds[n.split(":")[0]] == "gpu" else {} for n in names}}
     eng.place(needs)
@@ -384,7 +387,7 @@ class _Listen:
         self.names, self.endpoints, self.history, self.callback = names, endpoints, history, callback
         self.tel, self.pauses = tel, pauses
         self.readers = [n for n in names if n.split(":")[0] == cfg.reader]
-        self.steps: dict[int, _Step] = {}
+        self.steps: dict[int, _StepTally] = {}
         self.next = pauses.start     # next step to hand to the history
         self.grant, self.final = self.first_grant(), False
         self.ready: set[str] = set()
@@ -418,10 +421,10 @@ class _Listen:
                 self.t_start = now
                 self.history.startup_s = now - self.t0
         elif kind == "step":
-            st = self.steps.setdefault(h["s"], _Step())
+            st = self.steps.setdefault(h["s"], _StepTally())
             st.readers, st.items, st.examples = st.readers + 1, st.items + h["items"], st.examples + h["n"]
         elif kind == "losses":
-            st = self.steps.setdefault(h["s"], _Step())
+            st = self.steps.setdefault(h["s"], _StepTally())
             st.got += len(h["items"])
             mean = self.cfg.loss_reduction == "mean"
             st.loss += sum(loss * (n if mean else 1) for n, loss in h["items"])

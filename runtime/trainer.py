@@ -6,7 +6,7 @@ batch (`sources.share`; a sharded dataset hands each reader its own rows: `sourc
 split them into `micro_batches` items, and announce each step's items to
 every trainer of the other types; an item's tensors go to the trainer of the destination type that
 `route` picks, and its gradients come back the same way. A trainer's sub-program is cut at its recv
-ops (`transpiler.passes.segments`); it runs (item, segment) pairs as soon as the segment's messages
+ops (`transpiler.schedule.segments`); it runs (item, segment) pairs as soon as the segment's messages
 have arrived, oldest item first, with at most `micro_batches` of its own items in flight on a reader
 — so a CPU trainer computes item k+1's embeddings while the GPU trainer runs item k's MLP. With
 nothing runnable it blocks on its inbox (a ZeroMQ poll), giving up after `stall_timeout` seconds
@@ -47,11 +47,12 @@ import numpy as np
 from ops_registry import SparseRows, get_op
 from transpiler.inference import score_names
 from transpiler.ir import Program
-from transpiler.passes import segment_programs
+from transpiler.schedule import segment_programs
 
 from . import sources
 from .channels import Inbox, Outbox, pack_tensors, unpack_tensors
 from .device import array_module
+from .device import to_host as _host
 from .executor import Executor
 from .ps import PSClient
 from .telemetry import Recorder, pack_spans
@@ -596,11 +597,6 @@ def _kept_outputs(segs: list[Program], report: list[str | None]) -> list[list[st
         kept.append([n for n in outs if n in later])
         later.update(n for op in seg.ops for n in op.input_names())
     return kept[::-1]
-
-
-def _host(v: Any) -> np.ndarray:
-    """A numpy array of `v` (copied off the GPU for cupy arrays)."""
-    return v.get() if hasattr(v, "__cuda_array_interface__") else np.asarray(v)
 
 
 def _device(xp: Any, v: Any) -> Any:

@@ -15,22 +15,11 @@ import yaml
 
 from runtime.cli import main
 from transpiler import Program, TranspileConfig, builder, transpile
-from transpiler.cost import (
-    KINDS,
-    Budget,
-    KernelCost,
-    LinkCost,
-    Overhead,
-    PlanCost,
-    Profile,
-    PSCost,
-    RunSettings,
-    kernel_ops,
-    op_signature,
-    predict,
-    tune,
-)
+from transpiler.config import KINDS
+from transpiler.cost import PlanCost, RunSettings, predict
+from transpiler.cost_profile import KernelCost, LinkCost, Overhead, Profile, PSCost, kernel_ops, op_signature
 from transpiler.models import wide_deep
+from transpiler.tune import Budget, tune
 
 
 def dense_model() -> Program:

@@ -114,3 +114,14 @@ def test_plan_form_specs_state_init_placement_imported_values_and_frozen_tables(
     frozen = Shard(specs, shard=0, num_shards=2)
     with pytest.raises(PSError, match="'big' has no optimizer \\(frozen\\)"):
         frozen.push("big", np.ones(100, np.float32))
+
+
+def test_ids_go_with_sparse_tables_only():
+    """One rule, on the shard (and the client checks with the same function before sending)."""
+    shard = Shard([_sparse(10), {"name": "w", "kind": "dense", "shape": [2], "dtype": "float32",
+                                 "initializer": {"type": "constant", "value": 0.0}, "optimizer": None}],
+                  shard=0, num_shards=1)
+    with pytest.raises(PSError, match="pull of sparse table 'emb' needs ids"):
+        shard.pull("emb")
+    with pytest.raises(PSError, match="pull of dense table 'w' takes no ids"):
+        shard.pull("w", np.array([1]))

@@ -27,9 +27,9 @@ from runtime.trainer import Background
 from transpiler import builder as nn
 from transpiler import transpile
 from transpiler.config import TranspileConfig
+from transpiler.errors import PlanError
 from transpiler.models import wide_deep
 from transpiler.onnx_import import from_onnx
-from transpiler.passes import PlanError
 from transpiler.plan import Plan
 
 REPO = Path(__file__).resolve().parents[1]

@@ -150,3 +150,13 @@ def test_free_running_trainers_do_not_deadlock():
         server.apply()
         losses.append(out["cpu"][0])
     np.testing.assert_allclose(losses, [x[0] for x in simulate(plan, batches)], rtol=1e-12)
+
+
+def test_oracle_server_refuses_ids_outside_a_table():
+    """The registry's id-range check (the one the embedding kernel runs), with the table named."""
+    plan = transpile(models.wide_deep(vocab=30).main)
+    server = InMemoryServer(plan)
+    sparse = next(t["name"] for t in plan.tables if t["kind"] == "sparse")
+    assert server.pull(sparse, np.array([0, 29])).shape[0] == 2
+    with pytest.raises(IndexError, match=rf"'{sparse}': ids out of range \[0, 30\): \[30, -1\]"):
+        server.pull(sparse, np.array([3, 30, -1]))

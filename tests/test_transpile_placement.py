@@ -157,3 +157,16 @@ def test_config_loads_from_yaml_and_json(tmp_path):
     assert list(plan.programs) == ["cpu", "gpu", "npu"]
     assert all(op.type in ("relu", "relu_grad") or op.role in ("comm", "ps")
                for op in plan.programs["npu"].ops)
+
+
+def test_old_category_name_elementwise_still_works_with_a_warning():
+    """`elementwise` was renamed `light`: a config that pins it still pins every light op."""
+    from ops_registry import get_op
+
+    with pytest.warns(DeprecationWarning, match="'elementwise' is now called 'light'"):
+        config = TranspileConfig(category_map={**TranspileConfig().category_map, "elementwise": "gpu"})
+    assert config.category_map["light"] == "gpu" and "elementwise" not in config.category_map
+    plan = transpile(wide_deep().main, config)
+    light = [op for p in plan.programs.values() for op in p.ops
+             if op.role == "forward" and get_op(op.type).category == "light"]
+    assert light and {op.device for op in light} == {"gpu"}

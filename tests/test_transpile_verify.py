@@ -7,7 +7,8 @@ import pytest
 
 from transpiler import builder as nn
 from transpiler import models, transpile
-from transpiler.passes import DeadlockError, PlanError, schedule
+from transpiler.errors import DeadlockError, PlanError
+from transpiler.schedule import schedule
 
 
 @pytest.fixture()
@@ -30,7 +31,7 @@ def test_sound_plan_verifies(plan):
 def test_removed_recv(plan):
     gpu = plan.programs["gpu"]
     recv = first(gpu, "recv", "label")
-    gpu.ops.remove(recv)
+    gpu.global_block().set_ops(op for op in gpu.ops if op is not recv)
     with pytest.raises(PlanError) as e:
         plan.verify()
     msg = str(e.value)
@@ -64,7 +65,7 @@ def test_dtype_change(plan):
 def test_missing_push_and_unknown_table(plan):
     gpu = plan.programs["gpu"]
     push = first(gpu, "push_dense")
-    gpu.ops.remove(push)
+    gpu.global_block().set_ops(op for op in gpu.ops if op is not push)
     pull = first(gpu, "pull_dense")
     pull.attrs["table"] = "nope"
     with pytest.raises(PlanError) as e:
@@ -79,8 +80,8 @@ def test_deadlock_is_found_and_named(plan):
     receiving what gpu has not sent yet."""
     cpu, gpu = plan.programs["cpu"], plan.programs["gpu"]
     grad_recv = first(cpu, "recv")
-    cpu.ops.remove(grad_recv)
-    cpu.ops.insert(0, grad_recv)  # cpu now waits for a gradient before sending any activation
+    cpu.global_block().set_ops([grad_recv] + [op for op in cpu.ops if op is not grad_recv])
+    # cpu now waits for a gradient before sending any activation
     with pytest.raises(DeadlockError) as e:
         schedule(plan.programs)
     g = first(gpu, "recv")

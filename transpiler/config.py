@@ -14,13 +14,15 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ops_registry.optimizer import STATE, check_schedule
 
-MODES = ("sync", "async")
+MODES = ("sync", "async")  # parameter-server modes, read by the runtime
+KINDS = ("cpu", "gpu")  # device kinds of trainer types
 OPTIMIZERS = tuple(STATE)  # the update ops ops_registry.optimizer defines
 
 
@@ -30,8 +32,8 @@ class TranspileConfig:
 
     - `trainer_types`: the kinds of trainer processes (sub-programs are made for those that get ops).
     - `category_map`: registry category -> trainer type. Categories absent from it (by default
-      `elementwise`: activations, reshape/concat, reductions, `sum`) are *light*: placement puts
-      them where fewer bytes cross.
+      `light`: activations, reshape/concat, gathers, reductions, `sum`) are placed where fewer
+      bytes cross. The old name of `light`, `elementwise`, is still read (with a DeprecationWarning).
     - `op_type_devices` / `name_devices`: overrides by op type, or by an fnmatch pattern on any of a
       forward op's output var names (names win over types). An explicit `op_device` on the op
       (e.g. Paddle's `device_guard`) wins over both.
@@ -60,6 +62,12 @@ class TranspileConfig:
 
     def __post_init__(self) -> None:
         self.trainer_types = list(self.trainer_types)
+        if "elementwise" in self.category_map:
+            warnings.warn("TranspileConfig.category_map: the category 'elementwise' is now called "
+                          "'light' (it covers reshape, concat, gather and reductions too); rename the key",
+                          DeprecationWarning, stacklevel=3)
+            self.category_map = {("light" if k == "elementwise" else k): v
+                                 for k, v in self.category_map.items()}
         if not self.trainer_types:
             raise ValueError("TranspileConfig.trainer_types is empty; name at least one trainer type")
         if "ps" in self.trainer_types:
@@ -112,3 +120,11 @@ class TranspileConfig:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: expected a mapping of TranspileConfig keys, got {type(data).__name__}")
         return cls.from_dict(data)
+
+
+def kind_of(trainer_type: str, device_map: dict[str, str] | None = None) -> str:
+    """ "cpu" | "gpu": the device kind of a trainer type (default: a type named "gpu*" is a GPU type)."""
+    kind = (device_map or {}).get(trainer_type, "gpu" if trainer_type.startswith("gpu") else "cpu")
+    if kind not in KINDS:
+        raise ValueError(f"device_map[{trainer_type!r}] = {kind!r}; expected 'cpu' or 'gpu'")
+    return kind

@@ -1,4 +1,4 @@
-"""The cost model: predict a plan's throughput from a measured profile, and search for the best setting.
+"""The cost model: predict a plan's throughput from a measured profile (the search: transpiler/tune.py).
 
 A `Profile` holds what was measured on one machine (runtime/profile.py measures it and caches it):
 each op's kernel time on each trainer kind as `fixed_s + per_example_s * examples` (keyed by the op's
@@ -24,160 +24,20 @@ Dense tables sit whole on a shard (largest first onto the least loaded), sparse 
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ops_registry import get_op
-
-from .config import TranspileConfig
-from .ir import Op, Program
+from .balance import balance
+from .config import kind_of
+from .cost_profile import Profile, kernel_ops, op_signature
 from .passes.assign_devices import bytes_per_example
-from .passes.verify import segments
+from .schedule import segments
 
-KINDS = ("cpu", "gpu")
-COMM_TYPES = frozenset({"send", "recv", "pull_dense", "push_dense", "pull_sparse", "push_sparse", "data"})
 MICRO_BATCHES = (1, 2, 4, 8, 16)
-MOVABLE = frozenset({"dense", "elementwise", "loss"})
+MOVABLE = frozenset({"dense", "light", "loss"})
 
 
-def kind_of(trainer_type: str, device_map: dict[str, str] | None = None) -> str:
-    """ "cpu" | "gpu": the device kind of a trainer type (default: a type named "gpu*" is a GPU type)."""
-    kind = (device_map or {}).get(trainer_type, "gpu" if trainer_type.startswith("gpu") else "cpu")
-    if kind not in KINDS:
-        raise ValueError(f"device_map[{trainer_type!r}] = {kind!r}; expected 'cpu' or 'gpu'")
-    return kind
-
-
-def op_signature(op: Op, program: Program) -> str:
-    """What an op's kernel time depends on: type, input shapes and dtypes, attrs (a short hash)."""
-    block = program.global_block()
-    ins = {}
-    for slot, names in sorted(op.inputs.items()):
-        vs = [block.vars.get(n) for n in names if n]
-        ins[slot] = [(list(v.shape) if v.shape is not None else None, v.dtype) if v else None for v in vs]
-    attrs = {k: v for k, v in op.attrs.items() if k not in ("op_role", "op_device", "fwd_id")}
-    text = json.dumps([op.type, ins, attrs], sort_keys=True, default=str)
-    return f"{op.type}:{hashlib.sha1(text.encode()).hexdigest()[:12]}"
-
-
-def kernel_ops(program: Program) -> list[Op]:
-    """The ops of a (sub-)program that run a registry kernel (not comm, PS or data ops)."""
-    return [op for op in program.ops if op.type not in COMM_TYPES and get_op(op.type).kernel is not None]
-
-
-# -- the measured profile -------------------------------------------------------------------------
-@dataclass
-class KernelCost:
-    """Seconds for one call of an op's kernel on `examples` examples: fixed_s + per_example_s * n."""
-
-    fixed_s: float
-    per_example_s: float
-
-    def at(self, examples: float) -> float:
-        return self.fixed_s + self.per_example_s * examples
-
-
-@dataclass
-class LinkCost:
-    """One message between two processes: latency_s + per_byte_s * bytes, for each of the sender and
-    the receiver (each pays half of a measured send + receive)."""
-
-    latency_s: float
-    per_byte_s: float
-
-    def message(self, nbytes: float) -> float:
-        return self.latency_s + self.per_byte_s * nbytes
-
-
-@dataclass
-class PSCost:
-    """A parameter-server round trip: request_s each, table_s per table in it, plus per byte of dense
-    tables, plus per sparse row (id handling) and per byte of sparse rows."""
-
-    request_s: float
-    dense_byte_s: float
-    sparse_byte_s: float
-    sparse_row_s: float = 0.0
-    lookup_s: float = 0.0  # a reader's own work per id looked up (gather of pulled rows, merge of grads)
-    table_s: float = 0.0  # per table in a request (a pull or push of many tables is one request)
-
-
-@dataclass
-class Overhead:
-    """The runtime's own CPU work beyond kernels, messages and PS calls (trainer loop, scheduling,
-    reports), calibrated from short real runs: per item and per step of a reader trainer and of
-    another trainer, per step and trainer a shard serves, and the driver's per item and step."""
-
-    reader_item_s: float = 0.0
-    reader_step_s: float = 0.0
-    item_s: float = 0.0
-    step_s: float = 0.0
-    serve_trainer_s: float = 0.0
-    driver_item_s: float = 0.0  # the driver (the process calling train): per item reported
-    driver_step_s: float = 0.0  # and per step; it shares the cores, off the critical path
-
-
-@dataclass
-class Profile:
-    """What was measured on one machine. `kernels[kind][signature]`; `emulated`: kinds whose kernels
-    ran on the CPU (a GPU type emulated with numpy), so they use CPU cores."""
-
-    kernels: dict[str, dict[str, KernelCost]]
-    link: LinkCost
-    ps: PSCost
-    cores: int = 1
-    emulated: list[str] = field(default_factory=list)
-    machine: str = ""
-    overhead: dict[str, Overhead] = field(default_factory=dict)  # by PS mode (sync, async)
-
-    def overhead_for(self, mode: str) -> Overhead:
-        return self.overhead.get(mode) or Overhead()
-
-    def kernel(self, kind: str, sig: str, op: Op | None = None) -> KernelCost:
-        try:
-            return self.kernels[kind][sig]
-        except KeyError:
-            what = f"op {op.type!r} (id {op.id})" if op is not None else sig
-            raise KeyError(
-                f"the profile has no {kind} time for {what}; profile the plan's ops first "
-                "(runtime.profile.profile_plan, or `hetps tune`, which profiles what is "
-                "missing)"
-            ) from None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Profile:
-        kernels = {k: {s: KernelCost(**c) for s, c in table.items()} for k, table in d["kernels"].items()}
-        return cls(
-            kernels,
-            LinkCost(**d["link"]),
-            PSCost(**d["ps"]),
-            d.get("cores", 1),
-            list(d.get("emulated", [])),
-            d.get("machine", ""),
-            {mode: Overhead(**o) for mode, o in d.get("overhead", {}).items()},
-        )
-
-    def missing(self, programs: dict[str, Program], kinds: Iterable[str] = KINDS) -> dict[str, list[Op]]:
-        """{kind: ops of `programs` without a kernel time for that kind}."""
-        out: dict[str, list[Op]] = {}
-        for kind in kinds:
-            have = self.kernels.get(kind, {})
-            for prog in programs.values():
-                for op in kernel_ops(prog):
-                    if op_signature(op, prog) not in have:
-                        out.setdefault(kind, []).append(op)
-        return out
-
-
-# -- settings and predictions -----------------------------------------------------------------------
 @dataclass
 class RunSettings:
     """What `runtime.train` is given besides the plan; `cores`: CPU cores all processes share when
@@ -363,8 +223,8 @@ class PlanCost:
         roles: list[RoleLoad] = []
         item_s: dict[str, float] = {}
         shard_s = [0.0] * s.servers
-        dense_home = _dense_shards(
-            [(n, self._nbytes(n)) for n in self.tables if self.tables[n]["kind"] == "dense"], s.servers
+        dense_home = balance(
+            {n: self._nbytes(n) for n in self.tables if self.tables[n]["kind"] == "dense"}, s.servers
         )
         rtt_s = 0.0
         for t, tc in self.types.items():
@@ -375,32 +235,7 @@ class PlanCost:
                 kern += m * sum(tc.sparse_ids.values()) * ps.lookup_s
             send = 0.5 * (tc.messages * p.link.latency_s + tc.send_bytes * m * p.link.per_byte_s)
             item_s[t] = kern + send
-            # PS work of one trainer of this type per step, and what each shard serves for it
-            client, serve = 0.0, [0.0] * s.servers
-            rounds = 2 if tc.pushes_dense else 1
-            touched: set[int] = set()
-            for name in tc.dense_tables:
-                k = dense_home[name]
-                touched.add(k)
-                cost = rounds * (self._nbytes(name) * ps.dense_byte_s + ps.table_s)
-                serve[k] += cost
-                client += cost
-            sparse = 0.0
-            if t == self.reader and tc.sparse_ids:
-                # the step's unique ids, pulled and pushed (2 round trips) for every sparse table
-                rows = s.batch_size / readers * s.unique_fraction
-                sparse = 2 * sum(
-                    rows * ids * (ps.sparse_row_s + self._row_bytes(x) * ps.sparse_byte_s) + ps.table_s
-                    for x, ids in tc.sparse_ids.items()
-                )
-                touched.update(range(s.servers))
-                for k in range(s.servers):
-                    serve[k] += sparse / s.servers
-                client += sparse
-            requests = (rounds if tc.dense_tables else 0) + (2 if sparse else 0)
-            for k in touched:
-                serve[k] += requests * ps.request_s
-            client += requests * ps.request_s * (len(touched) > 0)
+            client, serve, touched = self._ps_work(t, tc, s, readers, dense_home)
             for k in range(s.servers):
                 shard_s[k] += n * serve[k]
             if tc.dense_tables:
@@ -427,6 +262,45 @@ class PlanCost:
             )
         roles.append(RoleLoad("ps", s.servers, ps_s=max(shard_s), server=True))
         busiest = max(roles, key=lambda r: r.busy_s)
+        step, limit = self._step_s(s, busiest, roles, item_s, sum(shard_s), rtt_s, items)
+        return Prediction(s.batch_size / step, step, busiest.role, limit, roles, s)
+
+    def _ps_work(self, t: str, tc: _TypeCost, s: RunSettings, readers: int,
+                 dense_home: dict[str, int]) -> tuple[float, list[float], set[int]]:
+        """PS work of one trainer of type `t` per step: (its own seconds, what each shard serves for
+        it, the shards it touches)."""
+        ps = self.profile.ps
+        client, serve = 0.0, [0.0] * s.servers
+        rounds = 2 if tc.pushes_dense else 1
+        touched: set[int] = set()
+        for name in tc.dense_tables:
+            k = dense_home[name]
+            touched.add(k)
+            cost = rounds * (self._nbytes(name) * ps.dense_byte_s + ps.table_s)
+            serve[k] += cost
+            client += cost
+        sparse = 0.0
+        if t == self.reader and tc.sparse_ids:
+            # the step's unique ids, pulled and pushed (2 round trips) for every sparse table
+            rows = s.batch_size / readers * s.unique_fraction
+            sparse = 2 * sum(
+                rows * ids * (ps.sparse_row_s + self._row_bytes(x) * ps.sparse_byte_s) + ps.table_s
+                for x, ids in tc.sparse_ids.items()
+            )
+            touched.update(range(s.servers))
+            for k in range(s.servers):
+                serve[k] += sparse / s.servers
+            client += sparse
+        requests = (rounds if tc.dense_tables else 0) + (2 if sparse else 0)
+        for k in touched:
+            serve[k] += requests * ps.request_s
+        client += requests * ps.request_s * (len(touched) > 0)
+        return client, serve, touched
+
+    def _step_s(self, s: RunSettings, busiest: RoleLoad, roles: list[RoleLoad], item_s: dict[str, float],
+                shards_s: float, rtt_s: float, items: int) -> tuple[float, str]:
+        """(seconds per step, what limits it) given each role's load."""
+        p = self.profile
         step, limit = busiest.busy_s, "the busiest process"
         if s.mode == "sync":
             fill = sum(item_s.values()) - max(item_s.values())
@@ -435,11 +309,10 @@ class PlanCost:
         if s.cores is not None:
             cpu_work = sum(r.count * r.cpu_s for r in roles if not r.server)
             ov = p.overhead_for(s.mode)
-            cpu_work += sum(shard_s) + ov.driver_step_s + items * ov.driver_item_s
+            cpu_work += shards_s + ov.driver_step_s + items * ov.driver_item_s
             if cpu_work / s.cores > step:
                 step, limit = cpu_work / s.cores, f"all processes share {s.cores} CPU core(s)"
-        step = max(step, 1e-12)
-        return Prediction(s.batch_size / step, step, busiest.role, limit, roles, s)
+        return max(step, 1e-12), limit
 
 
 def _itemsize(dtype: str) -> int:
@@ -457,208 +330,8 @@ def _elements_per_example(var: Any) -> int:
     return n
 
 
-def _dense_shards(tables: list[tuple[str, int]], servers: int) -> dict[str, int]:
-    """Dense tables to shards, largest first onto the least loaded shard."""
-    load = [0] * servers
-    home = {}
-    for name, nbytes in sorted(tables, key=lambda x: (-x[1], x[0])):
-        k = min(range(servers), key=lambda i: (load[i], i))
-        home[name] = k
-        load[k] += nbytes
-    return home
-
-
 def predict(
     plan: Any, profile: Profile, settings: RunSettings, device_map: dict[str, str] | None = None
 ) -> Prediction:
     """The predicted examples/s, bottleneck and per-role load of `plan` run with `settings`."""
     return PlanCost(plan, profile, device_map).predict(settings)
-
-
-# -- the tuner ------------------------------------------------------------------------------------
-@dataclass
-class Budget:
-    """What a run may use: `cpu` CPU processes (cpu-kind trainers and PS shards), `gpu` GPUs (gpu-kind
-    trainers); `modes` the PS modes allowed; `micro_batches` the choices tried; `max_servers`."""
-
-    cpu: int
-    gpu: int = 0
-    modes: tuple[str, ...] = ("sync",)
-    micro_batches: tuple[int, ...] = MICRO_BATCHES
-    max_servers: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.cpu < 2:
-            raise ValueError(
-                f"a budget of cpu={self.cpu}: a run needs at least 2 CPU processes "
-                "(one trainer, one parameter-server shard)"
-            )
-        if self.gpu < 0:
-            raise ValueError(f"gpu={self.gpu}: expected >= 0")
-        bad = [m for m in self.modes if m not in ("sync", "async")]
-        if bad or not self.modes:
-            raise ValueError(f"modes {self.modes}: choose from 'sync', 'async'")
-
-
-@dataclass
-class Move:
-    """An op the tuner moved off its category's trainer type, and the predicted gain."""
-
-    op_id: int
-    op_type: str
-    var: str
-    src: str
-    dst: str
-    before: float
-    after: float
-
-
-@dataclass
-class TuneResult:
-    config: TranspileConfig
-    settings: RunSettings
-    prediction: Prediction
-    baseline: Prediction
-    moves: list[Move]
-    runner_up: Prediction | None
-    evaluated: int
-
-    def explain(self) -> str:
-        p, b = self.prediction, self.baseline
-        lines = [
-            f"winner: {p.settings.describe()}: {p.examples_per_s:,.0f} examples/s predicted "
-            f"({self.evaluated} settings evaluated)",
-            f"  bottleneck {p.bottleneck}: {p.limit}",
-            f"  the default placement's best setting ({b.settings.describe()}): "
-            f"{b.examples_per_s:,.0f} examples/s",
-        ]
-        if self.runner_up is not None:
-            r = self.runner_up
-            lines.append(
-                f"  runner-up: {r.settings.describe()}: {r.examples_per_s:,.0f} examples/s "
-                f"(bottleneck {r.bottleneck})"
-            )
-        for mv in self.moves:
-            lines.append(
-                f"  moved op id {mv.op_id} {mv.op_type!r} (makes {mv.var!r}) {mv.src} -> {mv.dst}: "
-                f"{mv.before:,.0f} -> {mv.after:,.0f} examples/s predicted"
-            )
-        if not self.moves:
-            lines.append(
-                "  placement: the category map's placement kept (no single op move predicted faster)"
-            )
-        lines.append(p.describe())
-        return "\n".join(lines)
-
-
-def resource_grid(
-    types: dict[str, str], budget: Budget, batch_size: int, cores: int | None, unique_fraction: float
-) -> list[RunSettings]:
-    """Every RunSettings within `budget` for trainer types {type: kind}."""
-    cpu_types = [t for t, k in types.items() if k == "cpu"]
-    gpu_types = [t for t, k in types.items() if k == "gpu"]
-    if gpu_types and budget.gpu < len(gpu_types):
-        raise ValueError(f"the plan has GPU trainer types {gpu_types}; the budget gives gpu={budget.gpu}")
-    out = []
-    max_servers = min(budget.max_servers or budget.cpu, budget.cpu - len(cpu_types))
-    cpu_choices = [range(1, budget.cpu) for _ in cpu_types]
-    gpu_choices = [range(1, budget.gpu + 1) for _ in gpu_types]
-    for cpu_n in itertools.product(*cpu_choices):
-        for servers in range(1, max_servers + 1):
-            if sum(cpu_n) + servers > budget.cpu:
-                continue
-            for gpu_n in itertools.product(*gpu_choices):
-                if sum(gpu_n) > budget.gpu:
-                    continue
-                counts = {
-                    **dict(zip(cpu_types, cpu_n, strict=True)),
-                    **dict(zip(gpu_types, gpu_n, strict=True)),
-                }
-                for mb, mode in itertools.product(budget.micro_batches, budget.modes):
-                    out.append(RunSettings(counts, mb, servers, mode, batch_size, cores, unique_fraction))
-    return out
-
-
-def _processes(s: RunSettings) -> int:
-    return sum(s.trainers.values()) + s.servers
-
-
-def best_setting(cost: PlanCost, grid: list[RunSettings]) -> tuple[Prediction, Prediction | None]:
-    """The fastest predicted setting (ties, within 0.5%: fewer processes, then fewer micro-batches),
-    and the runner-up."""
-    preds = sorted((cost.predict(s) for s in grid), key=lambda p: -p.examples_per_s)
-    top = preds[0].examples_per_s
-    near = [p for p in preds if p.examples_per_s >= 0.995 * top]
-    win = min(near, key=lambda p: (_processes(p.settings), p.settings.micro_batches))
-    rest = [p for p in preds if p is not win]
-    return win, (rest[0] if rest else None)
-
-
-def tune(
-    program: Program,
-    profile: Profile,
-    budget: Budget,
-    config: TranspileConfig | None = None,
-    batch_size: int = 512,
-    cores: int | None = None,
-    unique_fraction: float = 1.0,
-    device_map: dict[str, str] | None = None,
-    transpile_fn: Callable[[Program, TranspileConfig], Any] | None = None,
-    placement: bool = True,
-) -> TuneResult:
-    """Search placement of light and dense ops (one op at a time, greedily, while the prediction
-    improves), trainer counts, micro-batches, shards and modes within `budget`; return the winner."""
-    from .plan import transpile
-
-    transpile_fn = transpile_fn or transpile
-    config = config or TranspileConfig()
-    types = {t: kind_of(t, device_map) for t in config.trainer_types}
-
-    def evaluate(cfg: TranspileConfig) -> tuple[Any, Prediction, Prediction | None, int]:
-        plan = transpile_fn(program, cfg)
-        used = {t: types[t] for t in plan.programs}
-        grid = resource_grid(used, budget, batch_size, cores, unique_fraction)
-        win, second = best_setting(PlanCost(plan, profile, device_map), grid)
-        return plan, win, second, len(grid)
-
-    plan, best, runner_up, evaluated = evaluate(config)
-    baseline, moves = best, []
-    current = config
-    tried: set[tuple[int, str]] = set()
-    while placement:  # best improvement: each round applies the single move predicted fastest
-        found = None
-        for op in _movable_ops(plan):
-            for dst in [t for t in current.trainer_types if t != op.device and (op.id, t) not in tried]:
-                tried.add((op.id, dst))
-                var = op.output_names()[0]
-                cfg = replace(current, name_devices={**current.name_devices, _glob_escape(var): dst})
-                try:
-                    cand, pred, second, n = evaluate(cfg)
-                except Exception:  # a placement the transpiler or the profile cannot serve: skip it
-                    continue
-                evaluated += n
-                if pred.examples_per_s > 1.01 * (found[2] if found else best).examples_per_s:
-                    move = Move(op.id, op.type, var, op.device, dst, best.examples_per_s, pred.examples_per_s)
-                    found = (move, cand, pred, second, cfg)
-        if found is None:
-            break
-        move, plan, best, runner_up, current = found
-        moves.append(move)
-    cfg = replace(current, num_servers=best.settings.servers, mode=best.settings.mode)
-    return TuneResult(cfg, best.settings, best, baseline, moves, runner_up, evaluated)
-
-
-def _movable_ops(plan: Any) -> list[Op]:
-    """Forward ops of light, dense or loss categories, in program order (candidates to move)."""
-    out = []
-    for prog in plan.programs.values():
-        for op in prog.ops:
-            if op.role in ("forward", "loss") and get_op(op.type).category in MOVABLE and op.output_names():
-                out.append(op)
-    return sorted(out, key=lambda op: op.id)
-
-
-def _glob_escape(name: str) -> str:
-    import glob
-
-    return glob.escape(name)

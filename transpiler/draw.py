@@ -27,13 +27,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import pygraphviz
 
     from .ir import Op, Program
-    from .plan import Plan
 
 FORMATS = ("png", "svg", "pdf")
 PALETTE = ["#4c72b0", "#55a868", "#dd8452", "#8172b3", "#937860", "#64b5cd"]
@@ -43,7 +42,15 @@ DARK = "#1a1a1a"  # text on white or light fills
 FONT = "DejaVu Sans,Helvetica,Arial,sans-serif"
 
 
-def trainer_colours(plan: Plan) -> dict[str, str]:
+class PlanView(Protocol):
+    """What a drawing reads of a plan (a `transpiler.plan.Plan` is one): its sub-programs by
+    trainer type and its channels (boundary tensors)."""
+
+    programs: dict[str, Program]
+    channels: list[dict[str, Any]]
+
+
+def trainer_colours(plan: PlanView) -> dict[str, str]:
     """The fill colour of each trainer type, in the plan's order."""
     return {dev: PALETTE[i % len(PALETTE)] for i, dev in enumerate(plan.programs)}
 
@@ -143,7 +150,7 @@ def _add_edge(g: pygraphviz.AGraph, tail: str, head: str, colour: str, wiring: _
         g.add_edge(tail, head, color=colour, **style)
 
 
-def _add_boundaries(g: pygraphviz.AGraph, plan: Plan, wiring: _Wiring) -> None:
+def _add_boundaries(g: pygraphviz.AGraph, plan: PlanView, wiring: _Wiring) -> None:
     """One red dashed box per boundary tensor, between its producer and its readers on the far side."""
     for c in plan.channels:
         src = wiring.writers[c["src"]].get(c["tensor"])
@@ -165,7 +172,7 @@ def _add_boundaries(g: pygraphviz.AGraph, plan: Plan, wiring: _Wiring) -> None:
             _add_edge(g, node, dst, CROSS, wiring, style="dashed", penwidth="1.5")
 
 
-def _legend(plan: Plan, colours: dict[str, str], counts: dict[str, int]) -> str:
+def _legend(plan: PlanView, colours: dict[str, str], counts: dict[str, int]) -> str:
     crossing = sum(c["bytes_per_example"] for c in plan.channels)
     rows = [
         f'<TR><TD COLSPAN="3" ALIGN="LEFT"><B>{len(plan.programs)} trainer types, '
@@ -196,7 +203,7 @@ def _legend(plan: Plan, colours: dict[str, str], counts: dict[str, int]) -> str:
     return '<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="2">' + "".join(rows) + "</TABLE>>"
 
 
-def plan_graph(plan: Plan) -> pygraphviz.AGraph:
+def plan_graph(plan: PlanView) -> pygraphviz.AGraph:
     """The plan as a Graphviz graph, laid out by `dot` (node `pos`/`width`/`height` and edge `pos`
     attributes hold the coordinates, in points and inches as Graphviz writes them)."""
     try:
@@ -280,7 +287,7 @@ def _edge_points(pos: str, step: float = 1.0) -> Any:
     return np.concatenate(parts)
 
 
-def draw_plan(plan: Plan, path: Path) -> Path:
+def draw_plan(plan: PlanView, path: Path) -> Path:
     """Draw `plan` to `path`; the format follows the suffix: .png, .svg (big graphs) or .pdf."""
     fmt = path.suffix.lower().lstrip(".")
     if fmt not in FORMATS:

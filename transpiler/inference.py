@@ -43,10 +43,10 @@ def inference_program(program: Program, targets: list[str | Var] | None = None) 
                 kept.append(op)
                 need.update(op.input_names())
         ops = kept[::-1]
+    block.set_ops(ops)
     for op in ops:
         if "training_mode" in get_op(op.type, where=f"op id {op.id}").attrs:
-            op.attrs["training_mode"] = 0
-    block.ops = ops
+            block.update_op(op, attrs={"training_mode": 0})
     used = {n for op in ops for n in op.input_names() + op.output_names()}
     block.vars = {n: v for n, v in block.vars.items() if n in used}
     out.params = {n: v for n, v in out.params.items() if n in used}

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ops_registry import get_op, has_op
+
+from .values import copy_json, json_default, load_params, save_params
 
 OP_ROLES = ("forward", "loss", "backward", "optimize", "comm", "ps")
 
@@ -100,12 +104,70 @@ class Op:
         return f"{{{outs}}} = {self.type}({ins}) {shown if shown else ''} [{tags}]".replace("  ", " ")
 
 
-@dataclass
+class OpList(Sequence[Op]):
+    """A read-only view of a block's ops: change them through the Block's methods, which bump the
+    program's version (the Executor's cache key)."""
+
+    __slots__ = ("_ops",)
+
+    def __init__(self, ops: list[Op]) -> None:
+        self._ops = ops
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204 - int or slice, as a list takes
+        return self._ops[i]
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self._ops)
+
+    def __reversed__(self) -> Iterator[Op]:
+        return reversed(self._ops)
+
+
 class Block:
-    idx: int = 0
-    parent_idx: int = -1
-    vars: dict[str, Var] = field(default_factory=dict)
-    ops: list[Op] = field(default_factory=list)
+    """Vars by name and ops in run order. `ops` is read-only: `append_op`, `insert_op`, `set_ops`
+    and `update_op` change them and bump `version`."""
+
+    def __init__(self, idx: int = 0, parent_idx: int = -1, vars: dict[str, Var] | None = None,
+                 ops: Iterable[Op] = ()) -> None:
+        self.idx, self.parent_idx = idx, parent_idx
+        self.vars: dict[str, Var] = vars if vars is not None else {}
+        self._ops: list[Op] = list(ops)
+        self._view = OpList(self._ops)
+        self.version = 0
+
+    @property
+    def ops(self) -> OpList:
+        return self._view
+
+    def append_op(self, op: Op) -> Op:
+        self._ops.append(op)
+        self.version += 1
+        return op
+
+    def insert_op(self, index: int, op: Op) -> Op:
+        self._ops.insert(index, op)
+        self.version += 1
+        return op
+
+    def set_ops(self, ops: Iterable[Op]) -> None:
+        """Replace every op (a pass that rewrites the program builds the new order and sets it)."""
+        self._ops[:] = list(ops)
+        self.version += 1
+
+    def update_op(self, op: Op, *, inputs: dict[str, list[str]] | None = None,
+                  outputs: dict[str, list[str]] | None = None, attrs: dict[str, Any] | None = None) -> Op:
+        """Merge `inputs` / `outputs` slots and `attrs` into `op` (one of this block's ops)."""
+        if inputs:
+            op.inputs = {**op.inputs, **inputs}
+        if outputs:
+            op.outputs = {**op.outputs, **outputs}
+        if attrs:
+            op.attrs.update(attrs)
+        self.version += 1
+        return op
 
     def var(self, name: str) -> Var:
         try:
@@ -131,14 +193,18 @@ class Program:
         self.params: dict[str, np.ndarray] = {}
         self.attrs: dict[str, Any] = {}
         self._next_id = 0
-        self.version = 0  # bumped on every change the executor's cache must notice
 
     # -- structure -------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """Grows with every change to the ops (the Executor's cache key, with the program's id)."""
+        return sum(b.version for b in self.blocks)
+
     def global_block(self) -> Block:
         return self.blocks[0]
 
     @property
-    def ops(self) -> list[Op]:
+    def ops(self) -> OpList:
         return self.blocks[0].ops
 
     @property
@@ -166,12 +232,14 @@ class Program:
     def append_op(self, type: str, inputs: dict | None = None, outputs: dict | None = None,
                   attrs: dict | None = None, index: int | None = None) -> Op:
         """Append (or insert at `index`) an op with a fresh id; slot values may be a name or a list."""
-        attrs = json.loads(json.dumps(attrs or {}, default=_json_default))  # as JSON will hold them
+        attrs = json.loads(json.dumps(attrs or {}, default=json_default))  # as JSON will hold them
         op = Op(type, _slots(inputs), _slots(outputs), attrs, self.new_id())
-        ops = self.blocks[0].ops
-        ops.append(op) if index is None else ops.insert(index, op)
-        self.version += 1
-        return op
+        block = self.blocks[0]
+        return block.append_op(op) if index is None else block.insert_op(index, op)
+
+    def lint(self) -> None:
+        """Raise `LintError` naming the first op that breaks an invariant of the IR (see `lint`)."""
+        lint(self)
 
     def parameters(self) -> list[Var]:
         return [v for v in self.vars.values() if v.is_parameter]
@@ -201,7 +269,7 @@ class Program:
         }
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=_json_default)
+        return json.dumps(self.to_dict(), indent=indent, default=json_default)
 
     @classmethod
     def from_dict(cls, d: dict) -> Program:
@@ -213,9 +281,9 @@ class Program:
             b = Block(bd["idx"], bd["parent_idx"])
             for vd in bd["vars"]:
                 b.vars[vd["name"]] = Var(**vd)
-            b.ops = [Op(od["type"], {k: list(v) for k, v in od["inputs"].items()},
-                        {k: list(v) for k, v in od["outputs"].items()},
-                        copy.deepcopy(od["attrs"]), od["id"]) for od in bd["ops"]]
+            b.set_ops(Op(od["type"], {k: list(v) for k, v in od["inputs"].items()},
+                         {k: list(v) for k, v in od["outputs"].items()},
+                         copy.deepcopy(od["attrs"]), od["id"]) for od in bd["ops"])
             p.blocks.append(b)
         return p
 
@@ -251,20 +319,6 @@ class Program:
         return "\n".join(lines)
 
 
-def copy_json(o: Any) -> Any:
-    """Deep copy of a JSON-like value (dict / list / tuple of scalars) without copy.deepcopy's cost."""
-    t = type(o)
-    if t is dict:
-        return {k: copy_json(v) for k, v in o.items()}
-    if t is list:
-        return [copy_json(v) for v in o]
-    if t is tuple:
-        return tuple(copy_json(v) for v in o)
-    if o is None or t in (str, int, float, bool):
-        return o
-    return copy.deepcopy(o)
-
-
 def _slots(d: dict | None) -> dict[str, list[str]]:
     out = {}
     for k, v in (d or {}).items():
@@ -275,35 +329,62 @@ def _slots(d: dict | None) -> dict[str, list[str]]:
     return out
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, tuple):
-        return list(o)
-    raise TypeError(f"attribute value {o!r} of type {type(o).__name__} is not JSON-serialisable")
+class LintError(ValueError):
+    """A program that breaks an invariant of the IR; the message names the op."""
 
 
-def save_params(params: dict[str, np.ndarray], path: str | Path) -> None:
-    """Parameter values as .npz (names may hold any characters; stored as a name list + arrays)."""
-    names = list(params)
-    np.savez(path, __names__=np.array(names), **{f"p{i}": params[n] for i, n in enumerate(names)})
+def lint(program: Program) -> None:
+    """Check what every pass must keep true (torch.fx's `Graph.lint` habit), raising `LintError`
+    naming the op: op ids are unique and below the next fresh id; op types are registered and name
+    only their own slots; roles are among OP_ROLES; every var an op names is in its block; every
+    input is persistable (state that lives outside the ops: parameters, tables) or defined by an
+    earlier op. Linear in the ops (it runs after every pass of `transpile`)."""
+    slots: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+    seen: dict[int, Op] = {}
+    roles = frozenset(OP_ROLES)
+    for b in program.blocks:
+        names = b.vars
+        defined = {n for n, v in names.items() if v.persistable}
+        for i, op in enumerate(b._ops):
+            known = slots.get(op.type) or _slots_of(op.type, lambda: _where(b, i, op), slots)
+            if op.id in seen or not 0 <= op.id < program._next_id:
+                raise LintError(_id_problem(program, b, i, op, seen))
+            seen[op.id] = op
+            if not known[0].issuperset(op.inputs) or not known[1].issuperset(op.outputs):
+                raise LintError(f"{_where(b, i, op)}: slot "
+                                f"{sorted(set(op.inputs) - known[0] | set(op.outputs) - known[1])[0]!r} "
+                                f"is not one of {op.type!r}'s slots (inputs {sorted(known[0])}, "
+                                f"outputs {sorted(known[1])})")
+            if op.attrs.get("op_role", "forward") not in roles:
+                raise LintError(f"{_where(b, i, op)}: op_role {op.role!r} is not one of {OP_ROLES}")
+            for vs in op.inputs.values():
+                for n in vs:
+                    if n and n not in defined:
+                        raise LintError(f"{_where(b, i, op)}: " + (
+                            f"names var {n!r}, which block {b.idx} does not have" if n not in names
+                            else f"reads {n!r} before anything defines it"))
+            for vs in op.outputs.values():
+                for n in vs:
+                    if n and n not in names:
+                        raise LintError(f"{_where(b, i, op)}: names var {n!r}, which block {b.idx} does "
+                                        "not have")
+                    defined.add(n)
 
 
-def load_params(path: str | Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
-        names = [str(n) for n in z["__names__"]]
-        return {n: z[f"p{i}"] for i, n in enumerate(names)}
+def _where(b: Block, i: int, op: Op) -> str:
+    return f"block {b.idx} op #{i} {op.type!r} (id {op.id})"
 
 
-def topo_check(ops: Iterable[Op], defined: Iterable[str]) -> None:
-    """Raise ValueError naming the op and variable when an op reads a var nothing defined before it."""
-    have = set(defined)
-    for i, op in enumerate(ops):
-        for n in op.input_names():
-            if n not in have:
-                raise ValueError(f"op #{i} {op.type!r} (id {op.id}) reads {n!r} before anything defines it")
-        have.update(op.output_names())
+def _slots_of(type: str, where: Any, cache: dict) -> tuple[frozenset[str], frozenset[str]]:
+    if not has_op(type):
+        raise LintError(f"{where()}: op type {type!r} is not registered in ops_registry")
+    opdef = get_op(type)
+    cache[type] = (frozenset(opdef.in_slots), frozenset(opdef.out_slots))
+    return cache[type]
+
+
+def _id_problem(program: Program, b: Block, i: int, op: Op, seen: dict[int, Op]) -> str:
+    if op.id in seen:
+        return f"{_where(b, i, op)}: id {op.id} is also the id of op {seen[op.id].type!r}"
+    return (f"{_where(b, i, op)}: id outside [0, {program._next_id}); make ops with Program.append_op "
+            "or ids with Program.new_id")

@@ -27,8 +27,10 @@ import numpy as np
 
 from .backward import append_backward
 from .config import TranspileConfig
-from .ir import Op, Program, load_params, save_params
-from .passes import PlanError, assign_devices, insert_comm, insert_ps, split, verify
+from .errors import PlanError
+from .ir import LintError, Op, Program
+from .passes import assign_devices, insert_comm, insert_ps, split, verify
+from .values import load_params, save_params
 
 
 @dataclass
@@ -57,7 +59,7 @@ class Plan:
     # -- checks and explanations ---------------------------------------------------------
     def verify(self) -> None:
         """Raise `PlanError` listing every problem (see transpiler.passes.verify)."""
-        verify(self)
+        verify(self.programs, self.tables)
 
     def explain(self, op: Op | int | str) -> str:
         """Why an op (an Op, an op id, or the name of a var it produces) runs where it does."""
@@ -120,7 +122,7 @@ class Plan:
     # -- views ----------------------------------------------------------------------------
     def summary(self, profile: Any = None, settings: Any = None) -> str:
         """Ops per trainer type, each boundary tensor with bytes per example, each table; given a
-        `transpiler.cost.Profile`, also the predicted examples/s and bottleneck role for `settings`
+        `transpiler.cost_profile.Profile`, also the predicted examples/s and bottleneck role for `settings`
         (a `transpiler.cost.RunSettings`; default one trainer per type, the config's servers and mode)."""
         lines = [f"plan: {len(self.programs)} trainer types, {len(self.tables)} tables, "
                  f"{len(self.channels)} boundary tensors; ps mode {self.config.mode}, "
@@ -221,21 +223,32 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _linted(pass_name: str, program: Program) -> Program:
+    """`program` after it passed `Program.lint`; a LintError names the pass that broke it."""
+    try:
+        program.lint()
+    except LintError as e:
+        raise LintError(f"after {pass_name}: {e}") from None
+    return program
+
+
 def _transpile(program: Program, config: TranspileConfig) -> Plan:
-    prog = program.clone()
+    prog = _linted("the source program (a clone)", program.clone())
     loss = prog.attrs.get("loss_name") or next(
         (op.output_names()[0] for op in prog.ops if op.role == "loss"), None)
     if loss and not any(op.role == "backward" for op in prog.ops):
         append_backward(prog, loss)
-    placed = assign_devices(prog, config)
+        _linted("append_backward", prog)
+    placed = _linted("assign_devices", assign_devices(prog, config))
     placed.attrs["loss_name"] = loss
     placement = {str(op.id): {"type": op.type, "device": op.device} for op in placed.ops}
-    done = insert_comm(insert_ps(placed, config))
+    done = _linted("insert_comm", insert_comm(_linted("insert_ps", insert_ps(placed, config))))
     placement.update({str(op.id): {"type": op.type, "device": op.device} for op in done.ops
                       if op.role in ("comm", "ps")})
     for k, reason in done.attrs["placement"].items():
         placement[k]["reason"] = reason
-    plan = Plan(split(done), done.attrs["tables"], done.attrs["channels"], config, placement,
+    programs = {t: _linted(f"split (trainer {t})", p) for t, p in split(done).items()}
+    plan = Plan(programs, done.attrs["tables"], done.attrs["channels"], config, placement,
                 dict(prog.params), loss)
     plan.verify()
     return plan

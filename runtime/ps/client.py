@@ -30,6 +30,7 @@ from ..telemetry import unpack_spans
 from ..wire import AuthError, decode, encode
 from . import checkpoint
 from .server import ADMIN_OPS
+from .shard import check_ids_given
 from .sharding import place_dense, shard_of
 from .table import PSError
 
@@ -143,9 +144,7 @@ class PSClient:
     def _check_ids(self, table: str, ids: Any, what: str) -> dict:
         """The table's spec, after checking that ids come with a sparse table and only with one."""
         spec = self._spec(table)
-        if (ids is None) == (spec["kind"] == "sparse"):
-            need = "needs ids" if ids is None else "takes no ids"
-            raise PSError(f"{what} of {spec['kind']} table {table!r} {need}")
+        check_ids_given(spec["kind"], table, ids, what)
         return spec
 
     def _split(self, ids: np.ndarray) -> list[np.ndarray]:

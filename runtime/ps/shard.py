@@ -25,17 +25,26 @@ from typing import Any
 
 import numpy as np
 
+from transpiler.config import MODES
+
 from ..wire import MAX_MESSAGE_BYTES
 from . import checkpoint
 from .entry import ENTRY_CLOCK, ENTRY_LAST, WAITING
 from .sharding import shard_of, tables_of_shard
 from .table import DenseTable, PSError, SparseTable, check_spec, make_table
 
-MODES = ("sync", "async", "geo")
 MAX_NEW_ROWS = 1 << 20       # rows one request may create in an unbounded sparse table
 MAX_STEPS_AHEAD = 64         # how far past the applied steps a sync push or pull may be
 MAX_BUFFERED = 1024          # sync pushes per table waiting for later steps
 MAX_PARKED = 4096            # sync pulls a server holds until their step is applied
+
+
+def check_ids_given(kind: str, table: str, ids: Any, what: str) -> None:
+    """PSError unless ids come with a sparse table and only with one (`what`: pull, push, assign);
+    the clients check before sending, the shards again on receipt."""
+    if (ids is None) == (kind == "sparse"):
+        need = "needs ids" if ids is None else "takes no ids"
+        raise PSError(f"{what} of {kind} table {table!r} {need}")
 
 
 @dataclass(frozen=True)
@@ -97,10 +106,7 @@ class Shard:
     # -- pull / push ------------------------------------------------------------------------
     def _ids_args(self, t: DenseTable | SparseTable, ids: np.ndarray | None, what: str) -> tuple:
         """(ids,) for a sparse table, () for a dense one; PSError when ids are missing / extra."""
-        if isinstance(t, SparseTable) and ids is None:
-            raise PSError(f"{what} of sparse table {t.name!r} needs ids")
-        if isinstance(t, DenseTable) and ids is not None:
-            raise PSError(f"{what} of dense table {t.name!r} takes no ids")
+        check_ids_given(t.spec["kind"], t.name, ids, what)
         return () if ids is None else (ids,)
 
     def _check_new_rows(self, t: DenseTable | SparseTable, ids: np.ndarray | None, what: str) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from transpiler.balance import balance, table_bytes
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -22,25 +24,11 @@ def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
 
 def place_dense(specs: list[dict[str, Any]], num_shards: int) -> dict[str, int]:
     """{dense table name: shard}. A spec's `sharding["shard"]` (the transpiler's choice) is kept;
-    the others go largest first onto the least-loaded shard (ties: lowest index)."""
+    the others are balanced by bytes (`transpiler.balance.balance`, the transpiler's own rule)."""
     dense = [s for s in specs if s["kind"] == "dense"]
-    size = {s["name"]: int(np.prod(s["shape"])) * np.dtype(s.get("dtype", "float32")).itemsize
-            for s in dense}
-    load = [0] * num_shards
-    out = {}
-    for s in dense:
-        k = (s.get("sharding") or {}).get("shard")
-        if k is not None:
-            if not 0 <= k < num_shards:
-                raise ValueError(f"table {s['name']!r} is placed on shard {k}, but there are "
-                                 f"{num_shards} shards")
-            out[s["name"]] = k
-            load[k] += size[s["name"]]
-    for name in sorted((n for n in size if n not in out), key=lambda n: (-size[n], n)):
-        k = min(range(num_shards), key=lambda i: (load[i], i))
-        out[name] = k
-        load[k] += size[name]
-    return out
+    sizes = {s["name"]: table_bytes(s["shape"], s.get("dtype", "float32")) for s in dense}
+    placed = {s["name"]: (s.get("sharding") or {}).get("shard") for s in dense}
+    return balance(sizes, num_shards, {n: k for n, k in placed.items() if k is not None})
 
 
 def tables_of_shard(specs: list[dict[str, Any]], shard: int, num_shards: int) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from .assign_devices import assign_devices, bytes_per_example
 from .insert_comm import insert_comm
 from .insert_ps import insert_ps, optimizer_spec
 from .split import split
-from .verify import DeadlockError, PlanError, schedule, segment_programs, segments, verify
+from .verify import verify
 
-__all__ = ["DeadlockError", "PlanError", "assign_devices", "bytes_per_example", "insert_comm",
-           "insert_ps", "optimizer_spec", "schedule", "segment_programs", "segments", "split", "verify"]
+__all__ = ["assign_devices", "bytes_per_example", "insert_comm", "insert_ps", "optimizer_spec", "split",
+           "verify"]

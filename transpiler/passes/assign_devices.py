@@ -4,8 +4,8 @@ Rules, strongest first:
 1. An explicit `op_device` on a forward op (e.g. Paddle's `device_guard`) wins.
 2. `config.name_devices` (a glob on an output var name), then `config.op_type_devices`.
 3. The registry category through `config.category_map` (io, sparse -> cpu; dense, loss -> gpu).
-4. Light ops (categories absent from the map: elementwise, reshape/concat, reductions) and the
-   backward `sum` ops that accumulate gradients go where fewer bytes cross (below).
+4. Light ops (categories absent from the map, by default `light`: activations, reshape/concat,
+   reductions) and the backward `sum` ops that accumulate gradients go where fewer bytes cross (below).
 Backward ops run on their forward op's trainer type (`fwd_id`); optimizer ops go to the parameter
 server ("ps"). Reasons go to `program.attrs["placement"]` {op id: text}; `Plan.explain` reads them.
 
@@ -58,7 +58,7 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
     """Set `op_device` on every op of `program` (in place); reasons in attrs["placement"]."""
     config = config or TranspileConfig()
     prog = program
-    ops = prog.ops
+    block, ops = prog.global_block(), prog.ops
     check_name_patterns(ops, config.name_devices)
     by_id = {op.id: op for op in ops}
     reasons: dict[str, str] = {}
@@ -72,7 +72,7 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
                              "transpiled; transpile the original single-process program")
         if role == "optimize":
             table = (op.inputs.get("Param") or ["?"])[0]
-            op.attrs["op_device"] = "ps"
+            block.update_op(op, attrs={"op_device": "ps"})
             reasons[str(op.id)] = (f"optimizer op: leaves the trainers; the parameter server applies it "
                                    f"to table {table!r}")
             continue
@@ -96,13 +96,12 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
         if op.role == "optimize":
             continue
         u = unit_of[op.id]
-        op.attrs["op_device"] = device[u]
+        block.update_op(op, attrs={"op_device": device[u]})
         if u != op.id:
             reasons[str(op.id)] = (f"backward op: follows its forward op id {u} {by_id[u].type!r} "
                                    f"on {device[u]}")
     prog.attrs["placement"] = reasons
     prog.attrs["trainer_types"] = list(config.trainer_types)
-    prog.version += 1
     return prog
 
 
@@ -142,7 +141,7 @@ def _rule(op: Op, config: TranspileConfig) -> tuple[str, str] | None:
 
 def _light_reason(op: Op, dev: str, local: dict[str, int], first_input: str | None) -> str:
     what = "gradient-accumulation 'sum'" if op.role == "backward" else \
-        f"light {get_op(op.type).category!r} op"
+        f"{get_op(op.type).category} op {op.type!r}"
     if not local:
         return f"{what}: no placed neighbour, so the first trainer type, {dev}"
     if len(local) == 1:

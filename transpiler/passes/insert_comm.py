@@ -11,7 +11,7 @@ micro-batch id): the runtime adds the micro-batch id, the op carries the name.
 Why no deadlock: sends never block and every sub-program keeps the global order. A recv waits for
 a send that comes earlier in the global order than the recv's reader; so among blocked trainers,
 the one waiting at the earliest global position waits for a send that a trainer not blocked before
-it will reach. `passes.verify.schedule` replays this and `runtime.simulate` runs it.
+it will reach. `transpiler.schedule.schedule` replays this and `runtime.simulate` runs it.
 
 Pulls (op role "ps") make a trainer-local copy of a parameter on every type that reads it, so
 they never cause a crossing. The channel list goes to `program.attrs["channels"]`.
@@ -78,9 +78,8 @@ def insert_comm(program: Program) -> Program:
             new_ops.append(_comm(prog, "send", {"X": [n]}, {}, {"tensor": n, "dst": dst}, op.device,
                                  f"sends {n!r} to {dst} right after its producer, op id {op.id} "
                                  f"{op.type!r}", reasons))
-    block.ops = new_ops
+    block.set_ops(new_ops)
     prog.attrs["channels"] = channels
-    prog.version += 1
     return prog
 
 

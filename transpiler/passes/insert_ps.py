@@ -17,9 +17,13 @@ The table specs go to `program.attrs["tables"]` (see `table_spec`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from ops_registry import get_op
 from ops_registry.optimizer import STATE, state_init, state_slots
 
+from ..balance import balance, table_bytes
 from ..config import TranspileConfig
 from ..ir import Op, Program, Var, grad_name
 
@@ -49,113 +53,185 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
     """Add pull/push ops to placed `program` and drop its optimizer ops (in place); table specs go
     to attrs["tables"]."""
     config = config or TranspileConfig()
-    prog = program
+    prog, block = program, program.global_block()
     clip = next((op for op in prog.ops if op.type == "clip_by_global_norm"), None)
     if clip is not None:
         raise ValueError(f"gradient clipping by global norm (clip_norm={clip.attrs.get('clip_norm')}) "
                          "needs every gradient of a step in one place, and the parameter-server tables "
                          "update table by table: train it single-process (Executor), or drop "
                          "grad_clip_norm (ClipGradByGlobalNorm) to transpile")
-    block = prog.global_block()
-    reasons = prog.attrs.setdefault("placement", {})
-    persistable = {n for n, v in block.vars.items() if v.persistable}
-    read: set[str] = set()
-    with_grad: set[str] = set()  # vars that get a gradient (or a partial one)
-    other_use: dict[str, Op] = {}  # parameter -> an op reading it that is not an embedding lookup
-    for op in prog.ops:
-        if op.attrs.get("op_role") == "optimize":
-            continue
-        if not op.attrs.get("op_device"):
-            raise ValueError(f"op {op.type!r} (id {op.id}) has no op_device; run assign_devices first")
-        lookup = op.type in LOOKUPS or op.type in LOOKUP_GRADS
-        for slot, names in op.inputs.items():
-            params = persistable.intersection(names)
-            if params:
-                read |= params
-                if not (lookup and slot == "W"):
-                    for n in params:
-                        other_use.setdefault(n, op)
-        for names in op.outputs.values():
-            for n in names:
-                if n in persistable:
-                    raise ValueError(f"op {op.type!r} (id {op.id}) on {op.device} writes persistable var "
-                                     f"{n!r}; trainers hold no state: state updated by forward ops is not "
-                                     "supported")
-                if "@GRAD" in n:
-                    with_grad.add(n.split("@GRAD")[0])
+    read, with_grad, other_use = _uses(prog)
     sparse = _sparse_tables(block, read, other_use, config)
-    optim = {op.inputs["Param"][0]: optimizer_spec(op.type, op.attrs, block.var(op.inputs["Param"][0]))
-             for op in prog.ops if op.role == "optimize"}
-    if not optim:
-        hyper = {k: v for k, v in config.optimizer.items() if k != "type"}
-        optim = {n: optimizer_spec(config.optimizer["type"], hyper, block.var(n)) for n in sorted(read)
-                 if block.var(n).is_parameter and block.var(n).trainable and n in with_grad}
-
-    def emit(type: str, ins: dict, outs: dict, attrs: dict, device: str, why: str) -> Op:
-        op = Op(type, ins, outs, {**attrs, "op_role": "ps", "op_device": device}, prog.new_id())
-        reasons[str(op.id)] = f"inserted by insert_ps: {why}"
-        new_ops.append(op)
-        return op
-
-    def new_var(name: str, **kw) -> str:
-        if name not in block.vars:
-            block.create_var(name, **kw)
-        return name
-
-    new_ops: list[Op] = []
-    pulled: set[tuple[str, str]] = set()
-    uniq: dict[tuple[str, str], tuple[str, str]] = {}
-    lookup: dict[int, tuple[str, str, str, str]] = {}  # embedding op id -> table, rows, unique, index
+    optim = _optimizers(prog, read, with_grad, config)
+    rw = _Rewrite(prog, prog.attrs.setdefault("placement", {}))
     push_after = {grad_name(p): p for p in optim if p not in sparse}
     sparse_grads = {grad_name(w) for w in sparse}
     dense_read = read - sparse
     for op in prog.ops:
         if op.role == "optimize" or (op.type == "sum" and op.output_names()[0] in sparse_grads):
             continue
-        dev = op.attrs["op_device"]
         if op.type in LOOKUPS and op.role != "backward" and op.inputs["W"][0] in sparse:
-            w, ids = op.inputs["W"][0], op.inputs["Ids"][0]
-            table = block.var(w)
-            if (ids, dev) not in uniq:
-                u, ix = new_var(f"{ids}@UNIQUE", shape=(-1,), dtype="int64"), \
-                    new_var(f"{ids}@INDEX", shape=block.var(ids).shape, dtype="int64")
-                emit("unique_ids", {"Ids": [ids]}, {"Unique": [u], "Index": [ix]}, {}, dev,
-                     f"unique ids of {ids!r} for sparse pulls on {dev}")
-                uniq[(ids, dev)] = (u, ix)
-            u, ix = uniq[(ids, dev)]
-            rows = new_var(f"{w}@ROWS@{op.id}", shape=(-1, table.shape[1]), dtype=table.dtype)
-            emit("pull_sparse", {"Ids": [u]}, {"Out": [rows]},
-                 {"table": w, "dim": table.shape[1], "dtype": table.dtype}, dev,
-                 f"rows of sparse table {w!r} for lookup id {op.id}")
-            op.inputs = {**op.inputs, "W": [rows], "Ids": [ix]}
-            lookup[op.id] = (w, rows, u, ix)
-            new_ops.append(op)
-            continue
-        if op.type in LOOKUP_GRADS and op.attrs.get("fwd_id") in lookup:
-            w, rows, u, ix = lookup[op.attrs["fwd_id"]]
-            op.inputs = {**op.inputs, "W": [rows], "Ids": [ix]}
-            new_ops.append(op)
-            if any(op.outputs.get("W@GRAD", [])) and w in optim:
-                g = new_var(grad_name(rows), shape=(-1, block.var(w).shape[1]), dtype=block.var(w).dtype)
-                op.outputs = {**op.outputs, "W@GRAD": [g]}
-                emit("push_sparse", {"Ids": [u], "Grad": [g]}, {}, {"table": w}, dev,
-                     f"row gradients of sparse table {w!r} from lookup id {op.attrs['fwd_id']}")
-            continue
-        for n in op.input_names():
-            if n in dense_read and (n, dev) not in pulled:
-                v = block.var(n)
-                emit("pull_dense", {}, {"Out": [n]},
-                     {"table": n, "shape": list(v.shape), "dtype": v.dtype}, dev,
-                     f"dense table {n!r} before its first use on {dev}")
-                pulled.add((n, dev))
-        new_ops.append(op)
-        for n in [n for n in op.output_names() if n in push_after]:
-                emit("push_dense", {"Grad": [n]}, {}, {"table": push_after[n]}, dev,
-                     f"gradient of {push_after[n]!r} after its last contribution")
-    block.ops = new_ops
+            _rewrite_lookup(rw, op)
+        elif op.type in LOOKUP_GRADS and op.attrs.get("fwd_id") in rw.lookup:
+            _rewrite_lookup_grad(rw, op, optim)
+        else:
+            _pull_push_dense(rw, op, dense_read, push_after)
+    block.set_ops(rw.ops)
     prog.attrs["tables"] = _specs(block, read | set(sparse), sparse, optim, prog.params, config)
-    prog.version += 1
     return prog
+
+
+def _uses(prog: Program) -> tuple[set[str], set[str], dict[str, Op]]:
+    """(parameters trainer ops read, vars that get a gradient, parameter -> an op reading it that is
+    not an embedding lookup); refuses unplaced ops and forward ops that write persistable state."""
+    persistable = {n for n, v in prog.vars.items() if v.persistable}
+    read: set[str] = set()
+    with_grad: set[str] = set()
+    other_use: dict[str, Op] = {}
+    for op in prog.ops:
+        if op.role == "optimize":
+            continue
+        if not op.device:
+            raise ValueError(f"op {op.type!r} (id {op.id}) has no op_device; run assign_devices first")
+        lookup = op.type in LOOKUPS or op.type in LOOKUP_GRADS
+        for slot, names in op.inputs.items():
+            params = persistable.intersection(names)
+            read |= params
+            if params and not (lookup and slot == "W"):
+                for n in params:
+                    other_use.setdefault(n, op)
+        for n in op.output_names():
+            if n in persistable:
+                raise ValueError(
+                    f"op {op.type!r} (id {op.id}) on {op.device} writes persistable var "
+                    f"{n!r}; trainers hold no state: state updated by forward ops is not "
+                    "supported"
+                )
+            if "@GRAD" in n:
+                with_grad.add(n.split("@GRAD")[0])
+    return read, with_grad, other_use
+
+
+def _optimizers(prog: Program, read: set[str], with_grad: set[str], config: TranspileConfig) -> dict:
+    """{parameter: optimizer spec}: from the program's optimize ops, else `config.optimizer` for every
+    trainable parameter that gets a gradient."""
+    block = prog.global_block()
+    optim = {
+        op.inputs["Param"][0]: optimizer_spec(op.type, op.attrs, block.var(op.inputs["Param"][0]))
+        for op in prog.ops
+        if op.role == "optimize"
+    }
+    if optim:
+        return optim
+    hyper = {k: v for k, v in config.optimizer.items() if k != "type"}
+    return {
+        n: optimizer_spec(config.optimizer["type"], hyper, block.var(n))
+        for n in sorted(read)
+        if block.var(n).is_parameter and block.var(n).trainable and n in with_grad
+    }
+
+
+@dataclass
+class _Rewrite:
+    """The new op list being built, and what the rewrites share: pulled dense tables per trainer
+    type, unique-ids vars per (ids, trainer type), and each rewritten lookup's table and vars."""
+
+    prog: Program
+    reasons: dict[str, str]
+    ops: list[Op] = field(default_factory=list)
+    pulled: set[tuple[str, str]] = field(default_factory=set)
+    uniq: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    lookup: dict[int, tuple[str, str, str, str]] = field(default_factory=dict)  # id -> W, rows, u, ix
+
+    def emit(self, type: str, ins: dict, outs: dict, attrs: dict, device: str, why: str) -> None:
+        op = Op(type, ins, outs, {**attrs, "op_role": "ps", "op_device": device}, self.prog.new_id())
+        self.reasons[str(op.id)] = f"inserted by insert_ps: {why}"
+        self.ops.append(op)
+
+    def new_var(self, name: str, **kw: Any) -> str:
+        block = self.prog.global_block()
+        if name not in block.vars:
+            block.create_var(name, **kw)
+        return name
+
+
+def _rewrite_lookup(rw: _Rewrite, op: Op) -> None:
+    """embedding(W, Ids) -> unique_ids(Ids) (once per ids and trainer type), pull_sparse, and the
+    lookup gathering from the pulled rows."""
+    block, dev = rw.prog.global_block(), op.device
+    w, ids = op.inputs["W"][0], op.inputs["Ids"][0]
+    table = block.var(w)
+    if (ids, dev) not in rw.uniq:
+        u = rw.new_var(f"{ids}@UNIQUE", shape=(-1,), dtype="int64")
+        ix = rw.new_var(f"{ids}@INDEX", shape=block.var(ids).shape, dtype="int64")
+        rw.emit(
+            "unique_ids",
+            {"Ids": [ids]},
+            {"Unique": [u], "Index": [ix]},
+            {},
+            dev,
+            f"unique ids of {ids!r} for sparse pulls on {dev}",
+        )
+        rw.uniq[(ids, dev)] = (u, ix)
+    u, ix = rw.uniq[(ids, dev)]
+    rows = rw.new_var(f"{w}@ROWS@{op.id}", shape=(-1, table.shape[1]), dtype=table.dtype)
+    rw.emit(
+        "pull_sparse",
+        {"Ids": [u]},
+        {"Out": [rows]},
+        {"table": w, "dim": table.shape[1], "dtype": table.dtype},
+        dev,
+        f"rows of sparse table {w!r} for lookup id {op.id}",
+    )
+    rw.ops.append(block.update_op(op, inputs={"W": [rows], "Ids": [ix]}))
+    rw.lookup[op.id] = (w, rows, u, ix)
+
+
+def _rewrite_lookup_grad(rw: _Rewrite, op: Op, optim: dict) -> None:
+    """The lookup's grad op works on the pulled rows; push_sparse sends their gradient."""
+    block = rw.prog.global_block()
+    w, rows, u, ix = rw.lookup[op.attrs["fwd_id"]]
+    rw.ops.append(block.update_op(op, inputs={"W": [rows], "Ids": [ix]}))
+    if any(op.outputs.get("W@GRAD", [])) and w in optim:
+        g = rw.new_var(grad_name(rows), shape=(-1, block.var(w).shape[1]), dtype=block.var(w).dtype)
+        block.update_op(op, outputs={"W@GRAD": [g]})
+        rw.emit(
+            "push_sparse",
+            {"Ids": [u], "Grad": [g]},
+            {},
+            {"table": w},
+            op.device,
+            f"row gradients of sparse table {w!r} from lookup id {op.attrs['fwd_id']}",
+        )
+
+
+def _pull_push_dense(rw: _Rewrite, op: Op, dense_read: set[str], push_after: dict[str, str]) -> None:
+    """pull_dense(P) before the first op reading P on a trainer type; push_dense(P@GRAD) after the
+    op completing it."""
+    dev = op.device
+    for n in op.input_names():
+        if n in dense_read and (n, dev) not in rw.pulled:
+            v = rw.prog.var(n)
+            rw.emit(
+                "pull_dense",
+                {},
+                {"Out": [n]},
+                {"table": n, "shape": list(v.shape), "dtype": v.dtype},
+                dev,
+                f"dense table {n!r} before its first use on {dev}",
+            )
+            rw.pulled.add((n, dev))
+    rw.ops.append(op)
+    for n in op.output_names():
+        if n in push_after:
+            rw.emit(
+                "push_dense",
+                {"Grad": [n]},
+                {},
+                {"table": push_after[n]},
+                dev,
+                f"gradient of {push_after[n]!r} after its last contribution",
+            )
 
 
 def _sparse_tables(block, read: set[str], other_use: dict[str, Op], config: TranspileConfig) -> set[str]:
@@ -164,39 +240,45 @@ def _sparse_tables(block, read: set[str], other_use: dict[str, Op], config: Tran
         return {n for n in read if block.var(n).is_sparse and n not in other_use}
     for n in config.sparse_tables:
         if n not in read:
-            raise ValueError(f"config.sparse_tables names {n!r}, which no trainer op reads; parameters "
-                             f"read: {sorted(read)}")
+            raise ValueError(
+                f"config.sparse_tables names {n!r}, which no trainer op reads; parameters "
+                f"read: {sorted(read)}"
+            )
         if n in other_use:
             op = other_use[n]
-            raise ValueError(f"sparse table {n!r} is read by op {op.type!r} (id {op.id}), which is not an "
-                             "embedding lookup; serve it as a dense table (leave it out of sparse_tables)")
+            raise ValueError(
+                f"sparse table {n!r} is read by op {op.type!r} (id {op.id}), which is not an "
+                "embedding lookup; serve it as a dense table (leave it out of sparse_tables)"
+            )
     return set(config.sparse_tables)
 
 
-def _specs(block, names: set[str], sparse: set[str], optim: dict, params: dict,
-           config: TranspileConfig) -> list[dict]:
-    """Table specs in name order; dense tables go to shards by size (largest first, least loaded)."""
-    specs, load = [], [0] * config.num_servers
-    for n in sorted(names, key=lambda n: (n in sparse, -_size(block.var(n)), n)):
+def _specs(
+    block, names: set[str], sparse: set[str], optim: dict, params: dict, config: TranspileConfig
+) -> list[dict]:
+    """Table specs in name order; dense tables go to shards by bytes (`transpiler.balance`)."""
+    sizes = {n: table_bytes(block.var(n).shape, block.var(n).dtype) for n in names if n not in sparse}
+    shard = balance(sizes, config.num_servers)
+    specs = []
+    for n in sorted(names):
         v = block.var(n)
         if n in sparse:
             sharding = {"by": "id_hash", "num_shards": config.num_servers}
         else:
-            k = load.index(min(load))
-            load[k] += _size(v)
-            sharding = {"by": "table", "shard": k, "num_shards": config.num_servers}
-        specs.append({"name": n, "kind": "sparse" if n in sparse else "dense", "shape": list(v.shape),
-                      "dtype": v.dtype, "initializer": None if n in params else v.initializer,
-                      "optimizer": optim.get(n), "sharding": sharding})
+            sharding = {"by": "table", "shard": shard[n], "num_shards": config.num_servers}
+        specs.append(
+            {
+                "name": n,
+                "kind": "sparse" if n in sparse else "dense",
+                "shape": list(v.shape),
+                "dtype": v.dtype,
+                "initializer": None if n in params else v.initializer,
+                "optimizer": optim.get(n),
+                "sharding": sharding,
+            }
+        )
         if n in sparse and config.sparse_entry is not None:
             specs[-1]["entry"] = dict(config.sparse_entry)
         if n in sparse and config.evict_after is not None:
             specs[-1]["evict_after"] = config.evict_after
-    return sorted(specs, key=lambda s: s["name"])
-
-
-def _size(v: Var) -> int:
-    n = 1
-    for d in v.shape or ():
-        n *= max(d, 1)
-    return n
+    return specs

@@ -43,7 +43,7 @@ def split(program: Program) -> dict[str, Program]:
         sub = Program()
         sub._next_id = program._next_id
         sub.global_block().vars = {n: block_vars[n].copy() for n in names[dev] if n in block_vars}
-        sub.global_block().ops = groups[dev]
+        sub.global_block().set_ops(groups[dev])
         sub.attrs = {"trainer_type": dev,
                      "feeds": [op.outputs["Out"][0] for op in groups[dev] if op.type == "data"]}
         if dev == loss_dev:
