@@ -64,10 +64,10 @@ def forward_graph(plan: Plan, output: str | None = None) -> ForwardGraph:
     for p in plan.programs.values():
         for name, var in p.vars.items():
             block.vars.setdefault(name, var.copy())
-    block.ops = _ordered([op.copy() for op in ops])
+    block.set_ops(_ordered([op.copy() for op in ops]))
     for op in block.ops:
         if "training_mode" in get_op(op.type, where=f"op id {op.id}").attrs:
-            op.attrs["training_mode"] = 0  # dropout and the like: inference behaviour
+            block.update_op(op, attrs={"training_mode": 0})  # dropout and the like: inference behaviour
     feeds = [op.outputs["Out"][0] for op in block.ops if op.type == "data"]
     read = {n for op in block.ops for n in op.input_names()}
     sinks = [n for op in block.ops if op.type != "data" for n in op.output_names() if n not in read]
@@ -130,7 +130,7 @@ def _prune(program: Program, targets: list[str]) -> Program:
         if need & set(op.output_names()):
             kept.append(op)
             need.update(op.input_names())
-    block.ops = kept[::-1]
+    block.set_ops(kept[::-1])
     used = {n for op in block.ops for n in op.input_names() + op.output_names()}
     block.vars = {n: v for n, v in block.vars.items() if n in used}
     return out
@@ -181,7 +181,7 @@ def servable_program(graph: ForwardGraph, tables: dict[str, np.ndarray]) -> Prog
                     is_parameter=True,
                 )
             kept.append(op)
-    block.ops = kept
+    block.set_ops(kept)
     used = {n for op in kept for n in op.input_names() + op.output_names()}
     block.vars = {n: v for n, v in block.vars.items() if n in used}
     prog.params = params
