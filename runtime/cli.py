@@ -123,8 +123,8 @@ def load_model(path: Path, loss: str | None, label: str | None, onnx: OnnxOption
         from transpiler import from_onnx
 
         if loss is not None and (onnx.pred is not None or onnx.clamp_log is not None or not onnx.stable_log):
-            raise UsageError("--pred / --clamp-log / --no-stable-log apply to a loss inside the model; with --loss the "
-                             "prediction is the model's first output")
+            raise UsageError("--pred / --clamp-log / --no-stable-log apply to a loss inside the model; with "
+                             "--loss the prediction is the model's first output")
         program = from_onnx(f, loss=loss, label=label, dynamic_batch=not onnx.fixed_batch,
                             pred=onnx.pred, log_clamp=onnx.clamp_log, stable_log=onnx.stable_log)
     elif kind == "hetps":

@@ -152,12 +152,17 @@ def _score_in_graph_loss(model: onnx.ModelProto, program: Program, pred: str | N
         rewritten, done = stable_logs(model, loss)
         if done:
             log.warning("stable_log: %d Log node(s) of the loss %r evaluated exactly without overflow (%s); "
-                     "import with stable_log=False (CLI: --no-stable-log) to keep the exported ops",
-                     len(done), loss, "; ".join(map(str, done)))
+                        "import with stable_log=False (CLI: --no-stable-log) to keep the exported ops",
+                        len(done), loss, "; ".join(map(str, done)))
     if log_clamp is not None:
         rewritten, n = clamp_logs(rewritten, loss, log_clamp)
-        log.warning("log_clamp=%g: %d Log node(s) of the loss %r read Clip(x, min=%g)%s", log_clamp, n,
-                    loss, log_clamp, " (the ones stable_log left)" if stable_log else "")
+        if n or not stable_log:
+            log.warning("log_clamp=%g: %d Log node(s) of the loss %r read Clip(x, min=%g)%s", log_clamp, n,
+                        loss, log_clamp, " (the ones stable_log left)" if stable_log else "")
+        else:
+            log.warning("log_clamp=%g: no Log of the loss %r is left to clamp (stable_log rewrote them); "
+                        "import with stable_log=False (CLI: --no-stable-log) to clamp the exported ones",
+                        log_clamp, loss)
     elif n := unclamped_logs(rewritten, loss):
         log.warning("the loss %r takes the Log of %d value(s) with no clamp: a saturated prediction gives "
                     "log(0) = -inf and NaN gradients. torch's BCELoss clamps its logs, its export does not; "

@@ -248,4 +248,3 @@ def _log_sigmoid_form(g: _Graph, log_node: onnx.NodeProto) -> tuple[str, bool, s
     if ones is None or ones.size == 0 or not np.all(ones == 1):
         return None
     return z, True, (sub.input[0] if ones.ndim else None)
-
