@@ -723,7 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fixed-batch", action="store_true",
                    help="ONNX models: keep a batch size written in the graph's inputs (by default it is "
                    "made dynamic when the graph allows it)")
-    _optimizer_options(s, "for models that carry no optimizer ops (ONNX); default sgd, lr 0.01")
+    _optimizer_options(s, "for models that carry no optimizer ops (ONNX); default adam, lr 0.01")
 
     s = _command(sub, "inspect", cmd_inspect, help="print a plan's placement, boundary tensors and tables")
     s.add_argument("plan", help="plan directory")

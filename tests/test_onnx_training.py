@@ -206,7 +206,7 @@ def test_train_optimizer_options_replace_the_plans_table_optimizers(tmp_path, ca
     plan_dir = tmp_path / "plan"
     assert main(["transpile", str(TORCH), "--out", str(plan_dir)]) == 0
     assert (
-        "optimizer: sgd(lr=0.01) for every trained parameter (the model carries none; the default"
+        "optimizer: adam(lr=0.01) for every trained parameter (the model carries none; the default"
         in capsys.readouterr().out
     )
     plan = Plan.load(plan_dir)
