@@ -196,3 +196,10 @@ def test_cli_trains_the_torch_export_with_pure_defaults_and_reports_a_finite_auc
     steps = [r for r in read_metrics(metrics) if r["kind"] == "step"]
     assert len(steps) == 40
     assert all(np.isfinite(r["loss"]) and r["auc"] is not None and 0 < r["auc"] < 1 for r in steps)
+
+
+def test_no_stable_log_with_an_attached_loss_is_a_usage_error(tmp_path, capsys):
+    model = str(MODELS / "wide_deep.onnx")
+    argv = ["transpile", model, "--loss", "bce", "--no-stable-log", "--out", str(tmp_path / "plan")]
+    assert main(argv) == 2
+    assert "--no-stable-log apply to a loss inside the model" in capsys.readouterr().err
