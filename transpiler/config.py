@@ -36,8 +36,7 @@ class TranspileConfig:
     - `sparse_tables`: parameter names served as sparse tables (pull/push of rows); None = every
       parameter marked `is_sparse` (the builder's embedding tables) whose every use is a lookup.
     - `mode`: parameter-server mode, `sync` | `async` | `geo` (read by the runtime).
-    - `optimizer`: the table optimizer for programs that carry no optimize ops (e.g. ONNX imports);
-      default Adam, lr 0.01 (SGD 0.01 barely moved the repo's ONNX models in 300 steps; docs/cli.md).
+    - `optimizer`: the table optimizer for programs that carry no optimize ops (e.g. ONNX imports).
     - `num_servers`: parameter-server shards the plan's sharding info is computed for.
     - `sparse_entry`, `evict_after`: feature admission ({"type": "count", "threshold": k} or
       {"type": "probability", "p": p, "seed": s}) and eviction of rows untouched for T pushes, for
@@ -51,7 +50,7 @@ class TranspileConfig:
     name_devices: dict[str, str] = field(default_factory=dict)
     sparse_tables: list[str] | None = None
     mode: str = "sync"
-    optimizer: dict[str, Any] = field(default_factory=lambda: {"type": "adam", "lr": 0.01})
+    optimizer: dict[str, Any] = field(default_factory=lambda: {"type": "adam", "lr": 0.01})  # see docs/cli.md
     num_servers: int = 1
     sparse_entry: dict[str, Any] | None = None
     evict_after: int | None = None
