@@ -719,7 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-stable-log", action="store_true",
                    help="ONNX models with a loss inside: keep Log(Sigmoid(z)) and Log(1 - Sigmoid(z)) as "
                    "exported (by default they are evaluated as -softplus(-z) and -softplus(z): the same "
-                   "values, finite where the sigmoid saturates)")
+                   "function, finite where the sigmoid saturates)")
     s.add_argument("--fixed-batch", action="store_true",
                    help="ONNX models: keep a batch size written in the graph's inputs (by default it is "
                    "made dynamic when the graph allows it)")

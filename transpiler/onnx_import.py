@@ -100,7 +100,7 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
       With `stable_log`, it applies to the Logs the rewrite leaves.
     - `stable_log` (default True): the in-graph loss's `Log(Sigmoid(z))` is evaluated as
       `-Softplus(-z)` and `Log(1 - Sigmoid(z))` as `-Softplus(z)` (see `transpiler.onnx_loss`):
-      the same values where float32 can represent them, finite where the sigmoid saturates; logged.
+      the same function, more accurate in float32, finite where the sigmoid saturates; logged.
     """
     from .onnx_batch import BatchDim, free_batch, leading_batch
 

@@ -7,8 +7,9 @@ puts a `Clip(min=eps)` before every `Log` the loss is computed from — torch cl
 `BCELoss` (at -100), the exported graph does not, so a saturated sigmoid gives log(0) = -inf. The
 clamp changes the model's maths, so it is the user's choice (`from_onnx(..., log_clamp=eps)`).
 `stable_logs` (on by default) is not a clamp: it rewrites `Log(Sigmoid(z))` as `-Softplus(-z)` and
-`Log(1 - Sigmoid(z))` as `-Softplus(z)`, the same values wherever float32 can represent them, finite
-(and with finite gradients) where the sigmoid saturates.
+`Log(1 - Sigmoid(z))` as `-Softplus(z)`: the same function, rounded once instead of through
+`1 - sigmoid` (closer to the float64 value than the exported float32 ops), finite (and with finite
+gradients) where the sigmoid saturates to 0 or 1.
 """
 
 from __future__ import annotations
