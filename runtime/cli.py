@@ -73,11 +73,11 @@ def load_model(path: Path, loss: str | None, label: str | None, onnx: OnnxOption
             if value is not None:
                 raise UsageError(f"{flag} applies to ONNX models only; {f} is a {kind} program")
         return transpiler_load_model(f)
-    if loss is not None and (onnx.pred is not None or onnx.clamp_log is not None):
-        raise UsageError("--pred / --clamp-log apply to a loss inside the model; with --loss the "
-                         "prediction is the model's first output")
+    if loss is not None and (onnx.pred is not None or onnx.clamp_log is not None or not onnx.stable_log):
+        raise UsageError("--pred / --clamp-log / --no-stable-log apply to a loss inside the model; with "
+                         "--loss the prediction is the model's first output")
     return transpiler_load_model(f, loss=loss, label=label, dynamic_batch=not onnx.fixed_batch,
-                                 pred=onnx.pred, log_clamp=onnx.clamp_log)
+                                 pred=onnx.pred, log_clamp=onnx.clamp_log, stable_log=onnx.stable_log)
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,12 @@ class OnnxOptions:
     fixed_batch: bool = False
     pred: str | None = None
     clamp_log: float | None = None
+    stable_log: bool = True
 
     def given(self) -> list[tuple[str, Any]]:
         """(flag, value or None) of the options the user set."""
         return [("--fixed-batch", True if self.fixed_batch else None), ("--pred", self.pred),
-                ("--clamp-log", self.clamp_log)]
+                ("--clamp-log", self.clamp_log), ("--no-stable-log", None if self.stable_log else True)]
 
 
 def load_config(path: str | None, optimizer: str | None, lr: float | None):
@@ -235,7 +236,7 @@ def cmd_transpile(args: argparse.Namespace) -> int:
     from transpiler import transpile
 
     config = load_config(args.config, args.optimizer, args.lr)
-    onnx = OnnxOptions(args.fixed_batch, args.pred, args.clamp_log)
+    onnx = OnnxOptions(args.fixed_batch, args.pred, args.clamp_log, not args.no_stable_log)
     program = load_model(Path(args.model), args.loss, args.label, onnx)
     plan = transpile(program, config)
     plan.save(args.out)
@@ -674,10 +675,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--clamp-log", type=float, metavar="EPS",
                    help="ONNX models with a loss inside: every Log of the loss reads max(x, EPS), e.g. "
                    "1e-7 (torch's BCELoss clamps its logs, its ONNX export does not); changes the maths")
+    s.add_argument("--no-stable-log", action="store_true",
+                   help="ONNX models with a loss inside: keep Log(Sigmoid(z)) and Log(1 - Sigmoid(z)) as "
+                   "exported (by default they are evaluated as -softplus(-z) and -softplus(z): the same "
+                   "function, finite where the sigmoid saturates)")
     s.add_argument("--fixed-batch", action="store_true",
                    help="ONNX models: keep a batch size written in the graph's inputs (by default it is "
                    "made dynamic when the graph allows it)")
-    _optimizer_options(s, "for models that carry no optimizer ops (ONNX); default sgd, lr 0.01")
+    _optimizer_options(s, "for models that carry no optimizer ops (ONNX); default adam, lr 0.01")
 
     s = _command(sub, "inspect", cmd_inspect, help="print a plan's placement, boundary tensors and tables")
     s.add_argument("plan", help="plan directory")

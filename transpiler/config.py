@@ -7,7 +7,7 @@
     name_devices: {"gemm_2*": cpu}                                 # by output var name (glob)
     sparse_tables: null                                            # null = every embedding table
     mode: sync
-    optimizer: {type: sgd, lr: 0.01}                               # for programs without optimize ops
+    optimizer: {type: adam, lr: 0.01}                              # for programs without optimize ops
     num_servers: 1
 """
 
@@ -55,7 +55,7 @@ class TranspileConfig:
     name_devices: dict[str, str] = field(default_factory=dict)
     sparse_tables: list[str] | None = None
     mode: str = "sync"
-    optimizer: dict[str, Any] = field(default_factory=lambda: {"type": "sgd", "lr": 0.01})
+    optimizer: dict[str, Any] = field(default_factory=lambda: {"type": "adam", "lr": 0.01})  # see docs/cli.md
     num_servers: int = 1
     sparse_entry: dict[str, Any] | None = None
     evict_after: int | None = None

@@ -80,7 +80,7 @@ def supported_onnx_ops() -> list[str]:
 
 def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | None = None,
               label: str | None = None, *, dynamic_batch: bool = True, pred: str | None = None,
-              log_clamp: float | None = None) -> Program:
+              log_clamp: float | None = None, stable_log: bool = True) -> Program:
     """Import an ONNX model (a ModelProto or a path; external data files beside it are loaded).
 
     Variable names are the ONNX value names; `program.fetch_names` lists the graph outputs
@@ -97,6 +97,10 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
       `Log`/`Sigmoid` ops. `program.attrs["score_names"]` = [prediction, label] when known.
     - `log_clamp`: an opt-in change of the model's maths: every `Log` the in-graph loss is computed
       from reads `Clip(x, min=log_clamp)`, as torch's BCELoss clamps and its export does not.
+      With `stable_log`, it applies to the Logs the rewrite leaves.
+    - `stable_log` (default True): the in-graph loss's `Log(Sigmoid(z))` is evaluated as
+      `-Softplus(-z)` and `Log(1 - Sigmoid(z))` as `-Softplus(z)` (see `transpiler.onnx_loss`):
+      the same function, more accurate in float32, finite where the sigmoid saturates; logged.
     """
     from .onnx_batch import BatchDim, free_batch, leading_batch
 
@@ -127,13 +131,14 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
                 and np.dtype(v.dtype).kind == "f":
             program.attrs["loss_name"] = name
             break
-    return _score_in_graph_loss(model, program, pred, log_clamp)
+    return _score_in_graph_loss(model, program, pred, log_clamp, stable_log)
 
 
 def _score_in_graph_loss(model: onnx.ModelProto, program: Program, pred: str | None,
-                         log_clamp: float | None) -> Program:
-    """The in-graph loss's prediction and label (`score_names`), its Logs clamped when asked."""
-    from .onnx_loss import clamp_logs, find_score, unclamped_logs
+                         log_clamp: float | None, stable_log: bool) -> Program:
+    """The in-graph loss's prediction and label (`score_names`), its Log(Sigmoid) patterns
+    evaluated stably (`stable_log`) and its other Logs clamped when asked."""
+    from .onnx_loss import clamp_logs, find_score, stable_logs, unclamped_logs
 
     loss = program.attrs.get("loss_name")
     if loss is None:
@@ -141,19 +146,32 @@ def _score_in_graph_loss(model: onnx.ModelProto, program: Program, pred: str | N
             raise OnnxImportError("pred / log_clamp need a loss: the graph has no scalar float output; "
                                   "attach one with loss=... (CLI: --loss)")
         return program
+    score = find_score(model, loss, pred)  # on the graph as exported: its Sigmoid is the prediction
+    rewritten = model
+    if stable_log:
+        rewritten, done = stable_logs(model, loss)
+        if done:
+            log.warning("stable_log: %d Log node(s) of the loss %r evaluated exactly without overflow (%s); "
+                        "import with stable_log=False (CLI: --no-stable-log) to keep the exported ops",
+                        len(done), loss, "; ".join(map(str, done)))
     if log_clamp is not None:
-        model, n = clamp_logs(model, loss, log_clamp)
-        log.warning("log_clamp=%g: %d Log node(s) of the loss %r read Clip(x, min=%g)", log_clamp, n,
-                    loss, log_clamp)
-        attrs = program.attrs
-        straight = straighten(model)
-        program = _Importer(straight.model, straight.refused).build()
-        program.attrs["loss_name"] = attrs["loss_name"]
-    elif n := unclamped_logs(model, loss):
+        rewritten, n = clamp_logs(rewritten, loss, log_clamp)
+        if n or not stable_log:
+            log.warning("log_clamp=%g: %d Log node(s) of the loss %r read Clip(x, min=%g)%s", log_clamp, n,
+                        loss, log_clamp, " (the ones stable_log left)" if stable_log else "")
+        else:
+            log.warning("log_clamp=%g: no Log of the loss %r is left to clamp (stable_log rewrote them); "
+                        "import with stable_log=False (CLI: --no-stable-log) to clamp the exported ones",
+                        log_clamp, loss)
+    elif n := unclamped_logs(rewritten, loss):
         log.warning("the loss %r takes the Log of %d value(s) with no clamp: a saturated prediction gives "
                     "log(0) = -inf and NaN gradients. torch's BCELoss clamps its logs, its export does not; "
                     "to clamp, import with log_clamp=1e-7 (CLI: --clamp-log 1e-7)", loss, n)
-    score = find_score(model, loss, pred)
+    if rewritten is not model:
+        attrs = program.attrs
+        straight = straighten(rewritten)
+        program = _Importer(straight.model, straight.refused).build()
+        program.attrs["loss_name"] = attrs["loss_name"]
     if score is None:
         return program
     for name in (score.pred, score.label):

@@ -6,6 +6,10 @@ the AUC. `find_score` finds the prediction `p` and the label `y` feeding such a 
 puts a `Clip(min=eps)` before every `Log` the loss is computed from — torch clamps the log inside
 `BCELoss` (at -100), the exported graph does not, so a saturated sigmoid gives log(0) = -inf. The
 clamp changes the model's maths, so it is the user's choice (`from_onnx(..., log_clamp=eps)`).
+`stable_logs` (on by default) is not a clamp: it rewrites `Log(Sigmoid(z))` as `-Softplus(-z)` and
+`Log(1 - Sigmoid(z))` as `-Softplus(z)`: the same function, rounded once instead of through
+`1 - sigmoid` (closer to the float64 value than the exported float32 ops), finite (and with finite
+gradients) where the sigmoid saturates to 0 or 1.
 """
 
 from __future__ import annotations
@@ -65,15 +69,24 @@ class _Graph:
         return self.through(node.input[1])
 
     def _const(self, name: str) -> float | None:
+        arr = self.const_array(name)
+        return float(arr.reshape(-1)[0]) if arr is not None and arr.size == 1 else None
+
+    def const_array(self, name: str) -> np.ndarray | None:
+        """The value of an initializer or `Constant` node output `name`, else None."""
         for t in self.graph.initializer:
             if t.name == name:
-                arr = numpy_helper.to_array(t)
-                return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+                return numpy_helper.to_array(t)
         node = self.producer.get(name)
         if node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
-            arr = numpy_helper.to_array(node.attribute[0].t)
-            return float(arr.reshape(-1)[0]) if arr.size == 1 else None
+            return numpy_helper.to_array(node.attribute[0].t)
         return None
+
+    def sigmoid_input(self, name: str) -> str | None:
+        """z when `name` is Sigmoid(z) (looked through Identity only: a Clip changes values), else None."""
+        while (node := self.producer.get(name)) is not None and node.op_type == "Identity":
+            name = node.input[0]
+        return node.input[0] if node is not None and node.op_type == "Sigmoid" else None
 
 
 def find_score(model: onnx.ModelProto, loss: str, pred: str | None = None) -> Score | None:
@@ -163,3 +176,76 @@ def _elem_type(model: onnx.ModelProto, name: str) -> int:
         if vi.name == name and vi.type.tensor_type.elem_type:
             return vi.type.tensor_type.elem_type
     return onnx.TensorProto.FLOAT
+
+
+@dataclass(frozen=True)
+class StableLog:
+    """One Log rewritten by `stable_logs`: the node, the pattern it computed and its replacement."""
+
+    node: str
+    pattern: str
+    replacement: str
+
+    def __str__(self) -> str:
+        return f"{self.node}: {self.pattern} -> {self.replacement}"
+
+
+def stable_logs(model: onnx.ModelProto, loss: str) -> tuple[onnx.ModelProto, list[StableLog]]:
+    """(a copy of `model` where every Log that `loss` is computed from of the form `Log(Sigmoid(z))`
+    reads `-Softplus(-z)` and every `Log(Sub(1, Sigmoid(z)))` reads `-Softplus(z)`, the rewrites).
+
+    Exact maths (log-sigmoid), not a clamp: Softplus is evaluated as logaddexp(0, x), so the result
+    differs from the graph's only where float32 rounds sigmoid to 0 or 1 and the graph's log gives
+    -inf. The `1` may be a scalar or broadcast Constant / initializer of ones; a broadcast one
+    multiplies the result (by 1, exactly) so the output keeps its shape. The Sigmoid stays (it may
+    be scored for the AUC); a `Sub` left unread is dropped."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = _Graph(out)
+    upstream = g.ancestors(loss)
+    nodes: list[onnx.NodeProto] = []
+    done: list[StableLog] = []
+    subs: set[str] = set()  # the `1 - Sigmoid(z)` values the rewritten Logs read
+    for i, node in enumerate(out.graph.node):
+        form = _log_sigmoid_form(g, node) if node.op_type == "Log" and node.output[0] in upstream else None
+        if form is None:
+            nodes.append(node)
+            continue
+        z, complement, ones = form
+        name, y = node.name or f"Log_{i}", node.output[0]
+        sp_in = z if complement else f"{y}.neg_logit"
+        if not complement:
+            nodes.append(helper.make_node("Neg", [z], [sp_in], name=f"{name}.neg_logit"))
+        nodes.append(helper.make_node("Softplus", [sp_in], [f"{y}.softplus"], name=f"{name}.softplus"))
+        neg_out = y if ones is None else f"{y}.unbroadcast"
+        nodes.append(helper.make_node("Neg", [f"{y}.softplus"], [neg_out], name=f"{name}.neg"))
+        if ones is not None:
+            nodes.append(helper.make_node("Mul", [neg_out, ones], [y], name=f"{name}.broadcast"))
+        if complement:
+            subs.add(node.input[0])
+        done.append(
+            StableLog(name, "log(1 - sigmoid(z))", "-softplus(z)")
+            if complement
+            else StableLog(name, "log(sigmoid(z))", "-softplus(-z)")
+        )
+    if not done:
+        return model, done
+    del out.graph.node[:]
+    read = {v for n in nodes for v in n.input} | {o.name for o in out.graph.output}
+    out.graph.node.extend(n for n in nodes if not (n.output[0] in subs and n.output[0] not in read))
+    return out, done
+
+
+def _log_sigmoid_form(g: _Graph, log_node: onnx.NodeProto) -> tuple[str, bool, str | None] | None:
+    """(z, whether the Log reads 1 - Sigmoid(z), the name of a non-scalar `1` or None) for a Log
+    reading Sigmoid(z) or Sub(1, Sigmoid(z)); None for any other Log."""
+    x = log_node.input[0]
+    if (z := g.sigmoid_input(x)) is not None:
+        return z, False, None
+    sub = g.producer.get(x)
+    if sub is None or sub.op_type != "Sub" or (z := g.sigmoid_input(sub.input[1])) is None:
+        return None
+    ones = g.const_array(sub.input[0])
+    if ones is None or ones.size == 0 or not np.all(ones == 1):
+        return None
+    return z, True, (sub.input[0] if ones.ndim else None)
