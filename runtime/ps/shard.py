@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from transpiler.config import MODES
+from transpiler.config import MODES as PLAN_MODES
 
 from ..wire import MAX_MESSAGE_BYTES
 from . import checkpoint
@@ -33,6 +33,9 @@ from .entry import ENTRY_CLOCK, ENTRY_LAST, WAITING
 from .sharding import shard_of, tables_of_shard
 from .table import DenseTable, PSError, SparseTable, check_spec, make_table
 
+# What a shard serves: the plan's modes, and GEO deltas (GeoTable) for a client that keeps local copies and
+# pushes differences itself (hetps's trainers do not: TranspileConfig refuses mode='geo').
+MODES = (*PLAN_MODES, "geo")
 MAX_NEW_ROWS = 1 << 20       # rows one request may create in an unbounded sparse table
 MAX_STEPS_AHEAD = 64         # how far past the applied steps a sync push or pull may be
 MAX_BUFFERED = 1024          # sync pushes per table waiting for later steps
