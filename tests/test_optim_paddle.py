@@ -65,7 +65,7 @@ def paddle_trajectory(paddle, ir, setting, steps=50, sparse=True):
     with ir_guard(paddle, ir):
         main, startup = paddle.static.Program(), paddle.static.Program()
         main.random_seed = startup.random_seed = 7
-        with paddle.static.program_guard(main, startup):
+        with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
             loss, _ = wide_deep(paddle, ir, sparse)
             make, sched = SETTINGS[setting](paddle)
             make(sched).minimize(loss)
@@ -179,7 +179,7 @@ def test_a_scheduled_program_that_lost_its_scheduler_is_refused(paddle):
     """A PIR program whose LR is a scheduler's variable, but without `lr_scheduler` (what a saved and
     reloaded program looks like), would train at a constant LR: refused, naming the variable."""
     main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
         loss, _ = wide_deep(paddle, "pir", True)
         paddle.optimizer.SGD(paddle.optimizer.lr.StepDecay(0.1, 5, 0.5)).minimize(loss)
     del main.lr_scheduler

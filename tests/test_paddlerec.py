@@ -196,7 +196,7 @@ def test_paddlerec_model_trains_like_paddle(paddle, model, ir):
     with ir_guard(paddle, ir):
         main, startup = paddle.static.Program(), paddle.static.Program()
         main.random_seed = startup.random_seed = 3
-        with paddle.static.program_guard(main, startup):
+        with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
             loss = MODELS[model](paddle, Ops(paddle, ir))
             # PaddleRec's Adam; SGD in legacy, where Paddle's own SelectedRows Adam is not
             # reproducible run to run (it merges duplicate rows in varying order: two runs of the
@@ -225,7 +225,7 @@ def test_paddlerec_model_on_parameter_servers(paddle, model):
     batches = feeds(30)
     main, startup = paddle.static.Program(), paddle.static.Program()
     main.random_seed = startup.random_seed = 3
-    with paddle.static.program_guard(main, startup):
+    with paddle.utils.unique_name.guard(), paddle.static.program_guard(main, startup):
         loss = MODELS[model](paddle, Ops(paddle, "pir"))
         paddle.optimizer.Adam(0.01).minimize(loss)
     scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
