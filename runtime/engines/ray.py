@@ -135,6 +135,7 @@ class RayEngine(Engine):
         self.stopped: dict[str, str] = {}  # process -> how it is stopped, as last seen
         self.probes: dict[str, tuple[Any, float]] = {}  # node id -> (probe in flight, issued at)
         self.seen_on: dict[str, dict[str, str]] = {}  # node id -> what its last probe found
+        self.tasks: dict[Callable[..., Any], Any] = {}  # the Ray tasks of _on_node, made once
 
     # -- Ray itself ---------------------------------------------------------------------------------
     def _connect(self, needs: dict[str, dict[str, float]]) -> None:
@@ -290,16 +291,16 @@ class RayEngine(Engine):
         out = {n: how for n, node in running.items() if node == here and (how := _stopped(self.pid_of[n]))}
         for node in {node for node in running.values() if node != here}:
             self._probe(node, {n: self.pid_of[n] for n, nd in running.items() if nd == node})
-            where = self._node_address(node)
-            out.update({n: f"{how} on Ray node {where}" for n, how in self.seen_on.get(node, {}).items()
-                        if n in running})
+            seen = {n: how for n, how in self.seen_on.get(node, {}).items() if n in running}
+            if seen:
+                where = _node_address(node)
+                out.update({n: f"{how} on Ray node {where}" for n, how in seen.items()})
         self.stopped = out
         return out
 
     def _probe(self, node: str, pids: dict[str, int]) -> None:
         """Read the result of `node`'s probe if it has come back, and start the next one when due."""
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         ref, issued = self.probes.get(node, (None, 0.0))
         if ref is not None and ray.wait([ref], timeout=0)[0]:
@@ -309,10 +310,17 @@ class RayEngine(Engine):
                 self.seen_on.pop(node, None)
             ref = None
         if ref is None and time.monotonic() - issued >= PROBE_EVERY:
-            task = ray.remote(num_cpus=0, max_retries=0)(_states_here).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
-            ref, issued = task.remote(pids), time.monotonic()
+            ref, issued = self._on_node(_states_here, node).remote(pids), time.monotonic()
         self.probes[node] = (ref, issued)
+
+    def _on_node(self, fn: Callable[..., Any], node: str) -> Any:
+        """`fn` as a Ray task (no CPU reserved, no retry) that runs on `node` only."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if fn not in self.tasks:  # made once: each new remote function is exported to the cluster again
+            self.tasks[fn] = ray.remote(num_cpus=0, max_retries=0)(fn)
+        return self.tasks[fn].options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
 
     def _driver_node(self) -> str | None:
         """The Ray node id of the driver's own machine; None under Ray Client (it is on none)."""
@@ -322,11 +330,6 @@ class RayEngine(Engine):
             return None
         return ray.get_runtime_context().get_node_id()
 
-    def _node_address(self, node: str) -> str:
-        import ray
-
-        return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node), node)
-
     def pids(self) -> dict[str, int | None]:
         return dict(self.pid_of)  # kept after stop, so callers can check that nothing survived
 
@@ -334,7 +337,6 @@ class RayEngine(Engine):
         """SIGCONT the actors that may be stopped, so that they act on being killed at once: every
         actor on the driver's node (cheap), and on other nodes those the last probes saw stopped."""
         import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = self._driver_node()
         _continue_here([p for n, p in self.pid_of.items() if n in self.actors and self.node_of[n] == here])
@@ -342,9 +344,7 @@ class RayEngine(Engine):
         for n in self.stopped:
             if self.node_of.get(n) != here and n in self.pid_of:
                 elsewhere.setdefault(self.node_of[n], []).append(self.pid_of[n])
-        task = ray.remote(num_cpus=0, max_retries=0)(_continue_here)
-        refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(p)
-                for node, p in elsewhere.items()]
+        refs = [self._on_node(_continue_here, node).remote(p) for node, p in elsewhere.items()]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=CONTINUE_WAIT)
 
@@ -376,8 +376,14 @@ def _driver_ip() -> str:
 
     if ray.util.client.ray.is_connected():
         return ray.util.get_node_ip_address()
-    node = ray.get_runtime_context().get_node_id()
-    return next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node)
+    return _node_address(ray.get_runtime_context().get_node_id())
+
+
+def _node_address(node: str) -> str:
+    """The address of Ray node `node` (its id when Ray no longer lists it)."""
+    import ray
+
+    return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node), node)
 
 
 def _first_line(e: BaseException) -> str:
