@@ -14,6 +14,7 @@ trains until step 3, then kills every process of the second node (`remove_node`,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -92,6 +93,39 @@ def test_a_killed_actor_is_reported_within_15s_and_the_run_is_torn_down(plan):
     assert took < 15, f"reported {took:.1f} s after the kill"
     assert err.value.who == "gpu:0" and "Ray actor is lost" in str(err.value)
     assert not wait_dead(eng.pids().values())
+
+
+@pytest.mark.usefixtures("ray_local")
+@pytest.mark.parametrize("victim, probe", [("gpu:0", False), ("ps:0", True)],
+                         ids=["driver-node-proc", "probe-task-on-node"])
+def test_a_stopped_actor_is_the_one_named_within_seconds(plan, monkeypatch, victim, probe):
+    # Before the fix, a SIGSTOPped actor was noticed only by a trainer's stall timeout (60 s), which
+    # named the trainer that waited on it. `probe`: treat the actors as on another node than the
+    # driver's, so their state is read by the probe task Ray runs on their node.
+    if probe:
+        monkeypatch.setattr(RayEngine, "_driver_node", lambda self: None)
+    eng, stopped = RayEngine(), []
+
+    def stop(record):
+        if record["step"] == 2 and not stopped:
+            os.kill(eng.pids()[victim], signal.SIGSTOP)
+            stopped.append(time.perf_counter())
+
+    try:
+        with pytest.raises(TrainingError) as err:
+            train(plan, SyntheticCTR(vocab=500), steps=100_000, batch_size=64, trainers={"cpu": 1, "gpu": 1},
+                  engine=eng, allow_emulation=True, callback=stop, progress=False, stall_timeout=60.0)
+        took = time.perf_counter() - stopped[0]
+        assert err.value.who == victim and "is stopped (SIGSTOP" in str(err.value), str(err.value)
+        assert ("on Ray node 127.0.0.1" in str(err.value)) == probe, str(err.value)
+        assert took < 10, f"reported {took:.1f} s after SIGSTOP"  # 1-3 s here; the old way took >= 60 s
+        # the stopped actor is continued and killed at once (without SIGCONT Ray leaves it ~6 s)
+        assert not wait_dead([eng.pids()[victim]], timeout=3.0)
+        assert not wait_dead(eng.pids().values())
+    finally:  # never leave a stopped process behind, whatever failed
+        for pid in eng.pids().values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def two_node_run() -> dict:

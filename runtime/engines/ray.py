@@ -16,7 +16,21 @@ How a run goes:
    local process. A lost node takes all the run's processes on it: the report waits up to
    `LOST_NODE_WAIT` s for the others placed on the same node and names every one that died, with
    the node's address and whether Ray has marked the node dead.
-4. `stop()` kills the actors; a Ray instance the engine started itself is shut down too.
+4. `stalled()` names actors that are alive but stopped (SIGSTOP, Ctrl-Z, a debugger), so the
+   driver blames the stopped process within a second or two rather than the trainer that timed out
+   waiting for it (after `stall_timeout`, 60 s). It reads the kernel's own state of each actor's
+   process (/proc/PID/stat, pids recorded at placement): directly for actors on the driver's node,
+   and through a tiny probe task (no CPU reserved) pinned to each other node, at most one in flight
+   per node, reissued every `PROBE_EVERY` s. Why not heartbeats from the actors or a ping call to
+   them: an actor answering calls while `run` works must be a threaded actor, whose methods run off
+   the main thread, where the entry points cannot install their signal handlers; a missing
+   heartbeat cannot tell a stopped process from a slow one either, while the state can (a probe
+   that cannot reach its node says nothing, and the lost node is reported by `ended()`). A process
+   blocked forever without being stopped (a deadlock) still comes out as the stall timeout, which
+   names what each trainer waits for.
+5. `stop()` continues the stopped actors (SIGCONT: on the driver's node directly, elsewhere through
+   a task on their node), then kills every actor; a Ray instance the engine started itself is shut
+   down too. A stopped worker that is not continued lingers several seconds after `ray.kill`.
 
 Without `address` and with no Ray running, the engine starts a private local Ray sized for the run
 (its own temp dir, a small object store, no dashboard, usage stats off, and one `gpu_trainer`
@@ -33,6 +47,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -41,9 +56,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import Engine, ProcessFailure, child_main
+from .local import _stopped
 
 GPU_RESOURCE = "gpu_trainer"  # the custom resource a CPU-only cluster offers for emulated gpu trainers
 LOST_NODE_WAIT = 2.0  # seconds a death report waits for the other processes on the same node
+PROBE_EVERY = 0.5  # seconds between two state probes of the actors on one node other than the driver's
+CONTINUE_WAIT = 2.0  # seconds `stop` waits for the SIGCONT tasks on other nodes
 
 
 class ProcessHost:
@@ -61,6 +79,20 @@ class ProcessHost:
             secret: bytes | None) -> int:
         """The entry point's exit code (1 after child_main reported a failure to the driver)."""
         return child_main(name, target, kwargs, report, secret)
+
+
+def _states_here(pids: dict[str, int]) -> dict[str, str]:
+    """Run on a node: {name: how it is stopped} for those of `pids` that are stopped there."""
+    return {name: how for name, pid in pids.items() if (how := _stopped(pid))}
+
+
+def _continue_here(pids: list[int]) -> None:
+    """Run on a node: SIGCONT to each of `pids` that still exists there."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _free_port(ip: str) -> int:
@@ -100,6 +132,10 @@ class RayEngine(Engine):
         self.node_of: dict[str, str] = {}  # process -> Ray node id
         self.runs: dict[str, Any] = {}
         self.results: dict[str, ProcessFailure | None] = {}
+        self.stopped: dict[str, str] = {}  # process -> how it is stopped, as last seen
+        self.probes: dict[str, tuple[Any, float]] = {}  # node id -> (probe in flight, issued at)
+        self.seen_on: dict[str, dict[str, str]] = {}  # node id -> what its last probe found
+        self.tasks: dict[Callable[..., Any], Any] = {}  # the Ray tasks of _on_node, made once
 
     # -- Ray itself ---------------------------------------------------------------------------------
     def _connect(self, needs: dict[str, dict[str, float]]) -> None:
@@ -243,13 +279,80 @@ class RayEngine(Engine):
         for p in lost:
             self.results[p] = ProcessFailure(p, self.pid_of.get(p), how)
 
+    def stalled(self) -> dict[str, str]:
+        """Actors whose process is stopped (see the module docstring): those on the driver's node
+        as of now, those on other nodes as of their node's last probe (at most ~PROBE_EVERY s old)."""
+        import ray
+
+        if not self.runs or not ray.is_initialized():
+            return {}
+        here = self._driver_node()
+        running = {n: self.node_of[n] for n in self.runs if n not in self.results and n in self.node_of}
+        out = {n: how for n, node in running.items() if node == here and (how := _stopped(self.pid_of[n]))}
+        for node in {node for node in running.values() if node != here}:
+            self._probe(node, {n: self.pid_of[n] for n, nd in running.items() if nd == node})
+            seen = {n: how for n, how in self.seen_on.get(node, {}).items() if n in running}
+            if seen:
+                where = _node_address(node)
+                out.update({n: f"{how} on Ray node {where}" for n, how in seen.items()})
+        self.stopped = out
+        return out
+
+    def _probe(self, node: str, pids: dict[str, int]) -> None:
+        """Read the result of `node`'s probe if it has come back, and start the next one when due."""
+        import ray
+
+        ref, issued = self.probes.get(node, (None, 0.0))
+        if ref is not None and ray.wait([ref], timeout=0)[0]:
+            try:
+                self.seen_on[node] = ray.get(ref)
+            except Exception:  # the node is gone or the task failed: it tells nothing
+                self.seen_on.pop(node, None)
+            ref = None
+        if ref is None and time.monotonic() - issued >= PROBE_EVERY:
+            ref, issued = self._on_node(_states_here, node).remote(pids), time.monotonic()
+        self.probes[node] = (ref, issued)
+
+    def _on_node(self, fn: Callable[..., Any], node: str) -> Any:
+        """`fn` as a Ray task (no CPU reserved, no retry) that runs on `node` only."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        if fn not in self.tasks:  # made once: each new remote function is exported to the cluster again
+            self.tasks[fn] = ray.remote(num_cpus=0, max_retries=0)(fn)
+        return self.tasks[fn].options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+
+    def _driver_node(self) -> str | None:
+        """The Ray node id of the driver's own machine; None under Ray Client (it is on none)."""
+        import ray
+
+        if ray.util.client.ray.is_connected():
+            return None
+        return ray.get_runtime_context().get_node_id()
+
     def pids(self) -> dict[str, int | None]:
         return dict(self.pid_of)  # kept after stop, so callers can check that nothing survived
+
+    def _continue_stopped(self) -> None:
+        """SIGCONT the actors that may be stopped, so that they act on being killed at once: every
+        actor on the driver's node (cheap), and on other nodes those the last probes saw stopped."""
+        import ray
+
+        here = self._driver_node()
+        _continue_here([p for n, p in self.pid_of.items() if n in self.actors and self.node_of[n] == here])
+        elsewhere: dict[str, list[int]] = {}
+        for n in self.stopped:
+            if self.node_of.get(n) != here and n in self.pid_of:
+                elsewhere.setdefault(self.node_of[n], []).append(self.pid_of[n])
+        refs = [self._on_node(_continue_here, node).remote(p) for node, p in elsewhere.items()]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=CONTINUE_WAIT)
 
     def stop(self, timeout: float = 3.0) -> None:
         import ray
 
         if ray.is_initialized():
+            self._continue_stopped()
             for actor in self.actors.values():
                 ray.kill(actor, no_restart=True)
             deadline = time.monotonic() + timeout
@@ -258,7 +361,7 @@ class RayEngine(Engine):
                 if left <= 0:
                     break
                 ray.wait([ref], timeout=left)
-        self.actors, self.runs = {}, {}
+        self.actors, self.runs, self.probes, self.seen_on, self.stopped = {}, {}, {}, {}, {}
         if self.owns_ray:
             ray.shutdown()
             self.owns_ray = False
@@ -273,8 +376,14 @@ def _driver_ip() -> str:
 
     if ray.util.client.ray.is_connected():
         return ray.util.get_node_ip_address()
-    node = ray.get_runtime_context().get_node_id()
-    return next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node)
+    return _node_address(ray.get_runtime_context().get_node_id())
+
+
+def _node_address(node: str) -> str:
+    """The address of Ray node `node` (its id when Ray no longer lists it)."""
+    import ray
+
+    return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node), node)
 
 
 def _first_line(e: BaseException) -> str:
