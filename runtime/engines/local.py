@@ -66,7 +66,7 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _stopped(pid: int | None) -> str:
+def process_stopped(pid: int | None) -> str:
     """How process `pid` is stopped ("" when it is not, or when /proc cannot tell: not Linux)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -222,7 +222,7 @@ class LocalEngine(Engine):
     def stalled(self) -> dict[str, str]:
         out = {}
         for name, p in self.procs.items():
-            if p.exitcode is None and (how := _stopped(p.pid)):
+            if p.exitcode is None and (how := process_stopped(p.pid)):
                 out[name] = how
         return out
 

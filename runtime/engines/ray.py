@@ -56,7 +56,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import Engine, ProcessFailure, child_main
-from .local import _stopped
+from .local import process_stopped
 
 GPU_RESOURCE = "gpu_trainer"  # the custom resource a CPU-only cluster offers for emulated gpu trainers
 LOST_NODE_WAIT = 2.0  # seconds a death report waits for the other processes on the same node
@@ -83,7 +83,7 @@ class ProcessHost:
 
 def _states_here(pids: dict[str, int]) -> dict[str, str]:
     """Run on a node: {name: how it is stopped} for those of `pids` that are stopped there."""
-    return {name: how for name, pid in pids.items() if (how := _stopped(pid))}
+    return {name: how for name, pid in pids.items() if (how := process_stopped(pid))}
 
 
 def _continue_here(pids: list[int]) -> None:
@@ -288,7 +288,8 @@ class RayEngine(Engine):
             return {}
         here = self._driver_node()
         running = {n: self.node_of[n] for n in self.runs if n not in self.results and n in self.node_of}
-        out = {n: how for n, node in running.items() if node == here and (how := _stopped(self.pid_of[n]))}
+        out = {n: how for n, node in running.items()
+               if node == here and (how := process_stopped(self.pid_of[n]))}
         for node in {node for node in running.values() if node != here}:
             self._probe(node, {n: self.pid_of[n] for n, nd in running.items() if nd == node})
             seen = {n: how for n, how in self.seen_on.get(node, {}).items() if n in running}
