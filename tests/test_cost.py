@@ -142,6 +142,36 @@ def test_sparse_rows_and_shards_by_hand():
     assert roles["ps"].busy_s == pytest.approx(4e-3 + 4e-3 + 2e-3)
 
 
+def test_sync_step_waits_for_every_types_ps_round_trips_by_hand():
+    """sync: a step's pulls wait for the previous step's pushes to be applied, so the reader's sparse
+    pull + push and the gpu's dense pull + push both lie on the step's chain, one after the other."""
+    model = wide_deep(num_slots=2, vocab=50, dim=4, num_dense=3, hidden=(8,), optimizer=builder.SGD(lr=0.1))
+    plan = transpile(model.main)
+    first = min((op for op in plan.programs["gpu"].ops if op.type == "gemm"), key=lambda op: op.id)
+
+    def price(kind, op):
+        return KernelCost(2e-2, 0.0) if kind == "gpu" and op.type == "gemm" and op.id == first.id else None
+
+    prof = synthetic_profile(plan, price, ps=(1e-3, 0.0, 1e-6, 1e-5, 1e-6))
+    s = RunSettings({"cpu": 1, "gpu": 1}, 1, servers=1, mode="sync", batch_size=100, unique_fraction=0.5)
+    p = predict(plan, prof, s)
+    # the reader (one item of 100 examples): its own work per id, 100 x 2 slots x 2 tables x 1e-6 =
+    # 4e-4; its PS round trips: 50 unique rows per slot of both sparse tables (dim 4 and 1) pulled and
+    # pushed, 2 * 50 * 2 * ((1e-5 + 16e-6) + (1e-5 + 4e-6)) = 8e-3, plus 2 requests = 2e-3.
+    reader_item, reader_ps = 4e-4, 8e-3 + 2e-3
+    # the gpu (the busiest: 2e-2 per item); its dense tables pulled and pushed (free bytes): 2 requests
+    gpu_item, gpu_ps = 2e-2, 2e-3
+    roles = {r.role: r for r in p.roles}
+    assert roles["cpu"].ps_s == pytest.approx(reader_ps) and roles["gpu"].ps_s == pytest.approx(gpu_ps)
+    assert p.bottleneck == "gpu"
+    # the gpu's item + the reader's item (the pipeline's fill) + both round trips in turn
+    assert p.step_s == pytest.approx(gpu_item + reader_item + reader_ps + gpu_ps)
+    # async: trainers' PS calls run on a background thread, off the step's chain
+    assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 100, None, 0.5)).step_s == (
+        pytest.approx(gpu_item)
+    )
+
+
 def test_missing_kernel_names_the_op():
     plan = transpile(dense_model())
     prof = Profile({"cpu": {}, "gpu": {}}, LinkCost(0, 0), PSCost(0, 0, 0))

@@ -15,9 +15,14 @@ each trainer pulls and pushes the dense tables it uses once per step (one reques
 touches), a reader pulls and pushes the unique rows of its step's ids (ids x `unique_fraction`).
 Dense tables sit whole on a shard (largest first onto the least loaded), sparse rows spread evenly.
 - async: the step takes as long as the busiest process (trainer or shard);
-- sync: the busiest process, plus one item's way through the other trainer types (the pipeline
-  fills and drains at each step boundary) plus the dense push + pull round trip that separates
-  steps (a pull of step t+1 waits for step t's update);
+- sync: a chain per step. A pull of step t+1 waits until the shard applied step t, i.e. every
+  trainer's push of step t: the reader pulls its rows, runs its items' forward and sends them, the
+  other types compute (their dense tables pulled), the gradients come back, the reader pushes its
+  rows and the dense gradients are pushed, and only once the shard applied them does step t+1's
+  pull return. So the step is the busiest process, plus one item's way through the other trainer
+  types (the pipeline fills and drains at each step boundary), plus the PS round trips (pull +
+  push) of one trainer of each type in turn (a reader's sparse rows, the dense tables): each is
+  its client time, which includes the shard's serving of it;
 - when every process shares `cores` CPU cores (one machine), the step takes at least the CPU work
   of all processes / cores (all but a real GPU's kernels; an emulated GPU's kernels count).
 """
@@ -226,7 +231,7 @@ class PlanCost:
         dense_home = balance(
             {n: self._nbytes(n) for n in self.tables if self.tables[n]["kind"] == "dense"}, s.servers
         )
-        rtt_s = 0.0
+        boundary_s = 0.0  # sync: one trainer of each type's PS round trips, one after another
         for t, tc in self.types.items():
             n = s.trainers[t]
             per_trainer = math.ceil(items / n)  # items go round robin: the busiest trainer's share
@@ -238,8 +243,7 @@ class PlanCost:
             client, serve, touched = self._ps_work(t, tc, s, readers, dense_home)
             for k in range(s.servers):
                 shard_s[k] += n * serve[k]
-            if tc.dense_tables:
-                rtt_s = max(rtt_s, client)
+            boundary_s += client
             ov = p.overhead_for(s.mode)
             own = (
                 per_trainer * ov.reader_item_s + ov.reader_step_s
@@ -262,11 +266,12 @@ class PlanCost:
             )
         roles.append(RoleLoad("ps", s.servers, ps_s=max(shard_s), server=True))
         busiest = max(roles, key=lambda r: r.busy_s)
-        step, limit = self._step_s(s, busiest, roles, item_s, sum(shard_s), rtt_s, items)
+        step, limit = self._step_s(s, busiest, roles, item_s, sum(shard_s), boundary_s, items)
         return Prediction(s.batch_size / step, step, busiest.role, limit, roles, s)
 
-    def _ps_work(self, t: str, tc: _TypeCost, s: RunSettings, readers: int,
-                 dense_home: dict[str, int]) -> tuple[float, list[float], set[int]]:
+    def _ps_work(
+        self, t: str, tc: _TypeCost, s: RunSettings, readers: int, dense_home: dict[str, int]
+    ) -> tuple[float, list[float], set[int]]:
         """PS work of one trainer of type `t` per step: (its own seconds, what each shard serves for
         it, the shards it touches)."""
         ps = self.profile.ps
@@ -297,15 +302,24 @@ class PlanCost:
         client += requests * ps.request_s * (len(touched) > 0)
         return client, serve, touched
 
-    def _step_s(self, s: RunSettings, busiest: RoleLoad, roles: list[RoleLoad], item_s: dict[str, float],
-                shards_s: float, rtt_s: float, items: int) -> tuple[float, str]:
-        """(seconds per step, what limits it) given each role's load."""
+    def _step_s(
+        self,
+        s: RunSettings,
+        busiest: RoleLoad,
+        roles: list[RoleLoad],
+        item_s: dict[str, float],
+        shards_s: float,
+        boundary_s: float,
+        items: int,
+    ) -> tuple[float, str]:
+        """(seconds per step, what limits it) given each role's load; `boundary_s`: the PS round
+        trips a sync step boundary waits for (one trainer of each type's pulls + pushes in turn)."""
         p = self.profile
         step, limit = busiest.busy_s, "the busiest process"
         if s.mode == "sync":
             fill = sum(item_s.values()) - max(item_s.values())
-            step += fill + rtt_s
-            limit = "the busiest process + the pipeline's fill and the PS round trip at each step boundary"
+            step += fill + boundary_s
+            limit = "the busiest process + the pipeline's fill and the PS round trips at each step boundary"
         if s.cores is not None:
             cpu_work = sum(r.count * r.cpu_s for r in roles if not r.server)
             ov = p.overhead_for(s.mode)
