@@ -107,14 +107,18 @@ def from_onnx(model_or_path: onnx.ModelProto | str | os.PathLike, loss: str | No
     model = _load(model_or_path)
     fixed = leading_batch(model)
     batch = BatchDim(fixed, False, "dynamic_batch=False") if fixed else BatchDim()
-    straight = straighten(model)
-    if dynamic_batch:
+    if not dynamic_batch:
+        straight = straighten(model)
+    else:
         freed, freed_batch = free_batch(model)
-        freed_straight = straighten(freed) if freed_batch.freed else straight
-        if len(freed_straight.refused) <= len(straight.refused):
-            model, batch, straight = freed, freed_batch, freed_straight
-        else:  # control flow resolved on the traced shapes only: keep them
+        straight = straighten(freed)
+        # control flow resolved only on the traced shapes (an If on Shape(x)[0]): keep them
+        kept = straighten(model) if freed_batch.freed and straight.refused else None
+        if kept is not None and len(kept.refused) < len(straight.refused):
+            straight = kept
             batch = BatchDim(fixed, False, "the graph's control flow is resolved from the input shapes")
+        else:
+            model, batch = freed, freed_batch
     if batch.message():
         log.warning("%s", batch.message())
     program = _Importer(straight.model, straight.refused).build()
