@@ -9,6 +9,9 @@ after each `exe.run`, the way Paddle's static-graph examples train.
 
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
+
 import numpy as np
 import pytest
 from test_paddle_import import assert_same_trajectory, batches, hetps_run, ir_guard, wide_deep
@@ -81,13 +84,31 @@ def paddle_trajectory(paddle, ir, setting, steps=50, sparse=True):
     return program, feeds, ref
 
 
+def _trajectory_in_this_process(ir, setting, steps, sparse):
+    import paddle
+
+    paddle.enable_static()
+    return paddle_trajectory(paddle, ir, setting, steps, sparse)
+
+
+def reference_trajectory(paddle, ir, setting, steps=50, sparse=True):
+    """`paddle_trajectory`; for the legacy IR in a new Python process, because Paddle 3.3.1's legacy
+    sparse optimizers are not reproducible inside a process that has run other Paddle programs (see
+    test_paddle_import.fresh_paddle_reference: adam_cosine moved 2e-2 by step 49 in one CI run)."""
+    if ir != "legacy":
+        return paddle_trajectory(paddle, ir, setting, steps, sparse)
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        return pool.submit(_trajectory_in_this_process, ir, setting, steps, sparse).result(timeout=600)
+
+
 @pytest.mark.parametrize("ir", IRS)
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if s not in CLIPPED])
 def test_optimizer_setting_trains_like_paddle(paddle, ir, setting):
     # Paddle 3.3.1's legacy AdamW fails on CPU for SelectedRows gradients ("Tensor holds no memory"),
     # so legacy AdamW runs with dense embedding gradients
     sparse = not (ir == "legacy" and setting.startswith("adamw"))
-    program, feeds, ref = paddle_trajectory(paddle, ir, setting, sparse=sparse)
+    program, feeds, ref = reference_trajectory(paddle, ir, setting, sparse=sparse)
     updates = [op for op in program.ops if op.role == "optimize"]
     assert updates and all(bool(op.attrs["lr_schedule"]) == setting.endswith(SCHEDULED) for op in updates)
     assert all(op.attrs["l2_decay"] == (pytest.approx(0.01) if "l2" in setting else 0.0) for op in updates)
@@ -103,7 +124,7 @@ def test_parameter_server_tables_apply_the_settings_like_paddle(paddle, ir, sett
     from runtime import train
     from transpiler import transpile
 
-    program, feeds, ref = paddle_trajectory(paddle, ir, setting, steps=30)
+    program, feeds, ref = reference_trajectory(paddle, ir, setting, steps=30)
     plan = transpile(program)
     opts = [t["optimizer"] for t in plan.tables]
     assert all(("Step" in o["state"]) == setting.endswith(SCHEDULED) for o in opts)
