@@ -24,8 +24,8 @@ from ops_registry import get_op, has_op
 
 from .ir import Op, Program, Var
 from .onnx_import import OUT_SLOT_ALIASES, SLOT_ALIASES
+from .onnx_static import HETPS_DOMAIN as DOMAIN
 
-DOMAIN = "ai.hetps"
 DEFAULT_OPSET = 18
 _ONNX_SCALAR_TYPES = {"float": "float32", "double": "float64", "int64": "int64", "int32": "int32",
                       "bool": "bool"}
