@@ -23,16 +23,26 @@ from onnx import AttributeProto, defs, helper, numpy_helper, shape_inference
 from ops_registry import get_op, has_op
 
 from .ir import Op, Program, Var
-from .onnx_import import OUT_SLOT_ALIASES, SLOT_ALIASES
+from .onnx_graph import OUT_SLOT_ALIASES, SLOT_ALIASES
 from .onnx_static import HETPS_DOMAIN as DOMAIN
 
 DEFAULT_OPSET = 18
-_ONNX_SCALAR_TYPES = {"float": "float32", "double": "float64", "int64": "int64", "int32": "int32",
-                      "bool": "bool"}
+_ONNX_SCALAR_TYPES = {
+    "float": "float32",
+    "double": "float64",
+    "int64": "int64",
+    "int32": "int32",
+    "bool": "bool",
+}
 
 
-def to_onnx(program: Program, outputs: list[str] | None = None, params: dict[str, Any] | None = None,
-            opset: int | None = None, name: str = "hetps") -> onnx.ModelProto:
+def to_onnx(
+    program: Program,
+    outputs: list[str] | None = None,
+    params: dict[str, Any] | None = None,
+    opset: int | None = None,
+    name: str = "hetps",
+) -> onnx.ModelProto:
     """Export `program` (block 0) as an ONNX model.
 
     `params` gives parameter values (default `program.params`; pass an executor's scope to export
@@ -60,8 +70,10 @@ def to_onnx(program: Program, outputs: list[str] | None = None, params: dict[str
 
 def _value_info(name: str, var: Var | None, what: str) -> onnx.ValueInfoProto:
     if var is None or var.shape is None:
-        raise ValueError(f"cannot declare {what} {name!r}: its shape is unknown (Var.shape is None); "
-                         "ONNX needs the rank of graph inputs and outputs")
+        raise ValueError(
+            f"cannot declare {what} {name!r}: its shape is unknown (Var.shape is None); "
+            "ONNX needs the rank of graph inputs and outputs"
+        )
     dims = ["N" if d == -1 else d for d in var.shape]
     return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(var.dtype)), dims)
 
@@ -72,8 +84,12 @@ def _json_attr(key: str, value: Any) -> AttributeProto:
     if isinstance(value, bool):
         value = int(value)
     plain = isinstance(value, (int, float, str)) or (
-        isinstance(value, list) and value and all(type(v) is type(value[0]) for v in value)
-        and isinstance(value[0], (int, float, str)) and not isinstance(value[0], bool))
+        isinstance(value, list)
+        and value
+        and all(type(v) is type(value[0]) for v in value)
+        and isinstance(value[0], (int, float, str))
+        and not isinstance(value[0], bool)
+    )
     return helper.make_attribute(key, value if plain else json.dumps(value))
 
 
@@ -130,8 +146,11 @@ class _Exporter:
     def sinks(self) -> list[str]:
         """Vars whose final value no op reads and that ops computed, in definition order."""
         declared = self.declared()
-        return [v for o, v in self.onnx_vars.items()
-                if o not in self.read_names and o == self.version[v] and o not in declared]
+        return [
+            v
+            for o, v in self.onnx_vars.items()
+            if o not in self.read_names and o == self.version[v] and o not in declared
+        ]
 
     # -- ops -----------------------------------------------------------------------------
     def export_op(self, op: Op) -> None:
@@ -141,14 +160,20 @@ class _Exporter:
             self._define(out, out)
             return
         if op.type == "embedding":
-            node = helper.make_node("Gather", [self.read(op.inputs["W"][0]), self.read(op.inputs["Ids"][0])],
-                                    [], name=f"embedding_{op.id}", axis=0)
+            node = helper.make_node(
+                "Gather",
+                [self.read(op.inputs["W"][0]), self.read(op.inputs["Ids"][0])],
+                [],
+                name=f"embedding_{op.id}",
+                axis=0,
+            )
             self._finish(node, op, {"Out": "output"}, set())
             return
         if op.type == "constant":
             value = np.array(op.attrs["value"], dtype=op.attrs["dtype"])
-            node = helper.make_node("Constant", [], [], name=f"constant_{op.id}",
-                                    value=numpy_helper.from_array(value))
+            node = helper.make_node(
+                "Constant", [], [], name=f"constant_{op.id}", value=numpy_helper.from_array(value)
+            )
             self._finish(node, op, {"output": "output"}, {"value", "dtype"})
             return
         onnx_type = get_op(op.type).onnx if has_op(op.type) else None
@@ -192,8 +217,13 @@ class _Exporter:
                 node.attribute.append(self._schema_attr(schema.name, aname, adef.type, attrs))
                 consumed.add(aname)
         consumed |= {"dtype"} if schema.name == "ConstantOfShape" else set()
-        self._finish(node, op, {out_alias.get(f.name, f.name): f.name for f in schema.outputs},
-                     consumed | placed, schema)
+        self._finish(
+            node,
+            op,
+            {out_alias.get(f.name, f.name): f.name for f in schema.outputs},
+            consumed | placed,
+            schema,
+        )
         return True
 
     @staticmethod
@@ -206,8 +236,11 @@ class _Exporter:
         if ts == schema.inputs[0].type_str:
             return first_dtype
         allowed = next(c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == ts)
-        return next(_ONNX_SCALAR_TYPES[t[7:-1]] for t in ("tensor(int64)", "tensor(float)", "tensor(bool)")
-                    if t in allowed)
+        return next(
+            _ONNX_SCALAR_TYPES[t[7:-1]]
+            for t in ("tensor(int64)", "tensor(float)", "tensor(bool)")
+            if t in allowed
+        )
 
     @staticmethod
     def _schema_attr(onnx_type: str, name: str, atype: int, attrs: dict) -> AttributeProto:
@@ -232,17 +265,21 @@ class _Exporter:
         self.custom = True
         ins = [self.read(n) for names in op.inputs.values() for n in names]
         node = helper.make_node(op.type, ins, [], name=f"{op.type}_{op.id}", domain=DOMAIN)
-        node.attribute.append(helper.make_attribute(
-            "hetps_inputs", ",".join(f"{s}:{len(v)}" for s, v in op.inputs.items())))
-        node.attribute.append(helper.make_attribute(
-            "hetps_outputs", ",".join(f"{s}:{len(v)}" for s, v in op.outputs.items())))
-        node.attribute.extend(_json_attr(k, v) for k, v in sorted({"op_role": op.role, **op.attrs}.items())
-                              if v is not None)
+        node.attribute.append(
+            helper.make_attribute("hetps_inputs", ",".join(f"{s}:{len(v)}" for s, v in op.inputs.items()))
+        )
+        node.attribute.append(
+            helper.make_attribute("hetps_outputs", ",".join(f"{s}:{len(v)}" for s, v in op.outputs.items()))
+        )
+        node.attribute.extend(
+            _json_attr(k, v) for k, v in sorted({"op_role": op.role, **op.attrs}.items()) if v is not None
+        )
         node.output.extend(self.write(n) for names in op.outputs.values() for n in names)
         self.nodes.append(node)
 
-    def _finish(self, node: onnx.NodeProto, op: Op, out_slots: dict[str, str], consumed: set[str],
-                schema=None) -> None:
+    def _finish(
+        self, node: onnx.NodeProto, op: Op, out_slots: dict[str, str], consumed: set[str], schema=None
+    ) -> None:
         """Outputs in the schema's order; hetps-only attrs as metadata_props."""
         order = [f.name for f in schema.outputs] if schema is not None else list(out_slots.values())
         outs = {onnx_name: op.outputs.get(slot, []) for slot, onnx_name in out_slots.items()}
@@ -270,8 +307,12 @@ class _Exporter:
         opsets = [helper.make_opsetid("", self.opset)]
         if self.custom:
             opsets.append(helper.make_opsetid(DOMAIN, 1))
-        model = helper.make_model(graph, opset_imports=opsets, producer_name="hetps",
-                                  ir_version=helper.find_min_ir_version_for(opsets[:1]))
+        model = helper.make_model(
+            graph,
+            opset_imports=opsets,
+            producer_name="hetps",
+            ir_version=helper.find_min_ir_version_for(opsets[:1]),
+        )
         known = {vi.name for vi in shape_inference.infer_shapes(model).graph.value_info}
         known |= self.declared() | {o.name for o in outs}
         for onnx_name, var_name in self.onnx_vars.items():  # shapes ONNX cannot infer (custom ops)

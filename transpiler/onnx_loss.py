@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .onnx_import import OnnxImportError
+from .ir import Program, Var
+from .onnx_model import OnnxImportError
 
 PASS_THROUGH = ("Clip", "Identity")  # a Log's input is read through these to find the prediction
 
@@ -249,3 +250,60 @@ def _log_sigmoid_form(g: _Graph, log_node: onnx.NodeProto) -> tuple[str, bool, s
     if ones is None or ones.size == 0 or not np.all(ones == 1):
         return None
     return z, True, (sub.input[0] if ones.ndim else None)
+
+
+LOSSES = ("bce", "bce_with_logits", "mse", "softmax_ce")
+
+
+def attach_loss(program: Program, output: str, loss: str, label: str = "label") -> Var:
+    """Append a data input `label` and a mean `loss` of `output` against it; set loss_name.
+
+    bce: binary cross entropy on probabilities (logs floored at -100); bce_with_logits: the same
+    on logits, computed stably; mse: mean squared error; softmax_ce: cross entropy of softmax over
+    class axis 1 against int64 class ids (label shape = output's without that axis).
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, not {loss!r}")
+    block = program.global_block()
+    if block.has_var(label):
+        raise OnnxImportError(
+            f"label name {label!r} is already a variable of the model; pass label=<an unused name>"
+        )
+    pred = program.var(output)
+    shape = pred.shape
+    if loss == "softmax_ce":
+        shape = None if shape is None else shape[:1] + shape[2:]
+    dtype = "int64" if loss == "softmax_ce" else pred.dtype
+    block.create_var(label, shape=shape, dtype=dtype, stop_gradient=True)
+    program.append_op(
+        "data", {}, {"Out": [label]}, {"shape": list(shape) if shape is not None else None, "dtype": dtype}
+    )
+    name = _unused(block, "loss")
+    block.create_var(name, shape=(), dtype=pred.dtype)
+    if loss == "softmax_ce":
+        program.append_op(
+            "softmax_cross_entropy_loss",
+            {"scores": [output], "labels": [label]},
+            {"output": [name]},
+            {"reduction": "mean", "ignore_index": None},
+        )
+    else:
+        op_type, slots = {
+            "bce": ("bce_loss", ("X", "Label")),
+            "bce_with_logits": ("sigmoid_cross_entropy_with_logits", ("X", "Label")),
+            "mse": ("square_error", ("X", "Y")),
+        }[loss]
+        elem = _unused(block, f"{name}_elementwise")
+        block.create_var(elem, shape=pred.shape, dtype=pred.dtype)
+        program.append_op(op_type, {slots[0]: [output], slots[1]: [label]}, {"Out": [elem]})
+        program.append_op("reduce_mean", {"data": [elem]}, {"reduced": [name]}, {"keepdims": 0})
+    program.attrs["loss_name"] = name
+    return block.var(name)
+
+
+def _unused(block, base: str) -> str:
+    name, k = base, 0
+    while block.has_var(name):
+        k += 1
+        name = f"{base}_{k}"
+    return name
