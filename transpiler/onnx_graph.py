@@ -234,6 +234,12 @@ class GraphImporter:
             and not attrs.get("num_outputs")
         ):
             attrs["num_outputs"] = len(node.output)
+        return opdef.name, ins, self._outputs(i, node, schema, opdef), attrs
+
+    @staticmethod
+    def _outputs(i: int, node: onnx.NodeProto, schema: Any, opdef: Any) -> dict[str, list[str]]:
+        """The op's output slots: the node's outputs by the schema's names, plus the outputs a
+        gradient rule reads that ONNX lets a node omit (mask, log_prob)."""
         outs: dict[str, list[str]] = {}
         out_aliases = OUT_SLOT_ALIASES.get(node.op_type, {})
         for k, name in enumerate(node.output):
@@ -246,11 +252,11 @@ class GraphImporter:
                 )
             if name:
                 outs.setdefault(slot, []).append(name)
-        if opdef.differentiable:  # gradient rules read outputs ONNX lets a node omit (mask, log_prob)
+        if opdef.differentiable:
             for slot in opdef.out_slots:
                 if slot not in outs and not opdef.is_variadic(slot):
                     outs[slot] = [f"{node.output[0]}.{slot}"]
-        return opdef.name, ins, outs, attrs
+        return outs
 
     def _convert_hetps(self, node: onnx.NodeProto) -> tuple[str, dict, dict, dict]:
         """A node of domain ai.hetps: a hetps op, its slot layout in hetps_inputs / hetps_outputs

@@ -34,8 +34,8 @@ import os
 import numpy as np
 import onnx
 
-from .ir import Program
-from .onnx_control_flow import straighten
+from .ir import Program, Var
+from .onnx_control_flow import Straightened, straighten
 from .onnx_graph import GraphImporter, UnsupportedOnnxOpsError, supported_onnx_ops
 from .onnx_loss import LOSSES, attach_loss, clamp_logs, find_score, stable_logs, unclamped_logs
 from .onnx_model import (
@@ -88,9 +88,38 @@ def from_onnx(
       `-Softplus(-z)` and `Log(1 - Sigmoid(z))` as `-Softplus(z)` (see `transpiler.onnx_loss`):
       the same function, more accurate in float32, finite where the sigmoid saturates; logged.
     """
+    model, straight = _straightened(load_onnx(model_or_path), dynamic_batch)
+    program = GraphImporter(straight.model, straight.refused).build()
+    outputs = program.attrs["fetch_names"]
+    if loss is not None:
+        if pred is not None or log_clamp is not None:
+            raise OnnxImportError(
+                "pred / log_clamp apply to a loss inside the graph, not to an attached "
+                f"loss={loss!r} (whose prediction is the first output)"
+            )
+        attach_loss(program, outputs[0], loss, label or "label")
+        return program
+    loss_name = next((name for name in outputs if _is_loss(program.var(name))), None)
+    if loss_name is not None:
+        program.attrs["loss_name"] = loss_name
+    return _score_in_graph_loss(model, program, pred, log_clamp, stable_log)
+
+
+def _is_loss(v: Var) -> bool:
+    """A scalar (or [1]) float value: what a graph output holding a loss looks like."""
+    return (
+        v.shape is not None
+        and len(v.shape) <= 1
+        and all(d == 1 for d in v.shape)
+        and np.dtype(v.dtype).kind == "f"
+    )
+
+
+def _straightened(model: onnx.ModelProto, dynamic_batch: bool) -> tuple[onnx.ModelProto, Straightened]:
+    """(the model with its batch freed when `dynamic_batch` allows it, that model straightened);
+    the batch decision logged."""
     from .onnx_batch import BatchDim, free_batch, leading_batch
 
-    model = load_onnx(model_or_path)
     fixed = leading_batch(model)
     batch = BatchDim(fixed, False, "dynamic_batch=False") if fixed else BatchDim()
     if not dynamic_batch:
@@ -107,27 +136,7 @@ def from_onnx(
             model, batch = freed, freed_batch
     if batch.message():
         log.warning("%s", batch.message())
-    program = GraphImporter(straight.model, straight.refused).build()
-    outputs = program.attrs["fetch_names"]
-    if loss is not None:
-        if pred is not None or log_clamp is not None:
-            raise OnnxImportError(
-                "pred / log_clamp apply to a loss inside the graph, not to an attached "
-                f"loss={loss!r} (whose prediction is the first output)"
-            )
-        attach_loss(program, outputs[0], loss, label or "label")
-        return program
-    for name in outputs:
-        v = program.var(name)
-        if (
-            v.shape is not None
-            and len(v.shape) <= 1
-            and all(d == 1 for d in v.shape)
-            and np.dtype(v.dtype).kind == "f"
-        ):
-            program.attrs["loss_name"] = name
-            break
-    return _score_in_graph_loss(model, program, pred, log_clamp, stable_log)
+    return model, straight
 
 
 def _score_in_graph_loss(
@@ -144,6 +153,29 @@ def _score_in_graph_loss(
             )
         return program
     score = find_score(model, loss, pred)  # on the graph as exported: its Sigmoid is the prediction
+    rewritten = _rewrite_logs(model, loss, log_clamp, stable_log)
+    if rewritten is not model:
+        attrs = program.attrs
+        straight = straighten(rewritten)
+        program = GraphImporter(straight.model, straight.refused).build()
+        program.attrs["loss_name"] = attrs["loss_name"]
+    if score is None:
+        return program
+    for name in (score.pred, score.label):
+        if not program.global_block().has_var(name):
+            raise OnnxImportError(
+                f"pred {name!r} is folded away on import (an Identity output); name "
+                "the tensor the Identity reads"
+            )
+    program.attrs["score_names"] = [score.pred, score.label]
+    return program
+
+
+def _rewrite_logs(
+    model: onnx.ModelProto, loss: str, log_clamp: float | None, stable_log: bool
+) -> onnx.ModelProto:
+    """The model with the loss's Log(Sigmoid) patterns evaluated stably (`stable_log`) and its other
+    Logs clamped (`log_clamp`); what was done, or a missing clamp, logged."""
     rewritten = model
     if stable_log:
         rewritten, done = stable_logs(model, loss)
@@ -181,18 +213,4 @@ def _score_in_graph_loss(
             loss,
             n,
         )
-    if rewritten is not model:
-        attrs = program.attrs
-        straight = straighten(rewritten)
-        program = GraphImporter(straight.model, straight.refused).build()
-        program.attrs["loss_name"] = attrs["loss_name"]
-    if score is None:
-        return program
-    for name in (score.pred, score.label):
-        if not program.global_block().has_var(name):
-            raise OnnxImportError(
-                f"pred {name!r} is folded away on import (an Identity output); name "
-                "the tensor the Identity reads"
-            )
-    program.attrs["score_names"] = [score.pred, score.label]
-    return program
+    return rewritten
