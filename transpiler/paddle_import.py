@@ -53,10 +53,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import re
-import sysconfig
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -67,45 +63,28 @@ from ops_registry import optimizer as opt_rules
 from . import builder
 from .ir import Program, Var
 from .paddle_ops import CONVERTERS, PaddleImportError, PaddleOp
+from .paddle_pir import read_pir
+from .paddle_read import PaddleRead, read_legacy
 
 _OPTIMIZERS = builder.OPTIMIZERS
 
 __all__ = ["PaddleImportError", "from_paddle"]
 
-_ROLE_BACKWARD, _ROLE_OPTIMIZE, _ROLE_LRSCHED, _ROLE_LOSS = 0x1, 0x2, 0x10, 0x100
-_SKIP_ATTRS = {"op_callstack", "op_role", "op_role_var", "op_namescope", "op_device", "with_quant_attr",
-               "stop_gradient", "struct_name", "place", "use_mkldnn", "use_onednn", "mkldnn_data_type",
-               "use_quantizer"}
-_DTYPE_ATTRS = {"dtype", "out_dtype", "in_dtype"}
-_EXTRA_ATTRS = ("is_sparse",)  # "extra" attrs that op.attr_names does not list
 
-
-@dataclass
-class _Read:
-    """A Paddle program reduced to what the import needs, the same shape for both IRs."""
-
-    ir: str
-    ops: list[PaddleOp] = field(default_factory=list)        # forward ops, in Paddle's order
-    vars: dict[str, Var] = field(default_factory=dict)       # facts about every named value
-    feeds: list[str] = field(default_factory=list)           # data vars, declaration order
-    lazy: dict[str, PaddleOp] = field(default_factory=dict)  # PIR constants, emitted when read
-    optimize: list[PaddleOp] = field(default_factory=list)   # optimizer update ops
-    selected_rows: set[str] = field(default_factory=set)     # legacy SelectedRows vars (sparse grads)
-    l2: dict[str, float] = field(default_factory=dict)       # param -> its L2Decay coefficient
-    clip: dict[str, float] = field(default_factory=dict)     # param -> ClipGradByGlobalNorm's clip_norm
-    loss: str | None = None
-    name_of: Callable[[Any], str] = str                      # Variable / Value / str -> name
-
-
-def from_paddle(main_program: Any, startup_program: Any = None, scope: Any = None,
-                feed: list | None = None, fetch: list | None = None) -> Program:
+def from_paddle(
+    main_program: Any,
+    startup_program: Any = None,
+    scope: Any = None,
+    feed: list | None = None,
+    fetch: list | None = None,
+) -> Program:
     """Import a Paddle static `main_program` (before or after `optimizer.minimize`) as a hetps
     Program carrying its initial values; see the module docstring for what is read and how."""
     import paddle
 
     legacy = isinstance(main_program, paddle.base.framework.Program)
     paddle_dir = os.path.dirname(paddle.__file__)
-    read = _read_legacy(main_program, paddle_dir) if legacy else _read_pir(main_program, paddle_dir)
+    read = read_legacy(main_program, paddle_dir) if legacy else read_pir(main_program, paddle_dir)
     imp = _Importer(read)
     feeds = _feed_names(read, feed)
     for name in feeds:
@@ -127,7 +106,8 @@ def from_paddle(main_program: Any, startup_program: Any = None, scope: Any = Non
             raise read.optimize[0].fail(
                 f"the learning rate {lr_var[0]!r} is an LR scheduler's variable, but the program "
                 "carries no `lr_scheduler` (a saved and reloaded program loses it): import the "
-                "program object the scheduler was built with, or use a constant learning rate")
+                "program object the scheduler was built with, or use a constant learning rate"
+            )
         lr = base_lr if schedule else float(np.asarray(values[lr_var[0]]).reshape(-1)[0])
         opt = kind(lr=lr, lr_schedule=schedule, **hyper)
         values.update({_STEP: np.full((1,), step, np.float32)})
@@ -135,313 +115,21 @@ def from_paddle(main_program: Any, startup_program: Any = None, scope: Any = Non
         imp.program.params.update({ours: values[theirs] for ours, theirs in state.items()})
     attrs = imp.program.attrs
     attrs.pop("_name_counters", None)
-    attrs.update(paddle_ir=read.ir, feed_names=feeds,
-                 fetch_names=[_fetch_name(imp.program, read, f) for f in fetch or []])
+    attrs.update(
+        paddle_ir=read.ir,
+        feed_names=feeds,
+        fetch_names=[_fetch_name(imp.program, read, f) for f in fetch or []],
+    )
     if read.loss is not None:
         attrs.setdefault("loss_name", read.loss)
     return imp.program
-
-
-# -- reading a legacy ProgramDesc -------------------------------------------------------------
-def _read_legacy(main: Any, paddle_dir: str) -> _Read:
-    from paddle.base import core
-    from paddle.base.data_feeder import convert_dtype
-    from paddle.base.framework import Parameter
-
-    block = main.global_block()
-    read = _Read("legacy", name_of=lambda v: v if isinstance(v, str) else v.name)
-    for name, v in block.vars.items():
-        if v.type == core.VarDesc.VarType.SELECTED_ROWS:
-            read.selected_rows.add(name)
-        if v.type != core.VarDesc.VarType.DENSE_TENSOR:
-            continue
-        read.vars[name] = Var(name, shape=tuple(v.shape), dtype=convert_dtype(v.dtype),
-                              persistable=bool(v.persistable), is_parameter=isinstance(v, Parameter),
-                              trainable=bool(getattr(v, "trainable", True)),
-                              stop_gradient=bool(v.stop_gradient))
-        if getattr(v, "is_data", False):
-            read.feeds.append(name)
-
-    def dtype(v: Any) -> str | None:
-        return None if v is None or int(v) < 0 else convert_dtype(core.VarDesc.VarType(int(v)))
-
-    for i, op in enumerate(block.ops):
-        role = int(op.attr("op_role")) if op.has_attr("op_role") else 0
-        if op.type in ("feed", "fetch"):
-            continue
-        if role == _ROLE_BACKWARD | _ROLE_LOSS:  # fill_constant(1) into loss@GRAD
-            read.loss = op.output("Out")[0].removesuffix("@GRAD")
-        if role & _ROLE_BACKWARD:
-            continue
-        attrs = {k: (dtype(op.attr(k)) if k in _DTYPE_ATTRS else op.attr(k))
-                 for k in op.attr_names if k not in _SKIP_ATTRS}
-        attrs.update({k: op.attr(k) for k in _EXTRA_ATTRS if k not in attrs and op.has_attr(k)})
-        device = op.attr("op_device") if op.has_attr("op_device") else ""
-        node = PaddleOp(op.type, {s: list(op.input(s)) for s in op.input_names if op.input(s)},
-                        {s: list(op.output(s)) for s in op.output_names if op.output(s)}, attrs, i,
-                        _call_site(op.attr("op_callstack") if op.has_attr("op_callstack") else [],
-                                   paddle_dir),
-                        device.split(":")[0])
-        (read.optimize if role & (_ROLE_OPTIMIZE | _ROLE_LRSCHED) else read.ops).append(node)
-    _strip_legacy_l2(read)
-    return read
-
-
-def _strip_legacy_l2(read: _Read) -> None:
-    """Paddle's legacy L2Decay is `scale(X=param, scale=c, bias=0) -> d` and `sum(X=[g, d]) -> g'`
-    (optimize role) feeding the update op's Grad: record c for the parameter, point the update at
-    g and drop the two ops."""
-    scaled = {op.outputs["Out"][0]: op for op in read.optimize
-              if op.type == "scale" and not op.inputs.get("ScaleTensor") and not op.attrs.get("bias")
-              and read.vars.get(op.inputs["X"][0], Var("")).is_parameter}
-    sums = {op.outputs["Out"][0]: op for op in read.optimize
-            if op.type == "sum" and len(op.inputs["X"]) == 2 and op.inputs["X"][1] in scaled}
-    drop = set()
-    for op in read.optimize:
-        s = sums.get(op.inputs.get("Grad", [""])[0])
-        if op.type not in _OPTIMIZERS or s is None:
-            continue
-        sc = scaled[s.inputs["X"][1]]
-        if sc.inputs["X"] != op.inputs["Param"]:
-            continue
-        read.l2[op.one("Param")] = float(sc.attrs["scale"])
-        op.inputs = {**op.inputs, "Grad": [s.inputs["X"][0]]}
-        drop |= {id(s), id(sc)}
-    read.optimize = [op for op in read.optimize if id(op) not in drop]
-
-
-# -- reading a PIR program --------------------------------------------------------------------
-# PIR op -> (legacy op type, {PIR operand: legacy slot, or "=attr" to fold a constant operand into
-# an attr}, {PIR result: legacy slot}, {PIR attr: legacy attr}); unlisted slots are CamelCased
-# (x -> X, beta1_pow -> Beta1Pow), which is what the legacy op calls them.
-_PIR_AS_LEGACY: dict[str, tuple[str, dict, dict, dict]] = {
-    "pd_op.embedding": ("lookup_table_v2", {"x": "Ids", "weight": "W"}, {}, {"sparse": "is_sparse"}),
-    "pd_op.reshape": ("reshape2", {"shape": "=shape"}, {}, {}),
-    "pd_op.concat": ("concat", {"axis": "=axis"}, {}, {}),
-    "pd_op.add_n": ("sum", {"inputs": "X"}, {}, {}),
-    "pd_op.add": ("elementwise_add", {}, {}, {}),
-    "pd_op.subtract": ("elementwise_sub", {}, {}, {}),
-    "pd_op.multiply": ("elementwise_mul", {}, {}, {}),
-    "pd_op.divide": ("elementwise_div", {}, {}, {}),
-    "pd_op.matmul": ("matmul_v2", {}, {}, {"transpose_x": "trans_x", "transpose_y": "trans_y"}),
-    "pd_op.relu": ("relu", {}, {}, {}),
-    "pd_op.sigmoid": ("sigmoid", {}, {}, {}),
-    "pd_op.tanh": ("tanh", {}, {}, {}),
-    "pd_op.square": ("square", {}, {}, {}),
-    "pd_op.scale": ("scale", {"scale": "=scale"}, {}, {}),
-    "pd_op.cast": ("cast", {}, {}, {"dtype": "out_dtype"}),
-    "pd_op.full": ("fill_constant", {}, {}, {}),
-    "pd_op.sigmoid_cross_entropy_with_logits": ("sigmoid_cross_entropy_with_logits",
-                                                {"pos_weight": "pos_weight"}, {}, {}),
-    "pd_op.sum": ("reduce_sum", {"axis": "=dim"}, {}, {"keepdim": "keep_dim", "dtype": "out_dtype"}),
-    "pd_op.mean": ("reduce_mean", {"axis": "=dim"}, {}, {"keepdim": "keep_dim"}),
-    "pd_op.mean_all": ("mean", {}, {}, {}),
-    "pd_op.cross_entropy_with_softmax": ("softmax_with_cross_entropy", {"input": "Logits"}, {}, {}),
-    "pd_op.log_loss": ("log_loss", {"input": "Predicted", "label": "Labels"}, {"out": "Loss"}, {}),
-    "pd_op.sgd_": ("sgd", {}, {}, {}),
-    "pd_op.adam_": ("adam", {"beta1": "=beta1", "beta2": "=beta2", "epsilon": "=epsilon"}, {}, {}),
-    "pd_op.adagrad_": ("adagrad", {}, {}, {}),
-    "pd_op.unsqueeze": ("unsqueeze2", {"axis": "=axes"}, {}, {}),
-    "pd_op.transpose": ("transpose2", {}, {}, {"perm": "axis"}),
-    "pd_op.softmax": ("softmax", {}, {}, {}),
-    "pd_op.conv2d": ("conv2d", {}, {"out": "Output"}, {}),
-    "pd_op.adamw_": ("adamw", {"beta1": "=beta1", "beta2": "=beta2", "epsilon": "=epsilon"}, {}, {}),
-}
-_PIR_OPTIMIZERS = {"pd_op.sgd_", "pd_op.adam_", "pd_op.adagrad_", "pd_op.adamw_", "pd_op.momentum_",
-                   "pd_op.rmsprop_", "pd_op.lamb_"}
-_PIR_SKIP = {"pd_op.fetch", "builtin.shadow_output"}
-
-
-def _camel(slot: str) -> str:
-    return "".join(p.capitalize() for p in slot.split("_"))
-
-
-def _read_pir(main: Any, paddle_dir: str) -> _Read:
-    from paddle.base.data_feeder import convert_dtype
-
-    ops = list(main.global_block().ops)
-    names: dict[Any, str] = {}        # Value.id -> name
-    consts: dict[Any, Any] = {}       # Value.id -> Python value of a full / full_int_array
-    combos: dict[Any, list[str]] = {}  # Value.id of a builtin.combine -> its operands' names
-    taken = {r.name for op in ops for r in op.results() if r.has_name}
-    counts: dict[str, int] = {}
-    for op in ops:
-        short = op.name().split(".", 1)[-1]
-        for j, r in enumerate(op.results()):
-            if r.has_name:
-                names[r.id] = r.name
-                continue
-            k = counts.get(short, 0)
-            while f"{short}_{k}.tmp_{j}" in taken:
-                k += 1
-            names[r.id] = f"{short}_{k}.tmp_{j}"
-            taken.add(names[r.id])
-        counts[short] = counts.get(short, 0) + 1
-
-    def name_of(v: Any) -> str:
-        if isinstance(v, str):
-            return v
-        if v.id not in names:
-            raise PaddleImportError(f"fetch/feed value {v} is not a value of this program")
-        return names[v.id]
-
-    read = _Read("pir", name_of=name_of)
-    backward: set[Any] = set()  # ids of ops (and of values) on the backward / optimizer side
-    for op in ops:
-        srcs = [s for s in op.operands_source() if s.initialized()]
-        if (op.name().endswith(("_grad", "_grad_")) or op.name() in _PIR_OPTIMIZERS
-                or any(s.id in backward for s in srcs)):
-            backward.add(op.id())
-            backward.update(r.id for r in op.results())
-    for i, op in enumerate(ops):
-        kind, results = op.name(), op.results()
-        for r in results:
-            if r.is_dense_tensor_type():
-                read.vars[names[r.id]] = Var(names[r.id], shape=tuple(r.shape),
-                                             dtype=convert_dtype(r.dtype),
-                                             persistable=bool(r.persistable),
-                                             stop_gradient=bool(r.stop_gradient))
-        if kind == "builtin.parameter":
-            v = read.vars[names[results[0].id]]
-            trainable = op.attrs().get("trainable", True)
-            v.is_parameter = v.persistable = True
-            v.trainable = bool(trainable[0] if isinstance(trainable, list) else trainable)
-            continue
-        if kind == "pd_op.data":
-            if not results[0].persistable:
-                read.feeds.append(names[results[0].id])
-            continue
-        if kind == "builtin.combine":
-            combos[results[0].id] = [names[s.id] for s in op.operands_source()]
-            continue
-        if kind == "pd_op.full_like" and op.id() not in backward and results[0].all_used_ops() and all(
-                u.id() in backward for u in results[0].all_used_ops()):
-            read.loss = names[op.operand_source(0).id]  # the seed of the loss gradient
-            continue
-        if kind in _PIR_SKIP or (op.id() in backward and kind not in _PIR_OPTIMIZERS):
-            continue
-        node = _pir_node(op, i, names, consts, combos, paddle_dir)
-        if kind in ("pd_op.full", "pd_op.full_int_array"):
-            consts[results[0].id] = op.attrs()["value"]
-            read.lazy[names[results[0].id]] = node
-        elif kind in _PIR_OPTIMIZERS:
-            grad = op.operand_source(op.get_input_names().index("grad"))
-            param = op.operand_source(op.get_input_names().index("param"))
-            grad, coeff = _pir_l2(grad, param, consts)
-            if coeff:
-                read.l2[names[param.id]] = coeff
-            grad, clip = _pir_clip(grad, consts)
-            if clip:
-                read.clip[names[param.id]] = clip
-            bad = _grad_transform(grad, backward)
-            if bad:
-                raise node.fail(f"the gradient is transformed by {bad!r} before the update (gradient "
-                                "clipping, or weight decay other than L2Decay?), which is not imported")
-            read.optimize.append(node)
-        else:
-            read.ops.append(node)
-    return read
-
-
-def _pir_l2(grad: Any, param: Any, consts: dict) -> tuple[Any, float]:
-    """(g, c) when `grad` is Paddle's PIR L2Decay `add_n([g, scale(param, full(c), bias=0)])`, else
-    (grad, 0.0)."""
-    op = grad.get_defining_op()
-    if op.name() != "pd_op.add_n":
-        return grad, 0.0
-    combine = op.operand_source(0).get_defining_op()
-    srcs = combine.operands_source() if combine.name() == "builtin.combine" else []
-    if len(srcs) != 2:
-        return grad, 0.0
-    sc = srcs[1].get_defining_op()
-    if sc.name() != "pd_op.scale" or sc.attrs().get("bias") or sc.operand_source(0).id != param.id:
-        return grad, 0.0
-    coeff = consts.get(sc.operand_source(1).id)
-    return (srcs[0], float(coeff)) if coeff is not None else (grad, 0.0)
-
-
-def _pir_clip(grad: Any, consts: dict) -> tuple[Any, float]:
-    """(g, clip_norm) when `grad` is Paddle's PIR ClipGradByGlobalNorm
-    `multiply(g, divide(full(c), maximum(sqrt(..), full(c))))`, else (grad, 0.0)."""
-    op = grad.get_defining_op()
-    if op.name() != "pd_op.multiply":
-        return grad, 0.0
-    div = op.operand_source(1).get_defining_op()
-    if div.name() != "pd_op.divide":
-        return grad, 0.0
-    mx = div.operand_source(1).get_defining_op()
-    clip = consts.get(div.operand_source(0).id)
-    if mx.name() != "pd_op.maximum" or clip is None or consts.get(mx.operand_source(1).id) != clip:
-        return grad, 0.0
-    return op.operand_source(0), float(clip)
-
-
-def _grad_transform(value: Any, backward: set) -> str | None:
-    """The first op between grad ops and an optimizer that does more than sum gradients (weight
-    decay adds a scaled parameter, clipping rescales); None for a plain (accumulated) gradient."""
-    op = value.get_defining_op()
-    kind = op.name()
-    if kind.endswith(("_grad", "_grad_")) or kind == "builtin.split":
-        return None
-    if kind not in ("pd_op.add_n", "pd_op.add", "pd_op.add_", "builtin.combine"):
-        return kind
-    for src in op.operands_source():
-        if src.id not in backward:
-            return kind
-        bad = _grad_transform(src, backward)
-        if bad:
-            return bad
-    return None
-
-
-def _pir_node(op: Any, index: int, names: dict, consts: dict, combos: dict, paddle_dir: str) -> PaddleOp:
-    from paddle.base.data_feeder import convert_dtype
-
-    kind = op.name()
-    if kind.endswith("_") and kind[:-1] in _PIR_AS_LEGACY:  # in-place twin (relu_): same math in SSA
-        kind = kind[:-1]
-    legacy, ins_map, outs_map, attr_map = _PIR_AS_LEGACY.get(kind, (kind, {}, {}, {}))
-    node = PaddleOp(legacy, index=index, site=_call_site(op.attrs().get("op_callstack", []), paddle_dir))
-    if not kind.startswith("pd_op."):  # builtin ops have no slot names; nothing to map them to
-        return node
-    for slot, src in zip(op.get_input_names(), op.operands_source(), strict=True):
-        if not src.initialized():
-            continue
-        target = ins_map.get(slot, _camel(slot))
-        if target.startswith("="):
-            if src.id not in consts:
-                raise node.fail(f"operand {slot!r} is computed at run time; hetps needs a constant")
-            node.attrs[target[1:]] = consts[src.id]
-        else:
-            node.inputs[target] = combos.get(src.id) or [names[src.id]]
-    for slot, r in zip(op.get_output_names(), op.results(), strict=True):
-        node.outputs[outs_map.get(slot, _camel(slot))] = [names[r.id]]
-    for k, v in op.attrs().items():
-        if k in _SKIP_ATTRS:
-            continue
-        if type(v).__name__ == "DataType":
-            v = None if v.name == "UNDEFINED" else convert_dtype(v)
-        node.attrs[attr_map.get(k, k)] = v
-    return node
-
-
-def _call_site(callstack: list[str], paddle_dir: str) -> str:
-    """The innermost frame of the user's code ("file:line: code") in a Paddle op's callstack."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    site = ""
-    for k, line in enumerate(callstack):
-        m = re.match(r'\s*File "(.+)", line (\d+), in ', line)
-        if m and not m.group(1).startswith((paddle_dir, stdlib)):
-            code = callstack[k + 1].strip() if k + 1 < len(callstack) else ""
-            site = f"{m.group(1)}:{m.group(2)}" + (f": {code}" if code else "")
-    return site
 
 
 # -- building the hetps program ---------------------------------------------------------------
 class _Importer:
     """Creates hetps vars from Paddle's facts on first use and emits ops (the `paddle_ops.Ctx`)."""
 
-    def __init__(self, read: _Read) -> None:
+    def __init__(self, read: PaddleRead) -> None:
         self.read = read
         self.program = Program()
         self.block = self.program.global_block()
@@ -467,8 +155,9 @@ class _Importer:
     def mark_sparse(self, name: str, sparse: bool) -> None:
         self.var(name).is_sparse = sparse
 
-    def emit(self, op: PaddleOp, type: str, inputs: dict, outputs: dict,
-             attrs: dict | None = None) -> list[str]:
+    def emit(
+        self, op: PaddleOp, type: str, inputs: dict, outputs: dict, attrs: dict | None = None
+    ) -> list[str]:
         opdef = get_op(type, where=op.where())
         for n in (n for names in inputs.values() for n in names):
             self.var(n)
@@ -490,27 +179,30 @@ class _Importer:
         name = f"{op.type}_{op.index}.hetps_tmp_{self._tmp}"
         self._tmp += 1
         first = self.var(next(iter(inputs.values()))[0])
-        shapes = {s: ([self.shape(n) for n in ns] if opdef.is_variadic(s) else self.shape(ns[0]))
-                  for s, ns in inputs.items()}
+        shapes = {
+            s: ([self.shape(n) for n in ns] if opdef.is_variadic(s) else self.shape(ns[0]))
+            for s, ns in inputs.items()
+        }
         if opdef.infer_shape is not None:
             shape = opdef.infer_shape(shapes, {**opdef.attrs, **attrs}).get(slot)
         elif opdef.name == "fill_constant" and "Like" in shapes:
             shape = shapes["Like"]
         else:
             raise op.fail(f"hetps op {opdef.name!r} has no shape rule for an intermediate")
-        self.read.vars[name] = Var(name, shape=shape, dtype=first.dtype,
-                                   stop_gradient=first.stop_gradient)
+        self.read.vars[name] = Var(name, shape=shape, dtype=first.dtype, stop_gradient=first.stop_gradient)
         return name
 
     def convert(self, op: PaddleOp) -> None:
         fn = CONVERTERS.get(op.type)
         if fn is None:
-            raise PaddleImportError(f"{op.where()} is not supported by hetps's Paddle import; "
-                                    f"supported ops: {', '.join(sorted(CONVERTERS))}")
+            raise PaddleImportError(
+                f"{op.where()} is not supported by hetps's Paddle import; "
+                f"supported ops: {', '.join(sorted(CONVERTERS))}"
+            )
         fn(self, op)
 
 
-def _feed_names(read: _Read, feed: list | None) -> list[str]:
+def _feed_names(read: PaddleRead, feed: list | None) -> list[str]:
     used = {n for op in read.ops for names in op.inputs.values() for n in names}
     if feed is None:
         return [n for n in read.feeds if n in used]
@@ -524,7 +216,7 @@ def _feed_names(read: _Read, feed: list | None) -> list[str]:
     return names
 
 
-def _optimizer(read: _Read) -> tuple[type[builder.Optimizer], dict[str, Any]]:
+def _optimizer(read: PaddleRead) -> tuple[type[builder.Optimizer], dict[str, Any]]:
     """The hetps optimizer class and hyper-parameters (but the learning rate, a variable) that
     equal Paddle's optimize ops; the base class when there are none."""
     ops = read.optimize
@@ -532,9 +224,11 @@ def _optimizer(read: _Read) -> tuple[type[builder.Optimizer], dict[str, Any]]:
         return builder.Optimizer, {}
     for op in ops:
         if op.type not in _OPTIMIZERS:
-            raise op.fail("only SGD, Adam, AdamW and Adagrad update ops are imported, with L2Decay as "
-                          "the only regularizer (not gradient clipping, other weight decay or other "
-                          "optimizers)")
+            raise op.fail(
+                "only SGD, Adam, AdamW and Adagrad update ops are imported, with L2Decay as "
+                "the only regularizer (not gradient clipping, other weight decay or other "
+                "optimizers)"
+            )
         if op.type == "adamw" and float(op.attrs.get("lr_ratio", 1.0)) != 1.0:
             raise op.fail("AdamW's lr_ratio is not imported (only lr_ratio=1)")
         for flag in ("amsgrad", "multi_precision", "use_global_beta_pow"):
@@ -554,21 +248,26 @@ def _optimizer(read: _Read) -> tuple[type[builder.Optimizer], dict[str, Any]]:
 def _hyper(op: PaddleOp) -> dict[str, Any]:
     a = op.attrs
     if op.type in ("adam", "adamw"):
-        return {"beta1": float(a["beta1"]), "beta2": float(a["beta2"]),
-                "epsilon": float(a["epsilon"]), "lazy_mode": bool(a.get("lazy_mode", False))}
+        return {
+            "beta1": float(a["beta1"]),
+            "beta2": float(a["beta2"]),
+            "epsilon": float(a["epsilon"]),
+            "lazy_mode": bool(a.get("lazy_mode", False)),
+        }
     if op.type == "adagrad":
         return {"epsilon": float(a.get("epsilon", 1e-6))}
     return {}
 
 
-def _minimize(imp: _Importer, read: _Read, opt: builder.Optimizer) -> dict[str, str]:
+def _minimize(imp: _Importer, read: PaddleRead, opt: builder.Optimizer) -> dict[str, str]:
     """Regenerate backward and append hetps update ops, with the per-parameter settings (L2Decay,
     AdamW's decay, Paddle's sparse kernel); return {our state var: Paddle's, or _STEP}."""
     by_param = {op.one("Param"): op for op in read.optimize}
     clips = {read.clip.get(p) for p in by_param}
     if len(clips) > 1:
-        raise read.optimize[0].fail(f"ClipGradByGlobalNorm clips only some parameters "
-                                    f"({sorted(read.clip)}), which is not imported")
+        raise read.optimize[0].fail(
+            f"ClipGradByGlobalNorm clips only some parameters ({sorted(read.clip)}), which is not imported"
+        )
     opt.grad_clip_norm = clips.pop()
     with builder.program_guard(imp.program, Program()):
         opt.minimize(read.loss, parameter_list=list(by_param))
@@ -585,15 +284,19 @@ def _minimize(imp: _Importer, read: _Read, opt: builder.Optimizer) -> dict[str, 
         if op.type in ("adam", "adamw"):  # as Paddle runs it: its SelectedRows kernel for sparse
             rows = theirs.one("Grad") in read.selected_rows  # grads, its dense one (lazy moot) else
             op.attrs.update(paddle_sparse=int(rows), lazy_mode=int(rows and op.attrs["lazy_mode"]))
-        state.update({op.inputs[s.name][0]: _STEP if s is opt_rules.STEP else theirs.one(s.name)
-                      for s in opt.state})
+        state.update(
+            {op.inputs[s.name][0]: _STEP if s is opt_rules.STEP else theirs.one(s.name) for s in opt.state}
+        )
     return state
 
 
 _STEP = "@hetps_lr_step"  # the value of every Step state var (the scheduler's last_epoch)
-_SCHEDULERS = {"StepDecay": ("step", ("step_size", "gamma")), "ExponentialDecay": ("exponential", ("gamma",)),
-               "CosineAnnealingDecay": ("cosine", ("T_max", "eta_min")),
-               "LinearWarmup": ("linear_warmup", ("warmup_steps", "start_lr", "end_lr"))}
+_SCHEDULERS = {
+    "StepDecay": ("step", ("step_size", "gamma")),
+    "ExponentialDecay": ("exponential", ("gamma",)),
+    "CosineAnnealingDecay": ("cosine", ("T_max", "eta_min")),
+    "LinearWarmup": ("linear_warmup", ("warmup_steps", "start_lr", "end_lr")),
+}
 
 
 def _lr_schedule(main: Any, where: PaddleOp) -> tuple[dict[str, Any] | None, float, int]:
@@ -615,8 +318,9 @@ def _schedule_spec(sched: Any, where: PaddleOp) -> tuple[dict[str, Any], float]:
     base = float(sched.base_lr)
     if kind == "LinearWarmup":
         inner = sched.learning_rate
-        spec["then"], base = (None, float(inner)) if isinstance(inner, (int, float)) else \
-            _schedule_spec(inner, where)
+        spec["then"], base = (
+            (None, float(inner)) if isinstance(inner, (int, float)) else _schedule_spec(inner, where)
+        )
     return spec, base
 
 
@@ -640,14 +344,18 @@ def _scope_values(names: list[str], startup: Any, scope: Any, legacy: bool) -> d
         values.update({n: get(fresh, n) for n in missing})
         missing = [n for n, v in values.items() if v is None]
     if missing:
-        raise PaddleImportError(f"no value for {missing[:5]} in the scope: run the startup program "
-                                "first (exe.run(startup)) or pass startup_program=")
+        raise PaddleImportError(
+            f"no value for {missing[:5]} in the scope: run the startup program "
+            "first (exe.run(startup)) or pass startup_program="
+        )
     return values
 
 
-def _fetch_name(program: Program, read: _Read, f: Any) -> str:
+def _fetch_name(program: Program, read: PaddleRead, f: Any) -> str:
     name = read.name_of(f)
     if name not in program.vars:
-        raise PaddleImportError(f"fetch {name!r} is not computed by the imported program (only forward "
-                                "values, parameters and the regenerated x@GRAD can be fetched)")
+        raise PaddleImportError(
+            f"fetch {name!r} is not computed by the imported program (only forward "
+            "values, parameters and the regenerated x@GRAD can be fetched)"
+        )
     return name
