@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from .cli_common import EXIT_OK, UsageError, load_plan, make_data, parse_feeds
+
 HELD_OUT_START = 10**6  # generated held-out batches: indices far from the training steps
 
 
@@ -52,7 +54,6 @@ def train_options(s: argparse.ArgumentParser) -> None:
 
 def train_kwargs(args: argparse.Namespace, plan: Any, feeds: dict[str, str]) -> dict[str, Any]:
     """train()'s checkpoint / resume / evaluation arguments from the command line."""
-    from .cli import UsageError
 
     if args.checkpoint_every is not None and not args.checkpoint:
         raise UsageError("--checkpoint-every N needs --checkpoint DIR (where to save)")
@@ -73,7 +74,6 @@ def train_kwargs(args: argparse.Namespace, plan: Any, feeds: dict[str, str]) -> 
 
 def finite_data(args: argparse.Namespace, plan: Any, spec: str, feeds: dict[str, str], batches: int) -> Any:
     """Held-out data from a --data-like `spec`: an iterable of feed dicts."""
-    from .cli import UsageError, make_data
 
     if getattr(args, "schema", None):
         from .data import open_dataset
@@ -99,13 +99,11 @@ def describe_eval(history: Any) -> str:
 
 
 def _eval_data(args: argparse.Namespace, plan: Any) -> Any:
-    from .cli import parse_feeds
 
     return finite_data(args, plan, args.data, parse_feeds(args.feeds), args.batches)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .cli import EXIT_OK, load_plan
     from .evaluation import evaluate
 
     plan = load_plan(args.plan)
@@ -115,7 +113,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .cli import EXIT_OK, UsageError, load_plan
     from .evaluation import predict
 
     out = Path(args.output)
@@ -133,7 +130,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_export_inference(args: argparse.Namespace) -> int:
-    from .cli import EXIT_OK, UsageError, load_plan
     from .evaluation import export
 
     if Path(args.output).suffix != ".onnx":
