@@ -7,11 +7,21 @@ import numpy as np
 from .base import OpDef, SparseRows, register, scatter_add
 
 
+def id_range_error(ids, height: int) -> str | None:
+    """None when every id lies in [0, height), else what is wrong: the range and up to 5 ids outside
+    it. `height` <= 0 is a table without a bound (ids in [0, 2^63)). The one id-range rule of the
+    kernels, the parameter server's tables and the in-memory oracle."""
+    if not ids.size or (int(ids.min()) >= 0 and (height <= 0 or int(ids.max()) < height)):
+        return None
+    bad = ((ids < 0) | (ids >= height)) if height > 0 else ids < 0
+    return f"ids out of range [0, {height if height > 0 else '2^63'}): {ids[bad].reshape(-1)[:5].tolist()}"
+
+
 def check_ids(xp, ids, height: int) -> None:
-    """Raise IndexError when an id falls outside [0, height)."""
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= height):
-        bad = ids[(ids < 0) | (ids >= height)].reshape(-1)[:5]
-        raise IndexError(f"ids out of range [0, {height}): {bad.tolist()}")
+    """Raise IndexError when an id falls outside [0, height) (`id_range_error`)."""
+    error = id_range_error(ids, height)
+    if error:
+        raise IndexError(error)
 
 
 def _embedding(xp, ins, attrs):
@@ -28,15 +38,25 @@ def _embedding_vjp(xp, ins, outs, douts, attrs):
     return {"W": grad if attrs["is_sparse"] else grad.to_dense(xp)}
 
 
-register(OpDef("embedding", "sparse", ("W", "Ids"), ("Out",), _embedding, _embedding_vjp,
-               no_grad=("Ids",), infer_shape=lambda s, a: {"Out": tuple(s["Ids"]) + (s["W"][1],)},
-               attrs={"is_sparse": True}))
+register(
+    OpDef(
+        "embedding",
+        "sparse",
+        ("W", "Ids"),
+        ("Out",),
+        _embedding,
+        _embedding_vjp,
+        no_grad=("Ids",),
+        infer_shape=lambda s, a: {"Out": tuple(s["Ids"]) + (s["W"][1],)},
+        attrs={"is_sparse": True},
+    )
+)
 
 
 def _bag_positions(xp, starts, ends):
     """(position in Ids, bag, bag sizes) of every element of the bags [starts[b], ends[b]), bag by
     bag; there are len(ends) bags (torch's export passes all offsets as starts, one more)."""
-    starts = starts[:ends.size]
+    starts = starts[: ends.size]
     lengths = xp.maximum(ends - starts, 0)
     bag = xp.repeat(xp.arange(lengths.size), lengths)
     first = xp.cumsum(lengths) - lengths  # where each bag's elements begin in the flat list
@@ -103,7 +123,16 @@ def _embedding_bag_vjp(xp, ins, outs, douts, attrs):
     return grads
 
 
-register(OpDef("embedding_bag", "sparse", ("W", "Ids", "Starts", "Ends", "PerSampleWeights?"), ("Out",),
-               _embedding_bag, _embedding_bag_vjp, no_grad=("Ids", "Starts", "Ends"),
-               infer_shape=lambda s, a: {"Out": (s["Ends"][0], s["W"][1])},
-               attrs={"mode": "sum", "is_sparse": True}))
+register(
+    OpDef(
+        "embedding_bag",
+        "sparse",
+        ("W", "Ids", "Starts", "Ends", "PerSampleWeights?"),
+        ("Out",),
+        _embedding_bag,
+        _embedding_bag_vjp,
+        no_grad=("Ids", "Starts", "Ends"),
+        infer_shape=lambda s, a: {"Out": (s["Ends"][0], s["W"][1])},
+        attrs={"mode": "sum", "is_sparse": True},
+    )
+)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ops_registry import SparseRows, get_op, init_rows, scatter_add
+from ops_registry.embedding import id_range_error
 from ops_registry.optimizer import state_init
 from transpiler.builder import OPTIMIZERS, Optimizer
 
@@ -193,10 +194,9 @@ class SparseTable(Table):
             raise PSError(f"table {self.name!r}: ids must be a 1-D integer array, got "
                           f"{ids.dtype} of shape {list(ids.shape)}")
         ids = ids.astype(np.int64, copy=False)
-        bad = ((ids < 0) | (ids >= self.vocab)) if self.vocab > 0 else ids < 0
-        if bad.any():
-            raise PSError(f"table {self.name!r}: ids out of range [0, "
-                          f"{self.vocab if self.vocab > 0 else '2^63'}): {ids[bad][:5].tolist()}")
+        error = id_range_error(ids, self.vocab)
+        if error:
+            raise PSError(f"table {self.name!r}: {error}")
         return ids
 
     def _reserve(self, n: int, used: int) -> None:
