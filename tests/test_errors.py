@@ -149,8 +149,7 @@ def test_program_params_of_the_wrong_shape_are_rejected():
         x = nn.data("x", [-1, 3])
         y = nn.fc(x, 2)
     main.params = {"fc_0.w_0": np.zeros((3, 5), np.float32), "fc_0.b_0": np.zeros(2, np.float32)}
-    with pytest.raises(ValueError, match=r"parameter 'fc_0.w_0' has a value of shape \[3, 5\], but the "
-                                         r"program declares \[3, 2\]"):
+    with pytest.raises(ValueError, match=r"'fc_0.w_0' .*\[3, 5\].* declares \[3, 2\]"):
         Executor().run(main, feed={"x": np.ones((1, 3), np.float32)}, fetch_list=[y])
 
 
@@ -159,7 +158,7 @@ def test_reading_a_variable_nothing_produced_names_it():
     main.global_block().create_var("ghost", shape=(2,))
     main.global_block().create_var("r", shape=(2,))
     op = main.append_op("relu", {"X": "ghost"}, {"Y": "r"})
-    with pytest.raises(ExecutionError, match=rf"op 'relu' \(id {op.id}\) reads 'ghost', which no earlier op"):
+    with pytest.raises(ExecutionError, match=rf"'relu' \(id {op.id}\) reads 'ghost'"):
         Executor().run(main)
 
 

@@ -345,8 +345,7 @@ def test_if_on_data_is_refused_naming_the_node() -> None:
     model.graph.node.insert(0, _const("zero_i", np.array(0, np.int64)))
     with pytest.raises(
         UnsupportedOnnxOpsError,
-        match=r"If: branch \(its condition is not known at import "
-        r"time \(it depends on graph input 'n'\)\)",
+        match=r"If: branch \(its condition is not known .* graph input 'n'",
     ):
         from_onnx(model)
 
@@ -422,8 +421,7 @@ def test_loop_with_a_run_time_trip_count_is_refused_naming_the_node() -> None:
     model = _counting_loop(helper.make_node("Size", ["x"], ["M"]), n="T")
     with pytest.raises(
         UnsupportedOnnxOpsError,
-        match=r"Loop: steps \(its trip count is not known at import "
-        r"time \(it depends on graph input 'x'\)",
+        match=r"Loop: steps \(its trip count is not known .* graph input 'x'",
     ):
         from_onnx(model)
 
