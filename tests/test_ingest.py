@@ -532,9 +532,7 @@ def test_train_refuses_a_dataset_whose_feeds_do_not_fit_the_program(tmp_path):
     path = tmp_path / "r.csv"
     path.write_text(MOVIES)
     ds = open_dataset(path, movie_schema(), batch_size=2)  # sparse [n, 3], dense [n, 1], genres bags
-    with pytest.raises(
-        ValueError, match=r"feed 'sparse'.*\[-1, 26\].* gives \[n, 3\]"
-    ):
+    with pytest.raises(ValueError, match=r"feed 'sparse'.*\[-1, 26\].* gives \[n, 3\]"):
         train(wide_deep(optimizer=nn.SGD(0.1)).main, ds, epochs=1, allow_emulation=True)
     with pytest.raises(ValueError, match="reads the feeds \\['slot_0'"):
         train(dlrm(optimizer=nn.SGD(0.1)).main, ds, epochs=1, allow_emulation=True)
