@@ -27,7 +27,7 @@ from .onnx_static import (
     attr,
     const_true,
     constant,
-    opset_of,
+    default_opset,
     reads,
     static_shapes,
 )
@@ -56,7 +56,7 @@ def straighten(model: onnx.ModelProto) -> Straightened:
     while changed:
         changed, refused = False, {}
         graph = model.graph
-        static = StaticValues(graph, static_shapes(model), opset_of(model))
+        static = StaticValues(graph, static_shapes(model), default_opset(model))
         nodes: list[onnx.NodeProto] = []
         replaced: set[str] = set()  # outputs of nodes a rewrite took over (dynamo's ConcatFromSequence)
         for node in graph.node:

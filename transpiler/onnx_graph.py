@@ -13,8 +13,8 @@ from ops_registry import by_onnx, get_op, has_op, list_ops
 
 from .ir import Program
 from .onnx_control_flow import refusal_key
-from .onnx_model import OnnxImportError, default_opset, gather_nd_rows, lenient_types, np_dtype, tensor_type
-from .onnx_static import HETPS_DOMAIN
+from .onnx_model import OnnxImportError, gather_nd_rows, lenient_types, np_dtype, tensor_type
+from .onnx_static import HETPS_DOMAIN, default_opset
 
 MAX_PROGRAM_CONSTANT = 4096  # elements: a smaller non-trainable constant is a `constant` op, not a
 # persistable var (which a transpiled plan would serve from a parameter server, pulled every step)

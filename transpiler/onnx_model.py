@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import defs, helper, numpy_helper, shape_inference, version_converter
+from onnx import helper, numpy_helper, shape_inference, version_converter
+
+from .onnx_static import default_opset
 
 
 class OnnxImportError(ValueError):
@@ -94,14 +96,6 @@ def graph_types(graph: onnx.GraphProto) -> dict[str, tuple[str | None, tuple[int
         for vi in vis:
             types[vi.name] = tensor_type(vi, what)
     return types
-
-
-def default_opset(model: onnx.ModelProto) -> int:
-    """The model's ai.onnx opset version (the newest known when it imports none)."""
-    for o in model.opset_import:
-        if o.domain in ("", "ai.onnx"):
-            return o.version
-    return defs.onnx_opset_version()
 
 
 def np_dtype(elem_type: int) -> str:

@@ -21,7 +21,8 @@ def reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def opset_of(model: onnx.ModelProto) -> int:
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's ai.onnx opset version (the newest known when it imports none)."""
     return next(
         (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), onnx.defs.onnx_opset_version()
     )
