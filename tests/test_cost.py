@@ -398,3 +398,33 @@ def test_measure_link_signs_like_a_trainer(monkeypatch):
     assert {w for w, _ in seen} == {"in", "out"}
     secrets = {s for _, s in seen}
     assert len(secrets) == 1 and isinstance(secrets.pop(), bytes)  # both ends hold the same secret
+
+
+def test_cli_inspect_refuses_prediction_options_without_predict(tmp_path, capsys):
+    """`inspect --settings run.yaml` (or --trainers, ...) without --predict used to print the plain
+    summary, silently ignoring them: it is refused, naming the options and the fix."""
+    plan_dir = tmp_path / "p"
+    transpile(dense_model()).save(plan_dir)
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump(RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64).to_dict()))
+    assert main(["inspect", str(plan_dir), "--settings", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "--settings" in err and "add --predict" in err
+    assert main(["inspect", str(plan_dir), "--trainers", "cpu=2,gpu=1", "--mode", "sync"]) == 2
+    assert "--trainers, --mode" in capsys.readouterr().err
+    assert main(["inspect", str(plan_dir)]) == 0  # the plain summary still needs none of them
+    # with --predict the settings apply: the prediction describes the run.yaml's trainers and mode
+    prof = synthetic_profile(transpile(dense_model()), lambda k, op: KernelCost(1e-4, 1e-6))
+    (tmp_path / "prof.json").write_text(json.dumps(prof.to_dict()))
+    capsys.readouterr()
+    args = [
+        "inspect",
+        str(plan_dir),
+        "--predict",
+        "--settings",
+        str(run),
+        "--profile",
+        str(tmp_path / "prof.json"),
+    ]
+    assert main(args) == 0
+    assert "2 micro-batches, 1 server(s), async" in capsys.readouterr().out
