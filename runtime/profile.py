@@ -35,6 +35,10 @@ from transpiler.tune import tune as _tune
 from .device import cuda_available
 from .profile_measure import measure_link, measure_ps, profile_kernels
 
+# The version of how a profile is measured: a cached profile of another version is measured again
+# (2: the link probe signs its messages as trainers do; the reader's union of a step's ids).
+METHOD = 2
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hetps"
@@ -181,11 +185,16 @@ def machine_profile(
             prof = load_profile(path)
         except ValueError as e:
             log(f"{e}: measuring this machine again")
-    if prof is None:
+    if prof is not None and prof.method != METHOD:
+        log(f"{path} was measured by another hetps (method {prof.method}, now {METHOD}): measuring again")
+        prof = None
+    measured = prof is None
+    if measured:
         log("profiling the link and the parameter server (a few seconds) ...")
         link, ps = measure_link(), measure_ps()
         log("calibrating the runtime's own overhead (four short training runs) ...")
-        prof = Profile({}, link, ps, os.cpu_count() or 1, [], machine_key(), measure_overhead(link, ps))
+        overhead = measure_overhead(link, ps)
+        prof = Profile({}, link, ps, os.cpu_count() or 1, [], machine_key(), overhead, METHOD)
     missing = prof.missing(plan.programs)
     if missing:
         log(f"profiling {sum(len(v) for v in missing.values())} kernel(s) on {', '.join(missing)} ...")
@@ -194,7 +203,7 @@ def machine_profile(
         for kind, table in kernels.items():
             prof.kernels.setdefault(kind, {}).update(table)
         prof.emulated = sorted(set(prof.emulated) | set(emulated))
-    if refresh or missing or not path.is_file():
+    if measured or missing:
         _write_atomic(path, json.dumps(prof.to_dict(), indent=1))
     return prof
 

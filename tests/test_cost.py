@@ -166,9 +166,10 @@ def test_sync_step_waits_for_every_types_ps_round_trips_by_hand():
     assert p.bottleneck == "gpu"
     # the gpu's item + the reader's item (the pipeline's fill) + both round trips in turn
     assert p.step_s == pytest.approx(gpu_item + reader_item + reader_ps + gpu_ps)
-    # async: trainers' PS calls run on a background thread, off the step's chain
+    # async: trainers' PS calls run on a background thread, off the step's chain; with one item in
+    # flight the reader's item and the gpu's come in turn
     assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 100, None, 0.5)).step_s == (
-        pytest.approx(gpu_item)
+        pytest.approx(gpu_item + reader_item)
     )
 
 
@@ -428,3 +429,69 @@ def test_cli_inspect_refuses_prediction_options_without_predict(tmp_path, capsys
     ]
     assert main(args) == 0
     assert "2 micro-batches, 1 server(s), async" in capsys.readouterr().out
+
+
+def test_async_items_in_flight_by_hand():
+    """A reader keeps at most micro_batches items in flight: with one, its item and the gpu's come in
+    turn (the step is their sum, not the busiest's time); with more, the busiest process rules."""
+    plan = transpile(dense_model())
+    prof = synthetic_profile(
+        plan,
+        lambda k, op: KernelCost(1e-3, 0.0) if k == "gpu" and op.type == "gemm" else None,
+        link=(1e-4, 0.0),
+    )
+    # per item: the gpu's gemm 1e-3 + half of the one message it receives (x, label) 0.5e-4; the cpu
+    # (data only) pays the other half of that message, 0.5e-4
+    gpu_item, cpu_item = 1e-3 + 0.5e-4, 0.5e-4
+    one = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 64))
+    assert one.step_s == pytest.approx(gpu_item + cpu_item)
+    assert "in flight" in one.limit
+    # 4 items in flight: the gpu runs 4 items per step back to back
+    assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 4, 1, "async", 64)).step_s == pytest.approx(
+        4 * gpu_item
+    )
+    # 2 readers with one item each: the gpu runs 2 per step, more than one item's way (1.1e-3)
+    assert predict(plan, prof, RunSettings({"cpu": 2, "gpu": 1}, 1, 1, "async", 64)).step_s == pytest.approx(
+        2 * gpu_item
+    )
+
+
+def test_reader_union_of_a_steps_ids_by_hand():
+    """The reader takes the union of its step's ids once per id column (both sparse tables of a
+    Wide&Deep read the same column): union_s per id of the column, whatever the table count."""
+    model = wide_deep(num_slots=2, vocab=50, dim=4, num_dense=3, hidden=(8,), optimizer=builder.SGD(lr=0.1))
+    plan = transpile(model.main)
+    prof = synthetic_profile(plan, lambda k, op: None)
+    prof.ps.union_s = 1e-5
+    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 100))
+    # 100 examples x 2 ids (one column of 2 slots) x 1e-5, over the step's 2 items
+    assert {r.role: r for r in p.roles}["cpu"].compute_s == pytest.approx(100 * 2 * 1e-5)
+    prof.ps.lookup_s = 1e-6  # + per id and table (2 tables): 100 x 2 x 2 x 1e-6
+    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 100))
+    assert {r.role: r for r in p.roles}["cpu"].compute_s == pytest.approx(2e-3 + 4e-4)
+
+
+def test_cached_profile_of_another_method_is_measured_again(tmp_path, monkeypatch):
+    """A profile cached by an older hetps (measured another way: e.g. an unsigned link probe) is not
+    used: the machine is measured again and the cache rewritten; one of this method is reused."""
+    from runtime import profile as rp
+
+    plan = transpile(dense_model())
+    calls = []
+    monkeypatch.setattr(rp, "measure_link", lambda: calls.append("link") or LinkCost(1e-4, 1e-9))
+    monkeypatch.setattr(rp, "measure_ps", lambda: PSCost(1e-4, 1e-9, 1e-9))
+    monkeypatch.setattr(rp, "measure_overhead", lambda link, ps: {})
+    monkeypatch.setattr(
+        rp,
+        "profile_kernels",
+        lambda plan, kinds, skip: (synthetic_profile(plan, lambda k, op: None).kernels, []),
+    )
+    old = synthetic_profile(plan, lambda k, op: None)
+    old.method = rp.METHOD - 1
+    path = tmp_path / f"profile-{rp.machine_key()}.json"
+    path.write_text(json.dumps(old.to_dict()))
+    got = rp.machine_profile(plan, cache=tmp_path)
+    assert calls == ["link"] and got.method == rp.METHOD
+    assert json.loads(path.read_text())["method"] == rp.METHOD
+    rp.machine_profile(plan, cache=tmp_path)  # now current: read from the cache
+    assert calls == ["link"]
