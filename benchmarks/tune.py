@@ -159,10 +159,12 @@ def report(cost: Any, rows: list[Row]) -> None:
     tuned, _ = best_setting(cost, [r.settings for r in rows])
     got = next(r for r in rows if r.settings is tuned.settings)
     top = max(rows, key=lambda r: r.measured)
+    overlap = got is not top and len(got.rates) > 1 and max(got.rates) >= min(top.rates)
     print(
         f"tuned setting ({tuned.settings.describe()}): measured {got.measured:,.0f} examples/s = "
         f"{100 * got.measured / top.measured:.0f}% of the best measured "
         f"({top.settings.describe()}: {top.measured:,.0f}; medians)"
+        + ("; their measurements overlap (within the noise)" if overlap else "")
     )
 
 
