@@ -24,6 +24,7 @@ milliseconds every process spends per step). Each side trains `--warmup` steps, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -202,15 +203,22 @@ def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int,
     total = warmup + steps
     eng, marks = LocalEngine(), []
 
-    def mark(record: dict) -> None:  # CPU times of every process when warm-up ends and at the end
-        if record["step"] in (warmup - 1, total - 1):
-            marks.append({**{n: cpu_seconds(p) for n, p in eng.pids().items()},
-                          "driver": time.process_time()})
+    # CPU times of every process when warm-up ends and one step before the end (by the last step
+    # a trainer may have exited: its /proc entry is gone; one that is gone is left out)
+    def mark(record: dict) -> None:
+        if record["step"] in (warmup - 1, total - 2):
+            got = {"driver": time.process_time()}
+            for n, p in eng.pids().items():
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    got[n] = cpu_seconds(p)
+            marks.append(got)
 
     hist = train(plan, bs, epochs=-(-total // NUM_BATCHES), steps=total, trainers=trainers,
                  micro_batches=micro_batches, mode=mode, servers=servers, allow_emulation=True,
                  engine=eng, callback=mark)
-    cpu_ms = {n: 1e3 * (marks[1][n] - marks[0][n]) / steps for n in marks[0]}
+    if len(marks) < 2:  # fewer than 2 timed steps: nothing between the marks
+        return hist, {}
+    cpu_ms = {n: 1e3 * (marks[1][n] - marks[0][n]) / (steps - 1) for n in marks[0] if n in marks[1]}
     return hist, cpu_ms
 
 

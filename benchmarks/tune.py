@@ -5,16 +5,20 @@ EMULATED on the CPU when there is no CUDA device) this trains the model of bench
 `--warmup` + `--steps` steps on the local engine, measures examples/s over the timed steps and
 compares it with the cost model's prediction (transpiler/cost.py) from this machine's profile
 (runtime/profile.py, cached under ~/.cache/hetps; `--refresh` measures it again). All processes
-share this machine's cores, so the prediction is made with cores = the machine's core count.
+share this machine's cores, so the prediction is made with cores = the cores this process may use.
 
-It prints one row per setting with the error (predicted / measured - 1) and each role's predicted
-vs measured CPU milliseconds per step and process (a check of the model's parts that other
-processes' load skews little), the setting the tuner
-picks from the same grid with its measured throughput against the best measured one, and last
-`prediction error: max N%`. Measurements on a machine other processes load are noisy: compare on a
-quiet machine.
+Throughput on a shared machine moves between runs of the same setting (by ~20% per row on a quiet
+2-core machine), so the grid is measured `--repeats` times, in rounds (every setting once per
+round, so a slow spell of the machine hits all settings alike), and each row reports the median
+with the spread (lowest .. highest as % of the median); the error is predicted / median - 1.
 
-    python benchmarks/tune.py                              # the whole grid (24 settings, minutes)
+It prints one row per setting with the error and each role's predicted vs measured CPU
+milliseconds per step and process (medians; a check of the model's parts that other processes'
+load skews little), the setting the tuner picks from the same grid with its measured throughput
+against the best measured one, the time the whole run took, and last `prediction error: max N%`.
+
+    python benchmarks/tune.py                    # the whole grid, 24 settings x 3 repeats (~7 min)
+    python benchmarks/tune.py --repeats 1        # one pass (~2.5 min), noisier
     python benchmarks/tune.py --trainers 1 --micro-batches 4 --servers 1 --modes async --steps 20
 """
 
@@ -24,9 +28,12 @@ import argparse
 import itertools
 import logging
 import os
+import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,45 +42,69 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def cpu_use(pred, cpu_ms: dict[str, float]) -> str:
-    """Each role's predicted CPU ms per step and process against the mean measured over its processes
-    (the driver's own is not modelled): a check of the model's parts that load does not skew much."""
-    out = []
-    for r in pred.roles:
-        got = [ms for name, ms in cpu_ms.items() if name.split(":")[0] == r.role]
-        pred_ms = 1e3 * (r.cpu_s if not r.server else r.busy_s)
-        if got:
-            out.append(f"{r.role} {pred_ms:.1f}/{sum(got) / len(got):.1f}")
-    return ", ".join(out)
+@dataclass
+class Row:
+    """One setting: its prediction and every measurement of it (examples/s, CPU ms per process)."""
+
+    settings: Any
+    prediction: Any
+    rates: list[float] = field(default_factory=list)
+    cpu_ms: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def measured(self) -> float:
+        return statistics.median(self.rates)
+
+    @property
+    def error(self) -> float:
+        return self.prediction.examples_per_s / self.measured - 1
+
+    def spread(self) -> str:
+        """Lowest .. highest measurement as % of the median (empty with one measurement)."""
+        if len(self.rates) < 2:
+            return ""
+        lo, hi = (100 * (r / self.measured - 1) for r in (min(self.rates), max(self.rates)))
+        return f"{lo:+.0f}..{hi:+.0f}%"
+
+    def cpu_use(self) -> str:
+        """Each role's predicted CPU ms per step and process against the median measured over its
+        processes and repeats (the driver's own is not modelled)."""
+        out = []
+        for r in self.prediction.roles:
+            got = [ms for run in self.cpu_ms for name, ms in run.items() if name.split(":")[0] == r.role]
+            if got:
+                pred_ms = 1e3 * (r.busy_s if r.server else r.cpu_s)
+                out.append(f"{r.role} {pred_ms:.1f}/{statistics.median(got):.1f}")
+        return ", ".join(out)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60, help="timed steps per setting (after warm-up)")
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=3, help="measurements of each setting (the median counts)")
     ap.add_argument("--trainers", type=ints, default=[1, 2], help="cpu trainer counts, e.g. 1,2")
     ap.add_argument("--micro-batches", type=ints, default=[1, 4, 8])
     ap.add_argument("--servers", type=ints, default=[1, 2])
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--refresh", action="store_true", help="profile this machine again")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.steps < 2 or args.warmup < 1:
+        ap.error("--repeats and --warmup must be at least 1, --steps at least 2")
+    return args
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    args = parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    logging.getLogger("hetps.device").setLevel(logging.ERROR)  # the emulation is stated below
-
+def prepare(args: argparse.Namespace) -> tuple[Any, list[Row]]:
+    """The cost model of the CTR plan from this machine's profile, and one Row per grid setting."""
     from benchmarks import ctr
     from runtime.profile import machine_profile, unique_fraction
     from transpiler import transpile
     from transpiler.cost import PlanCost, RunSettings
-    from transpiler.tune import best_setting
 
     plan = transpile(ctr.build().main)
     t0 = time.perf_counter()
     profile = machine_profile(plan, refresh=args.refresh, log=print)
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))
     frac = unique_fraction(plan, ctr.batches()[0])
     print(
         f"profile {profile.machine} ({time.perf_counter() - t0:.1f} s; emulated kinds: "
@@ -81,38 +112,76 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"{100 * frac:.0f}% of a step's ids; load average {os.getloadavg()[0]:.1f}"
     )
     cost = PlanCost(plan, profile)
-    grid = [
-        RunSettings({"cpu": n, "gpu": 1}, mb, servers, mode, ctr.BATCH, cores, frac)
-        for mode, n, mb, servers in itertools.product(
-            args.modes.split(","), args.trainers, args.micro_batches, args.servers
+    rows = [
+        Row(s, cost.predict(s))
+        for s in (
+            RunSettings({"cpu": n, "gpu": 1}, mb, servers, mode, ctr.BATCH, cores, frac)
+            for mode, n, mb, servers in itertools.product(
+                args.modes.split(","), args.trainers, args.micro_batches, args.servers
+            )
         )
     ]
-    print(
-        f"{'mode':>5} {'cpu':>3} {'mb':>3} {'shards':>6} {'predicted':>10} {'measured':>10} {'error':>7}"
-        f"  {'bottleneck':<10} load  CPU ms per step and process, predicted/measured"
-    )
-    rows = []
-    for s in grid:
-        pred = cost.predict(s)
-        hist, cpu_ms = ctr.hetps(args.steps, args.warmup, s.trainers, s.micro_batches, s.mode, s.servers)
-        meas = hist.examples_per_s(skip=args.warmup)
-        err = pred.examples_per_s / meas - 1
-        rows.append({"settings": s, "predicted": pred.examples_per_s, "measured": meas, "error": err})
+    return cost, rows
+
+
+def measure(args: argparse.Namespace, rows: list[Row]) -> None:
+    """Train every setting `--repeats` times, one round through the grid after another."""
+    from benchmarks import ctr
+
+    for k in range(args.repeats):
+        t0 = time.perf_counter()
+        for row in rows:
+            s = row.settings
+            hist, cpu_ms = ctr.hetps(args.steps, args.warmup, s.trainers, s.micro_batches, s.mode, s.servers)
+            row.rates.append(hist.examples_per_s(skip=args.warmup))
+            row.cpu_ms.append(cpu_ms)
         print(
-            f"{s.mode:>5} {s.trainers['cpu']:>3} {s.micro_batches:>3} {s.servers:>6} "
-            f"{pred.examples_per_s:>10,.0f} {meas:>10,.0f} {100 * err:>+6.0f}%  {pred.bottleneck:<10} "
-            f"{os.getloadavg()[0]:4.1f}  {cpu_use(pred, cpu_ms)}",
+            f"  round {k + 1} of {args.repeats}: {len(rows)} settings in {time.perf_counter() - t0:.0f} s "
+            f"(load average {os.getloadavg()[0]:.1f})",
             flush=True,
         )
-    tuned, _ = best_setting(cost, grid)
-    got = next(r for r in rows if r["settings"] is tuned.settings)
-    top = max(rows, key=lambda r: r["measured"])
+
+
+def report(cost: Any, rows: list[Row]) -> None:
+    from transpiler.tune import best_setting
+
     print(
-        f"tuned setting ({tuned.settings.describe()}): measured {got['measured']:,.0f} examples/s = "
-        f"{100 * got['measured'] / top['measured']:.0f}% of the best measured "
-        f"({top['settings'].describe()}: {top['measured']:,.0f})"
+        f"{'mode':>5} {'cpu':>3} {'mb':>3} {'shards':>6} {'predicted':>10} {'measured':>10} {'spread':>9} "
+        f"{'error':>6}  {'bottleneck':<10} CPU ms per step and process, predicted/measured"
     )
-    print(f"prediction error: max {100 * max(abs(r['error']) for r in rows):.0f}%")
+    for r in rows:
+        s = r.settings
+        print(
+            f"{s.mode:>5} {s.trainers['cpu']:>3} {s.micro_batches:>3} {s.servers:>6} "
+            f"{r.prediction.examples_per_s:>10,.0f} {r.measured:>10,.0f} {r.spread():>9} "
+            f"{100 * r.error:>+5.0f}%  {r.prediction.bottleneck:<10} {r.cpu_use()}"
+        )
+    tuned, _ = best_setting(cost, [r.settings for r in rows])
+    got = next(r for r in rows if r.settings is tuned.settings)
+    top = max(rows, key=lambda r: r.measured)
+    overlap = got is not top and len(got.rates) > 1 and max(got.rates) >= min(top.rates)
+    print(
+        f"tuned setting ({tuned.settings.describe()}): measured {got.measured:,.0f} examples/s = "
+        f"{100 * got.measured / top.measured:.0f}% of the best measured "
+        f"({top.settings.describe()}: {top.measured:,.0f}; medians)"
+        + ("; their measurements overlap (within the noise)" if overlap else "")
+    )
+
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    args = parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    logging.getLogger("hetps.device").setLevel(logging.ERROR)  # the emulation is stated below
+    t0 = time.perf_counter()
+    cost, rows = prepare(args)
+    measure(args, rows)
+    report(cost, rows)
+    errors = [abs(r.error) for r in rows]
+    print(
+        f"{len(rows)} settings x {args.repeats} repeats in {(time.perf_counter() - t0) / 60:.1f} min; "
+        f"median |error| {100 * statistics.median(errors):.0f}%"
+    )
+    print(f"prediction error: max {100 * max(errors):.0f}%")
     return rows
 
 

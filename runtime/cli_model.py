@@ -94,6 +94,12 @@ def cmd_transpile(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    only_predict = ("settings", "trainers", "servers", "mode", "micro_batches", "batch_size", "cores",
+                    "profile")
+    given = [f"--{n.replace('_', '-')}" for n in only_predict if getattr(args, n) is not None]
+    if given and not args.predict:
+        raise UsageError(f"{', '.join(given)}: only used with --predict (the predicted examples/s and "
+                         "bottleneck for those settings); add --predict, or leave them out")
     plan = load_plan(args.plan)
     if args.program:
         if args.program not in plan.programs:

@@ -26,7 +26,6 @@ PARSER_BUILDERS = {("runtime/cli.py", "build_parser")}
 ALLOWED: dict[str, set[str]] = {
     "runtime/train.py": {"module", "train"},
     "runtime/trainer.py": {"module"},
-    "runtime/profile.py": {"module"},
     "runtime/executor.py": {"run"},
     "runtime/ingest/models.py": {"build_model"},
 }

@@ -166,9 +166,10 @@ def test_sync_step_waits_for_every_types_ps_round_trips_by_hand():
     assert p.bottleneck == "gpu"
     # the gpu's item + the reader's item (the pipeline's fill) + both round trips in turn
     assert p.step_s == pytest.approx(gpu_item + reader_item + reader_ps + gpu_ps)
-    # async: trainers' PS calls run on a background thread, off the step's chain
+    # async: trainers' PS calls run on a background thread, off the step's chain; with one item in
+    # flight the reader's item and the gpu's come in turn
     assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 100, None, 0.5)).step_s == (
-        pytest.approx(gpu_item)
+        pytest.approx(gpu_item + reader_item)
     )
 
 
@@ -252,7 +253,7 @@ def test_summary_shows_prediction():
 
 def test_profile_kernels_covers_a_plan():
     """A real (short) kernel profile of a tiny plan: every kernel op gets a time on both kinds."""
-    from runtime.profile import profile_kernels
+    from runtime.profile_measure import profile_kernels
 
     plan = transpile(dense_model())
     kernels, emulated = profile_kernels(plan, sizes=(4, 16), repeats=1)
@@ -365,8 +366,132 @@ def test_more_trainers_than_items_do_not_split_an_item():
 def test_measure_ps_talks_to_a_signed_shard():
     """The PS probe against a real shard process (about a second): shards sign requests with a
     secret by default, and a probe without it failed every first `hetps tune` on a machine."""
-    from runtime.profile import measure_ps
+    from runtime.profile_measure import measure_ps
 
     ps = measure_ps(count=2)
     assert ps.request_s > 0  # a round trip to another process takes time
     assert min(vars(ps).values()) >= 0
+
+
+def test_measure_link_signs_like_a_trainer(monkeypatch):
+    """Trainers sign every message with the run's secret and verify what they receive; the link
+    probe must pay the same (unsigned, its per-byte cost came out ~9x too low on the CTR model's
+    2-core machine)."""
+    from runtime import profile_measure
+    from runtime.channels import Inbox, Outbox
+
+    seen = []
+
+    class SpyOutbox(Outbox):
+        def __init__(self, secret=None, *a, **k):
+            seen.append(("out", secret))
+            super().__init__(secret, *a, **k)
+
+    class SpyInbox(Inbox):
+        def __init__(self, endpoint, secret=None, *a, **k):
+            seen.append(("in", secret))
+            super().__init__(endpoint, secret, *a, **k)
+
+    monkeypatch.setattr(profile_measure, "Outbox", SpyOutbox)
+    monkeypatch.setattr(profile_measure, "Inbox", SpyInbox)
+    link = profile_measure.measure_link(sizes=(64, 4096), count=2)
+    assert link.latency_s > 0
+    assert {w for w, _ in seen} == {"in", "out"}
+    secrets = {s for _, s in seen}
+    assert len(secrets) == 1 and isinstance(secrets.pop(), bytes)  # both ends hold the same secret
+
+
+def test_cli_inspect_refuses_prediction_options_without_predict(tmp_path, capsys):
+    """`inspect --settings run.yaml` (or --trainers, ...) without --predict used to print the plain
+    summary, silently ignoring them: it is refused, naming the options and the fix."""
+    plan_dir = tmp_path / "p"
+    transpile(dense_model()).save(plan_dir)
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump(RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64).to_dict()))
+    assert main(["inspect", str(plan_dir), "--settings", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "--settings" in err and "add --predict" in err
+    assert main(["inspect", str(plan_dir), "--trainers", "cpu=2,gpu=1", "--mode", "sync"]) == 2
+    assert "--trainers, --mode" in capsys.readouterr().err
+    assert main(["inspect", str(plan_dir)]) == 0  # the plain summary still needs none of them
+    # with --predict the settings apply: the prediction describes the run.yaml's trainers and mode
+    prof = synthetic_profile(transpile(dense_model()), lambda k, op: KernelCost(1e-4, 1e-6))
+    (tmp_path / "prof.json").write_text(json.dumps(prof.to_dict()))
+    capsys.readouterr()
+    args = [
+        "inspect",
+        str(plan_dir),
+        "--predict",
+        "--settings",
+        str(run),
+        "--profile",
+        str(tmp_path / "prof.json"),
+    ]
+    assert main(args) == 0
+    assert "2 micro-batches, 1 server(s), async" in capsys.readouterr().out
+
+
+def test_async_items_in_flight_by_hand():
+    """A reader keeps at most micro_batches items in flight: with one, its item and the gpu's come in
+    turn (the step is their sum, not the busiest's time); with more, the busiest process rules."""
+    plan = transpile(dense_model())
+    prof = synthetic_profile(
+        plan,
+        lambda k, op: KernelCost(1e-3, 0.0) if k == "gpu" and op.type == "gemm" else None,
+        link=(1e-4, 0.0),
+    )
+    # per item: the gpu's gemm 1e-3 + half of the one message it receives (x, label) 0.5e-4; the cpu
+    # (data only) pays the other half of that message, 0.5e-4
+    gpu_item, cpu_item = 1e-3 + 0.5e-4, 0.5e-4
+    one = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 64))
+    assert one.step_s == pytest.approx(gpu_item + cpu_item)
+    assert "in flight" in one.limit
+    # 4 items in flight: the gpu runs 4 items per step back to back
+    assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 4, 1, "async", 64)).step_s == pytest.approx(
+        4 * gpu_item
+    )
+    # 2 readers with one item each: the gpu runs 2 per step, more than one item's way (1.1e-3)
+    assert predict(plan, prof, RunSettings({"cpu": 2, "gpu": 1}, 1, 1, "async", 64)).step_s == pytest.approx(
+        2 * gpu_item
+    )
+
+
+def test_reader_union_of_a_steps_ids_by_hand():
+    """The reader takes the union of its step's ids once per id column (both sparse tables of a
+    Wide&Deep read the same column): union_s per id of the column, whatever the table count."""
+    model = wide_deep(num_slots=2, vocab=50, dim=4, num_dense=3, hidden=(8,), optimizer=builder.SGD(lr=0.1))
+    plan = transpile(model.main)
+    prof = synthetic_profile(plan, lambda k, op: None)
+    prof.ps.union_s = 1e-5
+    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 100))
+    # 100 examples x 2 ids (one column of 2 slots) x 1e-5, over the step's 2 items
+    assert {r.role: r for r in p.roles}["cpu"].compute_s == pytest.approx(100 * 2 * 1e-5)
+    prof.ps.lookup_s = 1e-6  # + per id and table (2 tables): 100 x 2 x 2 x 1e-6
+    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 100))
+    assert {r.role: r for r in p.roles}["cpu"].compute_s == pytest.approx(2e-3 + 4e-4)
+
+
+def test_cached_profile_of_another_method_is_measured_again(tmp_path, monkeypatch):
+    """A profile cached by an older hetps (measured another way: e.g. an unsigned link probe) is not
+    used: the machine is measured again and the cache rewritten; one of this method is reused."""
+    from runtime import profile as rp
+
+    plan = transpile(dense_model())
+    calls = []
+    monkeypatch.setattr(rp, "measure_link", lambda: calls.append("link") or LinkCost(1e-4, 1e-9))
+    monkeypatch.setattr(rp, "measure_ps", lambda: PSCost(1e-4, 1e-9, 1e-9))
+    monkeypatch.setattr(rp, "measure_overhead", lambda link, ps: {})
+    monkeypatch.setattr(
+        rp,
+        "profile_kernels",
+        lambda plan, kinds, skip: (synthetic_profile(plan, lambda k, op: None).kernels, []),
+    )
+    old = synthetic_profile(plan, lambda k, op: None)
+    old.method = rp.METHOD - 1
+    path = tmp_path / f"profile-{rp.machine_key()}.json"
+    path.write_text(json.dumps(old.to_dict()))
+    got = rp.machine_profile(plan, cache=tmp_path)
+    assert calls == ["link"] and got.method == rp.METHOD
+    assert json.loads(path.read_text())["method"] == rp.METHOD
+    rp.machine_profile(plan, cache=tmp_path)  # now current: read from the cache
+    assert calls == ["link"]

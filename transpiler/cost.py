@@ -14,7 +14,9 @@ and receives (one message per segment and peer, `latency_s + bytes * per_byte_s`
 each trainer pulls and pushes the dense tables it uses once per step (one request per shard it
 touches), a reader pulls and pushes the unique rows of its step's ids (ids x `unique_fraction`).
 Dense tables sit whole on a shard (largest first onto the least loaded), sparse rows spread evenly.
-- async: the step takes as long as the busiest process (trainer or shard);
+- async: the step takes as long as the busiest process (trainer or shard), and at least one item's
+  way through every trainer type (its kernels, messages and own overhead on each): a reader keeps
+  at most M items in flight, so its next step's items wait for this step's to come back;
 - sync: a chain per step. A pull of step t+1 waits until the shard applied step t, i.e. every
   trainer's push of step t: the reader pulls its rows, runs its items' forward and sends them, the
   other types compute (their dense tables pulled), the gradients come back, the reader pushes its
@@ -23,6 +25,8 @@ Dense tables sit whole on a shard (largest first onto the least loaded), sparse 
   types (the pipeline fills and drains at each step boundary), plus the PS round trips (pull +
   push) of one trainer of each type in turn (a reader's sparse rows, the dense tables): each is
   its client time, which includes the shard's serving of it;
+- a reader's own work per id: gathering the pulled rows and merging the gradients (per id and
+  sparse table), and the union of a step's ids for the rows' prefetch (per id of each id column);
 - when every process shares `cores` CPU cores (one machine), the step takes at least the CPU work
   of all processes / cores (all but a real GPU's kernels; an emulated GPU's kernels count).
 """
@@ -153,6 +157,7 @@ class _TypeCost:
     dense_tables: list[str] = field(default_factory=list)
     pushes_dense: bool = False
     sparse_ids: dict[str, int] = field(default_factory=dict)  # sparse table -> ids per example
+    feed_ids: int = 0  # ids per example of the distinct fed id columns that sparse lookups read
 
 
 class PlanCost:
@@ -197,6 +202,8 @@ class PlanCost:
             for op in prog.ops:
                 if op.type == "pull_sparse":
                     tc.sparse_ids[op.attrs["table"]] = raw.get(op.inputs["Ids"][0], 1)
+            fed = {op.inputs["Ids"][0] for op in prog.ops if op.type == "unique_ids"}
+            tc.feed_ids = sum(_elements_per_example(prog.global_block().vars.get(x)) for x in fed)
 
         for t, n in groups.items():
             self.types[t].messages += n
@@ -236,8 +243,10 @@ class PlanCost:
             n = s.trainers[t]
             per_trainer = math.ceil(items / n)  # items go round robin: the busiest trainer's share
             kern = tc.fixed_s + tc.per_example_s * m
-            if t == self.reader:  # per id and sparse table: gather the pulled rows, merge the gradients
-                kern += m * sum(tc.sparse_ids.values()) * ps.lookup_s
+            if t == self.reader and tc.sparse_ids:
+                # per id and sparse table: gather the pulled rows, merge the gradients; per id of
+                # each fed id column: its share of the union of the step's ids (the rows' prefetch)
+                kern += m * (sum(tc.sparse_ids.values()) * ps.lookup_s + tc.feed_ids * ps.union_s)
             send = 0.5 * (tc.messages * p.link.latency_s + tc.send_bytes * m * p.link.per_byte_s)
             item_s[t] = kern + send
             client, serve, touched = self._ps_work(t, tc, s, readers, dense_home)
@@ -320,6 +329,9 @@ class PlanCost:
             fill = sum(item_s.values()) - max(item_s.values())
             step += fill + boundary_s
             limit = "the busiest process + the pipeline's fill and the PS round trips at each step boundary"
+        elif sum(item_s.values()) > step:  # a reader keeps at most micro_batches items in flight
+            step = sum(item_s.values())
+            limit = "one micro-batch's way through every trainer type (a reader has micro_batches in flight)"
         if s.cores is not None:
             cpu_work = sum(r.count * r.cpu_s for r in roles if not r.server)
             ov = p.overhead_for(s.mode)

@@ -70,6 +70,7 @@ class PSCost:
     sparse_row_s: float = 0.0
     lookup_s: float = 0.0  # a reader's own work per id looked up (gather of pulled rows, merge of grads)
     table_s: float = 0.0  # per table in a request (a pull or push of many tables is one request)
+    union_s: float = 0.0  # a reader's own work per id of a step's feed (the union of its ids, per feed)
 
 
 @dataclass
@@ -99,6 +100,7 @@ class Profile:
     emulated: list[str] = field(default_factory=list)
     machine: str = ""
     overhead: dict[str, Overhead] = field(default_factory=dict)  # by PS mode (sync, async)
+    method: int = 0  # the version of the measuring code (runtime/profile.py METHOD) that made it
 
     def overhead_for(self, mode: str) -> Overhead:
         return self.overhead.get(mode) or Overhead()
@@ -110,7 +112,7 @@ class Profile:
             what = f"op {op.type!r} (id {op.id})" if op is not None else sig
             raise KeyError(
                 f"the profile has no {kind} time for {what}; profile the plan's ops first "
-                "(runtime.profile.profile_plan, or `hetps tune`, which profiles what is "
+                "(runtime.profile.machine_profile, or `hetps tune`, which profiles what is "
                 "missing)"
             ) from None
 
@@ -128,6 +130,7 @@ class Profile:
             list(d.get("emulated", [])),
             d.get("machine", ""),
             {mode: Overhead(**o) for mode, o in d.get("overhead", {}).items()},
+            int(d.get("method", 0)),
         )
 
     def missing(self, programs: dict[str, Program], kinds: Iterable[str] = KINDS) -> dict[str, list[Op]]:
