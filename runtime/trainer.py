@@ -54,7 +54,22 @@ from .channels import Inbox, Outbox, pack_tensors, unpack_tensors
 from .device import array_module
 from .device import to_host as _host
 from .executor import Executor
+from .messages import (
+    TO_TRAINER,
+    Announce,
+    Done,
+    End,
+    Losses,
+    Message,
+    ProtocolError,
+    Ready,
+    StepReport,
+    Tensors,
+    header,
+    parse,
+)
 from .ps import PSClient
+from .settings import TrainerSpec
 from .telemetry import Recorder, pack_spans
 
 
@@ -151,23 +166,22 @@ def _pull_dense(client: PSClient, tables: list[str], step: int | None) -> dict[s
 class Trainer:
     """One trainer; `spec` is built by `runtime.train` (see `train._trainer_spec`)."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: TrainerSpec) -> None:
         self.spec = spec
-        self.name, self.type, self.index = spec["name"], spec["type"], spec["index"]
-        self.reader, self.counts = spec["reader"], spec["counts"]
-        self.is_reader = self.type == self.reader
-        self.mb_count, self.mode = spec["micro_batches"], spec["mode"]
-        self.stall_timeout = spec["stall_timeout"]
-        self.xp, _ = array_module(self.type, spec["device_map"], spec["allow_emulation"],
-                                 announce=False)
-        self.program = Program.from_json(spec["program"])
+        self.name, self.type, self.index = spec.name, spec.type, spec.index
+        self.reader, self.counts = spec.reader, spec.counts
+        self.is_reader = spec.is_reader
+        self.mb_count, self.mode = spec.micro_batches, spec.mode
+        self.stall_timeout = spec.stall_timeout
+        self.xp, _ = array_module(self.type, spec.device_map, spec.allow_emulation, announce=False)
+        self.program = Program.from_json(spec.program)
         self.segs = segment_programs(self.program)
         self.seg_recvs = [[op.attrs["tensor"] for op in seg.ops if op.type == "recv"] for seg in self.segs]
         self.feeds = self.program.attrs.get("feeds", [])
-        self.loss = spec["loss"] if spec["loss"] in self.program.vars else None
+        self.loss = spec.loss if spec.loss in self.program.vars else None
         self.score = score_names(self.program) if self.loss else None  # reported for the AUC
         self.seg_outs = _kept_outputs(self.segs, [self.loss, *(self.score or [])])
-        self.loss_scale = spec["loss_reduction"] == "mean"
+        self.loss_scale = spec.loss_reduction == "mean"
         self.seed_id = next((op.id for op in self.program.ops if op.type == "fill_constant"
                              and op.outputs.get("Out") == [f"{self.loss}@GRAD"]), None)
         self.pushed = {op.attrs["table"]: op.type for op in self.program.ops
@@ -183,7 +197,7 @@ class Trainer:
                              and made[u].type == "unique_ids" and made[u].outputs["Unique"] == [u]
                              and made[u].inputs["Ids"][0] in self.feeds]
         self.rows_prefetch: dict[tuple, tuple[Future, int, np.ndarray]] = {}
-        self.tables = {t["name"]: t for t in spec["tables"]}
+        self.tables = {t["name"]: t for t in spec.tables}
         self.peers = [t for t in self.counts if t != self.reader]
         self.exe = Executor(self.xp, handlers={
             "send": self._send, "recv": self._recv, "pull_dense": self._pull_dense,
@@ -194,41 +208,42 @@ class Trainer:
         self.items: dict[tuple[int, int, int], Item] = {}
         self.arrived: dict[tuple[int, int, int], dict[str, Any]] = {}
         self.steps: dict[int, StepState] = {}
-        self.flushed = spec.get("start", 0)  # steps < flushed are pushed (a resumed run starts later)
+        self.flushed = spec.start  # steps < flushed are pushed (a resumed run starts later)
         self.end: int | None = None    # no step >= end runs
         self.ends: dict[int, int] = {}  # reader index -> its end step (non-readers)
         self.cur: Item | None = None
         self.outgoing: list[tuple[str, str, Any]] = []
         self.stats = {"busy_s": 0.0, "ps_s": 0.0, "wait_s": 0.0, "send_s": 0.0, "items": 0}
-        self.rec = Recorder(bool(spec.get("trace")))  # timeline spans (runtime.telemetry), when asked
-        self.peer_of = {ep: name for name, ep in spec["endpoints"].items()}
+        self.rec = Recorder(spec.trace)  # timeline spans (runtime.telemetry), when asked
+        self.peer_of = {ep: name for name, ep in spec.endpoints.items()}
         # reader state
         self.batches: Iterator | None = None
         self.next_step = self.flushed
-        self.grant = spec.get("grant")  # None: no limit from the driver; else steps < grant may start
+        self.grant = spec.grant  # None: no limit from the driver; else steps < grant may start
         self.grant_final = False
 
     # -- wiring ---------------------------------------------------------------------------------
     def _connect(self) -> None:
         s = self.spec
-        self.inbox = Inbox(s["endpoints"][self.name], s["secret"])
-        self.out = Outbox(s["secret"])
+        self.inbox = Inbox(s.endpoints[self.name], s.secret)
+        self.out = Outbox(s.secret)
+
         def client() -> PSClient:
-            return PSClient(s["ps"], secret=s["secret"], timeout=self.stall_timeout, pusher=self.name)
+            return PSClient(s.ps, secret=s.secret, timeout=self.stall_timeout, pusher=self.name)
 
         self.client = client()
         self.bg = Background(client)
         self._prefetch(self.flushed)
         if self.is_reader:
-            self.batches = sources.reader_batches(s["data"], s["batch_size"], s["epochs"], self.index,
+            self.batches = sources.reader_batches(s.data, s.batch_size, s.epochs, self.index,
                                                   self.counts[self.type], start=self.flushed)
 
-    def _report(self, header: dict, arrays: list = ()) -> None:
-        self.out.send(self.spec["driver"], {**header, "who": self.name}, arrays)
+    def _report(self, msg: Message, arrays: list = ()) -> None:
+        self.out.send(self.spec.driver, header(msg), arrays)
 
     def _endpoint(self, dst_type: str, item: Item) -> str:
         idx = route(self.counts, self.reader, dst_type, item.origin, item.mb, self.mb_count)
-        return self.spec["endpoints"][f"{dst_type}:{idx}"]
+        return self.spec.endpoints[f"{dst_type}:{idx}"]
 
     # -- main loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -236,7 +251,7 @@ class Trainer:
         parent = os.getppid()
         start = last = time.perf_counter()
         cpu0 = time.process_time()
-        self._report({"k": "ready"})
+        self._report(Ready(self.name))
         try:
             while not self._finished():
                 self.bg.check()
@@ -265,7 +280,7 @@ class Trainer:
             self.stats["wall_s"] = time.perf_counter() - start
             self.stats["cpu_s"] = time.process_time() - cpu0
             spans = [pack_spans(self.rec.take())] if self.rec.on else []
-            self._report({"k": "done", "stats": self.stats}, spans)
+            self._report(Done(self.name, self.stats), spans)
         finally:
             self.out.close()
             self.client.close()
@@ -295,28 +310,31 @@ class Trainer:
             self._handle(*msg)
 
     def _handle(self, h: dict, arrays: list) -> None:
-        kind = h.get("k")
-        if kind == "t":
+        try:
+            msg = parse(h, TO_TRAINER)
+        except ProtocolError as e:
+            raise RuntimeError(f"{self.name}: {e}") from None
+        if isinstance(msg, Tensors):
             t0 = time.perf_counter()
-            self.arrived.setdefault((h["s"], h["o"], h["m"]), {}).update(unpack_tensors(h["v"], arrays))
+            key = (msg.step, msg.origin, msg.mb)
+            self.arrived.setdefault(key, {}).update(unpack_tensors(msg.descs, arrays))
             if self.rec.on:
-                self.rec.span("recv", "comm", t0, time.perf_counter(), step=h["s"], reader=h["o"], mb=h["m"],
-                              tensors=[d[0] for d in h["v"]], bytes=sum(a.nbytes for a in arrays))
-        elif kind == "step":  # a reader announces its items of a step (non-readers only)
-            st = self._step(h["s"])
-            st.announced.add(h["o"])
-            for m, size in h["items"]:
-                self.items[(h["s"], h["o"], m)] = Item(h["s"], h["o"], m, size, h["g"])
+                self.rec.span("recv", "comm", t0, time.perf_counter(), step=msg.step, reader=msg.origin,
+                              mb=msg.mb, tensors=[d[0] for d in msg.descs],
+                              bytes=sum(a.nbytes for a in arrays))
+        elif isinstance(msg, Announce):  # a reader announces its items of a step (non-readers only)
+            st = self._step(msg.step)
+            st.announced.add(msg.origin)
+            for m, size in msg.items:
+                self.items[(msg.step, msg.origin, m)] = Item(msg.step, msg.origin, m, size, msg.global_size)
                 st.items += 1
-            self._prefetch(h["s"])
+            self._prefetch(msg.step)
             self._maybe_flush()
-        elif kind == "end":
-            self.ends[h["o"]] = h["s"]
+        elif isinstance(msg, End):
+            self.ends[msg.origin] = msg.step
             self._maybe_flush()
-        elif kind == "grant":
-            self.grant, self.grant_final = h["upto"], h["final"]
         else:
-            raise RuntimeError(f"{self.name}: unexpected message kind {kind!r} (header {h})")
+            self.grant, self.grant_final = msg.upto, msg.final
 
     def _step(self, t: int) -> StepState:
         st = self.steps.get(t)
@@ -332,7 +350,7 @@ class Trainer:
         t = self.next_step
         if self.mode == "sync" and self.flushed < t:
             return
-        limit = self.spec["steps"]
+        limit = self.spec.steps
         if self.grant is not None and t >= self.grant:
             if not self.grant_final:
                 return
@@ -357,10 +375,9 @@ class Trainer:
         self._prefetch(t)
         for dst in self.peers:
             for k in range(self.counts[dst]):
-                ep = self.spec["endpoints"][f"{dst}:{k}"]
-                self.out.send(ep, {"k": "step", "s": t, "o": self.index, "g": n,
-                                   "items": per_dst.get(ep, [])})
-        self._report({"k": "step", "s": t, "items": len(parts), "n": hi - lo, "g": n})
+                ep = self.spec.endpoints[f"{dst}:{k}"]
+                self.out.send(ep, header(Announce(t, self.index, n, per_dst.get(ep, []))))
+        self._report(StepReport(self.name, t, len(parts), hi - lo, n))
         self.next_step = t + 1
         self._maybe_flush()
 
@@ -382,8 +399,8 @@ class Trainer:
         self.end = t
         for dst in self.peers:
             for k in range(self.counts[dst]):
-                self.out.send(self.spec["endpoints"][f"{dst}:{k}"], {"k": "end", "s": t, "o": self.index})
-        self._report({"k": "end", "s": t})
+                self.out.send(self.spec.endpoints[f"{dst}:{k}"], header(End(t, self.index)))
+        self._report(End(t, self.index, self.name))
 
     # -- scheduling -----------------------------------------------------------------------------
     def _runnable(self) -> Item | None:
@@ -431,7 +448,7 @@ class Trainer:
         for ep, values in by_ep.items():
             t1 = time.perf_counter()
             descs, arrays = pack_tensors(values)
-            self.out.send(ep, {"k": "t", "s": it.step, "o": it.origin, "m": it.mb, "v": descs}, arrays)
+            self.out.send(ep, header(Tensors(it.step, it.origin, it.mb, descs)), arrays)
             if self.rec.on:
                 self.rec.span("send", "comm", t1, time.perf_counter(), step=it.step, reader=it.origin,
                               mb=it.mb, to=self.peer_of[ep], tensors=[d[0] for d in descs],
@@ -454,7 +471,7 @@ class Trainer:
         arrays = []
         if self.score is not None:
             arrays = [np.concatenate([r[2][0] for r in reports]), np.concatenate([r[2][1] for r in reports])]
-        self._report({"k": "losses", "s": t, "items": [[n, loss] for n, loss, _ in reports]}, arrays)
+        self._report(Losses(self.name, t, [[n, loss] for n, loss, _ in reports]), arrays)
 
     def _complete(self, t: int) -> bool:
         st = self.steps.get(t)
@@ -606,5 +623,5 @@ def _device(xp: Any, v: Any) -> Any:
 
 
 def run_trainer(spec: dict[str, Any]) -> None:
-    """Entry point of a trainer process (see `Trainer`)."""
-    Trainer(spec).run()
+    """Entry point of a trainer process (see `Trainer`): `spec` is a `TrainerSpec.to_dict()`."""
+    Trainer(TrainerSpec.from_dict(spec)).run()
