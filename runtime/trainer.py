@@ -44,13 +44,14 @@ from typing import Any
 
 import numpy as np
 
-from ops_registry import SparseRows, get_op
+from ops_registry import SparseRows
 from transpiler.inference import score_names
 from transpiler.ir import Program
 from transpiler.schedule import segment_programs
 
 from . import sources
 from .channels import Inbox, Outbox, pack_tensors, unpack_tensors
+from .comm_ops import comm_handlers, seeded_fill
 from .device import array_module
 from .device import to_host as _host
 from .executor import Executor
@@ -199,11 +200,9 @@ class Trainer:
         self.rows_prefetch: dict[tuple, tuple[Future, int, np.ndarray]] = {}
         self.tables = {t["name"]: t for t in spec.tables}
         self.peers = [t for t in self.counts if t != self.reader]
-        self.exe = Executor(self.xp, handlers={
-            "send": self._send, "recv": self._recv, "pull_dense": self._pull_dense,
-            "pull_sparse": self._pull_sparse, "push_dense": self._push_dense,
-            "push_sparse": self._push_sparse, "fill_constant": self._fill_constant})
-        self.fill = get_op("fill_constant")
+        seed = self.seed_id if self.loss_scale else None  # a mean loss: scaled by item / global batch
+        fill = seeded_fill(self.xp, seed, lambda it, v: v * it.size / it.global_size)
+        self.exe = Executor(self.xp, handlers={**comm_handlers(self), "fill_constant": fill})
         # state
         self.items: dict[tuple[int, int, int], Item] = {}
         self.arrived: dict[tuple[int, int, int], dict[str, Any]] = {}
@@ -211,7 +210,6 @@ class Trainer:
         self.flushed = spec.start  # steps < flushed are pushed (a resumed run starts later)
         self.end: int | None = None    # no step >= end runs
         self.ends: dict[int, int] = {}  # reader index -> its end step (non-readers)
-        self.cur: Item | None = None
         self.outgoing: list[tuple[str, str, Any]] = []
         self.stats = {"busy_s": 0.0, "ps_s": 0.0, "wait_s": 0.0, "send_s": 0.0, "items": 0}
         self.rec = Recorder(spec.trace)  # timeline spans (runtime.telemetry), when asked
@@ -421,12 +419,9 @@ class Trainer:
 
     def _run_segment(self, it: Item) -> None:
         t0, ps0, send0 = time.perf_counter(), self.stats["ps_s"], self.stats["send_s"]
-        self.cur = it
-        self.exe.scope = it.env
-        self.exe.run_count = it.step
         seg, outs = self.segs[it.seg], self.seg_outs[it.seg]
-        it.env.update(zip(outs, self.exe.run(seg, feed=it.feed, fetch_list=outs, return_numpy=False),
-                          strict=True))
+        got = self.exe.run(seg, feed=it.feed, fetch_list=outs, return_numpy=False, scope=it.env, ctx=it)
+        it.env.update(zip(outs, got, strict=True))
         self._flush_sends(it)
         if self.rec.on:
             self.rec.span(f"segment {it.seg}", "compute", t0, time.perf_counter(), step=it.step,
@@ -525,48 +520,47 @@ class Trainer:
             self.prefetch[t] = self.bg.submit(_pull_dense, self.dense_tables, self._ps_step(t))
 
     # -- op handlers ----------------------------------------------------------------------------
-    def _send(self, op, values) -> None:
-        self.outgoing.append((op.attrs["dst"], op.attrs["tensor"], values[op.inputs["X"][0]]))
+    def send(self, it: Item, dst: str, name: str, value: Any) -> None:
+        self.outgoing.append((dst, name, value))
 
-    def _recv(self, op, values) -> None:
-        v = self.arrived[self.cur.key].pop(op.attrs["tensor"])
-        values[op.outputs["Out"][0]] = v if self.xp is np else _device(self.xp, v)
+    def recv(self, it: Item, name: str) -> Any:
+        v = self.arrived[it.key].pop(name)
+        return v if self.xp is np else _device(self.xp, v)
 
-    def _pull_dense(self, op, values) -> None:
-        st, table = self._step(self.cur.step), op.attrs["table"]
+    def pull_dense(self, it: Item, table: str) -> Any:
+        st = self._step(it.step)
         if not st.dense:
             t0 = time.perf_counter()
-            self._prefetch(self.cur.step)
-            got = self.prefetch[self.cur.step].result()
+            self._prefetch(it.step)
+            got = self.prefetch[it.step].result()
             st.dense = got if self.xp is np else {k: self.xp.asarray(v) for k, v in got.items()}
             t1 = time.perf_counter()
             self.stats["ps_s"] += t1 - t0
             if self.rec.on:
-                self.rec.span("pull dense", "ps", t0, t1, step=self.cur.step, tables=list(got))
-        values[op.outputs["Out"][0]] = st.dense[table]
+                self.rec.span("pull dense", "ps", t0, t1, step=it.step, tables=list(got))
+        return st.dense[table]
 
-    def _pull_sparse(self, op, values) -> None:
+    def pull_sparse(self, it: Item, table: str, ids_name: str, ids: Any) -> Any:
         t0 = time.perf_counter()
-        ids = _host(values[op.inputs["Ids"][0]])
-        fetched = self.rows_prefetch.pop((self.cur.key, op.attrs["table"], op.inputs["Ids"][0]), None)
+        ids = _host(ids)
+        fetched = self.rows_prefetch.pop((it.key, table, ids_name), None)
         if fetched is not None:
             fut, i, union = fetched
             rows = fut.result()[i].take(np.searchsorted(union, ids), axis=0)
         else:
             if self.mode == "sync":  # it waits for the previous step: first see that our push went in
                 self.bg.settle()
-            rows = self.client.pull(op.attrs["table"], ids, step=self._ps_step(self.cur.step))
-        values[op.outputs["Out"][0]] = rows if self.xp is np else self.xp.asarray(rows)
+            rows = self.client.pull(table, ids, step=self._ps_step(it.step))
         t1 = time.perf_counter()
         self.stats["ps_s"] += t1 - t0
         if self.rec.on:
-            self.rec.span("pull sparse", "ps", t0, t1, step=self.cur.step, reader=self.cur.origin,
-                          mb=self.cur.mb, table=op.attrs["table"], rows=len(rows))
+            self.rec.span("pull sparse", "ps", t0, t1, step=it.step, reader=it.origin,
+                          mb=it.mb, table=table, rows=len(rows))
+        return rows if self.xp is np else self.xp.asarray(rows)
 
-    def _push_dense(self, op, values) -> None:
-        grad = values[op.inputs["Grad"][0]]
+    def push_dense(self, it: Item, table: str, grad: Any) -> None:
         grad = _host(grad.to_dense(self.xp) if isinstance(grad, SparseRows) else grad)
-        st, table = self._step(self.cur.step), op.attrs["table"]
+        st = self._step(it.step)
         acc = st.grads.get(table)
         if acc is None:
             st.grads[table] = self._buffer(table, grad)
@@ -588,21 +582,14 @@ class Trainer:
         np.copyto(buf, grad)
         return buf
 
-    def _push_sparse(self, op, values) -> None:
+    def push_sparse(self, it: Item, table: str, ids: Any, grad: Any) -> None:
         """Keep the row gradients for the step's push. A SparseRows over positions in Ids stays one
         row per lookup (ids repeat): the push merges the step's rows once, with a sort, instead of
         a scatter-add per micro-batch."""
-        ids, grad = _host(values[op.inputs["Ids"][0]]), values[op.inputs["Grad"][0]]
+        ids = _host(ids)
         if isinstance(grad, SparseRows):
             ids, grad = ids[_host(grad.rows)], grad.values
-        self._step(self.cur.step).rows.setdefault(op.attrs["table"], []).append((ids, _host(grad)))
-
-    def _fill_constant(self, op, values) -> None:
-        ins = {"Like": values[op.inputs["Like"][0]]} if op.inputs.get("Like") else {}
-        attrs = {**self.fill.attrs, **op.attrs}
-        if op.id == self.seed_id and self.loss_scale:
-            attrs["value"] = attrs["value"] * self.cur.size / self.cur.global_size
-        values[op.outputs["Out"][0]] = self.fill.kernel(self.xp, ins, attrs)["Out"]
+        self._step(it.step).rows.setdefault(table, []).append((ids, _host(grad)))
 
 
 def _kept_outputs(segs: list[Program], report: list[str | None]) -> list[list[str]]:
