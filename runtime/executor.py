@@ -41,7 +41,6 @@ class _Step:
     frees: list[str]  # non-persistable vars no later step uses: dropped after this one
 
 
-
 @dataclass(frozen=True)
 class RunContext:
     """A plain context for `Executor.run(..., ctx=)`: the step that seeds random ops (a runner
