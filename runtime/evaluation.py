@@ -23,6 +23,7 @@ import numpy as np
 from transpiler.export_inference import ONNX_LIMIT, ForwardGraph, export_inference, forward_graph
 from transpiler.plan import Plan
 
+from .comm_ops import comm_handlers
 from .executor import Executor
 from .lifecycle import check_resume, latest
 from .metrics import auc
@@ -61,15 +62,21 @@ def load_tables(plan: Plan, checkpoint: str | Path | None) -> Shard:
     return shard
 
 
+class _Pulls:
+    """The PS ops of a forward program (a `comm_ops.CommBackend` with pulls only): from `pull`."""
+
+    def __init__(self, pull: TableSource) -> None:
+        self.pull = pull
+
+    def pull_dense(self, ctx: Any, table: str) -> np.ndarray:
+        return self.pull(table, None)
+
+    def pull_sparse(self, ctx: Any, table: str, ids_name: str, ids: Any) -> np.ndarray:
+        return self.pull(table, np.asarray(ids).reshape(-1))
+
+
 def _executor(pull: TableSource) -> Executor:
-    def pull_dense(op, values) -> None:
-        values[op.outputs["Out"][0]] = pull(op.attrs["table"], None)
-
-    def pull_sparse(op, values) -> None:
-        ids = np.asarray(values[op.inputs["Ids"][0]]).reshape(-1)
-        values[op.outputs["Out"][0]] = pull(op.attrs["table"], ids)
-
-    return Executor(handlers={"pull_dense": pull_dense, "pull_sparse": pull_sparse})
+    return Executor(handlers=comm_handlers(_Pulls(pull)))
 
 
 def _batches(data: Any) -> Iterator[dict[str, Any]]:

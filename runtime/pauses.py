@@ -115,14 +115,3 @@ def resume_state(plan: Plan, resume: str | None, steps: int | None) -> tuple[Pat
             "the whole run) has nothing left to train; ask for more steps"
         )
     return path, state.step
-
-
-def settings_of(cfg: Any) -> dict[str, Any]:
-    """The run settings a checkpoint records."""
-    return {
-        "mode": cfg.mode,
-        "batch_size": cfg.batch_size,
-        "micro_batches": cfg.micro_batches,
-        "trainers": cfg.counts,
-        "servers": cfg.servers,
-    }

@@ -55,23 +55,23 @@ def _stubs(xp: Any, state: dict[str, int], rng: np.random.Generator) -> dict[str
     def shape(s) -> tuple[int, ...]:
         return tuple(state["m"] if d == -1 else d for d in s)
 
-    def recv(op, values):
+    def recv(op, values, ctx):
         a = op.attrs
         values[op.outputs["Out"][0]] = xp.asarray(rng.standard_normal(shape(a["shape"])).astype(a["dtype"]))
 
-    def pull_dense(op, values):
+    def pull_dense(op, values, ctx):
         a = op.attrs
         values[op.outputs["Out"][0]] = xp.asarray(
             0.01 * rng.standard_normal(tuple(a["shape"])).astype(a["dtype"])
         )
 
-    def pull_sparse(op, values):
+    def pull_sparse(op, values, ctx):
         n = int(values[op.inputs["Ids"][0]].shape[0])
         values[op.outputs["Out"][0]] = xp.asarray(
             0.01 * rng.standard_normal((n, op.attrs["dim"])).astype(op.attrs.get("dtype", "float32"))
         )
 
-    def nothing(op, values):
+    def nothing(op, values, ctx):
         return None
 
     return {

@@ -1,8 +1,9 @@
 """`simulate`: the reference runner of a Plan, in one process — the oracle for the real runtime.
 
-Each trainer type gets an `Executor` whose handlers implement the comm and PS ops in memory:
-`send` drops the tensor in a mailbox keyed by (tensor, micro-batch id, destination), `recv` takes
-it out, pulls and pushes talk to an `InMemoryServer`. One step runs every sub-program's segments
+Each trainer type gets an `Executor` whose handlers (`runtime.comm_ops`, the table every runner
+shares) do the comm and PS ops in memory (`MemoryComm`): `send` drops the tensor in a mailbox keyed
+by (tensor, micro-batch id, destination), `recv` takes it out, pulls and pushes talk to an
+`InMemoryServer`. One step runs every sub-program's segments
 (cut at recv ops) in the order `transpiler.schedule.schedule` finds, so a plan that could deadlock
 fails here with a `DeadlockError` naming the waiting recvs. The server has sync semantics: a step's
 pushes are summed per table and applied once, after every trainer has finished the step, with the
@@ -18,11 +19,12 @@ import numpy as np
 
 from ops_registry import SparseRows, get_op, init_rows
 from ops_registry.embedding import check_ids
-from transpiler.ir import Op, Var
+from transpiler.ir import Var
 from transpiler.plan import Plan
 from transpiler.schedule import schedule, segment_programs
 
-from .executor import Executor
+from .comm_ops import comm_handlers
+from .executor import Executor, RunContext
 
 
 class InMemoryServer:
@@ -49,11 +51,13 @@ class InMemoryServer:
             elif t["initializer"] is not None:
                 self.values[name] = init_rows(t["initializer"], tuple(t["shape"]), t["dtype"])
             else:
-                raise ValueError(f"table {name!r} has neither an initializer nor a value in the plan's "
-                                 "params")
+                raise ValueError(
+                    f"table {name!r} has neither an initializer nor a value in the plan's params"
+                )
             opt = t["optimizer"] or {"state": {}}
-            self.state[name] = {slot: np.full(s["shape"], s["init"], dtype=t["dtype"])
-                                for slot, s in opt["state"].items()}
+            self.state[name] = {
+                slot: np.full(s["shape"], s["init"], dtype=t["dtype"]) for slot, s in opt["state"].items()
+            }
         self.pending: dict[str, list[Any]] = {}
 
     def _spec(self, table: str) -> dict:
@@ -100,8 +104,12 @@ class InMemoryServer:
         return self.values[self._spec(table)["name"]]
 
 
-def simulate(plan: Plan, batches: Iterable[dict[str, Any]], fetch_list: list[str | Var] | None = None,
-             server: InMemoryServer | None = None) -> list[list[np.ndarray]]:
+def simulate(
+    plan: Plan,
+    batches: Iterable[dict[str, Any]],
+    fetch_list: list[str | Var] | None = None,
+    server: InMemoryServer | None = None,
+) -> list[list[np.ndarray]]:
     """Run `plan` one step per feed dict of `batches`; return, per step, the fetched arrays.
 
     `fetch_list` defaults to the loss. Pass a `server` to read the tables afterwards
@@ -117,17 +125,16 @@ def simulate(plan: Plan, batches: Iterable[dict[str, Any]], fetch_list: list[str
     order = schedule(plan.programs)
     segs = {t: segment_programs(p) for t, p in plan.programs.items()}
     mailbox: dict[tuple[str, int, str], Any] = {}
-    step = [0]
-    exes = {t: Executor(handlers=_handlers(t, mailbox, step, server)) for t in plan.programs}
+    exes = {t: Executor(handlers=comm_handlers(MemoryComm(t, mailbox, server))) for t in plan.programs}
     results = []
     for i, feed in enumerate(batches):
-        step[0] = i
         envs: dict[str, dict[str, Any]] = {t: {} for t in plan.programs}
         for t, k in order:
-            exe, seg = exes[t], segs[t][k]
-            exe.scope, exe.run_count = envs[t], i
+            seg = segs[t][k]
             outs = [n for op in seg.ops for n in op.output_names()]
-            got = exe.run(seg, feed=feed, fetch_list=outs, return_numpy=False)
+            got = exes[t].run(
+                seg, feed=feed, fetch_list=outs, return_numpy=False, scope=envs[t], ctx=RunContext(i)
+            )
             envs[t].update(zip(outs, got, strict=True))
         if mailbox:
             left = ", ".join(f"{n!r} -> {d}" for n, _, d in mailbox)
@@ -137,29 +144,32 @@ def simulate(plan: Plan, batches: Iterable[dict[str, Any]], fetch_list: list[str
     return results
 
 
-def _handlers(me: str, mailbox: dict, step: list[int], server: InMemoryServer) -> dict:
-    def send(op: Op, values: dict) -> None:
-        mailbox[(op.attrs["tensor"], step[0], op.attrs["dst"])] = values[op.inputs["X"][0]]
+class MemoryComm:
+    """The comm / PS ops of trainer type `me` in one process (a `comm_ops.CommBackend`): `send`
+    drops a tensor in `mailbox` under (tensor, step, destination), `recv` takes it out; pulls and
+    pushes go to the oracle `server`."""
 
-    def recv(op: Op, values: dict) -> None:
-        values[op.outputs["Out"][0]] = mailbox.pop((op.attrs["tensor"], step[0], me))
+    def __init__(self, me: str, mailbox: dict[tuple[str, int, str], Any], server: InMemoryServer) -> None:
+        self.me, self.mailbox, self.server = me, mailbox, server
 
-    def pull_dense(op: Op, values: dict) -> None:
-        values[op.outputs["Out"][0]] = server.pull(op.attrs["table"])
+    def send(self, ctx: RunContext, dst: str, name: str, value: Any) -> None:
+        self.mailbox[(name, ctx.step, dst)] = value
 
-    def pull_sparse(op: Op, values: dict) -> None:
-        values[op.outputs["Out"][0]] = server.pull(op.attrs["table"], values[op.inputs["Ids"][0]])
+    def recv(self, ctx: RunContext, name: str) -> Any:
+        return self.mailbox.pop((name, ctx.step, self.me))
 
-    def push_dense(op: Op, values: dict) -> None:
-        server.push(op.attrs["table"], values[op.inputs["Grad"][0]])
+    def pull_dense(self, ctx: RunContext, table: str) -> np.ndarray:
+        return self.server.pull(table)
 
-    def push_sparse(op: Op, values: dict) -> None:
-        ids, grad = values[op.inputs["Ids"][0]], values[op.inputs["Grad"][0]]
+    def pull_sparse(self, ctx: RunContext, table: str, ids_name: str, ids: Any) -> np.ndarray:
+        return self.server.pull(table, ids)
+
+    def push_dense(self, ctx: RunContext, table: str, grad: Any) -> None:
+        self.server.push(table, grad)
+
+    def push_sparse(self, ctx: RunContext, table: str, ids: Any, grad: Any) -> None:
         rows = grad.to_dense(np) if isinstance(grad, SparseRows) else grad  # one summed row per id
-        server.push(op.attrs["table"], rows, ids)
-
-    return {"send": send, "recv": recv, "pull_dense": pull_dense, "pull_sparse": pull_sparse,
-            "push_dense": push_dense, "push_sparse": push_sparse}
+        self.server.push(table, rows, ids)
 
 
 def _owner(plan: Plan, name: str) -> str:

@@ -7,6 +7,8 @@
 - `Progress` is a tqdm bar with loss, AUC and examples/s, shown on long runs.
 - `TensorBoardLog` writes the same per-step scalars (`loss`, `auc`, `examples_per_s`) as TensorBoard
   event files through tensorboardX (`tensorboard --logdir DIR` shows them), beside the JSONL file.
+- `timed(...)` times a block (`with timed(...)`): its seconds go to a statistic, its span to a
+  `Recorder`, the one way the runtime times its work.
 - `Recorder` collects timed spans inside one trainer or server process (segments, sends, recvs,
   pulls, pushes, each tagged with its micro-batch); processes ship them to the driver, which writes
   one Chrome-trace file (`chrome_trace`, opens in Perfetto / chrome://tracing) with one track per
@@ -51,13 +53,64 @@ class Recorder:
     def span(self, name: str, cat: str, t0: float, t1: float, **args: Any) -> None:
         """Record `name` from perf_counter time `t0` to `t1`."""
         if self.on:
-            self.spans.append([name, cat, round((t0 + self._offset) * 1e6, 1), round((t1 - t0) * 1e6, 1),
-                               args, int(threading.get_ident() != self._main)])
+            self.spans.append(
+                [
+                    name,
+                    cat,
+                    round((t0 + self._offset) * 1e6, 1),
+                    round((t1 - t0) * 1e6, 1),
+                    args,
+                    int(threading.get_ident() != self._main),
+                ]
+            )
 
     def take(self) -> list[Span]:
         """The spans recorded so far (the recorder starts afresh)."""
         out, self.spans = self.spans, []
         return out
+
+
+class timed:  # noqa: N801 (used as a function: `with timed(...)`)
+    """Time a block: add its seconds to `stats[key]`, record it as span `name` on `rec` (either
+    optional). `with timed(...) as t:` the block may add span arguments known only at its end
+    (`if t.recording: t.args["rows"] = n`) or `t.skip()`; a skipped block, or one that raises, is
+    neither summed nor recorded (as a failed request is not traced). `t.seconds`: its duration."""
+
+    __slots__ = ("name", "cat", "rec", "stats", "key", "args", "t0", "seconds", "_skip")
+
+    def __init__(
+        self,
+        name: str = "",
+        cat: str = "",
+        *,
+        rec: Recorder | None = None,
+        stats: dict[str, Any] | None = None,
+        key: str = "",
+        **args: Any,
+    ) -> None:
+        self.name, self.cat, self.rec, self.stats, self.key, self.args = name, cat, rec, stats, key, args
+        self.seconds, self._skip = 0.0, False
+
+    @property
+    def recording(self) -> bool:
+        return self.rec is not None and self.rec.on
+
+    def skip(self) -> None:
+        self._skip = True
+
+    def __enter__(self) -> timed:
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        t1 = time.perf_counter()
+        self.seconds = t1 - self.t0
+        if exc_type is not None or self._skip:
+            return
+        if self.stats is not None:
+            self.stats[self.key] += self.seconds
+        if self.rec is not None and self.rec.on:
+            self.rec.span(self.name, self.cat, self.t0, t1, **self.args)
 
 
 def pack_spans(spans: list[Span]) -> np.ndarray:
@@ -86,14 +139,32 @@ def chrome_trace(tracks: dict[str, list[Span]], meta: dict[str, Any] | None = No
     for pid, name in enumerate(sorted(tracks, key=_track_order), start=1):
         label = f"ps shard {name.partition(':')[2]}" if name.startswith("ps:") else f"trainer {name}"
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
-        events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
-                       "args": {"sort_index": pid}})
+        events.append(
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+        )
         for lane in sorted({s[5] for s in tracks[name]} | {0}):
-            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": lane,
-                           "args": {"name": name if lane == 0 else f"{name} background"}})
+            events.append(
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": pid,
+                    "tid": lane,
+                    "args": {"name": name if lane == 0 else f"{name} background"},
+                }
+            )
         for span_name, cat, ts, dur, args, lane in tracks[name]:
-            events.append({"name": span_name, "cat": cat, "ph": "X", "pid": pid, "tid": lane,
-                           "ts": round(ts - t0, 1), "dur": dur, "args": args})
+            events.append(
+                {
+                    "name": span_name,
+                    "cat": cat,
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": lane,
+                    "ts": round(ts - t0, 1),
+                    "dur": dur,
+                    "args": args,
+                }
+            )
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta or {}}
 
 
@@ -169,8 +240,13 @@ class Progress:
         self.bar = None
         self.held_out: dict[str, str] = {}
 
-    def update(self, n: int = 1, loss: float | None = None, auc: float | None = None,
-               examples_per_s: float | None = None) -> None:
+    def update(
+        self,
+        n: int = 1,
+        loss: float | None = None,
+        auc: float | None = None,
+        examples_per_s: float | None = None,
+    ) -> None:
         if not self.enabled:
             return
         if self.bar is None:
@@ -239,10 +315,16 @@ class Telemetry:
     as steps of a pipelined run complete in bursts. `progress=None` shows the bar when stderr is a
     terminal."""
 
-    def __init__(self, metrics: str | Path | None = None, trace: str | Path | None = None,
-                 progress: bool | None = None, total: int | None = None,
-                 meta: dict[str, Any] | None = None, window: int = 10,
-                 tensorboard: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        metrics: str | Path | None = None,
+        trace: str | Path | None = None,
+        progress: bool | None = None,
+        total: int | None = None,
+        meta: dict[str, Any] | None = None,
+        window: int = 10,
+        tensorboard: str | Path | None = None,
+    ) -> None:
         self.meta = dict(meta or {})
         self.log = MetricsLog(metrics) if metrics else None
         self.tb = TensorBoardLog(tensorboard, self.meta) if tensorboard else None
@@ -261,10 +343,12 @@ class Telemetry:
 
     def chain(self, callback: Callable[[dict[str, Any]], None] | None) -> Callable[[dict[str, Any]], None]:
         """A step callback that records the step, then calls `callback` (when given)."""
+
         def on_step(record: dict[str, Any]) -> None:
             self.step(record)
             if callback is not None:
                 callback(record)
+
         return on_step
 
     def step(self, record: dict[str, Any]) -> None:
@@ -273,8 +357,15 @@ class Telemetry:
         (t0, n0), (t1, n1) = self.recent[0], self.recent[-1]
         rate = (n1 - n0) / (t1 - t0) if t1 > t0 else None
         if self.log:
-            self.log.write("step", step=record["step"], loss=record["loss"], auc=record.get("auc"),
-                           examples=self.total_examples, examples_per_s=rate, elapsed_s=record["time"])
+            self.log.write(
+                "step",
+                step=record["step"],
+                loss=record["loss"],
+                auc=record.get("auc"),
+                examples=self.total_examples,
+                examples_per_s=rate,
+                elapsed_s=record["time"],
+            )
         if self.tb:
             self.tb.step(record["step"], record["loss"], record.get("auc"), rate)
         self.bar.update(1, record["loss"], record.get("auc"), rate)

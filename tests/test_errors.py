@@ -133,11 +133,10 @@ def test_wrong_shaped_parameter_is_caught_before_it_broadcasts(trained):
     """fc_1.b_0 of shape [8] instead of [1] would broadcast [N, 1] + [8] -> [N, 8] silently and
     train garbage; the executor checks every output against its declared shape."""
     model, exe, batch = trained
-    bad = Executor()
-    bad.scope = {k: v.copy() for k, v in exe.scope.items()}
-    bad.scope["fc_1.b_0"] = np.zeros(8, np.float32)
+    scope = {k: v.copy() for k, v in exe.scope.items()}
+    scope["fc_1.b_0"] = np.zeros(8, np.float32)
     with pytest.raises(ExecutionError) as info:
-        bad.run(model.main, feed=batch)
+        Executor().run(model.main, feed=batch, scope=scope)
     msg = str(info.value)
     assert "op 'gemm'" in msg and "made 'gemm_1.tmp' with shape [16, 8]" in msg
     assert "declares [-1, 1]" in msg and "C=fc_1.b_0:[8]" in msg

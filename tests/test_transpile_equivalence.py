@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from runtime import Executor, InMemoryServer, simulate
+from runtime.comm_ops import comm_handlers
+from runtime.simulate import MemoryComm
 from transpiler import TranspileConfig, models, transpile
 from transpiler import builder as nn
 
@@ -113,23 +115,14 @@ def test_free_running_trainers_do_not_deadlock():
         with lock:
             return boxes.setdefault(key, queue.Queue())
 
-    def handlers(me):
-        def push(op, v):
-            g = v[op.inputs["Grad"][0]]
-            if op.type == "push_sparse":
-                server.push(op.attrs["table"], g.to_dense(np), v[op.inputs["Ids"][0]])
-            else:
-                server.push(op.attrs["table"], g)
-        return {
-            "send": lambda op, v: box((op.attrs["tensor"], op.attrs["dst"])).put(v[op.inputs["X"][0]]),
-            "recv": lambda op, v: v.__setitem__(op.outputs["Out"][0],
-                                                box((op.attrs["tensor"], me)).get(timeout=10)),
-            "pull_dense": lambda op, v: v.__setitem__(op.outputs["Out"][0], server.pull(op.attrs["table"])),
-            "pull_sparse": lambda op, v: v.__setitem__(
-                op.outputs["Out"][0], server.pull(op.attrs["table"], v[op.inputs["Ids"][0]])),
-            "push_dense": push, "push_sparse": push}
+    class Threaded(MemoryComm):  # simulate's backend, with a blocking queue per (tensor, destination)
+        def send(self, ctx, dst, name, value):
+            box((name, dst)).put(value)
 
-    exes = {t: Executor(handlers=handlers(t)) for t in plan.programs}
+        def recv(self, ctx, name):
+            return box((name, self.me)).get(timeout=10)
+
+    exes = {t: Executor(handlers=comm_handlers(Threaded(t, {}, server))) for t in plan.programs}
     losses, errors = [], []
     for feed in batches:
         out = {}

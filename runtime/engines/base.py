@@ -43,8 +43,16 @@ class Engine(ABC):
         """The address process `name` binds (its inbox, or a server's socket)."""
 
     @abstractmethod
-    def start(self, name: str, target: Callable[..., Any], kwargs: dict[str, Any], *,
-              report: str, secret: bytes | None = None, resources: dict[str, float] | None = None) -> None:
+    def start(
+        self,
+        name: str,
+        target: Callable[..., Any],
+        kwargs: dict[str, Any],
+        *,
+        report: str,
+        secret: bytes | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> None:
         """Start `target(**kwargs)` as process `name`; `resources` are hints (e.g. {"gpu": 1})."""
 
     @abstractmethod
@@ -72,8 +80,9 @@ class Engine(ABC):
         self.stop()
 
 
-def child_main(name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str,
-               secret: bytes | None = None) -> int:
+def child_main(
+    name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str, secret: bytes | None = None
+) -> int:
     """Run one entry point in its own process and return its exit code: BLAS pinned to one thread
     (processes share the cores, and two BLAS threads per process on 2 cores ran 4x slower), Ctrl-C
     left to the driver (which tears the run down), an exception's traceback sent to the driver
@@ -83,6 +92,7 @@ def child_main(name: str, target: Callable[..., Any], kwargs: dict[str, Any], re
     from threadpoolctl import threadpool_limits
 
     from ..channels import Outbox, deliver_pending
+    from ..messages import Failed, header
 
     threadpool_limits(1)
     code = 0
@@ -92,7 +102,7 @@ def child_main(name: str, target: Callable[..., Any], kwargs: dict[str, Any], re
         code, text = 1, traceback.format_exc()
         try:
             out = Outbox(secret)
-            out.send(report, {"k": "error", "who": name, "tb": text})
+            out.send(report, header(Failed(name, text)))
             out.close()
         except Exception:  # the driver cannot be told (e.g. it is gone): its engine sees the exit code
             pass

@@ -29,12 +29,11 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from ..telemetry import Recorder, pack_spans
+from ..telemetry import Recorder, pack_spans, timed
 from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode
 from .shard import Limits, NotReady, Shard
 from .table import PSError, SparseTable
@@ -120,24 +119,24 @@ class _Loop:
             self.reply(ident, rid, {"ok": False, "error": f"{op!r} is an admin request: only the driver "
                                     "(which holds the admin key) may send it"})
             return False
-        try:
-            if op == "shutdown":
-                self.reply(ident, rid, {"ok": True})
-                return True
-            t0 = time.perf_counter()
-            out, out_arrays = self.dispatch(op, header, arrays)
-        except NotReady:
-            self.park(ident, header, arrays)
-            return False
-        except Exception as e:  # the server must outlive any bad request
-            if not isinstance(e, PSError):
-                log.exception("shard %d: request %r failed", self.shard.shard, op)
-            self.reply(ident, rid, {"ok": False, "error": _describe(e)})
-            return False
-        self.reply(ident, rid, {"ok": True, **out}, out_arrays)
-        if self.rec.on and op in ("pull", "push"):
-            self.rec.span(op, "ps", t0, time.perf_counter(), table=header.get("table"),
-                          step=header.get("step"), by=header.get("pusher"))
+        with timed(op, "ps", rec=self.rec if op in ("pull", "push") else None, table=header.get("table"),
+                   step=header.get("step"), by=header.get("pusher")) as span:
+            try:
+                if op == "shutdown":
+                    self.reply(ident, rid, {"ok": True})
+                    return True
+                out, out_arrays = self.dispatch(op, header, arrays)
+            except NotReady:
+                span.skip()
+                self.park(ident, header, arrays)
+                return False
+            except Exception as e:  # the server must outlive any bad request
+                span.skip()
+                if not isinstance(e, PSError):
+                    log.exception("shard %d: request %r failed", self.shard.shard, op)
+                self.reply(ident, rid, {"ok": False, "error": _describe(e)})
+                return False
+            self.reply(ident, rid, {"ok": True, **out}, out_arrays)
         return False
 
     def park(self, ident: Any, header: dict, arrays: list) -> None:
@@ -204,19 +203,18 @@ class _Loop:
         """Answer the parked sync pulls of `table` whose step has now been applied."""
         waiting, self.parked[table] = self.parked.get(table, []), []
         for ident, h, arrays in waiting:
-            try:
-                t0 = time.perf_counter()
-                out, out_arrays = self.dispatch("pull", h, arrays)
-            except NotReady:
-                self.parked[table].append((ident, h, arrays))
-                continue
-            except Exception as e:
-                self.reply(ident, h.get("rid"), {"ok": False, "error": _describe(e)})
-                continue
-            self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays)
-            if self.rec.on:
-                self.rec.span("pull", "ps", t0, time.perf_counter(), table=table, step=h.get("step"),
-                              parked=True)
+            with timed("pull", "ps", rec=self.rec, table=table, step=h.get("step"), parked=True) as span:
+                try:
+                    out, out_arrays = self.dispatch("pull", h, arrays)
+                except NotReady:
+                    span.skip()
+                    self.parked[table].append((ident, h, arrays))
+                    continue
+                except Exception as e:
+                    span.skip()
+                    self.reply(ident, h.get("rid"), {"ok": False, "error": _describe(e)})
+                    continue
+                self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays)
 
 
 def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int = 1, mode: str = "async",

@@ -1,0 +1,67 @@
+"""A trainer's items (micro-batches of a step, the Executor's ctx when their segments run), where
+their tensors go (`route`), and the tensors between trainers (`Mail`: the send / recv ops)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ops_registry import SparseRows
+
+
+def route(
+    counts: dict[str, int], reader: str, dst_type: str, origin: int, mb: int, micro_batches: int
+) -> int:
+    """Index of the trainer of type `dst_type` that handles micro-batch `mb` of reader `origin`:
+    the reader itself for the reader type, else round robin over (origin, mb)."""
+    if dst_type == reader:
+        return origin
+    return (origin * micro_batches + mb) % counts[dst_type]
+
+
+@dataclass
+class Item:
+    """Micro-batch `mb` of step `step` read by reader `origin`: the ctx of its segments' runs."""
+
+    step: int
+    origin: int
+    mb: int
+    size: int
+    global_size: int
+    feed: dict[str, np.ndarray] | None = None
+    seg: int = 0
+    env: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.step, self.origin, self.mb)
+
+
+class Mail:
+    """Tensors between trainers, for the send / recv ops (a `comm_ops.CommBackend`): what a
+    segment sends waits in `outgoing` until the trainer flushes it after the segment; what arrives
+    waits per item in `arrived` until its recv runs."""
+
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+        self.arrived: dict[tuple[int, int, int], dict[str, Any]] = {}
+        self.outgoing: list[tuple[str, str, Any]] = []
+
+    def send(self, it: Item, dst: str, name: str, value: Any) -> None:
+        self.outgoing.append((dst, name, value))
+
+    def recv(self, it: Item, name: str) -> Any:
+        v = self.arrived[it.key].pop(name)
+        return v if self.xp is np else _device(self.xp, v)
+
+    def missing(self, it: Item, names: list[str]) -> list[str]:
+        got = self.arrived.get(it.key, {})
+        return [n for n in names if n not in got]
+
+
+def _device(xp: Any, v: Any) -> Any:
+    if isinstance(v, SparseRows):
+        return SparseRows(xp.asarray(v.rows), xp.asarray(v.values), v.height)
+    return xp.asarray(v)

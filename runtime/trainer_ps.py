@@ -1,0 +1,265 @@
+"""A trainer's parameter-server access: prefetches, per-item pulls, gradient buffers, step pushes.
+
+Per step (see `runtime.trainer` for the whole picture):
+- dense tables are pulled once per step, all at once, by a background thread as soon as the step is
+  known (announced) or the previous one pushed, whichever comes first (prefetch; in sync mode the
+  reply waits until the server has applied the previous step, in async mode it does not, so a
+  step may miss the previous step's updates);
+- sparse rows are pulled for the item's unique ids: a reader pulls the rows of all of a step's items
+  (the union of their ids) in one background round trip when it announces the step, when a
+  lookup's ids come straight from a feed, as embedding lookups' do; other pulls happen per item
+  when their op runs;
+- gradients are accumulated over all of the step's items and pushed once per step and table — zeros
+  when the trainer got no item — so a sync server sees exactly one push per trainer per step; the
+  background thread pushes them, so the trainer goes on with the next step's work meanwhile.
+`PSAccess` implements the parameter-server methods of a `comm_ops.CommBackend` (ctx = the item).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ops_registry import SparseRows
+from transpiler.ir import Program
+
+from .device import to_host as _host
+from .ps import PSClient
+from .telemetry import Recorder, timed
+from .trainer_steps import StepBook, StepState
+
+
+class Background:
+    """Parameter-server calls on a thread of their own (ZeroMQ sockets are not thread-safe, so the
+    thread owns its own PSClient): pushes and dense prefetches leave the trainer's critical path.
+    Tasks run in submission order; `check` raises the error of a failed one in the trainer.
+
+    Once a task has failed, every later task fails at once with that same error, without calling
+    the servers: a rejected push (e.g. a NaN gradient) means the step is never applied, so a sync
+    pull queued behind it would wait for its whole timeout and then blame the server; whoever waits
+    on any later future gets the first cause instead."""
+
+    def __init__(self, make_client: Callable[[], PSClient]) -> None:
+        self.make, self.client = make_client, None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hetps-ps")
+        self.pending: list[Future] = []
+        self.failed: BaseException | None = None
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        f = self.pool.submit(self._call, fn, args)
+        self.pending.append(f)
+        return f
+
+    def _call(self, fn, args):
+        if self.failed is not None:
+            raise self.failed
+        try:
+            if self.client is None:
+                self.client = self.make()
+            return fn(self.client, *args)
+        except BaseException as e:
+            self.failed = e
+            raise
+
+    def check(self) -> None:
+        for f in [f for f in self.pending if f.done()]:
+            self.pending.remove(f)
+            f.result()
+
+    def settle(self) -> None:
+        """Wait for every task submitted so far, in order; raise the first failure."""
+        for f in list(self.pending):
+            f.result()
+        self.check()
+
+    def close(self) -> None:
+        """Wait for every task; then close the thread's client."""
+        self.pool.submit(lambda: self.client and self.client.close())
+        self.pool.shutdown(wait=True)
+        self.check()
+
+
+def _pull_dense(client: PSClient, tables: list[str], step: int | None) -> dict[str, np.ndarray]:
+    return dict(zip(tables, client.pull_many([(t, None) for t in tables], step=step), strict=True))
+
+
+def _sparse_feeds(program: Program, feeds: list[str]) -> list[tuple[str, str, str]]:
+    """(table, unique ids, feed) of each sparse pull of `unique_ids(feed)`: rows a reader prefetches."""
+    made = {n: op for op in program.ops for n in op.output_names()}
+    return [
+        (op.attrs["table"], u, made[u].inputs["Ids"][0])
+        for op in program.ops
+        if op.type == "pull_sparse"
+        and (u := op.inputs["Ids"][0]) in made
+        and made[u].type == "unique_ids"
+        and made[u].outputs["Unique"] == [u]
+        and made[u].inputs["Ids"][0] in feeds
+    ]
+
+
+class PSAccess:
+    """The parameter-server side of one trainer (see the module docstring)."""
+
+    def __init__(
+        self,
+        program: Program,
+        tables: list[dict[str, Any]],
+        mode: str,
+        xp: Any,
+        book: StepBook,
+        stats: dict[str, float],
+        rec: Recorder,
+    ) -> None:
+        self.xp, self.mode, self.book, self.stats, self.rec = xp, mode, book, stats, rec
+        self.tables = {t["name"]: t for t in tables}
+        self.pushed = {
+            op.attrs["table"]: op.type for op in program.ops if op.type in ("push_dense", "push_sparse")
+        }
+        self.dense_tables = list(
+            dict.fromkeys(op.attrs["table"] for op in program.ops if op.type == "pull_dense")
+        )
+        self.sparse_feeds = _sparse_feeds(program, program.attrs.get("feeds", []))
+        self.prefetch: dict[int, Future] = {}
+        self.rows_prefetch: dict[tuple, tuple[Future, int, np.ndarray]] = {}
+        self.pushing: list[tuple[Future, list[tuple[str, np.ndarray]]]] = []  # pushes in flight + buffers
+        self.free_bufs: dict[str, list[np.ndarray]] = {}
+        self.client: PSClient | None = None
+        self.bg: Background | None = None
+
+    def connect(self, make_client: Callable[[], PSClient]) -> None:
+        self.client = make_client()
+        self.bg = Background(make_client)
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+    def ps_step(self, t: int) -> int | None:
+        """The step number a PS request carries: sync servers order by it; async ones ignore it."""
+        return t if self.mode == "sync" else None
+
+    # -- prefetches -----------------------------------------------------------------------------
+    def prefetch_dense(self, t: int) -> None:
+        """Pull step t's dense tables in the background (once). In sync mode only after step t-1 is
+        pushed: the pull waits for that push, which must not queue behind it on the same thread."""
+        if self.dense_tables and t not in self.prefetch and (self.mode != "sync" or t <= self.book.flushed):
+            self.prefetch[t] = self.bg.submit(_pull_dense, self.dense_tables, self.ps_step(t))
+
+    def prefetch_rows(self, t: int, items: list[Any]) -> None:
+        """Pull the sparse rows the new items will look up, in one background round trip: for each
+        lookup of `unique_ids(feed)`, the rows of the union of the items' ids (each item then takes
+        its unique ids' rows from them), so ids shared by micro-batches travel once."""
+        if not self.sparse_feeds or not items:
+            return
+        union = {
+            x: np.unique(np.concatenate([np.ravel(it.feed[x]) for it in items]))
+            for x in {x for _, _, x in self.sparse_feeds}
+        }
+        fut = self.bg.submit(
+            lambda c, r, step: c.pull_many(r, step=step),
+            [(table, union[x]) for table, _, x in self.sparse_feeds],
+            self.ps_step(t),
+        )
+        for it in items:
+            for i, (table, u, x) in enumerate(self.sparse_feeds):
+                self.rows_prefetch[(it.key, table, u)] = (fut, i, union[x])
+
+    # -- op handlers (comm_ops.CommBackend) -----------------------------------------------------
+    def pull_dense(self, it: Any, table: str) -> Any:
+        st = self.book.step(it.step)
+        if not st.dense:
+            with timed("pull dense", "ps", rec=self.rec, stats=self.stats, key="ps_s", step=it.step) as t:
+                self.prefetch_dense(it.step)
+                got = self.prefetch[it.step].result()
+                st.dense = got if self.xp is np else {k: self.xp.asarray(v) for k, v in got.items()}
+                t.args["tables"] = list(got)
+        return st.dense[table]
+
+    def pull_sparse(self, it: Any, table: str, ids_name: str, ids: Any) -> Any:
+        with timed(
+            "pull sparse",
+            "ps",
+            rec=self.rec,
+            stats=self.stats,
+            key="ps_s",
+            step=it.step,
+            reader=it.origin,
+            mb=it.mb,
+            table=table,
+        ) as t:
+            ids = _host(ids)
+            fetched = self.rows_prefetch.pop((it.key, table, ids_name), None)
+            if fetched is not None:
+                fut, i, union = fetched
+                rows = fut.result()[i].take(np.searchsorted(union, ids), axis=0)
+            else:
+                if self.mode == "sync":  # it waits for the previous step: first see that our push went in
+                    self.bg.settle()
+                rows = self.client.pull(table, ids, step=self.ps_step(it.step))
+            t.args["rows"] = len(rows)
+        return rows if self.xp is np else self.xp.asarray(rows)
+
+    def push_dense(self, it: Any, table: str, grad: Any) -> None:
+        grad = _host(grad.to_dense(self.xp) if isinstance(grad, SparseRows) else grad)
+        st = self.book.step(it.step)
+        acc = st.grads.get(table)
+        if acc is None:
+            st.grads[table] = self._buffer(table, grad)
+        else:
+            acc += grad
+
+    def push_sparse(self, it: Any, table: str, ids: Any, grad: Any) -> None:
+        """Keep the row gradients for the step's push. A SparseRows over positions in Ids stays one
+        row per lookup (ids repeat): the push merges the step's rows once, with a sort, instead of
+        a scatter-add per micro-batch."""
+        ids = _host(ids)
+        if isinstance(grad, SparseRows):
+            ids, grad = ids[_host(grad.rows)], grad.values
+        self.book.step(it.step).rows.setdefault(table, []).append((ids, _host(grad)))
+
+    def _buffer(self, table: str, grad: np.ndarray) -> np.ndarray:
+        """A copy of `grad` in a reused buffer: a step's dense gradients are summed in place into
+        buffers that go back to a free list once their push has been answered (zmq no longer
+        reads them), so steady training allocates no fresh multi-MB arrays (first-touch page
+        faults cost more than the copy)."""
+        done = [p for p in self.pushing if p[0].done()]
+        for p in done:
+            self.pushing.remove(p)
+            for name, buf in p[1]:
+                self.free_bufs.setdefault(name, []).append(buf)
+        free = self.free_bufs.get(table)
+        buf = free.pop() if free else np.empty_like(grad)
+        np.copyto(buf, grad)
+        return buf
+
+    # -- the step's push ------------------------------------------------------------------------
+    def push_step(self, t: int, st: StepState) -> None:
+        """Push step t's gradients (zeros for a table the trainer got no gradient of) in the
+        background; forget its dense prefetch."""
+        self.prefetch.pop(t, None)
+        grads = []
+        for table, kind in self.pushed.items():
+            spec = self.tables[table]
+            if kind == "push_dense":
+                grad = st.grads.get(table)
+                grads.append((table, np.zeros(spec["shape"], spec["dtype"]) if grad is None else grad, None))
+                continue
+            parts = st.rows.get(table, [])
+            ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+            rows = (
+                np.concatenate([p[1] for p in parts])
+                if parts
+                else np.zeros((0, spec["shape"][1]), spec["dtype"])
+            )
+            grads.append((table, rows, ids))
+        if grads:
+            fut = self.bg.submit(self._push, grads, self.ps_step(t))
+            self.pushing.append((fut, list(st.grads.items())))
+
+    def _push(self, client: PSClient, grads: list, step: int | None) -> None:
+        """A step's gradients, pushed on the background thread (its span lands on lane 1)."""
+        with timed("push", "ps", rec=self.rec, step=step, tables=[g[0] for g in grads]):
+            client.push_many(grads, step=step)
