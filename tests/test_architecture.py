@@ -24,9 +24,8 @@ FORBIDDEN = {"ops_registry": ("transpiler", "runtime"), "transpiler": ("runtime"
 PARSER_BUILDERS = {("runtime/cli.py", "build_parser")}
 # Files still over a limit, with what is over it; their owners are splitting them (issue 13).
 ALLOWED: dict[str, set[str]] = {
-    "runtime/train.py": {"module", "train"},
-    "runtime/trainer.py": {"module"},
-    "runtime/executor.py": {"run"},
+    # the public entry point: its body is short, its signature and argument docstring are not
+    "runtime/train.py": {"train"},
     "runtime/ingest/models.py": {"build_model"},
 }
 
