@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 DELIVER_S = 5.0  # the most a process waits, when it ends, for its last messages to go out
+HEAP_ARRAYS = 256 << 20  # arrays up to this size come from the heap, not from a fresh mmap
+HEAP_KEEP = 512 << 20  # freed memory at the heap's top kept for reuse up to this size
 
 
 @dataclass
@@ -80,11 +82,33 @@ class Engine(ABC):
         self.stop()
 
 
+def reuse_freed_memory() -> bool:
+    """Make glibc's malloc reuse freed memory for the next step's arrays instead of unmapping it.
+
+    By default an array over glibc's (adaptive, <= 32 MiB) mmap threshold is a fresh mapping, and
+    freed memory at the heap's top above 128 KiB goes back to the kernel: every step then pays a
+    page fault (and the kernel's zeroing) per 4 KiB of every large temporary. A sync gpu trainer
+    took ~450 faults per micro-batch and 2.6 ms of CPU for a backward segment that takes 1.55 ms in
+    async. Raising both thresholds keeps those pages (the resident size stays at its peak, as with
+    jemalloc or tcmalloc). False where this is not glibc (nothing changed)."""
+    import ctypes
+    import ctypes.util
+
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, HEAP_ARRAYS)) and bool(mallopt(M_TRIM_THRESHOLD, HEAP_KEEP))
+
+
 def child_main(
     name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str, secret: bytes | None = None
 ) -> int:
     """Run one entry point in its own process and return its exit code: BLAS pinned to one thread
-    (processes share the cores, and two BLAS threads per process on 2 cores ran 4x slower), Ctrl-C
+    (processes share the cores, and two BLAS threads per process on 2 cores ran 4x slower), freed
+    memory reused (`reuse_freed_memory`), Ctrl-C
     left to the driver (which tears the run down), an exception's traceback sent to the driver
     (code 1), and, either way, the messages the process queued delivered before it returns
     (`channels.deliver_pending`; the caller ends the process with `os._exit` when that fails)."""
@@ -95,6 +119,7 @@ def child_main(
     from ..messages import Failed, header
 
     threadpool_limits(1)
+    reuse_freed_memory()
     code = 0
     try:
         target(**kwargs)
