@@ -36,6 +36,37 @@ def test_reference_hash_is_fnv1a():
     assert fnv1a_64(b"foobar") == 0x85944171F73967E8
 
 
+def test_stable_hash_of_every_kind_of_string_column_is_fnv1a_by_hand():
+    """The compiled hash (`hash_ids`) against the byte-by-byte reference: nulls (as ""), empty
+    and long values, UTF-8, a slice whose validity bits start mid-byte, large_string, dictionary
+    and numeric columns, and ids written into a strided column of a wider array."""
+    from runtime.ingest.schema import hash_ids
+
+    values = ["", None, "0a1b2c3d", "x" * 37, "é€😀", None, "k", "68fd1e64", None, "z" * 9, "", "q"]
+
+    def want(vals: list, col: str, vocab: int = 997, first: int = 1) -> list[int]:
+        return [first + fnv1a_64(f"{col}\x1f{v or ''}".encode()) % (vocab - first) for v in vals]
+
+    arr = pa.array(values, pa.string())
+    for col, vals in [
+        (arr, values),
+        (arr.slice(3), values[3:]),  # validity bitmap read from bit 3
+        (arr.slice(5, 4), values[5:9]),
+        (pa.array(values, pa.large_string()).slice(1), values[1:]),
+        (arr.dictionary_encode(), values),
+        (pa.chunked_array([arr.slice(0, 5), arr.slice(5)]), values),
+    ]:
+        np.testing.assert_array_equal(hash_ids(col, "C7", 997), want(vals, "C7"), err_msg=str(col.type))
+    np.testing.assert_array_equal(hash_ids(arr, "C7", 50, first=9), want(values, "C7", 50, 9))
+    ints = pa.array([7, None, -12, 0], pa.int64())
+    np.testing.assert_array_equal(hash_ids(ints, "n", 997), want(["7", None, "-12", "0"], "n"))
+    wide = np.full((len(values), 3), -1, np.int64)
+    hash_ids(arr, "C7", 997, out=wide[:, 1])
+    np.testing.assert_array_equal(wide[:, 1], want(values, "C7"))
+    assert (wide[:, [0, 2]] == -1).all()
+    assert hash_ids(pa.array([], pa.string()), "C7", 997).shape == (0,)
+
+
 def criteo_lines(n: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     out = []

@@ -142,15 +142,8 @@ class Dataset:
 
     # -- internals ----------------------------------------------------------------------------
     def _types(self, columns: list[str]) -> dict[str, pa.DataType]:
-        sparse = set(self.schema.sparse)
-        return {
-            c: pa.dictionary(pa.int32(), pa.string())
-            if c in sparse
-            else pa.string()
-            if c in dict(self.schema.multi)
-            else pa.float64()
-            for c in columns
-        }
+        text = {*self.schema.sparse, *dict(self.schema.multi)}  # categoricals: hashed from the text
+        return {c: pa.string() if c in text else pa.float64() for c in columns}
 
     def _chunks(
         self, pieces: list[formats.Piece], columns: list[str]
@@ -221,7 +214,9 @@ class Dataset:
 def _emit(pending: list[dict[str, np.ndarray]], size: int, rng, last: bool):
     """Yield whole batches of `size` rows from the pending feeds (all rows when `last`); return
     what is left."""
-    feed = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+    feed = (
+        pending[0] if len(pending) == 1 else {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+    )
     n = len(feed["label"])
     if rng is not None:
         order = rng.permutation(n)
