@@ -192,6 +192,17 @@ def test_csv_and_tsv_with_header_and_schema_transforms(tmp_path, sep):
     assert b["sparse"].dtype == np.int64 and b["dense"].dtype == np.float32 and b["genres"].dtype == np.int64
 
 
+def test_categoricals_in_another_encoding_hash_their_bytes(tmp_path):
+    path = tmp_path / "latin1.csv"  # "Café", "Noël" in Latin-1: not UTF-8
+    path.write_bytes("user_id,item_id,rating,age,gender,genres\n1,Café,5,25,M,Noël|Drama\n".encode("latin-1"))
+    (b,) = list(open_dataset(path, movie_schema(), batch_size=4))
+    ref = lambda col, value: 1 + fnv1a_64(col.encode() + b"\x1f" + value.encode("latin-1")) % 49
+    np.testing.assert_array_equal(
+        b["sparse"], [[ref("user_id", "1"), ref("item_id", "Café"), ref("gender", "M")]]
+    )
+    np.testing.assert_array_equal(b["genres"], [[ref("genres", "Noël"), ref("genres", "Drama"), 0]])
+
+
 def test_log1p_and_stats_given_in_the_schema(tmp_path):
     path = tmp_path / "r.csv"
     path.write_text(MOVIES)

@@ -255,6 +255,7 @@ def _csv_columns(
             column_types=types,
             strings_can_be_null=True,
             quoted_strings_can_be_null=False,
+            check_utf8=False,  # text columns are categoricals: their bytes are hashed as they are
         ),
     )
     return {c: _one_chunk(table.column(c)) for c in types}

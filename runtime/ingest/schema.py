@@ -10,11 +10,11 @@
     vocab: 1000000           # the id space
     vocab_files: {item_id: items.txt}  # optional: a column's known values, one per line
 
-Ids are a stable hash: FNV-1a 64 of `column + "\\x1f" + value` (the value's text; a number's decimal
-form), mapped to [1, vocab): id 0 is never a value's id, it pads the bags. With `vocab_files`
-(paths relative to the schema file), the K values they list get ids 1..K in the files' order
-(each column's block after the previous one's), collision-free; other values hash into
-[K + 1, vocab). A missing categorical
+Ids are a stable hash: FNV-1a 64 of `column + "\\x1f" + value` (the value's bytes as in a text
+file, not checked to be UTF-8; a number's decimal form), mapped to [1, vocab): id 0 is never a
+value's id, it pads the bags. With `vocab_files` (paths relative to the schema file), the K values
+they list get ids 1..K in the files' order (each column's block after the previous one's),
+collision-free; other values hash into [K + 1, vocab). A missing categorical
 value hashes as the empty string; a missing dense value is 0 (before the transform). `log1p` is
 log(1 + max(x, 0)), as DLRM reads Criteo's counts. `standardize` is (x - mean) / std with the
 mean and std of the data (`stats`: measured by `open_dataset` when not given).
