@@ -442,18 +442,18 @@ def test_cli_trains_a_plan_on_parquet_by_schema_and_refuses_bad_combinations(tmp
 @pytest.mark.slow
 def test_a_file_larger_than_the_memory_limit_streams(tmp_path):
     """A 2.5 GiB CSV read under a 2.2 GiB address-space limit (the baseline of a Python process
-    with numpy and pyarrow is ~1.6 GiB of address space): every row arrives, and reading the file
-    whole under the same limit fails, so the limit binds."""
+    with numpy, pyarrow and numba is ~1.6 GiB of address space): every row arrives, its categorical
+    hashed, and reading the file whole under the same limit fails, so the limit binds."""
     import subprocess
     import sys
     from pathlib import Path
 
     path = tmp_path / "big.csv"
     rows_per_block, blocks = 2000, 1360
-    line = "{i},1,{pad}\n"
-    block = "".join(line.format(i=i % 7, pad="x" * 1000) for i in range(rows_per_block)).encode()
+    line = "{i},1,{c},{pad}\n"
+    block = "".join(line.format(i=i % 7, c=i % 5, pad="x" * 1000) for i in range(rows_per_block)).encode()
     with open(path, "wb") as f:
-        f.write(b"x,click,pad\n")
+        f.write(b"x,click,c,pad\n")
         for _ in range(blocks):
             f.write(block)
     assert path.stat().st_size > 2.5 * 2**30 > 2.2 * 2**30
@@ -465,11 +465,12 @@ def test_a_file_larger_than_the_memory_limit_streams(tmp_path):
         "if sys.argv[1] == 'whole':\n"
         "    data = open(sys.argv[2], 'rb').read()\n"
         "else:\n"
-        "    ds = open_dataset(sys.argv[2], {'label': 'click', 'dense': ['x']}, batch_size=65536)\n"
-        "    n = s = 0\n"
+        "    schema = {'label': 'click', 'dense': ['x'], 'sparse': ['c'], 'vocab': 1000}\n"
+        "    ds = open_dataset(sys.argv[2], schema, batch_size=65536)\n"
+        "    n = s = ids = 0\n"
         "    for b in ds:\n"
-        "        n += len(b['label']); s += float(b['dense'].sum())\n"
-        "    print(n, s)\n"
+        "        n += len(b['label']); s += float(b['dense'].sum()); ids += int(b['sparse'].sum())\n"
+        "    print(n, s, ids)\n"
     )
     root = str(Path(__file__).resolve().parents[1])
     run = lambda how: subprocess.run(  # noqa: E731
@@ -481,9 +482,10 @@ def test_a_file_larger_than_the_memory_limit_streams(tmp_path):
         path.unlink()  # 2.5 GiB: not left for pytest's kept temporary directories
     assert whole.returncode != 0 and "MemoryError" in whole.stderr
     assert streamed.returncode == 0, streamed.stderr
-    n, s = streamed.stdout.split()
+    n, s, ids = streamed.stdout.split()
     assert int(n) == rows_per_block * blocks
     assert float(s) == sum(i % 7 for i in range(rows_per_block)) * blocks
+    assert int(ids) == sum(ref_id("c", str(i % 5), 1000) for i in range(rows_per_block)) * blocks
 
 
 def test_a_bad_row_in_a_readers_shard_fails_the_run_naming_the_file(tmp_path):
