@@ -119,6 +119,38 @@ def test_criteo_tsv_plain_and_gz(tmp_path, gz):
     assert_feeds(concat(batches), criteo_reference(lines))
 
 
+@pytest.mark.parametrize("block", [7, 100, 4096])
+@pytest.mark.parametrize("gz", [False, True])
+def test_lines_cut_by_the_read_blocks_anywhere_are_read_whole_once(tmp_path, monkeypatch, block, gz):
+    """Reads of `block` bytes (shorter than a line, or cutting lines anywhere), the last line
+    without a newline, and byte-range shards: the rows as written, each once, in order."""
+    from runtime.ingest import formats
+
+    monkeypatch.setattr(formats, "BLOCK", block)
+    lines = criteo_lines(40)
+    text = "\n".join(lines).encode()
+    path = tmp_path / ("day_0.txt.gz" if gz else "day_0.txt")
+    path.write_bytes(gzip.compress(text) if gz else text)
+    ds = open_dataset(path, CRITEO, batch_size=16)
+    want = criteo_reference(lines)
+    assert_feeds(concat(list(ds)), want)
+    for readers in (2, 3):  # reader i's rows come after reader i - 1's in the file
+        assert_feeds(concat([feed for i in range(readers) for feed, _ in ds.shard(i, readers)]), want)
+
+
+@pytest.mark.parametrize("block", [5, 4096])
+def test_a_shard_boundary_at_a_line_start_gives_that_line_to_the_next_reader(tmp_path, monkeypatch, block):
+    from runtime.ingest import formats
+
+    monkeypatch.setattr(formats, "BLOCK", block)
+    path = tmp_path / "rows.csv"  # 40 lines of 14 bytes: 2, 4, 5 and 8 readers split at line starts
+    path.write_text("row,click,pad\n" + "".join(f"{i:03d},{i % 2},xxxxxxx\n" for i in range(39)))
+    ds = open_dataset(path, {"label": "click", "dense": ["row"], "vocab": 10}, batch_size=8)
+    for readers in (2, 4, 5, 8):
+        got = [feed["dense"][:, 0] for i in range(readers) for feed, _ in ds.shard(i, readers)]
+        np.testing.assert_array_equal(np.concatenate(got), np.arange(39), err_msg=str(readers))
+
+
 def test_slot_text_format(tmp_path):
     lines = [
         "click:0 dense_feature:0.05 dense_feature:0.5 1:737395 2:210498 3:5",

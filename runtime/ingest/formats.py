@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 FORMATS = ("criteo", "csv", "tsv", "slot", "parquet")
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
-BLOCK = 8 << 20  # bytes of text parsed at a time
+BLOCK = 2 << 20  # bytes of text parsed at a time (8 MiB blocks ran ~25% slower: out of cache)
 
 
 @dataclass(frozen=True)
