@@ -212,20 +212,31 @@ class Dataset:
 
 
 def _emit(pending: list[dict[str, np.ndarray]], size: int, rng, last: bool):
-    """Yield whole batches of `size` rows from the pending feeds (all rows when `last`); return
-    what is left."""
-    feed = (
-        pending[0] if len(pending) == 1 else {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
-    )
-    n = len(feed["label"])
+    """Yield whole batches of `size` rows from the pending feeds (all rows when `last`), shuffled
+    together when `rng`; return (the feeds left, their rows). A batch within one feed is a view of
+    it: only a batch across feeds is copied."""
     if rng is not None:
-        order = rng.permutation(n)
-        feed = {k: v[order] for k, v in feed.items()}
-    full = n if last else n - n % size
-    for a in range(0, full, size):
-        yield {k: v[a : a + size] for k, v in feed.items()}
-    rest = {k: v[full:] for k, v in feed.items()}
-    return ([rest], n - full) if n > full else ([], 0)
+        feed = _joined(pending)
+        order = rng.permutation(len(feed["label"]))
+        pending = [{k: v[order] for k, v in feed.items()}]
+    have = sum(len(p["label"]) for p in pending)
+    while have >= size or (last and have):
+        need, parts = min(size, have), []
+        have -= need
+        while need:
+            rows = len(pending[0]["label"])
+            if rows <= need:
+                parts.append(pending.pop(0))
+            else:
+                parts.append({k: v[:need] for k, v in pending[0].items()})
+                pending[0] = {k: v[need:] for k, v in pending[0].items()}
+            need -= min(rows, need)
+        yield _joined(parts)
+    return pending, have
+
+
+def _joined(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return feeds[0] if len(feeds) == 1 else {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
 
 
 @dataclass
