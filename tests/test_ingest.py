@@ -366,6 +366,22 @@ def test_shuffle_buffer_is_seeded_and_loses_nothing(tmp_path):
     assert first != second and sorted(first) == sorted(second)  # a new permutation every epoch
 
 
+@pytest.mark.parametrize("block", [64, 4096])
+def test_shuffle_permutes_windows_of_its_rows_whatever_the_read_blocks(tmp_path, monkeypatch, block):
+    from runtime.ingest import formats
+
+    monkeypatch.setattr(formats, "BLOCK", block)
+    path = tmp_path / "r.csv"
+    path.write_text("row,click\n" + "".join(f"{i},{i % 2}\n" for i in range(200)))
+    ds = open_dataset(path, {"label": "click", "dense": ["row"]}, batch_size=10, shuffle=64, seed=1)
+    got = [int(x) for b in ds for x in b["dense"][:, 0]]
+    for lo, hi in ((0, 70), (70, 140), (140, 200)):  # 64 rows rounded up to 7 batches of 10
+        assert sorted(got[lo:hi]) == list(range(lo, hi)) and got[lo:hi] != list(range(lo, hi))
+    rng = np.random.default_rng((1, 0, 0))  # the seed of (seed, epoch, reader)
+    want = [lo + i for lo, hi in ((0, 70), (70, 140), (140, 200)) for i in rng.permutation(hi - lo)]
+    assert got == want
+
+
 def test_prefetch_thread_passes_errors_and_stops_when_closed():
     def boom():
         yield 1

@@ -11,7 +11,8 @@ is the plain iteration `for feed in dataset` (what `train` reads in one process,
 `evaluate` / `predict` code iterates).
 
 Parsing runs on a background thread (pyarrow releases the GIL), `prefetch` batches ahead of the
-trainer. `shuffle=K` permutes windows of K rows with a seed of (seed, epoch, reader).
+trainer. `shuffle=K` permutes consecutive windows of K rows (rounded up to whole local batches)
+with a seed of (seed, epoch, reader).
 """
 
 from __future__ import annotations
@@ -180,9 +181,10 @@ class Dataset:
     def _batches(
         self, pieces: list[formats.Piece], size: int, seed: tuple
     ) -> Iterator[dict[str, np.ndarray]]:
-        """Feeds of `size` rows (the last one shorter) of the pieces' rows, shuffled in windows."""
+        """Feeds of `size` rows (the last one shorter) of the pieces' rows; with a shuffle, each
+        run of `window` rows (the shuffle's rows rounded up to whole batches) permuted."""
         rng = np.random.default_rng(seed) if self.shuffle else None
-        window = max(self.shuffle, size)
+        window = -(-self.shuffle // size) * size if self.shuffle else size
         pending: list[dict[str, np.ndarray]] = []
         have = 0
         for path, cols in self._chunks(pieces, self.schema.columns):
@@ -192,10 +194,12 @@ class Dataset:
                 raise ValueError(f"{path}: {e}") from None
             pending.append(feed)
             have += len(feed["label"])
-            if have >= window:
-                pending, have = yield from _emit(pending, size, rng, last=False)
+            while have >= window:
+                part, pending = _split(pending, window)
+                have -= window
+                yield from _emit(part, size, rng)
         if have:
-            yield from _emit(pending, size, rng, last=True)
+            yield from _emit(pending, size, rng)
 
     def measure(self, columns: list[str]) -> dict[str, tuple[float, float]]:
         """{column: (mean, std)} of numeric columns over all rows (missing values count as 0)."""
@@ -211,28 +215,32 @@ class Dataset:
         return out
 
 
-def _emit(pending: list[dict[str, np.ndarray]], size: int, rng, last: bool):
-    """Yield whole batches of `size` rows from the pending feeds (all rows when `last`), shuffled
-    together when `rng`; return (the feeds left, their rows). A batch within one feed is a view of
-    it: only a batch across feeds is copied."""
+def _split(feeds: list[dict[str, np.ndarray]], rows: int) -> tuple[list[dict], list[dict]]:
+    """(the feeds of the first `rows` rows, the feeds of the rest): views, nothing copied."""
+    head, rest = [], list(feeds)
+    while rows:
+        n = len(rest[0]["label"])
+        if n <= rows:
+            head.append(rest.pop(0))
+        else:
+            head.append({k: v[:rows] for k, v in rest[0].items()})
+            rest[0] = {k: v[rows:] for k, v in rest[0].items()}
+        rows -= min(n, rows)
+    return head, rest
+
+
+def _emit(feeds: list[dict[str, np.ndarray]], size: int, rng) -> Iterator[dict[str, np.ndarray]]:
+    """The feeds' rows (permuted by `rng`, if any) in batches of `size` rows, the last one shorter.
+    A batch within one feed is a view of it: only rows that span feeds or are permuted are copied."""
     if rng is not None:
-        feed = _joined(pending)
+        feed = _joined(feeds)
         order = rng.permutation(len(feed["label"]))
-        pending = [{k: v[order] for k, v in feed.items()}]
-    have = sum(len(p["label"]) for p in pending)
-    while have >= size or (last and have):
-        need, parts = min(size, have), []
-        have -= need
-        while need:
-            rows = len(pending[0]["label"])
-            if rows <= need:
-                parts.append(pending.pop(0))
-            else:
-                parts.append({k: v[:need] for k, v in pending[0].items()})
-                pending[0] = {k: v[need:] for k, v in pending[0].items()}
-            need -= min(rows, need)
-        yield _joined(parts)
-    return pending, have
+        feeds = [{k: v[order] for k, v in feed.items()}]
+    left = sum(len(f["label"]) for f in feeds)
+    while left:
+        batch, feeds = _split(feeds, min(size, left))
+        left -= min(size, left)
+        yield _joined(batch)
 
 
 def _joined(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
