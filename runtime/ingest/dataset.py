@@ -10,9 +10,9 @@ every step's global batch size. For a given N and file list this is deterministi
 is the plain iteration `for feed in dataset` (what `train` reads in one process, and what
 `evaluate` / `predict` code iterates).
 
-Parsing runs on a background thread (pyarrow releases the GIL), `prefetch` batches ahead of the
-trainer. `shuffle=K` permutes consecutive windows of K rows (rounded up to whole local batches)
-with a seed of (seed, epoch, reader).
+Parsing runs on a background thread (pyarrow and the compiled hash release the GIL), `prefetch`
+batches ahead of the trainer. `shuffle=K` permutes consecutive windows of K rows (rounded up to
+whole local batches) with a seed of (seed, epoch, reader).
 """
 
 from __future__ import annotations
