@@ -6,7 +6,8 @@ fields, Zipf-distributed categoricals) is generated, then read by `runtime.data.
 the Criteo schema (log1p dense, 26 hashed slots):
 - reference: the line-by-line `CriteoReader` on the same file, in the same run;
 - 1 reader: one process reads the whole file (`Dataset.shard(0, 1)`);
-- 2 readers: two processes at once, each reading its half (`shard(i, 2)`).
+- 2 readers: two processes at once, each reading its half (`shard(i, 2)`);
+- what the machine gives two processes at once: 1, then 2 CPU-bound Python loops ("spinners").
 The main figure is lines per reader core: a reader's lines / its process's CPU seconds (the
 prefetch thread that parses and the thread that takes the batches both count), which the other
 jobs of a shared machine move less than wall time; lines/s of wall time are printed too. The
@@ -63,7 +64,8 @@ def write_criteo(path: Path, lines: int, seed: int = 0) -> None:
 
 @dataclass(frozen=True)
 class Read:
-    """What one reader process read: its lines, in wall seconds and CPU seconds (all its threads)."""
+    """What one process did: its lines (loop turns for a spinner), in wall seconds and CPU seconds
+    (all its threads)."""
 
     index: int
     rows: int
@@ -73,13 +75,13 @@ class Read:
 
 @dataclass(frozen=True)
 class Run:
-    """One measurement: one reader alone, then two at once."""
+    """One measurement: one process alone, then two at once."""
 
     one: Read
     two: list[Read]
 
     def together(self) -> float:
-        """Lines/s of the two readers together (wall time: until the later one is done)."""
+        """Lines/s of the two together (wall time: until the later one is done)."""
         return sum(r.rows for r in self.two) / max(r.wall for r in self.two)
 
     def scale(self) -> float:
@@ -92,16 +94,34 @@ def read_shard(ds, index: int, count: int, out) -> None:
     out.put(Read(index, rows, time.perf_counter() - t, time.process_time() - c))
 
 
-def readers(ds, count: int) -> list[Read]:
+def spin(index: int, turns: int, out) -> None:
+    """A CPU-bound Python loop: what two processes at once get of the machine's cores."""
+    t, c = time.perf_counter(), time.process_time()
+    x = 0
+    for i in range(turns):
+        x += i
+    out.put(Read(index, turns, time.perf_counter() - t, time.process_time() - c))
+
+
+def at_once(target, args: list[tuple]) -> list[Read]:
+    """Run `target(*a, queue)` for each `a` in forked processes at once; their `Read`s."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
-    procs = [ctx.Process(target=read_shard, args=(ds, i, count, q)) for i in range(count)]
+    procs = [ctx.Process(target=target, args=(*a, q)) for a in args]
     for p in procs:
         p.start()
     got = sorted((q.get(timeout=600) for _ in procs), key=lambda r: r.index)
     for p in procs:
         p.join(timeout=60)
     return got
+
+
+def readers(ds, count: int) -> list[Read]:
+    return at_once(read_shard, [(ds, i, count) for i in range(count)])
+
+
+def spinners(count: int, turns: int = 4_000_000) -> list[Read]:
+    return at_once(spin, [(i, turns) for i in range(count)])
 
 
 def legacy_rate(path: Path, batch: int, limit: int) -> tuple[float, float]:
@@ -191,13 +211,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(f"reference: CriteoReader (line by line) {ref:,.0f} lines/CPU s ({ref_wall:,.0f} lines/s)")
         out: dict[str, float] = {"legacy": ref}
         runs: list[Run] = []
+        machine: list[Run] = []
         for r in range(args.repeat):
+            machine.append(Run(spinners(1)[0], spinners(2)))
             runs.append(Run(readers(ds, 1)[0], readers(ds, 2)))
             one, two = runs[-1].one, runs[-1].two
             print(
                 f"run {r + 1}: 1 reader {one.rows / one.cpu:>9,.0f} lines/CPU s ({one.rows / one.wall:,.0f} "
                 f"lines/s); 2 readers {' + '.join(f'{g.rows / g.cpu:,.0f}' for g in two)} lines/CPU s, "
-                f"together {runs[-1].together():,.0f} lines/s = {runs[-1].scale():.2f}x 1 reader"
+                f"together {runs[-1].together():,.0f} lines/s = {runs[-1].scale():.2f}x 1 reader "
+                f"(2 spinners: {machine[-1].scale():.2f}x 1)"
             )
         out.update(
             per_cpu1=median(run.one.rows / run.one.cpu for run in runs),
@@ -205,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             wall1=median(run.one.rows / run.one.wall for run in runs),
             wall2=median(run.together() for run in runs),
             scale=median(run.scale() for run in runs),
+            machine=median(run.scale() for run in machine),
             cpu_ratio=median(sum(g.cpu for g in run.two) / run.one.cpu for run in runs),
         )
         rows2 = {sum(g.rows for g in run.two) for run in runs}
@@ -214,7 +238,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             f"the reference; each of 2 readers {out['per_cpu2']:,.0f} lines/CPU s "
             f"({out['per_cpu2'] / out['per_cpu1']:.2f}x 1 reader's)\n"
             f"  wall: 1 reader {out['wall1']:,.0f} lines/s; 2 readers together {out['wall2']:,.0f} lines/s "
-            f"= {out['scale']:.2f}x 1 reader (2.0 on 2 idle cores; lower when other jobs share them)\n"
+            f"= {out['scale']:.2f}x 1 reader, where 2 CPU-bound spinners got {out['machine']:.2f}x 1 "
+            f"(2.0: two idle cores; less when other jobs share them)\n"
             f"  2 readers read {sorted(rows2)} lines together (of {args.lines:,}), with "
             f"{out['cpu_ratio']:.2f}x 1 reader's CPU seconds (1.0: no line parsed twice)"
         )
