@@ -65,6 +65,8 @@ def test_stable_hash_of_every_kind_of_string_column_is_fnv1a_by_hand():
     np.testing.assert_array_equal(wide[:, 1], want(values, "C7"))
     assert (wide[:, [0, 2]] == -1).all()
     assert hash_ids(pa.array([], pa.string()), "C7", 997).shape == (0,)
+    with pytest.raises(ValueError, match="writes 12 int64 ids; `out` is int64 \\(3,\\)"):
+        hash_ids(arr, "C7", 997, out=wide[0])  # a row, not a column: refused, nothing written past it
 
 
 def criteo_lines(n: int, seed: int = 0) -> list[str]:

@@ -19,6 +19,8 @@ def ids(col: pa.Array, prefix: bytes, first: int, vocab: int, out: np.ndarray | 
         raise TypeError(f"fnv.ids hashes string arrays, got {col.type}")
     n = len(col)
     out = np.empty(n, np.int64) if out is None else out
+    if out.shape != (n,) or out.dtype != np.int64:
+        raise ValueError(f"fnv.ids writes {n} int64 ids; `out` is {out.dtype} {out.shape}")
     h0 = _fold(OFFSET, prefix)
     if n == 0:
         return out
