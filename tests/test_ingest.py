@@ -36,6 +36,39 @@ def test_reference_hash_is_fnv1a():
     assert fnv1a_64(b"foobar") == 0x85944171F73967E8
 
 
+def test_stable_hash_of_every_kind_of_string_column_is_fnv1a_by_hand():
+    """The compiled hash (`hash_ids`) against the byte-by-byte reference: nulls (as ""), empty
+    and long values, UTF-8, a slice whose validity bits start mid-byte, large_string, dictionary
+    and numeric columns, and ids written into a strided column of a wider array."""
+    from runtime.ingest.schema import hash_ids
+
+    values = ["", None, "0a1b2c3d", "x" * 37, "é€😀", None, "k", "68fd1e64", None, "z" * 9, "", "q"]
+
+    def want(vals: list, col: str, vocab: int = 997, first: int = 1) -> list[int]:
+        return [first + fnv1a_64(f"{col}\x1f{v or ''}".encode()) % (vocab - first) for v in vals]
+
+    arr = pa.array(values, pa.string())
+    for col, vals in [
+        (arr, values),
+        (arr.slice(3), values[3:]),  # validity bitmap read from bit 3
+        (arr.slice(5, 4), values[5:9]),
+        (pa.array(values, pa.large_string()).slice(1), values[1:]),
+        (arr.dictionary_encode(), values),
+        (pa.chunked_array([arr.slice(0, 5), arr.slice(5)]), values),
+    ]:
+        np.testing.assert_array_equal(hash_ids(col, "C7", 997), want(vals, "C7"), err_msg=str(col.type))
+    np.testing.assert_array_equal(hash_ids(arr, "C7", 50, first=9), want(values, "C7", 50, 9))
+    ints = pa.array([7, None, -12, 0], pa.int64())
+    np.testing.assert_array_equal(hash_ids(ints, "n", 997), want(["7", None, "-12", "0"], "n"))
+    wide = np.full((len(values), 3), -1, np.int64)
+    hash_ids(arr, "C7", 997, out=wide[:, 1])
+    np.testing.assert_array_equal(wide[:, 1], want(values, "C7"))
+    assert (wide[:, [0, 2]] == -1).all()
+    assert hash_ids(pa.array([], pa.string()), "C7", 997).shape == (0,)
+    with pytest.raises(ValueError, match="writes 12 int64 ids; `out` is int64 \\(3,\\)"):
+        hash_ids(arr, "C7", 997, out=wide[0])  # a row, not a column: refused, nothing written past it
+
+
 def criteo_lines(n: int, seed: int = 0) -> list[str]:
     rng = np.random.default_rng(seed)
     out = []
@@ -86,6 +119,38 @@ def test_criteo_tsv_plain_and_gz(tmp_path, gz):
     batches = list(ds)
     assert [len(b["label"]) for b in batches] == [16, 16, 16, 2]
     assert_feeds(concat(batches), criteo_reference(lines))
+
+
+@pytest.mark.parametrize("block", [7, 100, 4096])
+@pytest.mark.parametrize("gz", [False, True])
+def test_lines_cut_by_the_read_blocks_anywhere_are_read_whole_once(tmp_path, monkeypatch, block, gz):
+    """Reads of `block` bytes (shorter than a line, or cutting lines anywhere), the last line
+    without a newline, and byte-range shards: the rows as written, each once, in order."""
+    from runtime.ingest import formats
+
+    monkeypatch.setattr(formats, "BLOCK", block)
+    lines = criteo_lines(40)
+    text = "\n".join(lines).encode()
+    path = tmp_path / ("day_0.txt.gz" if gz else "day_0.txt")
+    path.write_bytes(gzip.compress(text) if gz else text)
+    ds = open_dataset(path, CRITEO, batch_size=16)
+    want = criteo_reference(lines)
+    assert_feeds(concat(list(ds)), want)
+    for readers in (2, 3):  # reader i's rows come after reader i - 1's in the file
+        assert_feeds(concat([feed for i in range(readers) for feed, _ in ds.shard(i, readers)]), want)
+
+
+@pytest.mark.parametrize("block", [5, 4096])
+def test_a_shard_boundary_at_a_line_start_gives_that_line_to_the_next_reader(tmp_path, monkeypatch, block):
+    from runtime.ingest import formats
+
+    monkeypatch.setattr(formats, "BLOCK", block)
+    path = tmp_path / "rows.csv"  # 40 lines of 14 bytes: 2, 4, 5 and 8 readers split at line starts
+    path.write_text("row,click,pad\n" + "".join(f"{i:03d},{i % 2},xxxxxxx\n" for i in range(39)))
+    ds = open_dataset(path, {"label": "click", "dense": ["row"], "vocab": 10}, batch_size=8)
+    for readers in (2, 4, 5, 8):
+        got = [feed["dense"][:, 0] for i in range(readers) for feed, _ in ds.shard(i, readers)]
+        np.testing.assert_array_equal(np.concatenate(got), np.arange(39), err_msg=str(readers))
 
 
 def test_slot_text_format(tmp_path):
@@ -159,6 +224,17 @@ def test_csv_and_tsv_with_header_and_schema_transforms(tmp_path, sep):
     np.testing.assert_array_equal(b["genres"], [x + [0] * (3 - len(x)) for x in g])  # cut at max_len, pad 0
     np.testing.assert_array_equal(b["genres_len"].ravel(), [2, 1, 3, 0])
     assert b["sparse"].dtype == np.int64 and b["dense"].dtype == np.float32 and b["genres"].dtype == np.int64
+
+
+def test_categoricals_in_another_encoding_hash_their_bytes(tmp_path):
+    path = tmp_path / "latin1.csv"  # "Café", "Noël" in Latin-1: not UTF-8
+    path.write_bytes("user_id,item_id,rating,age,gender,genres\n1,Café,5,25,M,Noël|Drama\n".encode("latin-1"))
+    (b,) = list(open_dataset(path, movie_schema(), batch_size=4))
+    ref = lambda col, value: 1 + fnv1a_64(col.encode() + b"\x1f" + value.encode("latin-1")) % 49
+    np.testing.assert_array_equal(
+        b["sparse"], [[ref("user_id", "1"), ref("item_id", "Café"), ref("gender", "M")]]
+    )
+    np.testing.assert_array_equal(b["genres"], [[ref("genres", "Noël"), ref("genres", "Drama"), 0]])
 
 
 def test_log1p_and_stats_given_in_the_schema(tmp_path):
@@ -292,6 +368,22 @@ def test_shuffle_buffer_is_seeded_and_loses_nothing(tmp_path):
     assert first != second and sorted(first) == sorted(second)  # a new permutation every epoch
 
 
+@pytest.mark.parametrize("block", [64, 4096])
+def test_shuffle_permutes_windows_of_its_rows_whatever_the_read_blocks(tmp_path, monkeypatch, block):
+    from runtime.ingest import formats
+
+    monkeypatch.setattr(formats, "BLOCK", block)
+    path = tmp_path / "r.csv"
+    path.write_text("row,click\n" + "".join(f"{i},{i % 2}\n" for i in range(200)))
+    ds = open_dataset(path, {"label": "click", "dense": ["row"]}, batch_size=10, shuffle=64, seed=1)
+    got = [int(x) for b in ds for x in b["dense"][:, 0]]
+    for lo, hi in ((0, 70), (70, 140), (140, 200)):  # 64 rows rounded up to 7 batches of 10
+        assert sorted(got[lo:hi]) == list(range(lo, hi)) and got[lo:hi] != list(range(lo, hi))
+    rng = np.random.default_rng((1, 0, 0))  # the seed of (seed, epoch, reader)
+    want = [lo + i for lo, hi in ((0, 70), (70, 140), (140, 200)) for i in rng.permutation(hi - lo)]
+    assert got == want
+
+
 def test_prefetch_thread_passes_errors_and_stops_when_closed():
     def boom():
         yield 1
@@ -400,18 +492,18 @@ def test_cli_trains_a_plan_on_parquet_by_schema_and_refuses_bad_combinations(tmp
 @pytest.mark.slow
 def test_a_file_larger_than_the_memory_limit_streams(tmp_path):
     """A 2.5 GiB CSV read under a 2.2 GiB address-space limit (the baseline of a Python process
-    with numpy and pyarrow is ~1.6 GiB of address space): every row arrives, and reading the file
-    whole under the same limit fails, so the limit binds."""
+    with numpy, pyarrow and numba is ~1.6 GiB of address space): every row arrives, its categorical
+    hashed, and reading the file whole under the same limit fails, so the limit binds."""
     import subprocess
     import sys
     from pathlib import Path
 
     path = tmp_path / "big.csv"
     rows_per_block, blocks = 2000, 1360
-    line = "{i},1,{pad}\n"
-    block = "".join(line.format(i=i % 7, pad="x" * 1000) for i in range(rows_per_block)).encode()
+    line = "{i},1,{c},{pad}\n"
+    block = "".join(line.format(i=i % 7, c=i % 5, pad="x" * 1000) for i in range(rows_per_block)).encode()
     with open(path, "wb") as f:
-        f.write(b"x,click,pad\n")
+        f.write(b"x,click,c,pad\n")
         for _ in range(blocks):
             f.write(block)
     assert path.stat().st_size > 2.5 * 2**30 > 2.2 * 2**30
@@ -423,11 +515,12 @@ def test_a_file_larger_than_the_memory_limit_streams(tmp_path):
         "if sys.argv[1] == 'whole':\n"
         "    data = open(sys.argv[2], 'rb').read()\n"
         "else:\n"
-        "    ds = open_dataset(sys.argv[2], {'label': 'click', 'dense': ['x']}, batch_size=65536)\n"
-        "    n = s = 0\n"
+        "    schema = {'label': 'click', 'dense': ['x'], 'sparse': ['c'], 'vocab': 1000}\n"
+        "    ds = open_dataset(sys.argv[2], schema, batch_size=65536)\n"
+        "    n = s = ids = 0\n"
         "    for b in ds:\n"
-        "        n += len(b['label']); s += float(b['dense'].sum())\n"
-        "    print(n, s)\n"
+        "        n += len(b['label']); s += float(b['dense'].sum()); ids += int(b['sparse'].sum())\n"
+        "    print(n, s, ids)\n"
     )
     root = str(Path(__file__).resolve().parents[1])
     run = lambda how: subprocess.run(  # noqa: E731
@@ -439,9 +532,10 @@ def test_a_file_larger_than_the_memory_limit_streams(tmp_path):
         path.unlink()  # 2.5 GiB: not left for pytest's kept temporary directories
     assert whole.returncode != 0 and "MemoryError" in whole.stderr
     assert streamed.returncode == 0, streamed.stderr
-    n, s = streamed.stdout.split()
+    n, s, ids = streamed.stdout.split()
     assert int(n) == rows_per_block * blocks
     assert float(s) == sum(i % 7 for i in range(rows_per_block)) * blocks
+    assert int(ids) == sum(ref_id("c", str(i % 5), 1000) for i in range(rows_per_block)) * blocks
 
 
 def test_a_bad_row_in_a_readers_shard_fails_the_run_naming_the_file(tmp_path):

@@ -10,8 +10,9 @@ every step's global batch size. For a given N and file list this is deterministi
 is the plain iteration `for feed in dataset` (what `train` reads in one process, and what
 `evaluate` / `predict` code iterates).
 
-Parsing runs on a background thread (pyarrow releases the GIL), `prefetch` batches ahead of the
-trainer. `shuffle=K` permutes windows of K rows with a seed of (seed, epoch, reader).
+Parsing runs on a background thread (pyarrow and the compiled hash release the GIL), `prefetch`
+batches ahead of the trainer. `shuffle=K` permutes consecutive windows of K rows (rounded up to
+whole local batches) with a seed of (seed, epoch, reader).
 """
 
 from __future__ import annotations
@@ -142,15 +143,8 @@ class Dataset:
 
     # -- internals ----------------------------------------------------------------------------
     def _types(self, columns: list[str]) -> dict[str, pa.DataType]:
-        sparse = set(self.schema.sparse)
-        return {
-            c: pa.dictionary(pa.int32(), pa.string())
-            if c in sparse
-            else pa.string()
-            if c in dict(self.schema.multi)
-            else pa.float64()
-            for c in columns
-        }
+        text = {*self.schema.sparse, *dict(self.schema.multi)}  # categoricals: hashed from the text
+        return {c: pa.string() if c in text else pa.float64() for c in columns}
 
     def _chunks(
         self, pieces: list[formats.Piece], columns: list[str]
@@ -187,9 +181,10 @@ class Dataset:
     def _batches(
         self, pieces: list[formats.Piece], size: int, seed: tuple
     ) -> Iterator[dict[str, np.ndarray]]:
-        """Feeds of `size` rows (the last one shorter) of the pieces' rows, shuffled in windows."""
+        """Feeds of `size` rows (the last one shorter) of the pieces' rows; with a shuffle, each
+        run of `window` rows (the shuffle's rows rounded up to whole batches) permuted."""
         rng = np.random.default_rng(seed) if self.shuffle else None
-        window = max(self.shuffle, size)
+        window = -(-self.shuffle // size) * size if self.shuffle else size
         pending: list[dict[str, np.ndarray]] = []
         have = 0
         for path, cols in self._chunks(pieces, self.schema.columns):
@@ -199,10 +194,12 @@ class Dataset:
                 raise ValueError(f"{path}: {e}") from None
             pending.append(feed)
             have += len(feed["label"])
-            if have >= window:
-                pending, have = yield from _emit(pending, size, rng, last=False)
+            while have >= window:
+                part, pending = _split(pending, window)
+                have -= window
+                yield from _emit(part, size, rng)
         if have:
-            yield from _emit(pending, size, rng, last=True)
+            yield from _emit(pending, size, rng)
 
     def measure(self, columns: list[str]) -> dict[str, tuple[float, float]]:
         """{column: (mean, std)} of numeric columns over all rows (missing values count as 0)."""
@@ -218,19 +215,36 @@ class Dataset:
         return out
 
 
-def _emit(pending: list[dict[str, np.ndarray]], size: int, rng, last: bool):
-    """Yield whole batches of `size` rows from the pending feeds (all rows when `last`); return
-    what is left."""
-    feed = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
-    n = len(feed["label"])
+def _split(feeds: list[dict[str, np.ndarray]], rows: int) -> tuple[list[dict], list[dict]]:
+    """(the feeds of the first `rows` rows, the feeds of the rest): views, nothing copied."""
+    head, rest = [], list(feeds)
+    while rows:
+        n = len(rest[0]["label"])
+        if n <= rows:
+            head.append(rest.pop(0))
+        else:
+            head.append({k: v[:rows] for k, v in rest[0].items()})
+            rest[0] = {k: v[rows:] for k, v in rest[0].items()}
+        rows -= min(n, rows)
+    return head, rest
+
+
+def _emit(feeds: list[dict[str, np.ndarray]], size: int, rng) -> Iterator[dict[str, np.ndarray]]:
+    """The feeds' rows (permuted by `rng`, if any) in batches of `size` rows, the last one shorter.
+    A batch within one feed is a view of it: only rows that span feeds or are permuted are copied."""
     if rng is not None:
-        order = rng.permutation(n)
-        feed = {k: v[order] for k, v in feed.items()}
-    full = n if last else n - n % size
-    for a in range(0, full, size):
-        yield {k: v[a : a + size] for k, v in feed.items()}
-    rest = {k: v[full:] for k, v in feed.items()}
-    return ([rest], n - full) if n > full else ([], 0)
+        feed = _joined(feeds)
+        order = rng.permutation(len(feed["label"]))
+        feeds = [{k: v[order] for k, v in feed.items()}]
+    left = sum(len(f["label"]) for f in feeds)
+    while left:
+        batch, feeds = _split(feeds, min(size, left))
+        left -= min(size, left)
+        yield _joined(batch)
+
+
+def _joined(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return feeds[0] if len(feeds) == 1 else {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
 
 
 @dataclass

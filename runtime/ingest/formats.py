@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 FORMATS = ("criteo", "csv", "tsv", "slot", "parquet")
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
-BLOCK = 8 << 20  # bytes of text parsed at a time
+BLOCK = 2 << 20  # bytes of text parsed at a time (8 MiB blocks ran ~25% slower: out of cache)
 
 
 @dataclass(frozen=True)
@@ -170,9 +170,10 @@ def count_rows(path: str, start: int, stop: int, fmt: str) -> int:
     return int(lines) - (fmt in ("csv", "tsv") and start == 0 and lines > 0)
 
 
-def line_blocks(piece: Piece) -> Iterator[tuple[int, bytes]]:
+def line_blocks(piece: Piece) -> Iterator[tuple[int, memoryview]]:
     """(offset, block): blocks of whole lines (each ends with a newline) of the lines starting in
-    the piece, and where each block starts in the (uncompressed) file."""
+    the piece, and where each block starts in the (uncompressed) file. Each block is a view of a
+    buffer of its own (read once, not copied)."""
     with _open(piece.path) as f:
         pos = 0  # the file offset of the first byte not yet yielded
         if piece.start > 0:
@@ -180,22 +181,23 @@ def line_blocks(piece: Piece) -> Iterator[tuple[int, bytes]]:
             f.readline()  # the line that started before `start` belongs to the previous piece
             pos = f.tell()
         stop = None if piece.stop == -1 else piece.stop
-        carry = b""
+        carry = b""  # the start of a line that the previous read cut
         while stop is None or pos < stop:
-            chunk = f.read(BLOCK)
-            if not chunk:
+            buf = bytearray(len(carry) + BLOCK)
+            buf[: len(carry)] = carry
+            end = len(carry) + f.readinto(memoryview(buf)[len(carry) :])
+            if end == len(carry):  # the end of the file
                 if carry:  # a last line without a newline
-                    yield pos, carry + b"\n"
+                    yield pos, memoryview(carry + b"\n")
                 return
-            data = carry + chunk
-            cut = data.rfind(b"\n") + 1
-            block, carry = data[:cut], data[cut:]
-            if stop is not None and pos + len(block) > stop:  # keep the lines starting before `stop`
-                yield pos, block[: block.index(b"\n", stop - 1 - pos) + 1]
+            cut = buf.rfind(b"\n", 0, end) + 1
+            carry = bytes(buf[cut:end])
+            if stop is not None and pos + cut > stop:  # keep the lines starting before `stop`
+                yield pos, memoryview(buf)[: buf.index(b"\n", stop - 1 - pos) + 1]
                 return
-            if block:
-                yield pos, block
-            pos += len(block)
+            if cut:
+                yield pos, memoryview(buf)[:cut]
+            pos += cut
 
 
 def _parse_options(fmt: str) -> pcsv.ParseOptions:
@@ -240,7 +242,7 @@ def read_piece(
 
 
 def _csv_columns(
-    block: bytes, fmt: str, names: list[str] | None, types: dict[str, pa.DataType], skip: int
+    block: memoryview, fmt: str, names: list[str] | None, types: dict[str, pa.DataType], skip: int
 ) -> dict[str, pa.Array]:
     table = pcsv.read_csv(
         pa.py_buffer(block),
@@ -253,13 +255,18 @@ def _csv_columns(
             column_types=types,
             strings_can_be_null=True,
             quoted_strings_can_be_null=False,
+            check_utf8=False,  # text columns are categoricals: their bytes are hashed as they are
         ),
     )
-    return {c: table.column(c).combine_chunks() for c in types}
+    return {c: _one_chunk(table.column(c)) for c in types}
 
 
-def _lines(block: bytes) -> pa.Array:
-    return (
+def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
+def _lines(block: memoryview) -> pa.Array:
+    return _one_chunk(
         pcsv.read_csv(
             pa.py_buffer(block),
             read_options=pcsv.ReadOptions(
@@ -269,9 +276,7 @@ def _lines(block: bytes) -> pa.Array:
             convert_options=pcsv.ConvertOptions(
                 column_types={"line": pa.string()}, strings_can_be_null=False
             ),
-        )
-        .column("line")
-        .combine_chunks()
+        ).column("line")
     )
 
 

@@ -10,11 +10,11 @@
     vocab: 1000000           # the id space
     vocab_files: {item_id: items.txt}  # optional: a column's known values, one per line
 
-Ids are a stable hash: FNV-1a 64 of `column + "\\x1f" + value` (the value's text; a number's decimal
-form), mapped to [1, vocab): id 0 is never a value's id, it pads the bags. With `vocab_files`
-(paths relative to the schema file), the K values they list get ids 1..K in the files' order
-(each column's block after the previous one's), collision-free; other values hash into
-[K + 1, vocab). A missing categorical
+Ids are a stable hash: FNV-1a 64 of `column + "\\x1f" + value` (the value's bytes as in a text
+file, not checked to be UTF-8; a number's decimal form), mapped to [1, vocab): id 0 is never a
+value's id, it pads the bags. With `vocab_files` (paths relative to the schema file), the K values
+they list get ids 1..K in the files' order (each column's block after the previous one's),
+collision-free; other values hash into [K + 1, vocab). A missing categorical
 value hashes as the empty string; a missing dense value is 0 (before the transform). `log1p` is
 log(1 + max(x, 0)), as DLRM reads Criteo's counts. `standardize` is (x - mean) / std with the
 mean and std of the data (`stats`: measured by `open_dataset` when not given).
@@ -34,6 +34,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import fnv
+
 TRANSFORMS = ("none", "log1p", "standardize")
 _KEYS = {
     "label",
@@ -47,7 +49,6 @@ _KEYS = {
     "stats",
     "vocab_files",
 }
-FNV_OFFSET, FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
 
 
 @dataclass(frozen=True)
@@ -137,16 +138,19 @@ class Schema:
             known,
         )
 
-    def ids(self, col, name: str) -> np.ndarray:
-        """Ids of a categorical column's values: from its vocab file when listed there, else hashed."""
+    def ids(self, col, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """Ids of a categorical column's values: from its vocab file when listed there, else hashed
+        (written into `out`, an int64 vector of len(col), if given)."""
         first = 1 + sum(len(v) for _, v in self.known)
-        ids = hash_ids(col, name, self.vocab, first)
+        ids = hash_ids(col, name, self.vocab, first, out)
         offset = 1
         for column, values in self.known:
             if column == name:
                 at = pc.index_in(pc.fill_null(_as_text(col), ""), value_set=pa.array(values, pa.string()))
                 at = pc.fill_null(at, -1).to_numpy(zero_copy_only=False)
-                return np.where(at >= 0, offset + at, ids)
+                listed = at >= 0
+                ids[listed] = offset + at[listed]
+                return ids
             offset += len(values)
         return ids
 
@@ -169,7 +173,9 @@ class Schema:
         if self.dense:
             out["dense"] = np.concatenate([self._dense(c, columns[c], n) for c in self.dense], axis=1)
         if self.sparse:
-            out["sparse"] = np.stack([self.ids(_single(columns[c], c), c) for c in self.sparse], 1)
+            out["sparse"] = sparse = np.empty((n, len(self.sparse)), np.int64)
+            for j, c in enumerate(self.sparse):
+                self.ids(_single(columns[c], c), c, sparse[:, j])
         for c, sep in self.multi:
             out[c], out[f"{c}_len"] = self._bag(columns[c], c, sep, n)
         return out
@@ -274,30 +280,6 @@ def _as_text(col):
     return col
 
 
-def fnv1a(prefix: bytes, col: pa.Array) -> np.ndarray:
-    """FNV-1a 64 of `prefix + value` for every value of a string array (nulls: the empty string)."""
-    col = pc.cast(col, pa.large_string()) if not pa.types.is_large_string(col.type) else col
-    n = len(col)
-    h0 = FNV_OFFSET
-    with np.errstate(over="ignore"):
-        for b in prefix:
-            h0 = (h0 ^ np.uint64(b)) * FNV_PRIME
-        h = np.full(n, h0, np.uint64)
-        if n == 0:
-            return h
-        bufs = col.buffers()
-        offsets = np.frombuffer(bufs[1], np.int64, n + 1, col.offset * 8)
-        data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-        start, length = offsets[:-1], np.diff(offsets)
-        if col.null_count:
-            length = np.where(col.is_null().to_numpy(zero_copy_only=False), 0, length)
-        idx = np.arange(n)
-        for j in range(int(length.max())):
-            idx = idx[length[idx] > j]
-            h[idx] = (h[idx] ^ data[start[idx] + j]) * FNV_PRIME
-    return h
-
-
 def _vocab_files(files: Any, columns: list[str], base: Path, where: str) -> tuple:
     if not isinstance(files, dict) or any(c not in columns for c in files):
         raise ValueError(f"{where}: vocab_files maps categorical columns ({columns}) to files, got {files!r}")
@@ -314,14 +296,15 @@ def _vocab_files(files: Any, columns: list[str], base: Path, where: str) -> tupl
     return tuple(out)
 
 
-def hash_ids(col, name: str, vocab: int, first: int = 1) -> np.ndarray:
-    """Ids in [first, vocab) of a categorical column's values (see the module docstring)."""
+def hash_ids(col, name: str, vocab: int, first: int = 1, out: np.ndarray | None = None) -> np.ndarray:
+    """Ids in [first, vocab) of a categorical column's values (see the module docstring), written
+    into `out` (an int64 vector of len(col)) if given."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     prefix = name.encode() + b"\x1f"
     if pa.types.is_dictionary(col.type):  # hash each distinct value once (and "" for nulls)
         words = pa.concat_arrays([_as_text(col.dictionary), pa.array([""], _as_text(col.dictionary).type)])
         codes = pc.fill_null(col.indices, len(col.dictionary)).to_numpy(zero_copy_only=False)
-        h = fnv1a(prefix, words)[codes]
-    else:
-        h = fnv1a(prefix, pc.fill_null(_as_text(col), ""))
-    return (h % np.uint64(vocab - first)).astype(np.int64) + first
+        out = np.empty(len(col), np.int64) if out is None else out
+        out[:] = fnv.ids(words, prefix, first, vocab)[codes]
+        return out
+    return fnv.ids(_as_text(col), prefix, first, vocab, out)
