@@ -21,6 +21,7 @@ setup(
         "tensorboardX>=2.6",
         "pygraphviz>=2.0",
         "pyarrow>=14",
+        "cryptography>=41",
     ],
     extras_require={
         "test": [

@@ -252,7 +252,7 @@ def test_summary_shows_prediction():
 
 def test_profile_kernels_covers_a_plan():
     """A real (short) kernel profile of a tiny plan: every kernel op gets a time on both kinds."""
-    from runtime.profile import profile_kernels
+    from runtime.profile_measure import profile_kernels
 
     plan = transpile(dense_model())
     kernels, emulated = profile_kernels(plan, sizes=(4, 16), repeats=1)
@@ -365,8 +365,36 @@ def test_more_trainers_than_items_do_not_split_an_item():
 def test_measure_ps_talks_to_a_signed_shard():
     """The PS probe against a real shard process (about a second): shards sign requests with a
     secret by default, and a probe without it failed every first `hetps tune` on a machine."""
-    from runtime.profile import measure_ps
+    from runtime.profile_measure import measure_ps
 
     ps = measure_ps(count=2)
     assert ps.request_s > 0  # a round trip to another process takes time
     assert min(vars(ps).values()) >= 0
+
+
+def test_measure_link_signs_like_a_trainer(monkeypatch):
+    """Trainers sign every message with the run's secret and verify what they receive; the link
+    probe must pay the same (unsigned, its per-byte cost came out ~9x too low on the CTR model's
+    2-core machine)."""
+    from runtime import profile_measure
+    from runtime.channels import Inbox, Outbox
+
+    seen = []
+
+    class SpyOutbox(Outbox):
+        def __init__(self, secret=None, *a, **k):
+            seen.append(("out", secret))
+            super().__init__(secret, *a, **k)
+
+    class SpyInbox(Inbox):
+        def __init__(self, endpoint, secret=None, *a, **k):
+            seen.append(("in", secret))
+            super().__init__(endpoint, secret, *a, **k)
+
+    monkeypatch.setattr(profile_measure, "Outbox", SpyOutbox)
+    monkeypatch.setattr(profile_measure, "Inbox", SpyInbox)
+    link = profile_measure.measure_link(sizes=(64, 4096), count=2)
+    assert link.latency_s > 0
+    assert {w for w, _ in seen} == {"in", "out"}
+    secrets = {s for _, s in seen}
+    assert len(secrets) == 1 and isinstance(secrets.pop(), bytes)  # both ends hold the same secret

@@ -110,7 +110,7 @@ class Profile:
             what = f"op {op.type!r} (id {op.id})" if op is not None else sig
             raise KeyError(
                 f"the profile has no {kind} time for {what}; profile the plan's ops first "
-                "(runtime.profile.profile_plan, or `hetps tune`, which profiles what is "
+                "(runtime.profile.machine_profile, or `hetps tune`, which profiles what is "
                 "missing)"
             ) from None
 

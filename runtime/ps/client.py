@@ -29,15 +29,11 @@ from ops_registry import SparseRows
 from ..telemetry import unpack_spans
 from ..wire import AuthError, decode, encode
 from . import checkpoint
+from .index import strictly_increasing
 from .server import ADMIN_OPS
 from .shard import check_ids_given
 from .sharding import place_dense, shard_of
 from .table import PSError
-
-
-def _sorted_unique(ids: np.ndarray) -> bool:
-    """True for strictly increasing ids (np.unique's output): nothing to deduplicate."""
-    return bool((ids[1:] > ids[:-1]).all())
 
 
 class PSTimeoutError(PSError, TimeoutError):
@@ -178,7 +174,7 @@ class PSClient:
                 continue
             ids = np.asarray(ids)
             flat = ids.reshape(-1).astype(np.int64)
-            uniq, inv = (flat, None) if _sorted_unique(flat) else np.unique(flat, return_inverse=True)
+            uniq, inv = (flat, None) if strictly_increasing(flat) else np.unique(flat, return_inverse=True)
             where = []
             for k, p in enumerate(self._split(uniq)):
                 if p.size:
@@ -219,7 +215,7 @@ class PSClient:
             if grad.ndim != 2 or grad.shape[0] != ids.size:
                 raise PSError(f"push to {table!r}: {ids.size} ids need a gradient of shape "
                               f"[{ids.size}, {spec['shape'][1]}], got {list(grad.shape)}")
-            if not _sorted_unique(ids):
+            if not strictly_increasing(ids):
                 merged = SparseRows(ids, grad, 0).merged(np)
                 ids, grad = merged.rows, merged.values
             sends += [(k, base, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))]

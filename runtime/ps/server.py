@@ -9,7 +9,7 @@ must wait for its step is parked, not blocking the loop, and answered as soon as
 applied. With `trace=True` the server records the time it spends on each pull and push
 (`runtime.telemetry.Recorder`) and hands the spans out on a `trace` request.
 
-Security: with a `secret`, every request must carry its HMAC, a sender id and sequence number newer
+Security: with a `secret`, every request must carry its MAC (wire.py), a sender id and sequence number newer
 than that sender's last (`wire.ReplayGuard`) and the index of the shard it is for (`to`), so a
 captured request cannot be replayed, reordered or sent to another shard. Admin requests
 (`ADMIN_OPS`: assign, save, load, shutdown) must be signed with `admin_secret` when one is given
