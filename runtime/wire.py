@@ -96,19 +96,23 @@ def encode(header: dict[str, Any], arrays: Sequence[np.ndarray] = (),
         raise WireError("header key 'arrays' is reserved for the array descriptors")
     descs, bufs = [], []
     for i, a in enumerate(arrays):
-        a = np.asarray(a)
-        if a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
-        if a.dtype.str not in DTYPES:
-            raise WireError(f"array {i} has dtype {a.dtype}; the wire carries only "
-                            f"{sorted(DTYPES)}")
-        if not a.flags.c_contiguous:
-            a = a.copy(order="C")
+        a = wire_array(i, a)
         descs.append([a.dtype.str, list(a.shape)])
         bufs.append(memoryview(a).cast("B") if a.size else b"")
     frames: list[Any] = [json.dumps({**header, "arrays": descs}, separators=(",", ":")).encode()]
     frames += bufs
     return frames if secret is None else sign(frames, secret)
+
+
+def wire_array(i: int, a: Any) -> np.ndarray:
+    """Array `i` of a message as the wire carries it: C-contiguous, little-endian, an allowed dtype
+    (WireError otherwise); no copy when it already is."""
+    a = np.asarray(a)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    if a.dtype.str not in DTYPES:
+        raise WireError(f"array {i} has dtype {a.dtype}; the wire carries only {sorted(DTYPES)}")
+    return a if a.flags.c_contiguous else a.copy(order="C")
 
 
 def sign(frames: Sequence[Any], secret: bytes) -> list[Any]:
@@ -179,7 +183,7 @@ def decode_signed(frames: Sequence[Any], keys: Sequence[bytes] = (), *,
         extra = " (a MAC tag, but this endpoint has no secret?)" if len(bufs) - 1 == len(descs) + 1 else ""
         raise WireError(f"header describes {len(descs)} arrays but {len(bufs) - 1} buffer frames "
                         f"follow{extra}")
-    arrays = [_array(i, d, b) for i, (d, b) in enumerate(zip(descs, bufs[1:], strict=True))]
+    arrays = [array_from(i, d, b) for i, (d, b) in enumerate(zip(descs, bufs[1:], strict=True))]
     return Signed(header, arrays, key)
 
 
@@ -197,7 +201,9 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _array(i: int, desc: Any, buf: memoryview) -> np.ndarray:
+def array_from(i: int, desc: Any, buf: memoryview) -> np.ndarray:
+    """Array `i` of a message: a view of `buf` after checking its descriptor `[dtype, shape]`
+    against the allow-list and the limits, and `buf`'s length against the shape (WireError)."""
     ok = (isinstance(desc, list) and len(desc) == 2 and isinstance(desc[0], str)
           and isinstance(desc[1], list)
           and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in desc[1]))
