@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .client import PSClient
 
 log = logging.getLogger("hetps.ps")
-OPS = ("hello", "pull", "push", "assign", "save", "load", "stats", "trace", "shutdown")
+OPS = ("hello", "pull", "push", "push_pull", "assign", "save", "load", "stats", "trace", "shutdown")
 ADMIN_OPS = frozenset({"assign", "save", "load", "shutdown"})
 
 
@@ -52,6 +52,35 @@ def _field(h: dict, key: str, kind: type, optional: bool = False) -> Any:
     if (v is None and optional) or (isinstance(v, kind) and not isinstance(v, bool)):
         return v
     raise PSError(f"request {h.get('op')!r} needs field {key!r} of type {kind.__name__}, got {v!r}")
+
+
+class _ParkPulls(Exception):  # noqa: N818 (a signal, not an error)
+    """The pushes of a push_pull are applied, its pulls must wait: park `header` (pulls only)."""
+
+    def __init__(self, table: str, header: dict, arrays: list) -> None:
+        super().__init__(table)
+        self.table, self.header, self.arrays = table, header, arrays
+
+
+def _parts(h: dict, key: str, counts: tuple[int, ...], arrays: list) -> list[tuple[str, list]]:
+    """The (table, arrays) parts `h[key]` = [[table, number of arrays], ...] describes, taken in
+    order from `arrays`; PSError when malformed (each table at most once per request)."""
+    spec = h.get(key, [])
+    if not isinstance(spec, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and p[1] in counts
+            and not isinstance(p[1], bool) for p in spec):
+        raise PSError(f"push_pull field {key!r} must be a list of [table, number of arrays in {counts}], "
+                      f"got {spec!r:.200}")
+    tables = [t for t, _ in spec]
+    if len(set(tables)) != len(tables):
+        raise PSError(f"push_pull {key!r} names a table more than once: {tables}")
+    out, i = [], 0
+    for table, n in spec:
+        out.append((table, arrays[i:i + n]))
+        i += n
+    if i != len(arrays):
+        raise PSError(f"push_pull describes {i} arrays, the request carries {len(arrays)}")
+    return out
 
 
 def _describe(e: Exception) -> str:
@@ -127,7 +156,10 @@ class _Loop:
             t0 = time.perf_counter()
             out, out_arrays = self.dispatch(op, header, arrays)
         except NotReady:
-            self.park(ident, header, arrays)
+            self.park(ident, header, arrays, header["table"])
+            return False
+        except _ParkPulls as p:
+            self.park(ident, p.header, p.arrays, p.table)
             return False
         except Exception as e:  # the server must outlive any bad request
             if not isinstance(e, PSError):
@@ -135,20 +167,20 @@ class _Loop:
             self.reply(ident, rid, {"ok": False, "error": _describe(e)})
             return False
         self.reply(ident, rid, {"ok": True, **out}, out_arrays)
-        if self.rec.on and op in ("pull", "push"):
+        if self.rec.on and op in ("pull", "push", "push_pull"):
             self.rec.span(op, "ps", t0, time.perf_counter(), table=header.get("table"),
                           step=header.get("step"), by=header.get("pusher"))
         return False
 
-    def park(self, ident: Any, header: dict, arrays: list) -> None:
-        """Hold a sync pull until its step is applied, or refuse it when `max_parked` are held."""
+    def park(self, ident: Any, header: dict, arrays: list, table: str) -> None:
+        """Hold a sync pull until `table` has applied its step, or refuse it when `max_parked` are held."""
         held, limit = sum(len(v) for v in self.parked.values()), self.limits.max_parked
         if held >= limit:
             self.reply(ident, header.get("rid"), {"ok": False, "error": (
-                f"sync pull of {header['table']!r} for step {header.get('step')}: {held} pulls already "
+                f"sync pull of {table!r} for step {header.get('step')}: {held} pulls already "
                 f"wait for their step, the limit max_parked={limit}")})
             return
-        self.parked.setdefault(header["table"], []).append((ident, header, arrays))
+        self.parked.setdefault(table, []).append((ident, header, arrays))
 
     def checkpoint_dir(self, h: dict) -> str:
         """The request's `dir`, when it lies inside the checkpoint root the server was started with."""
@@ -181,6 +213,8 @@ class _Loop:
                       _field(h, "step", int, optional=True), str(h.get("pusher", "0"))):
                 self.release(table)
             return {}, []
+        if op == "push_pull":
+            return self.push_pull(h, arrays)
         if op == "assign":
             if len(arrays) not in (1, 2):
                 raise PSError(f"assign takes [values] or [ids, values], got {len(arrays)} arrays")
@@ -200,15 +234,44 @@ class _Loop:
                                for n, t in s.tables.items()}}, []
         raise PSError(f"unknown request op {op!r}; known ops: {', '.join(OPS)}")
 
+    def push_pull(self, h: dict, arrays: list) -> tuple[dict, list]:
+        """Several tables in one request: `push` parts (at `step`) are applied first, then `pull`
+        parts (at `pull_step`) are answered, one reply array each, in order. In sync mode a client
+        pushes step t and pulls step t + 1: the pulls are parked until every pusher's step t is
+        applied (fused push + pull: one round trip per step)."""
+        s, n_push = self.shard, sum(p[1] for p in h.get("push", []) if isinstance(p, list) and len(p) == 2
+                                    and isinstance(p[1], int))
+        pushes = _parts(h, "push", (1, 2), arrays[:n_push])
+        pulls = _parts(h, "pull", (0, 1), arrays[n_push:])
+        step, pusher = _field(h, "step", int, optional=True), str(h.get("pusher", "0"))
+        applied = []
+        try:
+            for t, a in pushes:
+                if s.push(t, a[-1], a[0] if len(a) == 2 else None, step, pusher):
+                    applied.append(t)
+        finally:  # (a refused part refuses the request; what was applied before it stays applied)
+            for table in applied:
+                self.release(table)
+        pull_step, peek = _field(h, "pull_step", int, optional=True), h.get("peek") is True
+        try:
+            return {}, [s.pull(t, a[0] if a else None, pull_step, peek=peek) for t, a in pulls]
+        except NotReady as e:
+            if not pushes:
+                raise _ParkPulls(e.args[0], h, arrays) from None
+            raise _ParkPulls(e.args[0], {**h, "push": []}, arrays[n_push:]) from None  # pushes are done
+
     def release(self, table: str) -> None:
         """Answer the parked sync pulls of `table` whose step has now been applied."""
         waiting, self.parked[table] = self.parked.get(table, []), []
         for ident, h, arrays in waiting:
             try:
                 t0 = time.perf_counter()
-                out, out_arrays = self.dispatch("pull", h, arrays)
+                out, out_arrays = self.dispatch(h.get("op"), h, arrays)
             except NotReady:
                 self.parked[table].append((ident, h, arrays))
+                continue
+            except _ParkPulls as p:
+                self.park(ident, p.header, p.arrays, p.table)
                 continue
             except Exception as e:
                 self.reply(ident, h.get("rid"), {"ok": False, "error": _describe(e)})
