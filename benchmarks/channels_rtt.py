@@ -70,7 +70,7 @@ def round_trips(run_dir: str, secret: bytes, shm: bool, nbytes: int, trips: int)
         out.close()
         inbox.close()
     n = trips - trips // 10
-    return 1e6 * float(np.median(times[trips // 10:])), 1e6 * cpu / n
+    return 1e6 * float(np.median(times[trips // 10 :])), 1e6 * cpu / n
 
 
 def _cpu(pid: int) -> float:
@@ -87,15 +87,19 @@ def main(argv: list[str] | None = None) -> None:
     shm_dir = shm_dir_for(run_dir)
     os.mkdir(shm_dir, 0o700)
     secret = os.urandom(32)
-    print(f"round trip of one tensor message between two processes; {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"round trip of one tensor message between two processes; {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     try:
         for nbytes in (int(s) for s in args.sizes.split(",")):
             zmq_rt, zmq_cpu = round_trips(run_dir, secret, False, nbytes, args.trips)
             shm_rt, shm_cpu = round_trips(run_dir, secret, True, nbytes, args.trips)
-            print(f"{nbytes:>9,} B: ZeroMQ frames {zmq_rt:8.0f} µs ({zmq_cpu:7.0f} µs CPU), shared memory "
-                  f"{shm_rt:8.0f} µs ({shm_cpu:7.0f} µs CPU): {zmq_rt / shm_rt:.2f}x faster, "
-                  f"{zmq_cpu / shm_cpu:.2f}x less CPU")
+            print(
+                f"{nbytes:>9,} B: ZeroMQ frames {zmq_rt:8.0f} µs ({zmq_cpu:7.0f} µs CPU), shared memory "
+                f"{shm_rt:8.0f} µs ({shm_cpu:7.0f} µs CPU): {zmq_rt / shm_rt:.2f}x faster, "
+                f"{zmq_cpu / shm_cpu:.2f}x less CPU"
+            )
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
         shutil.rmtree(shm_dir, ignore_errors=True)

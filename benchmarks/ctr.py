@@ -46,23 +46,52 @@ def batches() -> list[dict[str, np.ndarray]]:
     return [data.batch(i, BATCH) for i in range(NUM_BATCHES)]
 
 
-def _mlp_step(batch: int = BATCH):
-    """A function running the MLP's forward + backward GEMMs once (numpy, float32)."""
+def _mlp_step(batch: int = BATCH, xp=np):
+    """A function running the MLP's forward + backward GEMMs once (float32; numpy, or cupy)."""
     rng = np.random.default_rng(0)
     dims = [SLOTS * DIM + DENSE, *HIDDEN, 1]
-    ws = [rng.normal(size=(a, b)).astype(np.float32) for a, b in zip(dims, dims[1:], strict=False)]
-    x = rng.normal(size=(batch, dims[0])).astype(np.float32)
+    shapes = zip(dims, dims[1:], strict=False)
+    ws = [xp.asarray(rng.normal(size=(a, b)).astype(np.float32)) for a, b in shapes]
+    x = xp.asarray(rng.normal(size=(batch, dims[0])).astype(np.float32))
 
     def step() -> None:
         acts = [x]
         for w in ws:
             acts.append(acts[-1] @ w)
-        g = np.ones((batch, 1), np.float32)
+        g = xp.ones((batch, 1), np.float32)
         for i in reversed(range(len(ws))):
             _ = acts[i].T @ g  # weight gradient
             g = g @ ws[i].T  # input gradient (the first layer's feeds the embeddings)
 
     return step
+
+
+def dense_stage_ms(repeats: int = 50) -> dict[str, float]:
+    """The dense stage's (the MLP's forward + backward) median ms per step: "cpu", the CPU time of
+    one BLAS thread (so time the core spent on others' processes does not count), and "gpu", the
+    wall time on the CUDA device with a device sync, when there is one (cupy)."""
+    from threadpoolctl import threadpool_limits
+
+    from runtime.device import cuda_available
+
+    def median_ms(step, clock, sync=lambda: None) -> float:
+        step()
+        sync()
+        times = []
+        for _ in range(repeats):
+            t0 = clock()
+            step()
+            sync()
+            times.append(clock() - t0)
+        return 1e3 * float(np.median(times))
+
+    with threadpool_limits(1):
+        out = {"cpu": median_ms(_mlp_step(), time.process_time)}
+    if cuda_available():
+        import cupy
+
+        out["gpu"] = median_ms(_mlp_step(xp=cupy), time.perf_counter, cupy.cuda.Device().synchronize)
+    return out
 
 
 def bound(repeats: int = 30) -> float:
@@ -259,15 +288,17 @@ class Costs:
         return 1e3 * (self.role_ms("cpu") + self.role_ms("ps")) / BATCH
 
 
-def predict(c: Costs, cores: int = 16, device_ms: float = 1.0) -> list[str]:
+def predict(c: Costs, cores: int = 16, device_ms: float = 1.0, measured: bool = False) -> list[str]:
     """Lines of a prediction (a model, not a measurement) for `cores` cores feeding one accelerator
-    whose dense stage takes `device_ms` per step, from the per-role CPU costs of this run."""
+    whose dense stage takes `device_ms` per step (`measured` on this machine's GPU, else assumed),
+    from the per-role CPU costs of this run."""
     host_ms = max(c.role_ms("gpu") - c.gemm_ms, 0.0)  # the gpu trainer's CPU work besides its GEMMs
     feeder_ms = c.role_ms("cpu") + c.role_ms("ps")  # cpu trainers + shards, CPU ms per step
     gpu_cap = 1e3 * BATCH / max(host_ms, device_ms)
     lines = [
         f"prediction for a {cores}-core host with one accelerator (a MODEL, not a measurement): "
-        f"assumes the dense stage takes {device_ms:g} ms per step on the device, the gpu trainer "
+        f"{'the dense stage took' if measured else 'assumes the dense stage takes'} {device_ms:.2f} ms "
+        f"per step on the device{' here, and assumes' if measured else ','} the gpu trainer "
         f"keeps its measured CPU work besides the GEMMs ({host_ms:.1f} ms per step) on one core, "
         f"the driver and readers cost nothing, and the cpu trainers + shards "
         f"({feeder_ms:.1f} CPU ms per step here) scale linearly over the other cores "
@@ -320,12 +351,25 @@ def main(argv: list[str] | None = None) -> dict:
         f"  the same GEMMs back to back for 4 s: 1 process {one:,.0f} examples/s, {cores} processes at "
         f"once {out['parallel']:,.0f} in all ({out['parallel'] / one:.2f}x one)"
     )
+    from runtime.device import cuda_available
+
+    gpu_kind = "gpu on CUDA (cupy)" if cuda_available() else "gpu EMULATED on cpu"
+    stage = out["dense_stage_ms"] = dense_stage_ms()
+    line = (
+        f"dense stage (the MLP's forward + backward, batch {BATCH}): cpu {stage['cpu']:.2f} CPU ms per step "
+        "(1 BLAS thread)"
+    )
+    if "gpu" in stage:
+        line += f", gpu {stage['gpu']:.2f} ms per step (CUDA): {stage['cpu'] / stage['gpu']:.1f}x faster"
+    else:
+        line += "; no CUDA device here: no gpu figure"
+    print(line)
     out["single"], single_ms = single_process(args.steps, args.warmup)
+    gemm_ms = stage["cpu"]
     print(
         f"hetps single process (no distribution, 1 BLAS thread):  {out['single']:8,.0f} examples/s, "
         f"{single_ms:.1f} CPU ms per step"
     )
-    gemm_ms = 1e3 * BATCH / one  # the GEMMs' mean time per step over 4 s (the bound takes the fastest)
     modes = args.modes.split(",")
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
@@ -344,7 +388,7 @@ def main(argv: list[str] | None = None) -> dict:
         for mode in modes:
             setting = (
                 f"{mode}, trainers {args.trainers}, {args.micro_batches} micro-batches, "
-                f"{args.servers} server(s), gpu EMULATED on cpu"
+                f"{args.servers} server(s), {gpu_kind}"
             )
             hist, cpu_ms = hetps(
                 args.steps, args.warmup, args.trainers, args.micro_batches, mode, args.servers
@@ -362,8 +406,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(
                 "  CPU ms per step: "
                 + ", ".join(f"{n} {ms:.1f}" for n, ms in cpu_ms.items())
-                + f"; total {sum(cpu_ms.values()):.1f} (the MLP's GEMMs alone: {gemm_ms:.1f} ms on "
-                "one core, mean over 4 s)"
+                + f"; total {sum(cpu_ms.values()):.1f} (the MLP's GEMMs alone: {gemm_ms:.1f} CPU ms "
+                "on one core)"
             )
             costs = out[f"costs_{mode}"] = Costs(cpu_ms, single_ms, gemm_ms)
             got[f"tax {mode}"], got[f"stage {mode}"] = costs.tax, costs.cpu_stage_us
@@ -376,7 +420,10 @@ def main(argv: list[str] | None = None) -> dict:
                 "per example; goal <= 10)"
             )
             if r == args.rounds - 1 and mode == modes[0]:
-                print("  " + "\n  ".join(predict(costs)))
+                print(
+                    "  "
+                    + "\n  ".join(predict(costs, device_ms=stage.get("gpu", 1.0), measured="gpu" in stage))
+                )
             out[f"trainers_{mode}"] = hist.trainers
     out["rounds"] = rounds
     if args.rounds > 1:
