@@ -58,25 +58,44 @@ class SparseRows:
     def dtype(self):
         return self.values.dtype
 
-    def merged(self, xp) -> SparseRows:
-        """Unique rows with their values summed (what a parameter server wants pushed)."""
+    def merged(self, xp, merge: RowMerge | None = None) -> SparseRows:
+        """Unique rows with their values summed (what a parameter server wants pushed). `merge`: the
+        `RowMerge` of these rows when the caller has it (one sort serves several tables' rows)."""
         rows = self.rows.reshape(-1)
         if self.unique or rows.size == 0:
             return SparseRows(rows, self.values, self.height, unique=True)
-        order = xp.argsort(rows, kind="stable")
-        sorted_rows = rows[order]
-        starts = xp.concatenate([xp.zeros(1, dtype=order.dtype),
-                                 xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
-        if starts.size == rows.size:  # already unique: nothing to sum
-            return SparseRows(sorted_rows, self.values[order], self.height, unique=True)
-        # a segmented sum over the sorted rows: far cheaper than np.add.at's unbuffered scatter
-        vals = xp.add.reduceat(self.values[order], starts, axis=0)
-        return SparseRows(sorted_rows[starts], vals, self.height, unique=True)
+        merge = merge if merge is not None else RowMerge.of(xp, rows)
+        return SparseRows(merge.unique_rows, merge.sum(xp, self.values), self.height, unique=True)
 
     def to_dense(self, xp):
         out = xp.zeros(self.shape, self.values.dtype)
         scatter_add(xp, out, self.rows, self.values, unique=self.unique)
         return out
+
+
+@dataclass(frozen=True)
+class RowMerge:
+    """One stable sort of a row index, reusable for every array of values over those rows: the
+    sorted unique rows and the segmented sum that merges repeated rows' values."""
+
+    order: Any        # positions of the rows in sorted order (stable)
+    starts: Any       # where each unique row's run begins in that order
+    unique_rows: Any  # the sorted unique rows
+
+    @staticmethod
+    def of(xp, rows) -> RowMerge:
+        order = xp.argsort(rows, kind="stable")
+        sorted_rows = rows[order]
+        starts = xp.concatenate([xp.zeros(1, dtype=order.dtype),
+                                 xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
+        return RowMerge(order, starts, sorted_rows[starts])
+
+    def sum(self, xp, values):
+        """values[i] summed per unique row (sorted order)."""
+        if self.starts.size == self.order.size:  # already unique: nothing to sum
+            return values[self.order]
+        # a segmented sum over the sorted rows: far cheaper than np.add.at's unbuffered scatter
+        return xp.add.reduceat(values[self.order], self.starts, axis=0)
 
 
 def scatter_add(xp, target, index, values, unique: bool = False) -> None:

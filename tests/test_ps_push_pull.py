@@ -19,6 +19,8 @@ SPECS = [
      "initializer": {"type": "constant", "value": -1.0}, "optimizer": {"type": "sgd", "lr": LR}},
     {"name": "emb", "kind": "sparse", "shape": [VOCAB, DIM], "dtype": "float32",
      "initializer": {"type": "constant", "value": 1.0}, "optimizer": {"type": "sgd", "lr": LR}},
+    {"name": "wide", "kind": "sparse", "shape": [VOCAB, 1], "dtype": "float32",  # same ids as emb
+     "initializer": {"type": "constant", "value": 0.0}, "optimizer": {"type": "sgd", "lr": LR}},
 ]
 
 
@@ -30,21 +32,24 @@ def _grads(rng):
 
 def test_async_push_pull_equals_push_then_pull_and_numpy():
     rng = np.random.default_rng(0)
-    ref = {"w": np.ones((3, 2)), "b": -np.ones(5), "emb": np.ones((VOCAB, DIM))}
+    ref = {"w": np.ones((3, 2)), "b": -np.ones(5), "emb": np.ones((VOCAB, DIM)), "wide": np.zeros((VOCAB, 1))}
     with Servers(SPECS, num_shards=2) as fused_s, Servers(SPECS, num_shards=2) as split_s, \
             fused_s.client() as fused, split_s.client() as split:
         for _ in range(4):
             ids, rows, gw, gb = _grads(rng)
             pulled = rng.integers(0, 80, size=30)
-            pushes = [("emb", rows, ids), ("w", gw, None), ("b", gb, None)]
-            pulls = [("emb", pulled), ("w", None), ("b", None)]
+            gwide = rng.normal(size=(ids.size, 1)).astype(np.float32)
+            pushes = [("emb", rows, ids), ("w", gw, None), ("b", gb, None), ("wide", gwide, ids.copy())]
+            pulls = [("emb", pulled), ("w", None), ("b", None), ("wide", pulled)]
             got = fused.push_pull(pushes, pulls)
             split.push_many(pushes)
             want = split.pull_many(pulls)
             np.add.at(ref["emb"], ids, -LR * rows.astype(np.float64))
             ref["w"] -= LR * gw
             ref["b"] -= LR * gb
-            for g, w, r in zip(got, want, (ref["emb"][pulled], ref["w"], ref["b"]), strict=True):
+            np.add.at(ref["wide"], ids, -LR * gwide.astype(np.float64))
+            refs = (ref["emb"][pulled], ref["w"], ref["b"], ref["wide"][pulled])
+            for g, w, r in zip(got, want, refs, strict=True):
                 np.testing.assert_array_equal(g, w)
                 np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-5)
         assert [s["emb"]["applied"] for s in fused.stats()] == [4, 4]  # each shard: one push per step

@@ -25,6 +25,7 @@ import numpy as np
 import zmq
 
 from ops_registry import SparseRows
+from ops_registry.base import RowMerge
 
 from ..telemetry import unpack_spans
 from ..wire import AuthError, decode, encode
@@ -231,6 +232,7 @@ class PSClient:
         """The (shard, table, arrays) parts of pushes: a sparse one goes to every shard (merged to
         unique ids, zero rows where a shard has none)."""
         parts: list[tuple[int, str, list]] = []
+        last: tuple[np.ndarray, RowMerge] | None = None  # tables pushed for the same ids share a sort
         for table, grad, ids in requests:
             if isinstance(grad, SparseRows):
                 ids, grad = grad.rows, grad.values
@@ -243,8 +245,9 @@ class PSClient:
                 raise PSError(f"push to {table!r}: {ids.size} ids need a gradient of shape "
                               f"[{ids.size}, {spec['shape'][1]}], got {list(grad.shape)}")
             if not strictly_increasing(ids):
-                merged = SparseRows(ids, grad, 0).merged(np)
-                ids, grad = merged.rows, merged.values
+                if last is None or not np.array_equal(last[0], ids):
+                    last = (ids, RowMerge.of(np, ids))
+                ids, grad = last[1].unique_rows, last[1].sum(np, grad)
             parts += [(k, table, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))]
         return parts
 
