@@ -61,7 +61,7 @@ def shm_dir_for(run_dir: str) -> str:
     return os.path.join(SHM_ROOT, os.path.basename(os.path.normpath(run_dir)))
 
 
-def _shm_dir(endpoint: str) -> str | None:
+def shm_dir(endpoint: str) -> str | None:
     """The private shm directory for an `ipc://` endpoint of a local run, when it exists; else None."""
     if not endpoint.startswith("ipc://"):
         return None
@@ -92,13 +92,13 @@ def _layout(arrays: list[np.ndarray]) -> tuple[list[int], int]:
     return offsets, n
 
 
-class _Ring:
+class ShmRing:
     """The sending end of one shared-memory segment to one receiver (see the module docstring)."""
 
-    def __init__(self, directory: str, receiver: str) -> None:
+    def __init__(self, directory: str, receiver: str, cap: int | None = None) -> None:
         self.name = f"{os.getpid()}-{os.urandom(4).hex()}-{receiver}"
         self.path = os.path.join(directory, self.name)
-        self.cap = SHM_RING_BYTES
+        self.cap = SHM_RING_BYTES if cap is None else cap
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, _HEAD + self.cap)
@@ -110,9 +110,10 @@ class _Ring:
         self.head = 0  # bytes written since the start (the ring position is head % cap)
 
     def put(self, arrays: list[np.ndarray]) -> dict[str, Any] | None:
-        """Write `arrays` as one message; its descriptor, or None when it does not fit now."""
+        """Write `arrays` (`wire.wire_array`s) as one message; its descriptor, or None when it is
+        under `SHM_MIN_BYTES` or does not fit now (send it as ZeroMQ frames then)."""
         offsets, n = _layout(arrays)
-        if n > self.cap // 2:
+        if sum(a.nbytes for a in arrays) < SHM_MIN_BYTES or n > self.cap // 2:
             return None
         pos = self.head % self.cap
         start = self.head + (self.cap - pos if pos + n > self.cap else 0)  # a message never wraps
@@ -139,7 +140,7 @@ class _Ring:
             pass  # a view is still alive somewhere: the map closes with it
 
 
-class _Segments:
+class ShmSegments:
     """The receiving end: the segments peers wrote into, mapped on first use."""
 
     MAX = 1024
@@ -211,8 +212,8 @@ class Inbox:
         self.sock.rcvhwm = 0  # never drop or stall a sender: the sender bounds what is in flight
         self.sock.bind(endpoint)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        shm = _shm_dir(self.endpoint)
-        self.segments = None if shm is None else _Segments(shm)
+        shm = shm_dir(self.endpoint)
+        self.segments = None if shm is None else ShmSegments(shm)
 
     def recv(self, timeout_ms: float = 0) -> tuple[dict, list[np.ndarray]] | None:
         """The next message, waiting at most `timeout_ms` (0: only if one is queued)."""
@@ -240,7 +241,7 @@ class Outbox:
         self.secret, self.linger_ms, self.shm = secret, linger_ms, shm
         self.ctx = context or zmq.Context.instance()
         self.socks: dict[str, zmq.Socket] = {}
-        self.rings: dict[str, _Ring | None] = {}
+        self.rings: dict[str, ShmRing | None] = {}
 
     def send(self, endpoint: str, header: dict[str, Any], arrays: list[Any] = ()) -> None:
         sock = self.socks.get(endpoint)
@@ -253,16 +254,16 @@ class Outbox:
             ring = self._ring(endpoint)
             if ring is not None:
                 arrays = [wire_array(i, a) for i, a in enumerate(arrays)]
-                if sum(a.nbytes for a in arrays) >= SHM_MIN_BYTES and (desc := ring.put(arrays)):
+                if desc := ring.put(arrays):
                     sock.send_multipart(encode({**header, "shm": desc}, (), self.secret))
                     return
         sock.send_multipart(encode(header, arrays, self.secret), copy=False)
 
-    def _ring(self, endpoint: str) -> _Ring | None:
+    def _ring(self, endpoint: str) -> ShmRing | None:
         if endpoint not in self.rings:
-            shm = _shm_dir(endpoint)
+            shm = shm_dir(endpoint)
             try:
-                self.rings[endpoint] = None if shm is None else _Ring(shm, os.path.basename(endpoint))
+                self.rings[endpoint] = None if shm is None else ShmRing(shm, os.path.basename(endpoint))
             except OSError:
                 self.rings[endpoint] = None  # e.g. /dev/shm full: ZeroMQ frames it is
         return self.rings[endpoint]

@@ -27,11 +27,12 @@ import zmq
 from ops_registry import SparseRows
 from ops_registry.base import RowMerge
 
+from ..channels import ShmRing, ShmSegments, shm_dir
 from ..telemetry import unpack_spans
-from ..wire import AuthError, decode, encode
+from ..wire import AuthError, WireError, decode, encode, wire_array
 from . import checkpoint
 from .index import strictly_increasing
-from .server import ADMIN_OPS
+from .server import ADMIN_OPS, PS_RING_BYTES
 from .shard import check_ids_given
 from .sharding import place_dense, shard_of
 from .table import PSError
@@ -70,6 +71,10 @@ class PSClient:
             s.connect(ep)
             self._socks.append(s)
         self._rid = itertools.count()
+        # same-host servers of a local run: large arrays through shared memory (runtime.channels)
+        shm = shm_dir(self.endpoints[0]) if secret is not None else None
+        self._segments = None if shm is None else ShmSegments(shm)
+        self._rings: list[ShmRing | None] = [None] * len(self.endpoints)
         try:
             hello = self._call({k: ({"op": "hello"}, []) for k in range(len(self._socks))})
         except BaseException:
@@ -100,7 +105,14 @@ class PSClient:
         for i, (k, header, arrays) in enumerate(requests):
             rid = next(self._rid)
             key = self.admin_secret if header.get("op") in ADMIN_OPS else self.secret
-            frames = encode({**header, "rid": rid, "cid": self._cid, "seq": rid, "to": k}, arrays, key)
+            header = {**header, "rid": rid, "cid": self._cid, "seq": rid, "to": k}
+            if self._segments is not None:
+                header["shm_reply"] = True
+                ring = self._ring(k) if arrays else None
+                if ring is not None and (desc := ring.put(arrays := [wire_array(i, a)
+                                                                     for i, a in enumerate(arrays)])):
+                    header["shm"], arrays = desc, ()
+            frames = encode(header, arrays, key)
             self._socks[k].send_multipart(frames, copy=False)
             pending[rid] = i
             due[k] += 1
@@ -135,9 +147,24 @@ class PSClient:
             raise PSError("; ".join(errors))
         return out
 
+    def _ring(self, k: int) -> ShmRing | None:
+        """The shared-memory ring of requests to shard k (None: it cannot be made, e.g. /dev/shm full)."""
+        if self._rings[k] is None:
+            try:
+                self._rings[k] = ShmRing(self._segments.dir, f"ps{k}-requests", PS_RING_BYTES)
+            except OSError:
+                return None
+        return self._rings[k]
+
     def _reply(self, k: int, frames: list) -> tuple[dict, list]:
         try:
-            return decode(frames, self.secret)
+            h, arrays = decode(frames, self.secret)
+            if "shm" in h:
+                if self._segments is None or arrays:
+                    raise WireError(f"shard {k} replied through shared memory, which this client "
+                                    "did not ask for")
+                arrays = self._segments.arrays(h.pop("shm"))
+            return h, arrays
         except AuthError:
             h, arrays = decode(frames, None)  # an unsigned reply: the server's authentication refusal
             if h.get("ok") is False:
@@ -325,6 +352,10 @@ class PSClient:
         for s in self._socks:
             s.close()
         self._socks = []
+        for ring in self._rings:
+            if ring is not None:
+                ring.close()
+        self._rings = [None] * len(self.endpoints)
 
     def __enter__(self) -> PSClient:
         return self

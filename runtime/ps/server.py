@@ -23,6 +23,7 @@ The server binds 127.0.0.1 by default; `ipc://` endpoints work too. It stops on 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -34,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from ..channels import ShmRing, ShmSegments, shm_dir, shm_dir_for
 from ..telemetry import Recorder, pack_spans
-from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode
+from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode, wire_array
 from .shard import Limits, NotReady, Shard
 from .table import PSError, SparseTable
 
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("hetps.ps")
 OPS = ("hello", "pull", "push", "push_pull", "assign", "save", "load", "stats", "trace", "shutdown")
 ADMIN_OPS = frozenset({"assign", "save", "load", "shutdown"})
+PS_RING_BYTES = 8 << 20  # a reply ring per same-host client (runtime.channels.ShmRing)
+MAX_REPLY_RINGS = 64     # clients beyond these get their replies as ZeroMQ frames
 
 
 def _field(h: dict, key: str, kind: type, optional: bool = False) -> Any:
@@ -101,10 +105,43 @@ class _Loop:
         self.limits = shard.limits
         self.rec = Recorder(trace)
         self.parked: dict[str, list[tuple[Any, dict, list]]] = {}
+        self.segments: ShmSegments | None = None  # requests' arrays in clients' shm segments
+        self.rings: dict[bytes, ShmRing | None] = {}  # replies' arrays to clients that read shm
 
-    def reply(self, ident: Any, rid: Any, header: dict, arrays: list = (), sign: bool = True) -> None:
+    def attach_shm(self, endpoint: str) -> None:
+        """Same-host clients may send and receive arrays through shared memory (runtime.channels)
+        when `endpoint` is an ipc endpoint of a local run with a shared-memory twin."""
+        directory = shm_dir(endpoint)
+        self.segments = None if directory is None else ShmSegments(directory)
+
+    def reply(self, ident: Any, rid: Any, header: dict, arrays: list = (), sign: bool = True,
+              shm: bool = False) -> None:
+        """Send a reply; its arrays through the client's shared-memory ring when `shm` (the
+        request said the client reads them) and they fit, else as ZeroMQ frames."""
+        if shm and arrays and sign and self.segments is not None:
+            ring = self._ring(bytes(ident))
+            arrays = [wire_array(i, a) for i, a in enumerate(arrays)]
+            if ring is not None and (desc := ring.put(arrays)):
+                header, arrays = {**header, "shm": desc}, ()
         frames = encode({"rid": rid, **header}, arrays, self.secret if sign else None)
         self.sock.send_multipart([ident, *frames], copy=False)
+
+    def _ring(self, ident: bytes) -> ShmRing | None:
+        if ident not in self.rings:
+            if len(self.rings) >= MAX_REPLY_RINGS:
+                return None
+            try:
+                self.rings[ident] = ShmRing(self.segments.dir, f"ps{self.shard.shard}-reply{len(self.rings)}",
+                                            PS_RING_BYTES)
+            except OSError:
+                self.rings[ident] = None
+        return self.rings[ident]
+
+    def close(self) -> None:
+        for ring in self.rings.values():
+            if ring is not None:
+                ring.close()
+        self.rings = {}
 
     def handle(self, frames: list) -> bool:
         """Serve one request; True when it asked the server to stop. Never raises for a request."""
@@ -129,6 +166,8 @@ class _Loop:
                     raise ReplayError(f"request addressed to shard {msg.header.get('to')!r:.20}, this is "
                                       f"shard {self.shard.shard}; refused")
                 self.replays.check(msg.header)
+            if "shm" in msg.header:  # (only after the MAC and replay checks)
+                msg.arrays = self._shm_arrays(msg.header.pop("shm"), msg.arrays)
         except ReplayError as e:
             log.error("shard %d: refused a replayed request: %s", self.shard.shard, e)
             self.reply(ident, None, {"ok": False, "error": f"authentication failed: {e}"}, sign=False)
@@ -166,11 +205,22 @@ class _Loop:
                 log.exception("shard %d: request %r failed", self.shard.shard, op)
             self.reply(ident, rid, {"ok": False, "error": _describe(e)})
             return False
-        self.reply(ident, rid, {"ok": True, **out}, out_arrays)
+        self.reply(ident, rid, {"ok": True, **out}, out_arrays, shm=header.get("shm_reply") is True)
         if self.rec.on and op in ("pull", "push", "push_pull"):
             self.rec.span(op, "ps", t0, time.perf_counter(), table=header.get("table"),
                           step=header.get("step"), by=header.get("pusher"))
         return False
+
+    def _shm_arrays(self, desc: Any, frames: list) -> list:
+        """The arrays a request left in its client's shared-memory segment (bounds-checked there)."""
+        if self.segments is None or frames or self.keys == ():
+            raise WireError("a shared-memory request reached a server without a shared-memory directory "
+                            "(or without a secret, or with frames as well)")
+        limit = self.limits.max_message_bytes
+        if isinstance(desc, dict) and isinstance(desc.get("n"), int) and desc["n"] > limit:
+            raise WireError(f"message is {desc['n']} bytes, more than the limit of {limit} "
+                            "(max_message_bytes)")
+        return self.segments.arrays(desc)
 
     def park(self, ident: Any, header: dict, arrays: list, table: str) -> None:
         """Hold a sync pull until `table` has applied its step, or refuse it when `max_parked` are held."""
@@ -276,7 +326,7 @@ class _Loop:
             except Exception as e:
                 self.reply(ident, h.get("rid"), {"ok": False, "error": _describe(e)})
                 continue
-            self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays)
+            self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays, shm=h.get("shm_reply") is True)
             if self.rec.on:
                 self.rec.span("pull", "ps", t0, time.perf_counter(), table=table, step=h.get("step"),
                               parked=True)
@@ -314,6 +364,7 @@ def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int =
                                  pushes_per_step=pushes_per_step, check_finite=check_finite,
                                  limits=limits), secret, trace, admin_secret, checkpoint_root)
         sock.bind(endpoint)
+        loop.attach_shm(sock.getsockopt_string(zmq.LAST_ENDPOINT))
     except Exception as e:
         sock.close()
         ctx.term()
@@ -329,6 +380,7 @@ def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int =
             if poller.poll(100) and loop.handle(sock.recv_multipart(copy=False)):
                 break
     finally:
+        loop.close()
         sock.close()
         ctx.term()
 
@@ -345,7 +397,8 @@ class Servers:
     trainers, `PSClient(endpoints, secret=servers.secret)`: they can pull and push but not assign,
     save, load or shut down). Save and load work only inside `checkpoint_root`. With `log_dir`,
     shard k writes its log and stderr to `log_dir/ps-shard{k}.log`; otherwise to the forkserver's
-    stderr. `limits`: see `shard.Limits`.
+    stderr. `limits`: see `shard.Limits`. With `transport="ipc"` the endpoints lie in a private
+    run directory whose /dev/shm twin carries same-host clients' large arrays (runtime.channels).
     """
 
     def __init__(self, specs: list[dict], num_shards: int = 1, *, mode: str = "async",
@@ -358,7 +411,10 @@ class Servers:
         self.secret = secret if secret is not None else os.urandom(32)
         self.admin_secret = admin_secret if admin_secret is not None else os.urandom(32)
         root = None if checkpoint_root is None else os.fspath(checkpoint_root)
-        self._tmp = tempfile.mkdtemp(prefix="hetps-ps-") if transport == "ipc" else None
+        self._tmp = tempfile.mkdtemp(prefix="hetps-run-") if transport == "ipc" else None
+        if self._tmp:  # its shared-memory twin: same-host clients' arrays go through it
+            with contextlib.suppress(OSError):
+                os.mkdir(shm_dir_for(self._tmp), 0o700)
         if "forkserver" in mp.get_all_start_methods():  # imports once, then each shard forks fast
             ctx = mp.get_context("forkserver")
             ctx.set_forkserver_preload([__name__])
@@ -411,6 +467,7 @@ class Servers:
                 p.join()
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
+            shutil.rmtree(shm_dir_for(self._tmp), ignore_errors=True)
 
     def __enter__(self) -> Servers:
         return self
