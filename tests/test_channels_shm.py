@@ -42,11 +42,15 @@ def _recv(inbox):
 
 
 def _arrays(rng):
-    return [rng.normal(size=(300, 64)).astype(np.float32),           # 75 KiB: over SHM_MIN_BYTES
-            np.arange(7, dtype=np.int64), np.float64(2.5), np.zeros((0, 4), np.float16),
-            np.array([True, False, True]),
-            rng.normal(size=(40, 60))[:, ::2],                          # not contiguous
-            np.arange(6, dtype=">i4").reshape(2, 3)]                    # big-endian
+    return [
+        rng.normal(size=(300, 64)).astype(np.float32),  # 75 KiB: over SHM_MIN_BYTES
+        np.arange(7, dtype=np.int64),
+        np.float64(2.5),
+        np.zeros((0, 4), np.float16),
+        np.array([True, False, True]),
+        rng.normal(size=(40, 60))[:, ::2],  # not contiguous
+        np.arange(6, dtype=">i4").reshape(2, 3),
+    ]  # big-endian
 
 
 def test_tensors_arrive_exactly_through_the_segment(run_dir):
@@ -122,17 +126,20 @@ def _control(ep, desc, secret=KEY):
     sock.close()
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"seg": "../../etc/passwd"}, "is not a segment of this run"),
-    ({"seg": "1-0badc0de-nonexistent"}, "cannot be opened"),
-    ({"at": (8 << 20) - 100, "n": 1 << 20}, "lies outside segment"),  # would wrap past the end
-    ({"n": 16}, r"lie outside its message of 16"),
-    ({"arrays": [["<f4", [1001], 0, 4000]], "n": 4000}, "needs 4004 bytes, frame has 4000"),
-    ({"arrays": [["|O", [1], 0, 8]]}, "dtype '|O' not allowed"),
-    ({"arrays": [["<f4", [4], 0, 15]]}, "needs 16 bytes, frame has 15"),
-    ({"arrays": [["<f4", [4], -8, 16]]}, r"is not \[dtype, shape, offset, bytes\]"),
-    ({"at": -1}, "is not {seg, at, n, arrays}"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"seg": "../../etc/passwd"}, "is not a segment of this run"),
+        ({"seg": "1-0badc0de-nonexistent"}, "cannot be opened"),
+        ({"at": (8 << 20) - 100, "n": 1 << 20}, "lies outside segment"),  # would wrap past the end
+        ({"n": 16}, r"lie outside its message of 16"),
+        ({"arrays": [["<f4", [1001], 0, 4000]], "n": 4000}, "needs 4004 bytes, frame has 4000"),
+        ({"arrays": [["|O", [1], 0, 8]]}, "dtype '|O' not allowed"),
+        ({"arrays": [["<f4", [4], 0, 15]]}, "needs 16 bytes, frame has 15"),
+        ({"arrays": [["<f4", [4], -8, 16]]}, r"is not \[dtype, shape, offset, bytes\]"),
+        ({"at": -1}, "is not {seg, at, n, arrays}"),
+    ],
+)
 def test_hostile_control_messages_are_refused_without_reading_outside_the_segment(run_dir, change, message):
     inbox, out, ep = _pair(run_dir)
     try:

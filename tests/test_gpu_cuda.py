@@ -21,8 +21,10 @@ from transpiler import builder as nn
 from transpiler import transpile
 from transpiler.models import wide_deep
 
-pytestmark = pytest.mark.skipif(not cuda_available() and not os.environ.get("HETPS_REQUIRE_CUDA"),
-                                reason="no CUDA device (cupy); benchmarks/gpu_check.sh runs these on one")
+pytestmark = pytest.mark.skipif(
+    not cuda_available() and not os.environ.get("HETPS_REQUIRE_CUDA"),
+    reason="no CUDA device (cupy); benchmarks/gpu_check.sh runs these on one",
+)
 
 
 def test_gpu_trainer_type_gets_cupy_on_a_cuda_device():
@@ -30,12 +32,15 @@ def test_gpu_trainer_type_gets_cupy_on_a_cuda_device():
     assert xp.__name__ == "cupy" and "CUDA device" in desc, desc
 
 
-@pytest.mark.parametrize("op, ins, attrs", [
-    ("matmul", {"A": (64, 48), "B": (48, 32)}, {}),
-    ("gemm", {"A": (64, 48), "B": (48, 32), "C": (32,)}, {}),
-    ("relu", {"X": (64, 48)}, {}),
-    ("sigmoid_cross_entropy_with_logits", {"X": (64, 1), "Label": (64, 1)}, {}),
-])
+@pytest.mark.parametrize(
+    "op, ins, attrs",
+    [
+        ("matmul", {"A": (64, 48), "B": (48, 32)}, {}),
+        ("gemm", {"A": (64, 48), "B": (48, 32), "C": (32,)}, {}),
+        ("relu", {"X": (64, 48)}, {}),
+        ("sigmoid_cross_entropy_with_logits", {"X": (64, 1), "Label": (64, 1)}, {}),
+    ],
+)
 def test_kernels_on_cupy_match_numpy(op, ins, attrs):
     import cupy
 
@@ -53,8 +58,18 @@ def test_kernels_on_cupy_match_numpy(op, ins, attrs):
 def test_sync_training_with_a_real_gpu_trainer_equals_single_process():
     model = wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.2))
     data = SyntheticCTR(vocab=1000, seed=3)
-    hist = train(model.main, data, steps=10, batch_size=256, trainers={"cpu": 1, "gpu": 1}, servers=1,
-                 mode="sync", micro_batches=2, allow_emulation=False, return_params=True)
+    hist = train(
+        model.main,
+        data,
+        steps=10,
+        batch_size=256,
+        trainers={"cpu": 1, "gpu": 1},
+        servers=1,
+        mode="sync",
+        micro_batches=2,
+        allow_emulation=False,
+        return_params=True,
+    )
     want = single_process(model, [data.batch(t, 256) for t in range(10)])
     tables = [t["name"] for t in transpile(model.main).tables]
     assert_same_params(hist.params, want, tables)

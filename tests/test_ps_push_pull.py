@@ -13,30 +13,67 @@ from runtime.ps import Servers
 
 LR, DIM, VOCAB = 0.5, 4, 1000
 SPECS = [
-    {"name": "w", "kind": "dense", "shape": [3, 2], "dtype": "float32",
-     "initializer": {"type": "constant", "value": 1.0}, "optimizer": {"type": "sgd", "lr": LR}},
-    {"name": "b", "kind": "dense", "shape": [6000], "dtype": "float32",  # 24 KB: goes through shm
-     "initializer": {"type": "constant", "value": -1.0}, "optimizer": {"type": "sgd", "lr": LR}},
-    {"name": "emb", "kind": "sparse", "shape": [VOCAB, DIM], "dtype": "float32",
-     "initializer": {"type": "constant", "value": 1.0}, "optimizer": {"type": "sgd", "lr": LR}},
-    {"name": "wide", "kind": "sparse", "shape": [VOCAB, 1], "dtype": "float32",  # same ids as emb
-     "initializer": {"type": "constant", "value": 0.0}, "optimizer": {"type": "sgd", "lr": LR}},
+    {
+        "name": "w",
+        "kind": "dense",
+        "shape": [3, 2],
+        "dtype": "float32",
+        "initializer": {"type": "constant", "value": 1.0},
+        "optimizer": {"type": "sgd", "lr": LR},
+    },
+    {
+        "name": "b",
+        "kind": "dense",
+        "shape": [6000],
+        "dtype": "float32",  # 24 KB: goes through shm
+        "initializer": {"type": "constant", "value": -1.0},
+        "optimizer": {"type": "sgd", "lr": LR},
+    },
+    {
+        "name": "emb",
+        "kind": "sparse",
+        "shape": [VOCAB, DIM],
+        "dtype": "float32",
+        "initializer": {"type": "constant", "value": 1.0},
+        "optimizer": {"type": "sgd", "lr": LR},
+    },
+    {
+        "name": "wide",
+        "kind": "sparse",
+        "shape": [VOCAB, 1],
+        "dtype": "float32",  # same ids as emb
+        "initializer": {"type": "constant", "value": 0.0},
+        "optimizer": {"type": "sgd", "lr": LR},
+    },
 ]
 
 
 def _grads(rng):
     ids = rng.integers(0, 60, size=40)  # repeats, spread over both shards
-    return (ids, rng.normal(size=(40, DIM)).astype(np.float32), rng.normal(size=(3, 2)).astype(np.float32),
-            rng.normal(size=6000).astype(np.float32))
+    return (
+        ids,
+        rng.normal(size=(40, DIM)).astype(np.float32),
+        rng.normal(size=(3, 2)).astype(np.float32),
+        rng.normal(size=6000).astype(np.float32),
+    )
 
 
 def test_async_push_pull_equals_push_then_pull_and_numpy():
     rng = np.random.default_rng(0)
-    ref = {"w": np.ones((3, 2)), "b": -np.ones(6000), "emb": np.ones((VOCAB, DIM)), "wide": np.zeros((VOCAB, 1))}
+    ref = {
+        "w": np.ones((3, 2)),
+        "b": -np.ones(6000),
+        "emb": np.ones((VOCAB, DIM)),
+        "wide": np.zeros((VOCAB, 1)),
+    }
     # the fused calls go through shared memory (ipc in a run directory with its /dev/shm twin), the
     # separate ones as ZeroMQ frames over tcp
-    with Servers(SPECS, num_shards=2, transport="ipc") as fused_s, Servers(SPECS, num_shards=2) as split_s, \
-            fused_s.client() as fused, split_s.client() as split:
+    with (
+        Servers(SPECS, num_shards=2, transport="ipc") as fused_s,
+        Servers(SPECS, num_shards=2) as split_s,
+        fused_s.client() as fused,
+        split_s.client() as split,
+    ):
         for _ in range(4):
             ids, rows, gw, gb = _grads(rng)
             pulled = rng.integers(0, 80, size=30)
@@ -63,8 +100,10 @@ def test_sync_push_pull_waits_for_every_pusher_of_the_step_and_equals_separate_c
     step t too; both get the rows of step t + 1 = the start minus lr x (sum of both gradients)."""
     rng = np.random.default_rng(1)
     ref = {"w": np.ones((3, 2)), "emb": np.ones((VOCAB, DIM))}
-    with Servers(SPECS, num_shards=2, mode="sync", pushes_per_step=2, transport="ipc") as fused_s, \
-            Servers(SPECS, num_shards=2, mode="sync", pushes_per_step=2) as split_s:
+    with (
+        Servers(SPECS, num_shards=2, mode="sync", pushes_per_step=2, transport="ipc") as fused_s,
+        Servers(SPECS, num_shards=2, mode="sync", pushes_per_step=2) as split_s,
+    ):
         fused = [fused_s.client(pusher=p, timeout=20) for p in range(2)]
         split = [split_s.client(pusher=p, timeout=20) for p in range(2)]
         try:
@@ -73,20 +112,39 @@ def test_sync_push_pull_waits_for_every_pusher_of_the_step_and_equals_separate_c
                 pulled = rng.integers(0, 80, size=30)
                 pulls = [("emb", pulled), ("w", None)]
                 out: dict[int, list] = {}
-                first = threading.Thread(target=lambda: out.__setitem__(0, fused[0].push_pull(
-                    [("emb", grads[0][1], grads[0][0]), ("w", grads[0][2], None), ("b", grads[0][3], None)],
-                    pulls, step=step)))
+                first = threading.Thread(
+                    target=lambda: out.__setitem__(
+                        0,
+                        fused[0].push_pull(
+                            [
+                                ("emb", grads[0][1], grads[0][0]),
+                                ("w", grads[0][2], None),
+                                ("b", grads[0][3], None),
+                            ],
+                            pulls,
+                            step=step,
+                        ),
+                    )
+                )
                 first.start()
                 first.join(1.0)
                 assert first.is_alive(), "step t + 1's rows came back before every pusher pushed step t"
                 out[1] = fused[1].push_pull(
                     [("emb", grads[1][1], grads[1][0]), ("w", grads[1][2], None), ("b", grads[1][3], None)],
-                    pulls, step=step)
+                    pulls,
+                    step=step,
+                )
                 first.join(20)
                 assert not first.is_alive()
                 for p in range(2):
-                    split[p].push_many([("emb", grads[p][1], grads[p][0]), ("w", grads[p][2], None),
-                                        ("b", grads[p][3], None)], step=step)
+                    split[p].push_many(
+                        [
+                            ("emb", grads[p][1], grads[p][0]),
+                            ("w", grads[p][2], None),
+                            ("b", grads[p][3], None),
+                        ],
+                        step=step,
+                    )
                 want = split[0].pull_many(pulls, step=step + 1)
                 for ids, rows, gw, _ in grads:
                     np.add.at(ref["emb"], ids, -LR * rows.astype(np.float64))
@@ -122,12 +180,18 @@ def test_a_request_pointing_outside_its_shared_memory_segment_is_refused_and_the
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.linger = 0
         sock.connect(s.endpoints[0])
-        for seq, desc in enumerate([
+        for seq, desc in enumerate(
+            [
                 {"seg": ring.name, "at": ring.cap - 8, "n": 4096, "arrays": []},
                 {"seg": ring.name, "at": 0, "n": 64, "arrays": [["<f4", [1 << 20], 0, 4 << 20]]},
-                {"seg": "../../../etc/passwd", "at": 0, "n": 0, "arrays": []}]):
-            sock.send_multipart(encode({"op": "push", "table": "w", "cid": "raw", "seq": seq, "to": 0,
-                                        "shm": desc}, (), s.secret))
+                {"seg": "../../../etc/passwd", "at": 0, "n": 0, "arrays": []},
+            ]
+        ):
+            sock.send_multipart(
+                encode(
+                    {"op": "push", "table": "w", "cid": "raw", "seq": seq, "to": 0, "shm": desc}, (), s.secret
+                )
+            )
             assert sock.poll(10_000)
             reply = decode_reply(sock.recv_multipart(), s.secret)
             assert reply["ok"] is False and "malformed request" in reply["error"], reply
