@@ -90,6 +90,14 @@ class RowMerge:
                                  xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
         return RowMerge(order, starts, sorted_rows[starts])
 
+    def inverse(self, xp):
+        """For each original row, the position of its value among `unique_rows`."""
+        run = xp.zeros(self.order.size, dtype=self.order.dtype)
+        run[self.starts[1:]] = 1
+        inv = xp.empty_like(run)
+        inv[self.order] = xp.cumsum(run)
+        return inv
+
     def sum(self, xp, values):
         """values[i] summed per unique row (sorted order)."""
         if self.starts.size == self.order.size:  # already unique: nothing to sum
