@@ -1,4 +1,4 @@
-"""CTR training throughput: hetps heterogeneous (local engine, gpu emulated) vs PaddlePaddle 3.3.1.
+"""CTR training throughput: hetps heterogeneous (local engine, gpu emulated without CUDA) vs Paddle 3.3.1.
 
 The model (docs/design.md): Wide&Deep, batch 512, 26 categorical slots hashed into one vocabulary of
 100 000 ids, deep embedding dim 16 + wide (dim 1), 13 dense features, MLP 400-400-400, SGD.
@@ -15,7 +15,10 @@ In one run this measures, on the same 20 pre-generated synthetic batches (cycled
    in each of `--modes` (async first: the best setting measured on this 2-core machine);
 and prints examples/s, the ratios and where hetps's time goes (each trainer's time use, and the CPU
 milliseconds every process spends per step). Each side trains `--warmup` steps, then is timed over
-`--steps` steps.
+`--steps` steps. Also (issue 18), from the same run: the dense stage's ms per step (CPU; GPU when
+there is a CUDA device), and per mode the lines `distribution tax: X.XX` (CPU ms per step of all
+processes / the single process's) and `cpu stage: N µs/example` (cpu trainers + shards), and, for
+the first mode, a labelled prediction for a 16-core host with one accelerator.
 
     python benchmarks/ctr.py                       # the default, best setting for a 2-core machine
     python benchmarks/ctr.py --trainers cpu=2,gpu=1 --micro-batches 8 --modes sync --skip-paddle
