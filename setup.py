@@ -22,6 +22,7 @@ setup(
         "pygraphviz>=2.0",
         "pyarrow>=14",
         "numba>=0.59",
+        "cryptography>=41",
     ],
     extras_require={
         "test": [

@@ -1,4 +1,4 @@
-"""CTR training throughput: hetps heterogeneous (local engine, gpu emulated) vs PaddlePaddle 3.3.1.
+"""CTR training throughput: hetps heterogeneous (local engine, gpu emulated without CUDA) vs Paddle 3.3.1.
 
 The model (docs/design.md): Wide&Deep, batch 512, 26 categorical slots hashed into one vocabulary of
 100 000 ids, deep embedding dim 16 + wide (dim 1), 13 dense features, MLP 400-400-400, SGD.
@@ -15,7 +15,10 @@ In one run this measures, on the same 20 pre-generated synthetic batches (cycled
    in each of `--modes` (async first: the best setting measured on this 2-core machine);
 and prints examples/s, the ratios and where hetps's time goes (each trainer's time use, and the CPU
 milliseconds every process spends per step). Each side trains `--warmup` steps, then is timed over
-`--steps` steps.
+`--steps` steps. Also (issue 18), from the same run: the dense stage's ms per step (CPU; GPU when
+there is a CUDA device), and per mode the lines `distribution tax: X.XX` (CPU ms per step of all
+processes / the single process's) and `cpu stage: N µs/example` (cpu trainers + shards), and, for
+the first mode, a labelled prediction for a 16-core host with one accelerator.
 
     python benchmarks/ctr.py                       # the default, best setting for a 2-core machine
     python benchmarks/ctr.py --trainers cpu=2,gpu=1 --micro-batches 8 --modes sync --skip-paddle
@@ -30,6 +33,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,23 +50,52 @@ def batches() -> list[dict[str, np.ndarray]]:
     return [data.batch(i, BATCH) for i in range(NUM_BATCHES)]
 
 
-def _mlp_step(batch: int = BATCH):
-    """A function running the MLP's forward + backward GEMMs once (numpy, float32)."""
+def _mlp_step(batch: int = BATCH, xp=np):
+    """A function running the MLP's forward + backward GEMMs once (float32; numpy, or cupy)."""
     rng = np.random.default_rng(0)
     dims = [SLOTS * DIM + DENSE, *HIDDEN, 1]
-    ws = [rng.normal(size=(a, b)).astype(np.float32) for a, b in zip(dims, dims[1:], strict=False)]
-    x = rng.normal(size=(batch, dims[0])).astype(np.float32)
+    shapes = zip(dims, dims[1:], strict=False)
+    ws = [xp.asarray(rng.normal(size=(a, b)).astype(np.float32)) for a, b in shapes]
+    x = xp.asarray(rng.normal(size=(batch, dims[0])).astype(np.float32))
 
     def step() -> None:
         acts = [x]
         for w in ws:
             acts.append(acts[-1] @ w)
-        g = np.ones((batch, 1), np.float32)
+        g = xp.ones((batch, 1), np.float32)
         for i in reversed(range(len(ws))):
-            _ = acts[i].T @ g   # weight gradient
-            g = g @ ws[i].T     # input gradient (the first layer's feeds the embeddings)
+            _ = acts[i].T @ g  # weight gradient
+            g = g @ ws[i].T  # input gradient (the first layer's feeds the embeddings)
 
     return step
+
+
+def dense_stage_ms(repeats: int = 50) -> dict[str, float]:
+    """The dense stage's (the MLP's forward + backward) median ms per step: "cpu", the CPU time of
+    one BLAS thread (so time the core spent on others' processes does not count), and "gpu", the
+    wall time on the CUDA device with a device sync, when there is one (cupy)."""
+    from threadpoolctl import threadpool_limits
+
+    from runtime.device import cuda_available
+
+    def median_ms(step, clock, sync=lambda: None) -> float:
+        step()
+        sync()
+        times = []
+        for _ in range(repeats):
+            t0 = clock()
+            step()
+            sync()
+            times.append(clock() - t0)
+        return 1e3 * float(np.median(times))
+
+    with threadpool_limits(1):
+        out = {"cpu": median_ms(_mlp_step(), time.process_time)}
+    if cuda_available():
+        import cupy
+
+        out["gpu"] = median_ms(_mlp_step(xp=cupy), time.perf_counter, cupy.cuda.Device().synchronize)
+    return out
 
 
 def bound(repeats: int = 30) -> float:
@@ -143,23 +176,33 @@ def paddle_worker(steps: int, warmup: int) -> None:
         (lv,) = exe.run(main, feed=bs[i % NUM_BATCHES], fetch_list=[loss])
         losses.append(float(lv))
     dt = time.perf_counter() - t0
-    print(json.dumps({"examples_per_s": steps * BATCH / dt, "first_loss": losses[0],
-                      "last_loss": losses[-1]}))
+    print(
+        json.dumps({"examples_per_s": steps * BATCH / dt, "first_loss": losses[0], "last_loss": losses[-1]})
+    )
 
 
 def paddle(steps: int, warmup: int, threads: int) -> dict:
-    env = {**os.environ, "FLAGS_paddle_num_threads": str(threads), "GLOG_minloglevel": "2",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, __file__, "--paddle-worker", "--steps", str(steps),
-                           "--warmup", str(warmup)], env=env, capture_output=True, text=True, timeout=3600)
+    env = {
+        **os.environ,
+        "FLAGS_paddle_num_threads": str(threads),
+        "GLOG_minloglevel": "2",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, __file__, "--paddle-worker", "--steps", str(steps), "--warmup", str(warmup)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"the Paddle run failed:\n{proc.stdout}\n{proc.stderr}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def single_process(steps: int, warmup: int) -> float:
-    """examples/s of the untranspiled program in this process (hetps's Executor, one BLAS thread):
-    the same kernels as the trainers, without any distribution."""
+def single_process(steps: int, warmup: int) -> tuple[float, float]:
+    """(examples/s, CPU ms per step) of the untranspiled program in this process (hetps's Executor,
+    one BLAS thread): the same kernels as the trainers, without any distribution."""
     from threadpoolctl import threadpool_limits
 
     from runtime import Executor
@@ -171,18 +214,19 @@ def single_process(steps: int, warmup: int) -> float:
     with threadpool_limits(1):
         for i in range(warmup):
             exe.run(model.main, feed=bs[i % NUM_BATCHES])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(warmup, warmup + steps):
             exe.run(model.main, feed=bs[i % NUM_BATCHES])
-    return steps * BATCH / (time.perf_counter() - t0)
+    return steps * BATCH / (time.perf_counter() - t0), 1e3 * (time.process_time() - c0) / steps
 
 
 def build():
     from transpiler import builder as nn
     from transpiler.models import wide_deep
 
-    return wide_deep(num_slots=SLOTS, vocab=VOCAB, dim=DIM, num_dense=DENSE, hidden=HIDDEN,
-                     optimizer=nn.SGD(lr=LR))
+    return wide_deep(
+        num_slots=SLOTS, vocab=VOCAB, dim=DIM, num_dense=DENSE, hidden=HIDDEN, optimizer=nn.SGD(lr=LR)
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -191,8 +235,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int, mode: str,
-          servers: int):
+def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int, mode: str, servers: int):
     """Train the model; also returns each process's CPU ms per timed step (driver included)."""
     from runtime import train
     from runtime.engines import LocalEngine
@@ -222,6 +265,54 @@ def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int,
     return hist, cpu_ms
 
 
+@dataclass(frozen=True)
+class Costs:
+    """One distributed run's CPU costs per step, by role, against the single process's."""
+
+    cpu_ms: dict[str, float]  # CPU ms per step of each process (name as the engine gives it)
+    single_ms: float  # CPU ms per step of the untranspiled program in one process
+    gemm_ms: float  # the MLP's forward + backward GEMMs alone on one core, ms per step
+
+    def role_ms(self, role: str) -> float:
+        """CPU ms per step of all processes of `role` (cpu, gpu, ps, driver) together."""
+        return sum(ms for name, ms in self.cpu_ms.items() if name.split(":")[0] == role)
+
+    @property
+    def tax(self) -> float:
+        """CPU ms per step of all processes / the single process's CPU ms per step."""
+        return sum(self.cpu_ms.values()) / self.single_ms
+
+    @property
+    def cpu_stage_us(self) -> float:
+        """CPU µs per example of the cpu trainers and the parameter-server shards."""
+        return 1e3 * (self.role_ms("cpu") + self.role_ms("ps")) / BATCH
+
+
+def predict(c: Costs, cores: int = 16, device_ms: float = 1.0, measured: bool = False) -> list[str]:
+    """Lines of a prediction (a model, not a measurement) for `cores` cores feeding one accelerator
+    whose dense stage takes `device_ms` per step (`measured` on this machine's GPU, else assumed),
+    from the per-role CPU costs of this run."""
+    host_ms = max(c.role_ms("gpu") - c.gemm_ms, 0.0)  # the gpu trainer's CPU work besides its GEMMs
+    feeder_ms = c.role_ms("cpu") + c.role_ms("ps")  # cpu trainers + shards, CPU ms per step
+    gpu_cap = 1e3 * BATCH / max(host_ms, device_ms)
+    lines = [
+        f"prediction for a {cores}-core host with one accelerator (a MODEL, not a measurement): "
+        f"{'the dense stage took' if measured else 'assumes the dense stage takes'} {device_ms:.2f} ms "
+        f"per step on the device{' here, and assumes' if measured else ','} the gpu trainer "
+        f"keeps its measured CPU work besides the GEMMs ({host_ms:.1f} ms per step) on one core, "
+        f"the driver and readers cost nothing, and the cpu trainers + shards "
+        f"({feeder_ms:.1f} CPU ms per step here) scale linearly over the other cores "
+        "(no memory-bandwidth contention, no extra cost per peer)"
+    ]
+    for n in sorted({1, 2, 4, 8, cores - 1}):
+        feed = 1e3 * BATCH * n / feeder_ms if feeder_ms else float("inf")
+        rate, limit = min((feed, f"{n} feeding core(s)"), (gpu_cap, "the gpu trainer"))
+        lines.append(
+            f"  {n:2d} core(s) of cpu trainers + shards: {rate:10,.0f} examples/s (limited by {limit})"
+        )
+    return lines
+
+
 def parse_trainers(text: str) -> dict[str, int]:
     return {k: int(v) for k, v in (part.split("=") for part in text.split(","))}
 
@@ -247,17 +338,38 @@ def main(argv: list[str] | None = None) -> dict:
 
     logging.getLogger("hetps.device").setLevel(logging.ERROR)  # the emulation is stated below
 
-    print(f"CTR benchmark: batch {BATCH}, {SLOTS} slots x vocab {VOCAB} x dim {DIM} + wide, {DENSE} dense, "
-          f"MLP {'-'.join(map(str, HIDDEN))}, SGD; {args.warmup} warm-up + {args.steps} timed steps; "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"CTR benchmark: batch {BATCH}, {SLOTS} slots x vocab {VOCAB} x dim {DIM} + wide, {DENSE} dense, "
+        f"MLP {'-'.join(map(str, HIDDEN))}, SGD; {args.warmup} warm-up + {args.steps} timed steps; "
+        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
+    )
     out: dict = {"bound": bound()}
     print(f"bound (MLP GEMMs, 1 BLAS thread x {os.cpu_count()} cores):  {out['bound']:8,.0f} examples/s")
     cores = os.cpu_count() or 1
     one, out["parallel"] = parallel_gemms(1), parallel_gemms(cores)
-    print(f"  the same GEMMs back to back for 4 s: 1 process {one:,.0f} examples/s, {cores} processes at "
-          f"once {out['parallel']:,.0f} in all ({out['parallel'] / one:.2f}x one)")
-    out["single"] = single_process(args.steps, args.warmup)
-    print(f"hetps single process (no distribution, 1 BLAS thread):  {out['single']:8,.0f} examples/s")
+    print(
+        f"  the same GEMMs back to back for 4 s: 1 process {one:,.0f} examples/s, {cores} processes at "
+        f"once {out['parallel']:,.0f} in all ({out['parallel'] / one:.2f}x one)"
+    )
+    from runtime.device import cuda_available
+
+    gpu_kind = "gpu on CUDA (cupy)" if cuda_available() else "gpu EMULATED on cpu"
+    stage = out["dense_stage_ms"] = dense_stage_ms()
+    line = (
+        f"dense stage (the MLP's forward + backward, batch {BATCH}): cpu {stage['cpu']:.2f} CPU ms per step "
+        "(1 BLAS thread)"
+    )
+    if "gpu" in stage:
+        line += f", gpu {stage['gpu']:.2f} ms per step (CUDA): {stage['cpu'] / stage['gpu']:.1f}x faster"
+    else:
+        line += "; no CUDA device here: no gpu figure"
+    print(line)
+    out["single"], single_ms = single_process(args.steps, args.warmup)
+    gemm_ms = stage["cpu"]
+    print(
+        f"hetps single process (no distribution, 1 BLAS thread):  {out['single']:8,.0f} examples/s, "
+        f"{single_ms:.1f} CPU ms per step"
+    )
     modes = args.modes.split(",")
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
@@ -268,38 +380,70 @@ def main(argv: list[str] | None = None) -> dict:
         if not args.skip_paddle:
             pd = paddle(args.steps, args.warmup, args.paddle_threads)
             got["paddle"] = pd["examples_per_s"]
-            print(f"PaddlePaddle 3.3.1 legacy IR, {args.paddle_threads} threads:  {got['paddle']:8,.0f} "
-                  f"examples/s (loss {pd['first_loss']:.4f} -> {pd['last_loss']:.4f}; load average "
-                  f"{os.getloadavg()[0]:.1f})")
+            print(
+                f"PaddlePaddle 3.3.1 legacy IR, {args.paddle_threads} threads:  {got['paddle']:8,.0f} "
+                f"examples/s (loss {pd['first_loss']:.4f} -> {pd['last_loss']:.4f}; load average "
+                f"{os.getloadavg()[0]:.1f})"
+            )
         for mode in modes:
-            setting = (f"{mode}, trainers {args.trainers}, {args.micro_batches} micro-batches, "
-                       f"{args.servers} server(s), gpu EMULATED on cpu")
-            hist, cpu_ms = hetps(args.steps, args.warmup, args.trainers, args.micro_batches, mode,
-                                 args.servers)
+            setting = (
+                f"{mode}, trainers {args.trainers}, {args.micro_batches} micro-batches, "
+                f"{args.servers} server(s), {gpu_kind}"
+            )
+            hist, cpu_ms = hetps(
+                args.steps, args.warmup, args.trainers, args.micro_batches, mode, args.servers
+            )
             rate = got[mode] = hist.examples_per_s(skip=args.warmup)
             ratio = f"{rate / got['paddle']:.2f}x Paddle, " if "paddle" in got else ""
-            print(f"hetps {mode:>5}:  {rate:8,.0f} examples/s = {ratio}{100 * rate / out['bound']:.0f}% of "
-                  f"the bound  [{setting}; loss {np.mean(hist.loss[:10]):.4f} -> "
-                  f"{np.mean(hist.loss[-10:]):.4f}, start-up {hist.startup_s:.1f} s, load average "
-                  f"{os.getloadavg()[0]:.1f}]")
+            print(
+                f"hetps {mode:>5}:  {rate:8,.0f} examples/s = {ratio}{100 * rate / out['bound']:.0f}% of "
+                f"the bound  [{setting}; loss {np.mean(hist.loss[:10]):.4f} -> "
+                f"{np.mean(hist.loss[-10:]):.4f}, start-up {hist.startup_s:.1f} s, load average "
+                f"{os.getloadavg()[0]:.1f}]"
+            )
             print("  where the time goes (share of each trainer's wall time; cpu = CPU time it got):")
             print("  " + hist.time_use().replace("\n", "\n  "))
-            print("  CPU ms per step: " + ", ".join(f"{n} {ms:.1f}" for n, ms in cpu_ms.items())
-                  + f"; total {sum(cpu_ms.values()):.1f} (the MLP's GEMMs alone: "
-                  f"{1e3 * BATCH * (os.cpu_count() or 1) / out['bound']:.1f} ms on one core)")
+            print(
+                "  CPU ms per step: "
+                + ", ".join(f"{n} {ms:.1f}" for n, ms in cpu_ms.items())
+                + f"; total {sum(cpu_ms.values()):.1f} (the MLP's GEMMs alone: {gemm_ms:.1f} CPU ms "
+                "on one core)"
+            )
+            costs = out[f"costs_{mode}"] = Costs(cpu_ms, single_ms, gemm_ms)
+            got[f"tax {mode}"], got[f"stage {mode}"] = costs.tax, costs.cpu_stage_us
+            print(
+                f"  distribution tax: {costs.tax:.2f}  (CPU ms per step of all processes "
+                f"{sum(cpu_ms.values()):.1f} / single process {single_ms:.1f}; goal <= 1.25)"
+            )
+            print(
+                f"  cpu stage: {costs.cpu_stage_us:.1f} µs/example  (cpu trainers + shards, CPU time "
+                "per example; goal <= 10)"
+            )
+            if r == args.rounds - 1 and mode == modes[0]:
+                print(
+                    "  "
+                    + "\n  ".join(predict(costs, device_ms=stage.get("gpu", 1.0), measured="gpu" in stage))
+                )
             out[f"trainers_{mode}"] = hist.trainers
     out["rounds"] = rounds
     if args.rounds > 1:
         print(f"-- medians over {args.rounds} rounds")
         for key in [k for k in ("paddle", *modes) if k in rounds[0]]:
             rates = [r[key] for r in rounds]
-            line = (f"{key:>6}: {float(np.median(rates)):8,.0f} examples/s "
-                    f"(range {min(rates):,.0f} - {max(rates):,.0f})")
+            line = (
+                f"{key:>6}: {float(np.median(rates)):8,.0f} examples/s "
+                f"(range {min(rates):,.0f} - {max(rates):,.0f})"
+            )
             if key != "paddle" and "paddle" in rounds[0]:
                 ratios = [r[key] / r["paddle"] for r in rounds]
-                line += (f"; x Paddle of its round: median {float(np.median(ratios)):.2f} "
-                         f"(range {min(ratios):.2f} - {max(ratios):.2f})")
+                line += (
+                    f"; x Paddle of its round: median {float(np.median(ratios)):.2f} "
+                    f"(range {min(ratios):.2f} - {max(ratios):.2f})"
+                )
             print(line)
+        for key in [k for k in rounds[0] if k.startswith(("tax ", "stage "))]:
+            vals = [r[key] for r in rounds]
+            print(f"{key:>12}: median {float(np.median(vals)):.2f} (range {min(vals):.2f} - {max(vals):.2f})")
     print("(bar: 1.5x Paddle; goal: 3x Paddle and 50% of the bound)")
     return out
 

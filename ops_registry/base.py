@@ -40,12 +40,15 @@ class UnknownOpError(KeyError):
 class SparseRows:
     """A row-sparse gradient of a [height, dim] table (Paddle's SelectedRows).
 
-    `rows` may repeat; the dense equivalent is the scatter-add of `values` into `rows`.
+    `rows` may repeat; the dense equivalent is the scatter-add of `values` into `rows`. `unique`
+    says the rows are known not to repeat (e.g. `merged`'s output): then `merged` returns the rows
+    as they are and an update is a plain indexed add instead of an unbuffered scatter (~4x faster).
     """
 
     rows: Any
     values: Any
     height: int
+    unique: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -55,30 +58,61 @@ class SparseRows:
     def dtype(self):
         return self.values.dtype
 
-    def merged(self, xp) -> SparseRows:
-        """Unique rows with their values summed (what a parameter server wants pushed)."""
+    def merged(self, xp, merge: RowMerge | None = None) -> SparseRows:
+        """Unique rows with their values summed (what a parameter server wants pushed). `merge`: the
+        `RowMerge` of these rows when the caller has it (one sort serves several tables' rows)."""
         rows = self.rows.reshape(-1)
-        if rows.size == 0:
-            return SparseRows(rows, self.values, self.height)
+        if self.unique or rows.size == 0:
+            return SparseRows(rows, self.values, self.height, unique=True)
+        merge = merge if merge is not None else RowMerge.of(xp, rows)
+        return SparseRows(merge.unique_rows, merge.sum(xp, self.values), self.height, unique=True)
+
+    def to_dense(self, xp):
+        out = xp.zeros(self.shape, self.values.dtype)
+        scatter_add(xp, out, self.rows, self.values, unique=self.unique)
+        return out
+
+
+@dataclass(frozen=True)
+class RowMerge:
+    """One stable sort of a row index, reusable for every array of values over those rows: the
+    sorted unique rows and the segmented sum that merges repeated rows' values."""
+
+    order: Any        # positions of the rows in sorted order (stable)
+    starts: Any       # where each unique row's run begins in that order
+    unique_rows: Any  # the sorted unique rows
+
+    @staticmethod
+    def of(xp, rows) -> RowMerge:
         order = xp.argsort(rows, kind="stable")
         sorted_rows = rows[order]
         starts = xp.concatenate([xp.zeros(1, dtype=order.dtype),
                                  xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
-        if starts.size == rows.size:  # already unique: nothing to sum
-            return SparseRows(sorted_rows, self.values[order], self.height)
+        return RowMerge(order, starts, sorted_rows[starts])
+
+    def inverse(self, xp):
+        """For each original row, the position of its value among `unique_rows`."""
+        run = xp.zeros(self.order.size, dtype=self.order.dtype)
+        run[self.starts[1:]] = 1
+        inv = xp.empty_like(run)
+        inv[self.order] = xp.cumsum(run)
+        return inv
+
+    def sum(self, xp, values):
+        """values[i] summed per unique row (sorted order)."""
+        if self.starts.size == self.order.size:  # already unique: nothing to sum
+            return values[self.order]
         # a segmented sum over the sorted rows: far cheaper than np.add.at's unbuffered scatter
-        vals = xp.add.reduceat(self.values[order], starts, axis=0)
-        return SparseRows(sorted_rows[starts], vals, self.height)
-
-    def to_dense(self, xp):
-        out = xp.zeros(self.shape, self.values.dtype)
-        scatter_add(xp, out, self.rows, self.values)
-        return out
+        return xp.add.reduceat(values[self.order], self.starts, axis=0)
 
 
-def scatter_add(xp, target, index, values) -> None:
-    """target[index] += values with repeated indices accumulated (np.add.at / cupyx.scatter_add)."""
-    if xp.__name__ == "numpy":
+def scatter_add(xp, target, index, values, unique: bool = False) -> None:
+    """target[index] += values with repeated indices accumulated (np.add.at / cupyx.scatter_add).
+    `unique`: the caller knows `index` does not repeat, so a plain indexed add is exact (and ~4x
+    faster than numpy's unbuffered add.at)."""
+    if unique:
+        target[index] += values
+    elif xp.__name__ == "numpy":
         xp.add.at(target, index, values)
     else:  # cupy
         import cupyx

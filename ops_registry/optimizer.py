@@ -146,7 +146,7 @@ def _sgd(xp, ins, attrs):
     p, g = ins["Param"], ins["Grad"]
     lr = attrs["lr"]
     if isinstance(g, SparseRows):
-        scatter_add(xp, p, g.rows, (-lr * g.values).astype(p.dtype, copy=False))
+        scatter_add(xp, p, g.rows, (-lr * g.values).astype(p.dtype, copy=False), unique=g.unique)
     else:
         p -= (lr * g).astype(p.dtype, copy=False)
     return {"ParamOut": p}
@@ -262,7 +262,7 @@ def _clip_by_global_norm(xp, ins, attrs):
     total = sum(float(xp.sum(xp.square(g.values if isinstance(g, SparseRows) else g))) for g in merged)
     dtype = (merged[0].values if isinstance(merged[0], SparseRows) else merged[0]).dtype
     scale = dtype.type(clip) / max(dtype.type(math.sqrt(total)), dtype.type(clip))
-    out = [SparseRows(g.rows, (g.values * scale).astype(dtype, copy=False), g.height)
+    out = [SparseRows(g.rows, (g.values * scale).astype(dtype, copy=False), g.height, g.unique)
            if isinstance(g, SparseRows) else (g * scale).astype(g.dtype, copy=False) for g in merged]
     return {"Out": out}
 

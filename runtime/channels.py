@@ -3,7 +3,7 @@
 Every process of a run (trainer or driver) binds one inbox (`Inbox`) at an address the engine gives
 it (`ipc://` on the local engine) and sends to others through an `Outbox`, which connects one PUSH
 socket per destination on first use. Messages use the data-plane frame format of `runtime.wire`
-(JSON header + raw array buffers, optional HMAC; never pickle). Sends never block a trainer: a PUSH
+(JSON header + raw array buffers, optional MAC; never pickle). Sends never block a trainer: a PUSH
 socket queues up to its high-water mark, and a trainer never has more than `micro_batches`
 micro-batches in flight, so queues stay short. Arrays go out without a copy (`copy=False`): a sender
 must not write into an array after sending it (the executor makes fresh arrays for every op).
@@ -15,10 +15,29 @@ Tensor messages carry one micro-batch's tensors for one destination:
     header {"k": "t", "s": step, "o": origin trainer index, "m": micro-batch, "v": [[name, height]]}
 `height` is None for a dense array; for a row-sparse gradient (`SparseRows`) it is the height and the
 message carries two arrays (rows, values) for that name.
+
+Same-host tensors go through shared memory. When the receiver's endpoint is an `ipc://` socket in a
+local run directory whose shared-memory twin exists (`shm_dir_for`: /tmp/hetps-run-X ->
+/dev/shm/hetps-run-X, made private by the local engine, which removes it with the run directory, as
+its janitor does when the driver dies), an `Outbox` writes a message's arrays (from `SHM_MIN_BYTES`
+together) into a ring segment it owns for that receiver, and sends over ZeroMQ only the signed
+control message: the header plus `"shm": {"seg", "at", "n", "arrays": [[dtype, shape, offset,
+bytes]]}`. The receiver maps the segment (once; it then unlinks its name, so the memory goes with the
+two processes), checks that the name is a plain file of its own directory owned by this user, that
+the message lies inside the ring, and every array's dtype, shape and bytes (`wire.array_from`),
+copies the arrays out and publishes how far it has read in the segment's first 8 bytes, so the
+sender never overwrites what is unread (when the ring is full, or the message over half of it, the
+message goes as ZeroMQ frames instead: sends never block). The arrays themselves are not MAC'd:
+the segment is a 0600 file in a 0700 directory, so only this user's processes can write it, and
+they can read the run's key as well. Other hosts, and endpoints without the twin, use ZeroMQ frames.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
+import re
+import stat
 import threading
 from typing import Any
 
@@ -27,7 +46,159 @@ import zmq
 
 from ops_registry import SparseRows
 
-from .wire import decode, encode
+from .wire import WireError, array_from, decode, encode, wire_array
+
+SHM_ROOT = "/dev/shm"
+SHM_MIN_BYTES = 16 << 10   # a message's arrays together; smaller ones go as ZeroMQ frames
+SHM_RING_BYTES = 8 << 20   # per (sender, receiver) pair, mapped with its pages faulted in at once
+_HEAD = 64                 # segment = [bytes the receiver has consumed: uint64][padding] + the ring
+_ALIGN = 64
+_SEGMENT = re.compile(r"[0-9]+-[0-9a-f]{8}-[A-Za-z0-9_.-]{1,100}")
+
+
+def shm_dir_for(run_dir: str) -> str:
+    """The shared-memory twin of a local run directory: /tmp/hetps-run-X -> /dev/shm/hetps-run-X."""
+    return os.path.join(SHM_ROOT, os.path.basename(os.path.normpath(run_dir)))
+
+
+def shm_dir(endpoint: str) -> str | None:
+    """The private shm directory for an `ipc://` endpoint of a local run, when it exists; else None."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    run_dir = os.path.dirname(endpoint[len("ipc://"):])
+    if not os.path.basename(run_dir).startswith("hetps-run-"):
+        return None
+    path = shm_dir_for(run_dir)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    private = stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+    return path if private else None
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    """A shared mapping of `fd` with its pages faulted in now (MAP_POPULATE where there is one): a
+    ring's first pass would otherwise take a page fault every 4 KiB, in both processes."""
+    return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+
+
+def _layout(arrays: list[np.ndarray]) -> tuple[list[int], int]:
+    """Offsets of `arrays` in one message (each aligned to 64 bytes) and the message's length."""
+    offsets, n = [], 0
+    for a in arrays:
+        offsets.append(n)
+        n += -(-a.nbytes // _ALIGN) * _ALIGN
+    return offsets, n
+
+
+class ShmRing:
+    """The sending end of one shared-memory segment to one receiver (see the module docstring)."""
+
+    def __init__(self, directory: str, receiver: str, cap: int | None = None) -> None:
+        self.name = f"{os.getpid()}-{os.urandom(4).hex()}-{receiver}"
+        self.path = os.path.join(directory, self.name)
+        self.cap = SHM_RING_BYTES if cap is None else cap
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.ftruncate(fd, _HEAD + self.cap)
+            self.map = _map(fd, _HEAD + self.cap)
+        finally:
+            os.close(fd)
+        self.consumed = np.frombuffer(self.map, np.uint64, 1)
+        self.data = np.frombuffer(self.map, np.uint8, offset=_HEAD)
+        self.head = 0  # bytes written since the start (the ring position is head % cap)
+
+    def put(self, arrays: list[np.ndarray]) -> dict[str, Any] | None:
+        """Write `arrays` (`wire.wire_array`s) as one message; its descriptor, or None when it is
+        under `SHM_MIN_BYTES` or does not fit now (send it as ZeroMQ frames then)."""
+        offsets, n = _layout(arrays)
+        if sum(a.nbytes for a in arrays) < SHM_MIN_BYTES or n > self.cap // 2:
+            return None
+        pos = self.head % self.cap
+        start = self.head + (self.cap - pos if pos + n > self.cap else 0)  # a message never wraps
+        if start + n - int(self.consumed[0]) > self.cap:
+            return None  # the receiver has not read that far yet
+        at = start % self.cap
+        for a, off in zip(arrays, offsets, strict=True):
+            if a.nbytes:
+                self.data[at + off:at + off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
+        self.head = start + n
+        return {"seg": self.name, "at": start, "n": n,
+                "arrays": [[a.dtype.str, list(a.shape), off, a.nbytes]
+                           for a, off in zip(arrays, offsets, strict=True)]}
+
+    def close(self) -> None:
+        try:
+            os.unlink(self.path)  # (the receiver unlinks it once it has mapped it)
+        except FileNotFoundError:
+            pass
+        del self.consumed, self.data
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # a view is still alive somewhere: the map closes with it
+
+
+class ShmSegments:
+    """The receiving end: the segments peers wrote into, mapped on first use."""
+
+    MAX = 1024
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self.maps: dict[str, tuple[mmap.mmap, np.ndarray, np.ndarray]] = {}
+
+    def _open(self, name: str) -> tuple[mmap.mmap, np.ndarray, np.ndarray]:
+        if not isinstance(name, str) or not _SEGMENT.fullmatch(name):
+            raise WireError(f"shared-memory segment name {name!r:.120} is not a segment of this run")
+        if len(self.maps) >= self.MAX:
+            raise WireError(f"more than {self.MAX} shared-memory segments from peers; refused {name!r}")
+        path = os.path.join(self.dir, name)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as e:
+            raise WireError(f"shared-memory segment {path!r} cannot be opened: {e}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size <= _HEAD:
+                raise WireError(f"shared-memory segment {path!r} is not a regular file of this user")
+            m = _map(fd, st.st_size)
+        finally:
+            os.close(fd)
+        os.unlink(path)  # mapped now: the memory lives as long as the two processes map it
+        entry = (m, np.frombuffer(m, np.uint64, 1), np.frombuffer(m, np.uint8, offset=_HEAD))
+        self.maps[name] = entry
+        return entry
+
+    def arrays(self, desc: Any) -> list[np.ndarray]:
+        """Copies of the arrays a control message describes, after bounds and shape checks."""
+        ok = (isinstance(desc, dict) and isinstance(desc.get("arrays"), list)
+              and all(isinstance(desc.get(k), int) and not isinstance(desc.get(k), bool)
+                      and 0 <= desc[k] < 1 << 62 for k in ("at", "n")))
+        if not ok:
+            raise WireError(f"shared-memory descriptor {desc!r:.200} is not {{seg, at, n, arrays}}")
+        name = desc.get("seg")
+        _, consumed, data = self.maps.get(name) or self._open(name)
+        at, n = desc["at"] % data.size, desc["n"]
+        if at + n > data.size:
+            raise WireError(f"shared-memory message [{at}, {at + n}) lies outside segment {name!r} "
+                            f"of {data.size} bytes")
+        out = []
+        for i, d in enumerate(desc["arrays"]):
+            if not (isinstance(d, list) and len(d) == 4 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                                 and x >= 0 for x in d[2:])):
+                raise WireError(f"array {i}: shared-memory descriptor {d!r:.200} is not "
+                                "[dtype, shape, offset, bytes]")
+            off, nbytes = d[2], d[3]
+            if off + nbytes > n:
+                raise WireError(f"array {i}: bytes [{off}, {off + nbytes}) lie outside its message of {n}")
+            out.append(array_from(i, d[:2], memoryview(data[at + off:at + off + nbytes])).copy())
+        consumed[0] = desc["at"] + n  # messages of one sender are read in order
+        return out
+
+    def close(self) -> None:
+        self.maps = {}  # (each map closes when the last array view of it is gone)
 
 
 class Inbox:
@@ -41,25 +212,36 @@ class Inbox:
         self.sock.rcvhwm = 0  # never drop or stall a sender: the sender bounds what is in flight
         self.sock.bind(endpoint)
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        shm = shm_dir(self.endpoint)
+        self.segments = None if shm is None else ShmSegments(shm)
 
     def recv(self, timeout_ms: float = 0) -> tuple[dict, list[np.ndarray]] | None:
         """The next message, waiting at most `timeout_ms` (0: only if one is queued)."""
         if not self.sock.poll(timeout_ms):
             return None
-        return decode(self.sock.recv_multipart(copy=False), self.secret)
+        header, arrays = decode(self.sock.recv_multipart(copy=False), self.secret)
+        if "shm" in header:
+            if self.segments is None or arrays:
+                raise WireError("a shared-memory message reached an endpoint without a shared-memory "
+                                "directory (or carried frames as well)")
+            arrays = self.segments.arrays(header.pop("shm"))
+        return header, arrays
 
     def close(self) -> None:
         self.sock.close()
+        if self.segments is not None:
+            self.segments.close()
 
 
 class Outbox:
     """PUSH sockets to named peers (connected lazily); `send(endpoint, header, arrays)`."""
 
     def __init__(self, secret: bytes | None = None, context: zmq.Context | None = None,
-                 linger_ms: int = 2000) -> None:
-        self.secret, self.linger_ms = secret, linger_ms
+                 linger_ms: int = 2000, shm: bool = True) -> None:
+        self.secret, self.linger_ms, self.shm = secret, linger_ms, shm
         self.ctx = context or zmq.Context.instance()
         self.socks: dict[str, zmq.Socket] = {}
+        self.rings: dict[str, ShmRing | None] = {}
 
     def send(self, endpoint: str, header: dict[str, Any], arrays: list[Any] = ()) -> None:
         sock = self.socks.get(endpoint)
@@ -68,12 +250,32 @@ class Outbox:
             sock.linger = self.linger_ms  # let queued messages out when the process finishes
             sock.sndhwm = 0
             sock.connect(endpoint)
+        if self.shm and arrays:
+            ring = self._ring(endpoint)
+            if ring is not None:
+                arrays = [wire_array(i, a) for i, a in enumerate(arrays)]
+                if desc := ring.put(arrays):
+                    sock.send_multipart(encode({**header, "shm": desc}, (), self.secret))
+                    return
         sock.send_multipart(encode(header, arrays, self.secret), copy=False)
+
+    def _ring(self, endpoint: str) -> ShmRing | None:
+        if endpoint not in self.rings:
+            shm = shm_dir(endpoint)
+            try:
+                self.rings[endpoint] = None if shm is None else ShmRing(shm, os.path.basename(endpoint))
+            except OSError:
+                self.rings[endpoint] = None  # e.g. /dev/shm full: ZeroMQ frames it is
+        return self.rings[endpoint]
 
     def close(self) -> None:
         for s in self.socks.values():
             s.close()
         self.socks = {}
+        for ring in self.rings.values():
+            if ring is not None:
+                ring.close()
+        self.rings = {}
 
 
 def deliver_pending(timeout: float = 5.0) -> bool:

@@ -138,6 +138,18 @@ HOSTILE = {  # name: (frames for Raw, expected error text)
         lambda r: encode({"op": "hello", "to": 0}, [], r.key),
         "sequence number",
     ),
+    "push_pull describing more arrays than it carries": (
+        lambda r: r.sign({"op": "push_pull", "push": [["w", 1]], "pull": [], "step": 0, "pusher": "a"}),
+        "push_pull describes 1 arrays, the request carries 0",
+    ),
+    "push_pull pulling a table twice": (
+        lambda r: r.sign({"op": "push_pull", "push": [], "pull": [["w", 0], ["w", 0]]}),
+        "names a table more than once",
+    ),
+    "push_pull part of the wrong form": (
+        lambda r: r.sign({"op": "push_pull", "pull": [["w", 7]]}),
+        "must be a list of [table, number of arrays in (0, 1)]",
+    ),
     "signed for another shard": (
         lambda r: encode({"op": "hello", "cid": "x", "seq": 1, "to": 1}, [], r.key),
         "addressed to shard 1, this is shard 0",

@@ -238,9 +238,9 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(async_server
         frames = _signed({"op": "pull", "table": "w_sgd"})
         h = _raw_request(eps[0], [frames[0][:-1], *frames[1:]])  # altered header
         assert h["ok"] is False and "authentication failed" in h["error"]
-        with pytest.raises(PSError, match="authentication failed: message carries no HMAC"):
+        with pytest.raises(PSError, match="authentication failed: message carries no MAC"):
             PSClient(eps, timeout=5)
-        with pytest.raises(PSError, match="authentication failed: message HMAC does not match"):
+        with pytest.raises(PSError, match="authentication failed: message MAC does not match"):
             PSClient(eps, secret=b"guess", timeout=5)
         # nothing was applied, and the server still serves
         np.testing.assert_array_equal(c.pull("emb_sgd", np.arange(VOCAB)), before)
@@ -270,4 +270,4 @@ def test_unauthenticated_clients_are_logged_and_the_server_stops_cleanly(tmp_pat
             assert c.pull("w_sgd").shape == (6, 3)
     assert [p.exitcode for p in s.processes] == [0]  # SIGTERM handled: a clean exit
     log = (tmp_path / "ps-shard0.log").read_text()
-    assert "ERROR shard 0: rejected an unauthenticated request: message carries no HMAC" in log
+    assert "ERROR shard 0: rejected an unauthenticated request: message carries no MAC" in log

@@ -64,6 +64,31 @@ def test_sparse_sgd_on_growing_storage_matches_a_dense_table():
     assert len(table) == seen.size < vocab
 
 
+@pytest.mark.parametrize("opt", [{"type": "sgd", "lr": 0.5}, {"type": "adagrad", "lr": 0.5, "epsilon": 1e-6}])
+def test_pushes_of_sorted_distinct_ids_and_of_sorted_repeats_match_numpy(opt):
+    """Sorted distinct ids (what PSClient sends) take the plain indexed-add path; sorted ids with a
+    repeat must still accumulate both rows. Reference: numpy by hand, in float64."""
+    vocab, rng = 1000, np.random.default_rng(3)
+    table = make_table(_sparse(vocab, opt=opt))
+    dense = init_rows(INIT, (vocab, 3), "float32").astype(np.float64)
+    moment = np.zeros_like(dense)
+    pushes = [np.unique(rng.integers(0, vocab, 300)), np.array([5, 7, 7, 9]),
+              np.unique(rng.integers(0, 50, 40))]
+    for ids in pushes:
+        g = rng.normal(size=(ids.size, 3)).astype(np.float32)
+        table.push(g, ids)
+        summed = np.zeros_like(dense)
+        np.add.at(summed, ids, g.astype(np.float64))
+        rows = np.unique(ids)
+        if opt["type"] == "sgd":
+            dense[rows] -= 0.5 * summed[rows]
+        else:
+            moment[rows] += summed[rows] ** 2
+            dense[rows] -= 0.5 * summed[rows] / (np.sqrt(moment[rows]) + 1e-6)
+    seen = np.unique(table.state_dict()["ids"])
+    np.testing.assert_allclose(table.pull(seen), dense[seen], rtol=1e-5, atol=1e-6)
+
+
 def test_ids_hash_evenly_over_shards_and_dense_tables_balance_by_size():
     counts = np.bincount(shard_of(np.arange(0, 80000, 8), 4), minlength=4)  # strided ids
     assert counts.min() > 0.22 * 10000

@@ -1,4 +1,4 @@
-"""The data-plane frame format: exact round trips, HMAC authentication, refusal of malformed frames."""
+"""The data-plane frame format: exact round trips, MAC authentication, refusal of malformed frames."""
 
 import json
 
@@ -45,11 +45,11 @@ def test_round_trip_over_zeromq_without_copies():
     np.testing.assert_array_equal(y, np.arange(3))
 
 
-def test_hmac_rejects_wrong_key_missing_tag_tampering_and_recut_frames():
+def test_mac_rejects_wrong_key_missing_tag_tampering_and_recut_frames():
     frames = [bytes(f) for f in encode({"op": "pull"}, [np.arange(8, dtype=np.int64)], KEY)]
     with pytest.raises(AuthError, match="does not match"):
         decode(frames, b"other-secret")
-    with pytest.raises(AuthError, match="no HMAC tag"):
+    with pytest.raises(AuthError, match="no MAC tag"):
         decode([bytes(f) for f in encode({"op": "pull"}, [np.arange(8)])], KEY)
     tampered = list(frames)
     tampered[1] = b"\x01" + tampered[1][1:]
@@ -58,8 +58,21 @@ def test_hmac_rejects_wrong_key_missing_tag_tampering_and_recut_frames():
     recut = [frames[0] + frames[1][:8], frames[1][8:], frames[2]]  # same bytes, other boundaries
     with pytest.raises(AuthError):
         decode(recut, KEY)
-    with pytest.raises(WireError, match="HMAC tag, but this endpoint has no secret"):
+    with pytest.raises(WireError, match="MAC tag, but this endpoint has no secret"):
         decode(frames, None)
+    nonce_flipped = [*frames[:-1], bytes([frames[-1][0] ^ 1]) + frames[-1][1:]]  # the one-time key changes
+    with pytest.raises(AuthError, match="does not match"):
+        decode(nonce_flipped, KEY)
+
+
+def test_each_message_gets_a_fresh_nonce_and_long_secrets_work():
+    a, b = (encode({"op": "pull"}, [np.arange(4)], KEY)[-1] for _ in range(2))
+    assert bytes(a)[:16] != bytes(b)[:16] and bytes(a) != bytes(b)
+    long_key = bytes(range(256)) * 2  # more than BLAKE2b's 64-byte key limit
+    header, _ = decode(encode({"k": 1}, [np.arange(3)], long_key), long_key)
+    assert header == {"k": 1}
+    with pytest.raises(AuthError, match="does not match"):
+        decode(encode({"k": 1}, [], long_key), long_key[:-1])
 
 
 def _raw(header: dict, *buffers: bytes) -> list[bytes]:

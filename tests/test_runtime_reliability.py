@@ -18,7 +18,7 @@ import pytest
 from procs import alive, children, wait_dead
 
 from runtime import TrainingError, train
-from runtime.channels import Inbox, Outbox
+from runtime.channels import Inbox, Outbox, shm_dir_for
 from runtime.cli import main as cli_main
 from runtime.data import SyntheticCTR
 from runtime.engines import LocalEngine
@@ -172,7 +172,13 @@ def test_no_process_or_run_directory_outlives_a_killed_driver(tmp_path, sig, sto
     # /tmp/hetps-run-* stayed.
     proc, tmpdir = start_driver(tmp_path)
     assert Path(run_info(tmpdir)["run_dir"]).parent == tmpdir
+    twin = Path(shm_dir_for(run_info(tmpdir)["run_dir"]))  # same-host tensors' segments
+    assert twin.is_dir()
     end_driver(proc, sig, tmpdir, stop_ps, group)
+    deadline = time.monotonic() + 5.0  # removed with the run directory (by the janitor)
+    while twin.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not twin.exists(), f"shared-memory directory left behind: {list(twin.iterdir())}"
 
 
 def test_sigterm_to_hetps_train_cleans_up_like_ctrl_c_and_exits_143(tmp_path):

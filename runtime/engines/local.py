@@ -7,7 +7,8 @@ No process outlives its driver (the process that made the engine), even one kill
 every child asks the kernel for SIGKILL when its parent dies (Linux: `prctl(PR_SET_PDEATHSIG)`,
 so a child blocked anywhere, even stopped, dies at once) and runs a watcher thread that ends it
 within 0.1 s of seeing its parent gone (other systems); a tiny janitor process (plain Python, no
-imports of hetps) waits for the driver's death and then removes the run directory. A child ends
+imports of hetps) waits for the driver's death and then removes the run directory and its
+shared-memory twin in /dev/shm (`runtime.channels.shm_dir_for`: same-host tensors' segments). A child ends
 with `os._exit` once its last messages are delivered, so no interpreter clean-up (pyzmq's
 zero-copy buffers, a thread still blocked in a call) can crash or delay its exit. (Linux sends that
 SIGKILL when the *thread* that started a child ends: start processes from the thread that lives for
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from ..channels import shm_dir_for
 from .base import Engine, ProcessFailure, child_main
 
 log = logging.getLogger(__name__)
@@ -44,15 +46,17 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_S = 0.1  # how often a child and the janitor look whether the driver is still there
 
-# The janitor: argv = [driver pid, run directory]. It runs in a session of its own, so signals to the
-# driver's process group (Ctrl-C, `timeout`, a closed terminal) do not end it before its work.
+# The janitor: argv = [driver pid, run directory, its shared-memory twin]. It runs in a session of its
+# own, so signals to the driver's process group (Ctrl-C, `timeout`, a closed terminal) do not end it
+# before its work.
 _JANITOR = f"""
 import os, shutil, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-parent, path = int(sys.argv[1]), sys.argv[2]
+parent, paths = int(sys.argv[1]), sys.argv[2:]
 while os.getppid() == parent:
     time.sleep({WATCH_S})
-shutil.rmtree(path, ignore_errors=True)
+for path in paths:
+    shutil.rmtree(path, ignore_errors=True)
 """
 
 
@@ -189,8 +193,20 @@ class LocalEngine(Engine):
     def endpoint(self, name: str) -> str:
         if self.tmp is None:
             self.tmp = tempfile.mkdtemp(prefix="hetps-run-")
-            self.janitor = _start_janitor(self.tmp)
+            self._make_shm_dir()
+            self.janitor = _start_janitor(self._run_paths())
         return f"ipc://{self.tmp}/{name.replace(':', '-')}"
+
+    def _run_paths(self) -> list[str]:
+        """The run directory and its shared-memory twin (same-host tensors; runtime.channels)."""
+        return [self.tmp, shm_dir_for(self.tmp)]
+
+    def _make_shm_dir(self) -> None:
+        """The run's private directory in /dev/shm; without it tensors go as ZeroMQ frames."""
+        try:
+            os.mkdir(shm_dir_for(self.tmp), 0o700)  # fails when the name exists: never reuse one
+        except OSError as e:
+            log.debug("no shared-memory directory for %s (%s): tensors go through ZeroMQ", self.tmp, e)
 
     def start(self, name: str, target: Callable[..., Any], kwargs: dict[str, Any], *,
               report: str, secret: bytes | None = None, resources: dict[str, float] | None = None) -> None:
@@ -244,7 +260,8 @@ class LocalEngine(Engine):
                 p.kill()
                 p.join()
         if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            for path in self._run_paths():
+                shutil.rmtree(path, ignore_errors=True)
             self.tmp = None
         if self.janitor is not None:
             self.janitor.kill()
@@ -252,11 +269,11 @@ class LocalEngine(Engine):
             self.janitor = None
 
 
-def _start_janitor(run_dir: str) -> subprocess.Popen | None:
-    """The process that removes `run_dir` once this one has died (see the module docstring)."""
+def _start_janitor(paths: list[str]) -> subprocess.Popen | None:
+    """The process that removes `paths` once this one has died (see the module docstring)."""
     try:
-        return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpid()), run_dir],
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpid()), *paths],
                                 stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
     except OSError as e:
-        log.warning("no janitor for %s (%s): if this process is killed, remove it by hand", run_dir, e)
+        log.warning("no janitor for %s (%s): if this process is killed, remove them by hand", paths, e)
         return None

@@ -10,7 +10,8 @@ its client, GEO trainer-side copies and shard-count-independent checkpoints.
 from .checkpoint import CheckpointError
 from .client import PSClient, PSTimeoutError
 from .geo import GeoTable
-from .server import Servers, serve
+from .server import serve
+from .servers import Servers
 from .shard import MODES, Limits, NotReady, Shard, save_shards
 from .sharding import place_dense, shard_of
 from .table import DenseTable, PSError, SparseTable, check_spec, make_table

@@ -25,19 +25,31 @@ import numpy as np
 import zmq
 
 from ops_registry import SparseRows
+from ops_registry.base import RowMerge
 
+from ..channels import ShmRing, ShmSegments, shm_dir
 from ..telemetry import unpack_spans
-from ..wire import AuthError, decode, encode
+from ..wire import AuthError, WireError, decode, encode, wire_array
 from . import checkpoint
-from .server import ADMIN_OPS
+from .index import strictly_increasing
+from .server import ADMIN_OPS, PS_RING_BYTES
 from .shard import check_ids_given
 from .sharding import place_dense, shard_of
 from .table import PSError
 
 
-def _sorted_unique(ids: np.ndarray) -> bool:
-    """True for strictly increasing ids (np.unique's output): nothing to deduplicate."""
-    return bool((ids[1:] > ids[:-1]).all())
+def _assemble(plans: list, got: list[np.ndarray]) -> list[np.ndarray]:
+    """The pulls' results from their parts' reply arrays (`PSClient._pull_parts`' plans)."""
+    out = []
+    for spec, shape, n, inv, where in plans:
+        if shape is None:
+            out.append(got[where[0][0]])
+            continue
+        rows = np.empty((n, spec["shape"][1]), spec["dtype"])
+        for i, p in where:
+            rows[p] = got[i]
+        out.append((rows if inv is None else rows[inv]).reshape(*shape, spec["shape"][1]))
+    return out
 
 
 class PSTimeoutError(PSError, TimeoutError):
@@ -59,6 +71,10 @@ class PSClient:
             s.connect(ep)
             self._socks.append(s)
         self._rid = itertools.count()
+        # same-host servers of a local run: large arrays through shared memory (runtime.channels)
+        shm = shm_dir(self.endpoints[0]) if secret is not None else None
+        self._segments = None if shm is None else ShmSegments(shm)
+        self._rings: list[ShmRing | None] = [None] * len(self.endpoints)
         try:
             hello = self._call({k: ({"op": "hello"}, []) for k in range(len(self._socks))})
         except BaseException:
@@ -89,7 +105,14 @@ class PSClient:
         for i, (k, header, arrays) in enumerate(requests):
             rid = next(self._rid)
             key = self.admin_secret if header.get("op") in ADMIN_OPS else self.secret
-            frames = encode({**header, "rid": rid, "cid": self._cid, "seq": rid, "to": k}, arrays, key)
+            header = {**header, "rid": rid, "cid": self._cid, "seq": rid, "to": k}
+            if self._segments is not None:
+                header["shm_reply"] = True
+                ring = self._ring(k) if arrays else None
+                if ring is not None and (desc := ring.put(arrays := [wire_array(i, a)
+                                                                     for i, a in enumerate(arrays)])):
+                    header["shm"], arrays = desc, ()
+            frames = encode(header, arrays, key)
             self._socks[k].send_multipart(frames, copy=False)
             pending[rid] = i
             due[k] += 1
@@ -124,9 +147,24 @@ class PSClient:
             raise PSError("; ".join(errors))
         return out
 
+    def _ring(self, k: int) -> ShmRing | None:
+        """The shared-memory ring of requests to shard k (None: it cannot be made, e.g. /dev/shm full)."""
+        if self._rings[k] is None:
+            try:
+                self._rings[k] = ShmRing(self._segments.dir, f"ps{k}-requests", PS_RING_BYTES)
+            except OSError:
+                return None
+        return self._rings[k]
+
     def _reply(self, k: int, frames: list) -> tuple[dict, list]:
         try:
-            return decode(frames, self.secret)
+            h, arrays = decode(frames, self.secret)
+            if "shm" in h:
+                if self._segments is None or arrays:
+                    raise WireError(f"shard {k} replied through shared memory, which this client "
+                                    "did not ask for")
+                arrays = self._segments.arrays(h.pop("shm"))
+            return h, arrays
         except AuthError:
             h, arrays = decode(frames, None)  # an unsigned reply: the server's authentication refusal
             if h.get("ok") is False:
@@ -165,37 +203,10 @@ class PSClient:
 
     def pull_many(self, requests: Sequence[tuple[str, np.ndarray | None]], *,
                   step: int | None = None, peek: bool = False) -> list[np.ndarray]:
-        """`pull` of several (table, ids or None) at once: all their shard requests are in flight
-        together, so they cost one round trip, not one per table."""
-        sends: list[tuple[int, dict, list]] = []
-        plans = []  # per request: spec, ids' shape (None: dense), unique ids, inverse, [(send, positions)]
-        for table, ids in requests:
-            spec = self._check_ids(table, ids, "pull")
-            base = {"op": "pull", "table": table, "step": step, **({"peek": True} if peek else {})}
-            if spec["kind"] == "dense":
-                plans.append((spec, None, 0, None, [(len(sends), None)]))
-                sends.append((self._dense[table], base, []))
-                continue
-            ids = np.asarray(ids)
-            flat = ids.reshape(-1).astype(np.int64)
-            uniq, inv = (flat, None) if _sorted_unique(flat) else np.unique(flat, return_inverse=True)
-            where = []
-            for k, p in enumerate(self._split(uniq)):
-                if p.size:
-                    where.append((len(sends), p))
-                    sends.append((k, base, [uniq[p]]))
-            plans.append((spec, ids.shape, uniq.size, inv, where))
-        replies = self._exchange(sends)
-        out = []
-        for spec, shape, n, inv, where in plans:
-            if shape is None:
-                out.append(replies[where[0][0]][1][0])
-                continue
-            rows = np.empty((n, spec["shape"][1]), spec["dtype"])
-            for i, p in where:
-                rows[p] = replies[i][1][0]
-            out.append((rows if inv is None else rows[inv]).reshape(*shape, spec["shape"][1]))
-        return out
+        """`pull` of several (table, ids or None) at once: one request per shard for all of them,
+        all in flight together, so they cost one round trip, not one per table."""
+        parts, plans = self._pull_parts(requests)
+        return _assemble(plans, self._send([], parts, step=None, pull_step=step, peek=peek))
 
     def push(self, table: str, grad: np.ndarray | SparseRows, ids: np.ndarray | None = None, *,
              step: int | None = None) -> None:
@@ -206,24 +217,93 @@ class PSClient:
     def push_many(self, requests: Sequence[tuple[str, np.ndarray | SparseRows, np.ndarray | None]], *,
                   step: int | None = None) -> None:
         """`push` of several (table, grad, ids or None) at once, in one round trip."""
-        sends: list[tuple[int, dict, list]] = []
+        self._send(self._push_parts(requests), [], step=step, pull_step=None)
+
+    def push_pull(self, pushes: Sequence[tuple[str, np.ndarray | SparseRows, np.ndarray | None]],
+                  pulls: Sequence[tuple[str, np.ndarray | None]], *,
+                  step: int | None = None) -> list[np.ndarray]:
+        """`push_many(pushes, step=step)` then `pull_many(pulls)` of the next step, fused: one
+        request per shard, which applies its part of the pushes and then answers its part of the
+        pulls, so a step costs one round trip. In sync mode (`step` = t) the pulls are for step
+        t + 1: each shard answers once every pusher's step t is applied there. In async mode
+        (`step` None) the rows already include these pushes. Returns what `pull_many` returns."""
+        parts, plans = self._pull_parts(pulls)
+        pushed = self._push_parts(pushes)
+        return _assemble(plans, self._send(pushed, parts, step=step,
+                                           pull_step=None if step is None else step + 1))
+
+    def _pull_parts(self, requests: Sequence[tuple[str, np.ndarray | None]]) -> tuple[list, list]:
+        """The (shard, table, arrays) parts of pulls, and per pull the plan to reassemble its rows:
+        (spec, ids' shape (None: dense), number of unique ids, inverse, [(part, positions)])."""
+        parts: list[tuple[int, str, list]] = []
+        plans = []
+        for table, ids in requests:
+            spec = self._check_ids(table, ids, "pull")
+            if spec["kind"] == "dense":
+                plans.append((spec, None, 0, None, [(len(parts), None)]))
+                parts.append((self._dense[table], table, []))
+                continue
+            ids = np.asarray(ids)
+            flat = ids.reshape(-1).astype(np.int64)
+            uniq, inv = (flat, None) if strictly_increasing(flat) else np.unique(flat, return_inverse=True)
+            where = []
+            for k, p in enumerate(self._split(uniq)):
+                if p.size:
+                    where.append((len(parts), p))
+                    parts.append((k, table, [uniq[p]]))
+            plans.append((spec, ids.shape, uniq.size, inv, where))
+        return parts, plans
+
+    def _push_parts(self, requests: Sequence[tuple[str, np.ndarray | SparseRows, np.ndarray | None]]
+                    ) -> list[tuple[int, str, list]]:
+        """The (shard, table, arrays) parts of pushes: a sparse one goes to every shard (merged to
+        unique ids, zero rows where a shard has none)."""
+        parts: list[tuple[int, str, list]] = []
+        last: tuple[np.ndarray, RowMerge] | None = None  # tables pushed for the same ids share a sort
         for table, grad, ids in requests:
             if isinstance(grad, SparseRows):
                 ids, grad = grad.rows, grad.values
             spec = self._check_ids(table, ids, "push")
-            base = {"op": "push", "table": table, "step": step, "pusher": self.pusher}
             if spec["kind"] == "dense":
-                sends.append((self._dense[table], base, [np.asarray(grad)]))
+                parts.append((self._dense[table], table, [np.asarray(grad)]))
                 continue
             ids, grad = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(grad)
             if grad.ndim != 2 or grad.shape[0] != ids.size:
                 raise PSError(f"push to {table!r}: {ids.size} ids need a gradient of shape "
                               f"[{ids.size}, {spec['shape'][1]}], got {list(grad.shape)}")
-            if not _sorted_unique(ids):
-                merged = SparseRows(ids, grad, 0).merged(np)
-                ids, grad = merged.rows, merged.values
-            sends += [(k, base, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))]
-        self._exchange(sends)
+            if not strictly_increasing(ids):
+                if last is None or not np.array_equal(last[0], ids):
+                    last = (ids, RowMerge.of(np, ids))
+                ids, grad = last[1].unique_rows, last[1].sum(np, grad)
+            parts += [(k, table, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))]
+        return parts
+
+    def _send(self, pushes: list[tuple[int, str, list]], pulls: list[tuple[int, str, list]], *,
+              step: int | None, pull_step: int | None, peek: bool = False) -> list[np.ndarray]:
+        """One request per shard for its push and pull parts (a plain push or pull when it has one
+        part, else a push_pull); the reply array of each pull part, in order."""
+        by_shard: dict[int, tuple[list, list]] = {}
+        for k, table, arrays in pushes:
+            by_shard.setdefault(k, ([], []))[0].append((table, arrays))
+        for i, (k, table, arrays) in enumerate(pulls):
+            by_shard.setdefault(k, ([], []))[1].append((i, table, arrays))
+        flags = {"peek": True} if peek else {}
+        sends = []
+        for k, (push, pull) in by_shard.items():
+            if len(push) + len(pull) == 1:
+                sends.append((k, {"op": "push", "table": push[0][0], "step": step, "pusher": self.pusher},
+                              push[0][1]) if push else
+                             (k, {"op": "pull", "table": pull[0][1], "step": pull_step, **flags}, pull[0][2]))
+                continue
+            header = {"op": "push_pull", "push": [[t, len(a)] for t, a in push],
+                      "pull": [[t, len(a)] for _, t, a in pull], "step": step, "pull_step": pull_step,
+                      "pusher": self.pusher, **flags}
+            sends.append((k, header, [x for _, a in push for x in a] + [x for _, _, a in pull for x in a]))
+        got: list[Any] = [None] * len(pulls)
+        for (_, pull), (_, arrays) in zip(by_shard.values(), self._exchange(sends), strict=True):
+            for j, (i, _, _) in enumerate(pull):
+                got[i] = arrays[j]
+        return got
 
     def assign(self, table: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set a table's values: dense, the whole array; sparse, rows `ids` (e.g. imported weights,
@@ -272,6 +352,10 @@ class PSClient:
         for s in self._socks:
             s.close()
         self._socks = []
+        for ring in self._rings:
+            if ring is not None:
+                ring.close()
+        self._rings = [None] * len(self.endpoints)
 
     def __enter__(self) -> PSClient:
         return self

@@ -19,6 +19,12 @@ _EMPTY = np.empty(0, np.int64)
 _MIN_DELTA = 4096
 
 
+def strictly_increasing(ids: np.ndarray) -> bool:
+    """True for strictly increasing 1-D ids (np.unique's output): no id repeats, so their rows may
+    be updated with a plain indexed add and there is nothing to deduplicate."""
+    return bool((ids[1:] > ids[:-1]).all())
+
+
 def _lookup(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray) -> np.ndarray:
     if not keys.size:
         return np.full(ids.shape, -1, np.int64)

@@ -9,7 +9,7 @@ must wait for its step is parked, not blocking the loop, and answered as soon as
 applied. With `trace=True` the server records the time it spends on each pull and push
 (`runtime.telemetry.Recorder`) and hands the spans out on a `trace` request.
 
-Security: with a `secret`, every request must carry its HMAC, a sender id and sequence number newer
+Security: with a `secret`, every request must carry its MAC (wire.py), a sender id and sequence number newer
 than that sender's last (`wire.ReplayGuard`) and the index of the shard it is for (`to`), so a
 captured request cannot be replayed, reordered or sent to another shard. Admin requests
 (`ADMIN_OPS`: assign, save, load, shutdown) must be signed with `admin_secret` when one is given
@@ -18,32 +18,30 @@ inside `checkpoint_root`. `Servers` makes both keys at random. Limits on what a 
 `shard.Limits`.
 
 The server binds 127.0.0.1 by default; `ipc://` endpoints work too. It stops on SIGTERM/SIGINT, a
-`shutdown` request, or when its parent process dies, closing its socket before exiting.
+`shutdown` request, or when its parent process dies, closing its socket before exiting. `Servers`
+(runtime/ps/servers.py) runs shards as local processes.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
-import shutil
 import signal
-import tempfile
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
+from ..channels import ShmRing, ShmSegments, shm_dir
 from ..telemetry import Recorder, pack_spans, timed
-from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode
+from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode, wire_array
 from .shard import Limits, NotReady, Shard
 from .table import PSError, SparseTable
 
-if TYPE_CHECKING:
-    from .client import PSClient
-
 log = logging.getLogger("hetps.ps")
-OPS = ("hello", "pull", "push", "assign", "save", "load", "stats", "trace", "shutdown")
+OPS = ("hello", "pull", "push", "push_pull", "assign", "save", "load", "stats", "trace", "shutdown")
 ADMIN_OPS = frozenset({"assign", "save", "load", "shutdown"})
+PS_RING_BYTES = 8 << 20  # a reply ring per same-host client (runtime.channels.ShmRing)
+MAX_REPLY_RINGS = 64     # clients beyond these get their replies as ZeroMQ frames
 
 
 def _field(h: dict, key: str, kind: type, optional: bool = False) -> Any:
@@ -51,6 +49,35 @@ def _field(h: dict, key: str, kind: type, optional: bool = False) -> Any:
     if (v is None and optional) or (isinstance(v, kind) and not isinstance(v, bool)):
         return v
     raise PSError(f"request {h.get('op')!r} needs field {key!r} of type {kind.__name__}, got {v!r}")
+
+
+class _ParkPulls(Exception):  # noqa: N818 (a signal, not an error)
+    """The pushes of a push_pull are applied, its pulls must wait: park `header` (pulls only)."""
+
+    def __init__(self, table: str, header: dict, arrays: list) -> None:
+        super().__init__(table)
+        self.table, self.header, self.arrays = table, header, arrays
+
+
+def _parts(h: dict, key: str, counts: tuple[int, ...], arrays: list) -> list[tuple[str, list]]:
+    """The (table, arrays) parts `h[key]` = [[table, number of arrays], ...] describes, taken in
+    order from `arrays`; PSError when malformed (each table at most once per request)."""
+    spec = h.get(key, [])
+    if not isinstance(spec, list) or not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and p[1] in counts
+            and not isinstance(p[1], bool) for p in spec):
+        raise PSError(f"push_pull field {key!r} must be a list of [table, number of arrays in {counts}], "
+                      f"got {spec!r:.200}")
+    tables = [t for t, _ in spec]
+    if len(set(tables)) != len(tables):
+        raise PSError(f"push_pull {key!r} names a table more than once: {tables}")
+    out, i = [], 0
+    for table, n in spec:
+        out.append((table, arrays[i:i + n]))
+        i += n
+    if i != len(arrays):
+        raise PSError(f"push_pull describes {i} arrays, the request carries {len(arrays)}")
+    return out
 
 
 def _describe(e: Exception) -> str:
@@ -71,10 +98,43 @@ class _Loop:
         self.limits = shard.limits
         self.rec = Recorder(trace)
         self.parked: dict[str, list[tuple[Any, dict, list]]] = {}
+        self.segments: ShmSegments | None = None  # requests' arrays in clients' shm segments
+        self.rings: dict[bytes, ShmRing | None] = {}  # replies' arrays to clients that read shm
 
-    def reply(self, ident: Any, rid: Any, header: dict, arrays: list = (), sign: bool = True) -> None:
+    def attach_shm(self, endpoint: str) -> None:
+        """Same-host clients may send and receive arrays through shared memory (runtime.channels)
+        when `endpoint` is an ipc endpoint of a local run with a shared-memory twin."""
+        directory = shm_dir(endpoint)
+        self.segments = None if directory is None else ShmSegments(directory)
+
+    def reply(self, ident: Any, rid: Any, header: dict, arrays: list = (), sign: bool = True,
+              shm: bool = False) -> None:
+        """Send a reply; its arrays through the client's shared-memory ring when `shm` (the
+        request said the client reads them) and they fit, else as ZeroMQ frames."""
+        if shm and arrays and sign and self.segments is not None:
+            ring = self._ring(bytes(ident))
+            arrays = [wire_array(i, a) for i, a in enumerate(arrays)]
+            if ring is not None and (desc := ring.put(arrays)):
+                header, arrays = {**header, "shm": desc}, ()
         frames = encode({"rid": rid, **header}, arrays, self.secret if sign else None)
         self.sock.send_multipart([ident, *frames], copy=False)
+
+    def _ring(self, ident: bytes) -> ShmRing | None:
+        if ident not in self.rings:
+            if len(self.rings) >= MAX_REPLY_RINGS:
+                return None
+            try:
+                self.rings[ident] = ShmRing(self.segments.dir, f"ps{self.shard.shard}-reply{len(self.rings)}",
+                                            PS_RING_BYTES)
+            except OSError:
+                self.rings[ident] = None
+        return self.rings[ident]
+
+    def close(self) -> None:
+        for ring in self.rings.values():
+            if ring is not None:
+                ring.close()
+        self.rings = {}
 
     def handle(self, frames: list) -> bool:
         """Serve one request; True when it asked the server to stop. Never raises for a request."""
@@ -99,6 +159,8 @@ class _Loop:
                     raise ReplayError(f"request addressed to shard {msg.header.get('to')!r:.20}, this is "
                                       f"shard {self.shard.shard}; refused")
                 self.replays.check(msg.header)
+            if "shm" in msg.header:  # (only after the MAC and replay checks)
+                msg.arrays = self._shm_arrays(msg.header.pop("shm"), msg.arrays)
         except ReplayError as e:
             log.error("shard %d: refused a replayed request: %s", self.shard.shard, e)
             self.reply(ident, None, {"ok": False, "error": f"authentication failed: {e}"}, sign=False)
@@ -119,8 +181,9 @@ class _Loop:
             self.reply(ident, rid, {"ok": False, "error": f"{op!r} is an admin request: only the driver "
                                     "(which holds the admin key) may send it"})
             return False
-        with timed(op, "ps", rec=self.rec if op in ("pull", "push") else None, table=header.get("table"),
-                   step=header.get("step"), by=header.get("pusher")) as span:
+        rec = self.rec if op in ("pull", "push", "push_pull") else None
+        with timed(op, "ps", rec=rec, table=header.get("table"), step=header.get("step"),
+                   by=header.get("pusher")) as span:
             try:
                 if op == "shutdown":
                     self.reply(ident, rid, {"ok": True})
@@ -128,7 +191,11 @@ class _Loop:
                 out, out_arrays = self.dispatch(op, header, arrays)
             except NotReady:
                 span.skip()
-                self.park(ident, header, arrays)
+                self.park(ident, header, arrays, header["table"])
+                return False
+            except _ParkPulls as p:
+                span.skip()
+                self.park(ident, p.header, p.arrays, p.table)
                 return False
             except Exception as e:  # the server must outlive any bad request
                 span.skip()
@@ -136,18 +203,29 @@ class _Loop:
                     log.exception("shard %d: request %r failed", self.shard.shard, op)
                 self.reply(ident, rid, {"ok": False, "error": _describe(e)})
                 return False
-            self.reply(ident, rid, {"ok": True, **out}, out_arrays)
+            self.reply(ident, rid, {"ok": True, **out}, out_arrays, shm=header.get("shm_reply") is True)
         return False
 
-    def park(self, ident: Any, header: dict, arrays: list) -> None:
-        """Hold a sync pull until its step is applied, or refuse it when `max_parked` are held."""
+    def _shm_arrays(self, desc: Any, frames: list) -> list:
+        """The arrays a request left in its client's shared-memory segment (bounds-checked there)."""
+        if self.segments is None or frames or self.keys == ():
+            raise WireError("a shared-memory request reached a server without a shared-memory directory "
+                            "(or without a secret, or with frames as well)")
+        limit = self.limits.max_message_bytes
+        if isinstance(desc, dict) and isinstance(desc.get("n"), int) and desc["n"] > limit:
+            raise WireError(f"message is {desc['n']} bytes, more than the limit of {limit} "
+                            "(max_message_bytes)")
+        return self.segments.arrays(desc)
+
+    def park(self, ident: Any, header: dict, arrays: list, table: str) -> None:
+        """Hold a sync pull until `table` has applied its step, or refuse it when `max_parked` are held."""
         held, limit = sum(len(v) for v in self.parked.values()), self.limits.max_parked
         if held >= limit:
             self.reply(ident, header.get("rid"), {"ok": False, "error": (
-                f"sync pull of {header['table']!r} for step {header.get('step')}: {held} pulls already "
+                f"sync pull of {table!r} for step {header.get('step')}: {held} pulls already "
                 f"wait for their step, the limit max_parked={limit}")})
             return
-        self.parked.setdefault(header["table"], []).append((ident, header, arrays))
+        self.parked.setdefault(table, []).append((ident, header, arrays))
 
     def checkpoint_dir(self, h: dict) -> str:
         """The request's `dir`, when it lies inside the checkpoint root the server was started with."""
@@ -180,6 +258,8 @@ class _Loop:
                       _field(h, "step", int, optional=True), str(h.get("pusher", "0"))):
                 self.release(table)
             return {}, []
+        if op == "push_pull":
+            return self.push_pull(h, arrays)
         if op == "assign":
             if len(arrays) not in (1, 2):
                 raise PSError(f"assign takes [values] or [ids, values], got {len(arrays)} arrays")
@@ -199,22 +279,53 @@ class _Loop:
                                for n, t in s.tables.items()}}, []
         raise PSError(f"unknown request op {op!r}; known ops: {', '.join(OPS)}")
 
+    def push_pull(self, h: dict, arrays: list) -> tuple[dict, list]:
+        """Several tables in one request: `push` parts (at `step`) are applied first, then `pull`
+        parts (at `pull_step`) are answered, one reply array each, in order. In sync mode a client
+        pushes step t and pulls step t + 1: the pulls are parked until every pusher's step t is
+        applied (fused push + pull: one round trip per step)."""
+        s, n_push = self.shard, sum(p[1] for p in h.get("push", []) if isinstance(p, list) and len(p) == 2
+                                    and isinstance(p[1], int))
+        pushes = _parts(h, "push", (1, 2), arrays[:n_push])
+        pulls = _parts(h, "pull", (0, 1), arrays[n_push:])
+        step, pusher = _field(h, "step", int, optional=True), str(h.get("pusher", "0"))
+        applied = []
+        try:
+            for t, a in pushes:
+                if s.push(t, a[-1], a[0] if len(a) == 2 else None, step, pusher):
+                    applied.append(t)
+        finally:  # (a refused part refuses the request; what was applied before it stays applied)
+            for table in applied:
+                self.release(table)
+        pull_step, peek = _field(h, "pull_step", int, optional=True), h.get("peek") is True
+        try:
+            return {}, [s.pull(t, a[0] if a else None, pull_step, peek=peek) for t, a in pulls]
+        except NotReady as e:
+            if not pushes:
+                raise _ParkPulls(e.args[0], h, arrays) from None
+            raise _ParkPulls(e.args[0], {**h, "push": []}, arrays[n_push:]) from None  # pushes are done
+
     def release(self, table: str) -> None:
         """Answer the parked sync pulls of `table` whose step has now been applied."""
         waiting, self.parked[table] = self.parked.get(table, []), []
         for ident, h, arrays in waiting:
             with timed("pull", "ps", rec=self.rec, table=table, step=h.get("step"), parked=True) as span:
                 try:
-                    out, out_arrays = self.dispatch("pull", h, arrays)
+                    out, out_arrays = self.dispatch(h.get("op"), h, arrays)
                 except NotReady:
                     span.skip()
                     self.parked[table].append((ident, h, arrays))
+                    continue
+                except _ParkPulls as p:
+                    span.skip()
+                    self.park(ident, p.header, p.arrays, p.table)
                     continue
                 except Exception as e:
                     span.skip()
                     self.reply(ident, h.get("rid"), {"ok": False, "error": _describe(e)})
                     continue
-                self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays)
+                self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays,
+                           shm=h.get("shm_reply") is True)
 
 
 def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int = 1, mode: str = "async",
@@ -249,6 +360,7 @@ def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int =
                                  pushes_per_step=pushes_per_step, check_finite=check_finite,
                                  limits=limits), secret, trace, admin_secret, checkpoint_root)
         sock.bind(endpoint)
+        loop.attach_shm(sock.getsockopt_string(zmq.LAST_ENDPOINT))
     except Exception as e:
         sock.close()
         ctx.term()
@@ -264,91 +376,6 @@ def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int =
             if poller.poll(100) and loop.handle(sock.recv_multipart(copy=False)):
                 break
     finally:
+        loop.close()
         sock.close()
         ctx.term()
-
-
-class Servers:
-    """Parameter-server shards as local processes; a context manager.
-
-    Processes come from multiprocessing's forkserver (a clean process that imported this module
-    once and forks each shard from it; spawn where forkserver does not exist), never from a fork
-    of the caller, which may hold threads and sockets.
-
-    `endpoints[k]` is shard k's address. Requests are signed: `secret` and `admin_secret` default to
-    random keys made here; `client()` is a `PSClient` holding both (give other processes, e.g.
-    trainers, `PSClient(endpoints, secret=servers.secret)`: they can pull and push but not assign,
-    save, load or shut down). Save and load work only inside `checkpoint_root`. With `log_dir`,
-    shard k writes its log and stderr to `log_dir/ps-shard{k}.log`; otherwise to the forkserver's
-    stderr. `limits`: see `shard.Limits`.
-    """
-
-    def __init__(self, specs: list[dict], num_shards: int = 1, *, mode: str = "async",
-                 transport: str = "tcp", host: str = "127.0.0.1", pushes_per_step: int | dict = 1,
-                 check_finite: bool = True, secret: bytes | None = None, admin_secret: bytes | None = None,
-                 checkpoint_root: str | os.PathLike | None = None, limits: Limits | None = None,
-                 log_dir: str | os.PathLike | None = None, start_timeout: float = 60.0) -> None:
-        if transport not in ("tcp", "ipc"):
-            raise PSError(f"transport {transport!r} is not 'tcp' or 'ipc'")
-        self.secret = secret if secret is not None else os.urandom(32)
-        self.admin_secret = admin_secret if admin_secret is not None else os.urandom(32)
-        root = None if checkpoint_root is None else os.fspath(checkpoint_root)
-        self._tmp = tempfile.mkdtemp(prefix="hetps-ps-") if transport == "ipc" else None
-        if "forkserver" in mp.get_all_start_methods():  # imports once, then each shard forks fast
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload([__name__])
-        else:
-            ctx = mp.get_context("spawn")
-        self.processes, self.endpoints, pipes = [], [], []
-        try:
-            for k in range(num_shards):
-                addr = f"ipc://{self._tmp}/shard{k}" if self._tmp else f"tcp://{host}:*"
-                recv, send = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=serve, args=(addr, specs), name=f"hetps-ps-{k}", daemon=True,
-                                kwargs=dict(shard=k, num_shards=num_shards, mode=mode, secret=self.secret,
-                                            admin_secret=self.admin_secret, checkpoint_root=root,
-                                            limits=limits, pushes_per_step=pushes_per_step,
-                                            check_finite=check_finite, ready=send,
-                                            log_file=log_dir and os.path.join(log_dir, f"ps-shard{k}.log")))
-                p.start()
-                send.close()
-                self.processes.append(p)
-                pipes.append(recv)
-            for k, recv in enumerate(pipes):
-                late = ("error", f"not ready within {start_timeout} s")
-                msg = recv.recv() if recv.poll(start_timeout) else late
-                if isinstance(msg, tuple):
-                    raise PSError(f"parameter server shard {k} failed to start: {msg[1]}")
-                self.endpoints.append(msg)
-        except EOFError:
-            self.stop()
-            raise PSError(f"parameter server shard {len(self.endpoints)} exited before it was ready "
-                          "(see its stderr)") from None
-        except BaseException:
-            self.stop()
-            raise
-
-    def client(self, **kwargs: Any) -> PSClient:
-        """A PSClient of these servers with both keys (the driver's client); `kwargs` go to PSClient."""
-        from .client import PSClient
-
-        return PSClient(self.endpoints, secret=self.secret, admin_secret=self.admin_secret, **kwargs)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop every shard (SIGTERM, then SIGKILL after `timeout` s) and remove ipc sockets."""
-        for p in self.processes:
-            if p.is_alive():
-                p.terminate()
-        for p in self.processes:
-            p.join(timeout)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-
-    def __enter__(self) -> Servers:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()

@@ -67,6 +67,14 @@ def _count_distinct(ids: np.ndarray) -> int:
     return int(np.count_nonzero(s[1:] != s[:-1])) + 1 if s.size else 0
 
 
+def _sum_parts(grads: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """The sum of dense gradients, accumulated in place into one fresh array (no stacked copy)."""
+    out = np.array(grads[0], dtype=dtype)
+    for g in grads[1:]:
+        out += g
+    return out
+
+
 class NotReady(Exception):
     """A sync-mode pull for a step whose predecessor has not been applied yet."""
 
@@ -179,10 +187,14 @@ class Shard:
         applied = False
         while len(self.pending[name].get(self.version[name], ())) >= self.expected[name]:
             parts = [p for _, p in sorted(self.pending[name].pop(self.version[name]).items())]
-            if isinstance(t, SparseTable):
-                t.push(np.concatenate([g for g, _ in parts]), np.concatenate([i for _, i in parts]))
+            if isinstance(t, SparseTable):  # (each part was checked on arrival)
+                if len(parts) == 1:
+                    t.push(parts[0][0], parts[0][1], checked=True)
+                else:
+                    t.push(np.concatenate([g for g, _ in parts]), np.concatenate([i for _, i in parts]),
+                           checked=True)
             else:
-                t.push(np.sum([g for g, _ in parts], axis=0, dtype=t.dtype))
+                t.push(_sum_parts([g for g, _ in parts], t.dtype), checked=True)
             self.version[name] += 1
             self.applied[name] += len(parts)
             applied = True

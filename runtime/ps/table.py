@@ -35,7 +35,7 @@ from ops_registry.optimizer import state_init
 from transpiler.builder import OPTIMIZERS, Optimizer
 
 from .entry import ENTRY_CLOCK, Entry, check_entry
-from .index import make_index
+from .index import make_index, strictly_increasing
 
 
 class PSError(ValueError):
@@ -153,9 +153,10 @@ class DenseTable(Table):
     def memory_bytes(self) -> int:
         return self.param.nbytes + sum(a.nbytes for a in self.state.values())
 
-    def push(self, grad: np.ndarray) -> None:
-        """One optimizer step with `grad`."""
-        self._apply(self._value(), self.check_grad(grad, self.shape, "gradient"), self.state)
+    def push(self, grad: np.ndarray, *, checked: bool = False) -> None:
+        """One optimizer step with `grad` (`checked`: already through `check_grad`)."""
+        self._apply(self._value(), grad if checked else self.check_grad(grad, self.shape, "gradient"),
+                    self.state)
 
     def add(self, delta: np.ndarray) -> None:
         """param += delta (GEO merge)."""
@@ -268,10 +269,13 @@ class SparseTable(Table):
             out[~have] = init_rows(self.spec["initializer"], self.shape, self.dtype.name, missing)
         return out
 
-    def push(self, grad: np.ndarray, ids: np.ndarray) -> None:
-        """One optimizer step with the row-sparse gradient (`ids` may repeat; their rows are summed)."""
-        ids = self.check_ids(ids)
-        grad = self.check_grad(grad, (ids.size, self.dim), "gradient")
+    def push(self, grad: np.ndarray, ids: np.ndarray, *, checked: bool = False) -> None:
+        """One optimizer step with the row-sparse gradient (`ids` may repeat; their rows are summed).
+        `checked`: ids and grad already went through `check_ids` / `check_grad` (sync mode checks a
+        push on arrival and applies it later, once every pusher's part is in)."""
+        if not checked:
+            ids = self.check_ids(ids)
+            grad = self.check_grad(grad, (ids.size, self.dim), "gradient")
         if self.entry is not None and self.entry.waiting is not None:  # admission
             uniq, inv = np.unique(ids, return_inverse=True)
             ok = self.entry.admitted(self.index.find(uniq) >= 0, uniq)[inv.ravel()]
@@ -279,7 +283,8 @@ class SparseTable(Table):
         slots = self.slots(ids)
         n = len(self.index)
         state = {s: a[:n] for s, a in self.row_state.items()}
-        self._apply(self.rows[:n], SparseRows(slots, grad, n), state)
+        # distinct ids have distinct slots: the kernel may skip merging and scatter with a plain add
+        self._apply(self.rows[:n], SparseRows(slots, grad, n, strictly_increasing(ids)), state)
         if self.entry is not None:
             self.entry.touch(slots, n)
             keep = self.entry.expired(n)

@@ -1,0 +1,195 @@
+"""Same-host tensors through shared memory (runtime.channels): exact round trips, the ring's flow
+control, ZeroMQ fallback, refusal of hostile control messages, and clean-up of the segments."""
+
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from runtime import channels
+from runtime.channels import Inbox, Outbox, shm_dir_for
+from runtime.engines import LocalEngine
+from runtime.wire import AuthError, WireError, encode
+
+KEY = os.urandom(32)
+
+
+@pytest.fixture
+def run_dir():
+    """A local run directory and its private /dev/shm twin, as LocalEngine makes them."""
+    if not os.path.isdir(channels.SHM_ROOT):
+        pytest.skip("no /dev/shm on this system: tensors always go as ZeroMQ frames")
+    path = tempfile.mkdtemp(prefix="hetps-run-")
+    os.mkdir(shm_dir_for(path), 0o700)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(shm_dir_for(path), ignore_errors=True)
+
+
+def _pair(run_dir, shm=True):
+    inbox = Inbox(f"ipc://{run_dir}/b", KEY)
+    return inbox, Outbox(KEY, shm=shm), f"ipc://{run_dir}/b"
+
+
+def _recv(inbox):
+    msg = inbox.recv(5000)
+    assert msg is not None, "no message within 5 s"
+    return msg
+
+
+def _arrays(rng):
+    return [
+        rng.normal(size=(300, 64)).astype(np.float32),  # 75 KiB: over SHM_MIN_BYTES
+        np.arange(7, dtype=np.int64),
+        np.float64(2.5),
+        np.zeros((0, 4), np.float16),
+        np.array([True, False, True]),
+        rng.normal(size=(40, 60))[:, ::2],  # not contiguous
+        np.arange(6, dtype=">i4").reshape(2, 3),
+    ]  # big-endian
+
+
+def test_tensors_arrive_exactly_through_the_segment(run_dir):
+    inbox, out, ep = _pair(run_dir)
+    try:
+        for seed in range(3):
+            sent = _arrays(np.random.default_rng(seed))
+            out.send(ep, {"k": "t", "s": seed}, sent)
+            header, got = _recv(inbox)
+            assert header == {"k": "t", "s": seed}
+            for a, b in zip(sent, got, strict=True):
+                a = np.asarray(a)
+                assert b.shape == a.shape and b.dtype == a.dtype.newbyteorder("=")
+                np.testing.assert_array_equal(b, a)
+        ring = out.rings[ep]
+        assert ring is not None and ring.head > 0  # they went through shared memory
+        assert int(ring.consumed[0]) == ring.head  # and the receiver said it read them all
+        assert os.listdir(shm_dir_for(run_dir)) == []  # mapped by both: its name is gone
+    finally:
+        out.close()
+        inbox.close()
+
+
+def test_small_messages_and_endpoints_without_the_twin_go_as_zeromq_frames(run_dir, tmp_path):
+    inbox, out, ep = _pair(run_dir)
+    other = Inbox(f"ipc://{tmp_path}/c", KEY)  # not a run directory: no shared memory
+    try:
+        out.send(ep, {"k": 1}, [np.arange(10)])
+        assert out.rings[ep].head == 0 and _recv(inbox)[1][0].tolist() == list(range(10))
+        big = np.arange(100_000, dtype=np.float32)
+        out.send(f"ipc://{tmp_path}/c", {"k": 2}, [big])
+        assert out.rings[f"ipc://{tmp_path}/c"] is None
+        np.testing.assert_array_equal(_recv(other)[1][0], big)
+    finally:
+        out.close()
+        inbox.close()
+        other.close()
+
+
+def test_a_full_ring_falls_back_to_zeromq_and_order_is_kept(run_dir, monkeypatch):
+    """The receiver reads nothing while 12 messages of 1/4 ring each are sent: the first ones fill
+    the ring, the rest go as frames (a send never blocks); all arrive, in order, intact; once read,
+    the ring takes messages again, wrapping around."""
+    monkeypatch.setattr(channels, "SHM_RING_BYTES", 1 << 20)
+    inbox, out, ep = _pair(run_dir)
+    rng = np.random.default_rng(0)
+    sent = [rng.normal(size=(256 << 10) // 4 - 64).astype(np.float32) for _ in range(12)]
+    try:
+        for i, a in enumerate(sent):
+            out.send(ep, {"i": i}, [a])
+        ring = out.rings[ep]
+        assert 0 < ring.head <= 1 << 20  # some went through the ring, not all of them
+        for i, a in enumerate(sent):
+            header, (got,) = _recv(inbox)
+            assert header == {"i": i}
+            np.testing.assert_array_equal(got, a)
+        before = ring.head
+        for i in range(8):  # 2 ring lengths: wraps twice
+            out.send(ep, {"i": i}, [sent[i]])
+            np.testing.assert_array_equal(_recv(inbox)[1][0], sent[i])
+        assert ring.head - before >= 2 << 20
+    finally:
+        out.close()
+        inbox.close()
+
+
+def _control(ep, desc, secret=KEY):
+    """Send a hand-made control message to `ep` (a peer that holds the key, or not)."""
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.linger = 1000
+    sock.connect(ep)
+    sock.send_multipart(encode({"k": "t", "shm": desc}, (), secret))
+    sock.close()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"seg": "../../etc/passwd"}, "is not a segment of this run"),
+        ({"seg": "1-0badc0de-nonexistent"}, "cannot be opened"),
+        ({"at": (8 << 20) - 100, "n": 1 << 20}, "lies outside segment"),  # would wrap past the end
+        ({"n": 16}, r"lie outside its message of 16"),
+        ({"arrays": [["<f4", [1001], 0, 4000]], "n": 4000}, "needs 4004 bytes, frame has 4000"),
+        ({"arrays": [["|O", [1], 0, 8]]}, "dtype '|O' not allowed"),
+        ({"arrays": [["<f4", [4], 0, 15]]}, "needs 16 bytes, frame has 15"),
+        ({"arrays": [["<f4", [4], -8, 16]]}, r"is not \[dtype, shape, offset, bytes\]"),
+        ({"at": -1}, "is not {seg, at, n, arrays}"),
+    ],
+)
+def test_hostile_control_messages_are_refused_without_reading_outside_the_segment(run_dir, change, message):
+    inbox, out, ep = _pair(run_dir)
+    try:
+        out.send(ep, {"k": "t"}, [np.arange(8192, dtype=np.float32)])  # maps the real segment
+        _recv(inbox)
+        desc = {"seg": out.rings[ep].name, "at": 0, "n": 32768, "arrays": [["<f4", [8192], 0, 32768]]}
+        if "arrays" in change and "n" not in change:
+            change = {**change, "n": 64}
+        _control(ep, {**desc, **change})
+        with pytest.raises(WireError, match=message):
+            _recv(inbox)
+        out.send(ep, {"k": "after"}, [np.arange(8192, dtype=np.float32)])  # the channel still works
+        assert _recv(inbox)[0] == {"k": "after"}
+    finally:
+        out.close()
+        inbox.close()
+
+
+def test_unsigned_control_messages_and_symlinked_segments_are_refused(run_dir):
+    inbox, out, ep = _pair(run_dir)
+    try:
+        _control(ep, {"seg": "1-0badc0de-x", "at": 0, "n": 0, "arrays": []}, secret=os.urandom(32))
+        with pytest.raises(AuthError):
+            _recv(inbox)
+        os.symlink("/etc/hostname", os.path.join(shm_dir_for(run_dir), "1-0badc0de-link"))
+        _control(ep, {"seg": "1-0badc0de-link", "at": 0, "n": 0, "arrays": []})
+        with pytest.raises(WireError, match="cannot be opened"):
+            _recv(inbox)
+    finally:
+        out.close()
+        inbox.close()
+
+
+def test_the_local_engine_makes_a_private_twin_and_removes_it_with_the_run_directory():
+    eng = LocalEngine()
+    ep = eng.endpoint("cpu:0")
+    twin = shm_dir_for(eng.tmp)
+    try:
+        assert os.path.isdir(twin) and os.stat(twin).st_mode & 0o777 == 0o700
+        inbox, out = Inbox(ep, KEY), Outbox(KEY)
+        out.send(ep, {}, [np.zeros(10_000, np.float32)])
+        _recv(inbox)
+        out.send(eng.endpoint("gpu:0"), {}, [np.zeros(10_000, np.float32)])  # a segment nobody mapped
+        assert len(os.listdir(twin)) == 1
+        out.close()
+        inbox.close()
+        assert os.listdir(twin) == []  # the sender removes what no receiver took
+    finally:
+        eng.stop()
+    deadline = time.monotonic() + 5
+    while os.path.exists(twin) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(twin)
