@@ -225,7 +225,7 @@ def measure_ps(count: int = 20) -> PSCost:
     (per table in a request), a 4 MB dense pull + push (per byte), 8192 sparse rows of dim 16 and of
     dim 1 pulled + pushed (per byte and per row)."""
     from .ps import PSClient
-    from .ps.server import Servers
+    from .ps.servers import Servers
 
     specs = [
         _table("big", "dense", [1024, 1024]),

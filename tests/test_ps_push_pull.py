@@ -204,3 +204,21 @@ def decode_reply(frames, key):
     from runtime.wire import decode
 
     return decode(frames, key)[0]
+
+
+def test_pulls_of_one_table_for_several_id_sets_are_answered_each():
+    """One embedding looked up by several slots: `pull_many` / `push_pull` with the same table more
+    than once (a shard refuses a request naming a table twice, so the client merges them) answer
+    every pull with its own rows, in its own shape (by hand: rows start at the initializer's 1.0,
+    then one SGD step of a known gradient)."""
+    a, b = np.array([[3, 7], [7, 999]]), np.array([7, 5, 3])
+    with Servers(SPECS, num_shards=2) as s, s.client() as c:
+        got = c.pull_many([("emb", a), ("w", None), ("emb", b), ("w", None)])
+        assert [g.shape for g in got] == [(2, 2, DIM), (3, 2), (3, DIM), (3, 2)]
+        assert all(np.all(g == 1.0) for g in got)
+        grad = np.arange(DIM, dtype=np.float32)
+        got = c.push_pull([("emb", np.stack([grad, 2 * grad]), np.array([7, 3]))],
+                          [("emb", b), ("emb", a)])
+    want = {7: 1 - LR * grad, 3: 1 - LR * 2 * grad, 5: np.ones(DIM), 999: np.ones(DIM)}
+    np.testing.assert_allclose(got[0], np.stack([want[i] for i in b.ravel()]), rtol=1e-6)
+    np.testing.assert_allclose(got[1], np.stack([want[i] for i in a.ravel()]).reshape(2, 2, DIM), rtol=1e-6)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,42 @@ def _assemble(plans: list, got: list[np.ndarray]) -> list[np.ndarray]:
             rows[p] = got[i]
         out.append((rows if inv is None else rows[inv]).reshape(*shape, spec["shape"][1]))
     return out
+
+
+def _one_pull_per_table(requests: Sequence[tuple[str, np.ndarray | None]]
+                        ) -> tuple[list[tuple[str, np.ndarray | None]], Callable[[list], list]]:
+    """Pulls of the same table (e.g. one embedding looked up by several slots) merged into one
+    (their ids concatenated; a shard refuses a request naming a table twice), and the function that
+    splits the merged results back into one per request, in order."""
+    by_table: dict[str, list[int]] = {}
+    for i, (table, _) in enumerate(requests):
+        by_table.setdefault(table, []).append(i)
+    if len(by_table) == len(requests):
+        return list(requests), lambda got: got
+    merged: list[tuple[str, np.ndarray | None]] = []
+    pieces: list = [None] * len(requests)  # (merged index, rows slice or None for dense, ids' shape)
+    for table, idx in by_table.items():
+        ids = [requests[i][1] for i in idx]
+        if ids[0] is None:  # dense: one pull serves them all
+            for i in idx:
+                pieces[i] = (len(merged), None, None)
+            merged.append((table, None))
+            continue
+        flat = [np.asarray(x).reshape(-1) for x in ids]
+        start = 0
+        for i, x, f in zip(idx, ids, flat, strict=True):
+            pieces[i] = (len(merged), slice(start, start + f.size), np.shape(x))
+            start += f.size
+        merged.append((table, np.concatenate(flat)))
+
+    def split(got: list) -> list:
+        out = []
+        for k, rows, shape in pieces:
+            r = got[k]
+            out.append(r if rows is None else r.reshape(-1, r.shape[-1])[rows].reshape(*shape, r.shape[-1]))
+        return out
+
+    return merged, split
 
 
 class PSTimeoutError(PSError, TimeoutError):
@@ -205,8 +241,9 @@ class PSClient:
                   step: int | None = None, peek: bool = False) -> list[np.ndarray]:
         """`pull` of several (table, ids or None) at once: one request per shard for all of them,
         all in flight together, so they cost one round trip, not one per table."""
+        requests, split = _one_pull_per_table(requests)
         parts, plans = self._pull_parts(requests)
-        return _assemble(plans, self._send([], parts, step=None, pull_step=step, peek=peek))
+        return split(_assemble(plans, self._send([], parts, step=None, pull_step=step, peek=peek)))
 
     def push(self, table: str, grad: np.ndarray | SparseRows, ids: np.ndarray | None = None, *,
              step: int | None = None) -> None:
@@ -227,10 +264,11 @@ class PSClient:
         pulls, so a step costs one round trip. In sync mode (`step` = t) the pulls are for step
         t + 1: each shard answers once every pusher's step t is applied there. In async mode
         (`step` None) the rows already include these pushes. Returns what `pull_many` returns."""
+        pulls, split = _one_pull_per_table(pulls)
         parts, plans = self._pull_parts(pulls)
         pushed = self._push_parts(pushes)
-        return _assemble(plans, self._send(pushed, parts, step=step,
-                                           pull_step=None if step is None else step + 1))
+        return split(_assemble(plans, self._send(pushed, parts, step=step,
+                                                 pull_step=None if step is None else step + 1)))
 
     def _pull_parts(self, requests: Sequence[tuple[str, np.ndarray | None]]) -> tuple[list, list]:
         """The (shard, table, arrays) parts of pulls, and per pull the plan to reassemble its rows:
