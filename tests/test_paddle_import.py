@@ -169,6 +169,16 @@ def hetps_run(program, feeds, fetch_names):
     return [exe.run(program, feed=f, fetch_list=fetch_names) for f in feeds]
 
 
+def fresh_hetps_run(program, feeds, fetch_names):
+    """`hetps_run` in a new Python process, for the trajectories compared with a fresh process's
+    Paddle: float32 reductions depend on the arrays' memory alignment, which depends on what the
+    process ran before, and legacy sparse Adam amplifies such last-bit differences over 50 steps
+    (2.5e-4 at step 49 once inside the full suite, 1e-7 in a fresh process every time)."""
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        return pool.submit(hetps_run, program, feeds, fetch_names).result(timeout=600)
+
+
 def assert_same_trajectory(ours, ref, rtol=1e-4):
     ours, ref = np.array(ours, dtype=np.float64), np.array(ref, dtype=np.float64)
     rel = np.abs(ours / ref - 1)
@@ -192,7 +202,8 @@ def test_trains_like_paddle(paddle, ir, model, opt):
     assert program.attrs["paddle_ir"] == ir and program.attrs["optimizer"]["type"] == opt.split("_")[0]
     tables = [v for v in program.vars.values() if v.is_parameter and v.is_sparse]
     assert len(tables) == 2
-    ours = hetps_run(program, feeds, program.attrs["fetch_names"])
+    run = fresh_hetps_run if ir == "legacy" else hetps_run
+    ours = run(program, feeds, program.attrs["fetch_names"])
     assert_same_trajectory([o[0] for o in ours], [r[0] for r in ref])
 
 
@@ -209,7 +220,7 @@ def test_legacy_sparse_tables_follow_paddles_selected_rows_kernels(paddle, opt):
     marked = {op.inputs["Param"][0] for op in program.ops
               if op.role == "optimize" and op.attrs.get("paddle_sparse")}
     assert len(tables) == 2 and marked == (tables if opt.startswith("adam") else set())
-    ours = hetps_run(program, feeds, [program.attrs["loss_name"]])
+    ours = fresh_hetps_run(program, feeds, [program.attrs["loss_name"]])
     assert_same_trajectory([o[0] for o in ours], [r[0] for r in ref])
 
 
