@@ -129,10 +129,15 @@ class ShmRing:
                            for a, off in zip(arrays, offsets, strict=True)]}
 
     def close(self) -> None:
-        try:
-            os.unlink(self.path)  # (the receiver unlinks it once it has mapped it)
-        except FileNotFoundError:
-            pass
+        """Unmap; unlink the name too once the receiver has read everything. A message it has not
+        read yet (a process's last one, e.g. a trainer's trace spans, sent just before it exits)
+        keeps the name for the receiver, which unlinks it when it maps it; the run's segment
+        directory goes with the run either way."""
+        if int(self.consumed[0]) >= self.head:
+            try:
+                os.unlink(self.path)  # (the receiver unlinks it once it has mapped it)
+            except FileNotFoundError:
+                pass
         del self.consumed, self.data
         try:
             self.map.close()
