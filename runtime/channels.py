@@ -129,10 +129,8 @@ class ShmRing:
                            for a, off in zip(arrays, offsets, strict=True)]}
 
     def close(self) -> None:
-        try:
-            os.unlink(self.path)  # (the receiver unlinks it once it has mapped it)
-        except FileNotFoundError:
-            pass
+        """Unmap the segment. Its file stays: messages in flight still need it, the receiver unlinks
+        it once mapped, and the run's shared-memory directory goes with the run (engine, janitor)."""
         del self.consumed, self.data
         try:
             self.map.close()
