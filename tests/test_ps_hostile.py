@@ -142,9 +142,9 @@ HOSTILE = {  # name: (frames for Raw, expected error text)
         lambda r: r.sign({"op": "push_pull", "push": [["w", 1]], "pull": [], "step": 0, "pusher": "a"}),
         "push_pull describes 1 arrays, the request carries 0",
     ),
-    "push_pull pulling a table twice": (
+    "push_pull pulling a dense table twice": (
         lambda r: r.sign({"op": "push_pull", "push": [], "pull": [["w", 0], ["w", 0]]}),
-        "names a table more than once",
+        "pulls a dense table more than once",
     ),
     "push_pull part of the wrong form": (
         lambda r: r.sign({"op": "push_pull", "pull": [["w", 7]]}),

@@ -222,3 +222,25 @@ def test_pulls_of_one_table_for_several_id_sets_are_answered_each():
     want = {7: 1 - LR * grad, 3: 1 - LR * 2 * grad, 5: np.ones(DIM), 999: np.ones(DIM)}
     np.testing.assert_allclose(got[0], np.stack([want[i] for i in b.ravel()]), rtol=1e-6)
     np.testing.assert_allclose(got[1], np.stack([want[i] for i in a.ravel()]).reshape(2, 2, DIM), rtol=1e-6)
+
+
+def test_one_request_may_pull_and_push_a_table_more_than_once():
+    """pull_many / push_many of the same table twice (a trainer with two lookups of one table):
+    before the fix the shard refused the combined request ('names a table more than once')."""
+    with Servers(SPECS, num_shards=2, transport="ipc") as s, s.client() as c:
+        ids_a, ids_b = np.array([3, 5, 7]), np.array([5, 900])
+        c.push_many(
+            [
+                ("emb", np.ones((3, DIM), np.float32), ids_a),
+                ("emb", np.ones((2, DIM), np.float32), ids_b),
+                ("w", np.ones((3, 2), np.float32), None),
+                ("w", np.ones((3, 2), np.float32), None),
+            ]
+        )
+        a, b, w1, w2 = c.pull_many([("emb", ids_a), ("emb", ids_b), ("w", None), ("w", None)])
+        want = np.ones((VOCAB, DIM))
+        np.add.at(want, np.concatenate([ids_a, ids_b]), -LR)
+        np.testing.assert_allclose(a, want[ids_a])
+        np.testing.assert_allclose(b, want[ids_b])
+        np.testing.assert_allclose(w1, np.full((3, 2), 1 - 2 * LR))
+        np.testing.assert_array_equal(w1, w2)

@@ -61,16 +61,16 @@ class _ParkPulls(Exception):  # noqa: N818 (a signal, not an error)
 
 def _parts(h: dict, key: str, counts: tuple[int, ...], arrays: list) -> list[tuple[str, list]]:
     """The (table, arrays) parts `h[key]` = [[table, number of arrays], ...] describes, taken in
-    order from `arrays`; PSError when malformed (each table at most once per request)."""
+    order from `arrays`; PSError when malformed (a dense table pulled more than once)."""
     spec = h.get(key, [])
     if not isinstance(spec, list) or not all(
             isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and p[1] in counts
             and not isinstance(p[1], bool) for p in spec):
         raise PSError(f"push_pull field {key!r} must be a list of [table, number of arrays in {counts}], "
                       f"got {spec!r:.200}")
-    tables = [t for t, _ in spec]
-    if len(set(tables)) != len(tables):
-        raise PSError(f"push_pull {key!r} names a table more than once: {tables}")
+    bare = [t for t, n in spec if n == 0]  # a dense pull carries nothing: its reply is not bounded
+    if len(set(bare)) != len(bare):       # by the request's bytes, so once per request
+        raise PSError(f"push_pull {key!r} pulls a dense table more than once: {bare}")
     out, i = [], 0
     for table, n in spec:
         out.append((table, arrays[i:i + n]))
@@ -78,6 +78,13 @@ def _parts(h: dict, key: str, counts: tuple[int, ...], arrays: list) -> list[tup
     if i != len(arrays):
         raise PSError(f"push_pull describes {i} arrays, the request carries {len(arrays)}")
     return out
+
+
+def _span_name(h: dict) -> str:
+    """A request's name in a trace: pull, push, or push_pull for one that does both."""
+    if h.get("op") != "push_pull":
+        return str(h.get("op"))
+    return "push_pull" if h.get("push") and h.get("pull") else "push" if h.get("push") else "pull"
 
 
 def _describe(e: Exception) -> str:
@@ -182,7 +189,7 @@ class _Loop:
                                     "(which holds the admin key) may send it"})
             return False
         rec = self.rec if op in ("pull", "push", "push_pull") else None
-        with timed(op, "ps", rec=rec, table=header.get("table"), step=header.get("step"),
+        with timed(_span_name(header), "ps", rec=rec, table=header.get("table"), step=header.get("step"),
                    by=header.get("pusher")) as span:
             try:
                 if op == "shutdown":
@@ -379,3 +386,8 @@ def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int =
         loop.close()
         sock.close()
         ctx.term()
+
+
+from .servers import Servers  # noqa: E402  (its home is servers.py; importable from here as before)
+
+__all__ = ["ADMIN_OPS", "OPS", "Servers", "serve"]
