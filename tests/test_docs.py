@@ -444,3 +444,5 @@ def test_resume_block_checkpoints_evaluates_and_resumes(tmp_path, capsys):
     records = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 4, 6]  # every 2 steps and at the ends
     check_png(tmp_path / "curves.png")
+    held_out = json.loads(outputs[-1])  # `hetps eval --workers 2 --servers 2` of the last checkpoint
+    assert held_out["examples"] > 0 and 0.0 <= held_out["auc"] <= 1.0, held_out
