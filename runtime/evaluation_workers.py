@@ -2,7 +2,7 @@
 S parameter-server shards, for data too big for one process.
 
 The driver (the calling process) checks the checkpoint, then starts, through an engine (the local
-one by default, as `train`), S shards with the per-run secret (`runtime.servers.start_servers`, the
+one by default, as `train`), S shards with the per-run secret (`runtime.run_servers.start_servers`, the
 same start-up as `train`'s), loads the checkpoint into them (or the plan's values without one) and
 starts the workers "eval:0".."eval:N-1". Each worker runs the forward graph (`evaluation.forward_fn`)
 on its share of the data, reading rows with peek pulls (no row created, nothing updated), and
@@ -43,7 +43,7 @@ from .evaluation import loss_reduction as reduction_of
 from .history import TrainingError
 from .messages import TO_EVALUATOR, Done, Failed, ProtocolError, Scored, header, parse
 from .ps import PSClient
-from .servers import load_values, start_servers
+from .run_servers import load_values, start_servers
 from .sources import batch_size_of, is_sharded
 
 

@@ -35,7 +35,7 @@ from .history import CheckpointSaveError, History, TrainingError
 from .lifecycle import check_root
 from .pauses import Pauses, resume_state
 from .ps import PSClient
-from .servers import load_values, pull_all, start_servers
+from .run_servers import load_values, pull_all, start_servers
 from .settings import RunSettings, TrainerSpec, check_first_batch
 from .telemetry import Telemetry
 from .trainer import run_trainer

@@ -1,5 +1,6 @@
-"""The parameter-server shards of a run, started through an engine (`train`, and `evaluate` /
-`predict` with workers): start them, give them a plan's imported values, read every table back."""
+"""The parameter-server shards of a run, started through its engine (`train`, and `evaluate` /
+`predict` with workers): start them, give them a plan's imported values, read every table back.
+(`runtime.ps.Servers` starts shards as plain local processes, without an engine.)"""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def load_values(plan: Plan, ps_eps: list[str], secret: bytes, admin: bytes) -> N
 
 
 def pull_all(client: PSClient, plan: Plan) -> dict[str, np.ndarray]:
+    """Every table's values (sparse tables of a known vocab: all rows; others are left out)."""
     out = {}
     for t in plan.tables:
         if t["kind"] == "dense":
