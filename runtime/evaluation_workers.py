@@ -156,6 +156,11 @@ def _shares(data: Any, workers: int, feeds: list[str], predicting: bool) -> list
                 "predict with workers= on a shuffled dataset: the predictions would have no order "
                 "to return them in; open the dataset with shuffle=0"
             )
+        if data.batch_size < workers:
+            raise ValueError(
+                f"workers={workers} is more than the dataset's batch_size {data.batch_size}: each "
+                "worker reads its share of every batch; give fewer workers or a larger batch_size"
+            )
         data.prepare(workers)  # each shard's rows counted once, here
         data.check_feeds(dict.fromkeys(feeds))
         return [data] * workers

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 
 import numpy as np
@@ -29,7 +30,7 @@ from runtime.engines import LocalEngine
 from runtime.evaluation import evaluate, predict
 from runtime.evaluation_workers import EvaluationError
 from runtime.lifecycle import latest
-from runtime.ps import CheckpointError
+from runtime.ps import CheckpointError, PSError
 from runtime.train import train
 from transpiler import builder as nn
 from transpiler import transpile
@@ -106,6 +107,8 @@ def test_a_dataset_is_read_by_reader_shards_and_scored_in_its_order(tmp_path):
     assert par["examples"] == one["examples"] == 90
     assert par["loss"] == pytest.approx(one["loss"], rel=1e-6)
     assert par["auc"] == pytest.approx(one["auc"], abs=1e-6)
+    with pytest.raises(ValueError, match="workers=17 is more than the dataset's batch_size 16"):
+        evaluate(plan, ds, workers=17)
     shuffled = open_dataset(path, CRITEO, batch_size=16, shuffle=32)
     with pytest.raises(ValueError, match="shuffled dataset.*shuffle=0"):
         predict(plan, shuffled, workers=2)
@@ -120,6 +123,18 @@ def test_a_checkpoint_of_another_plan_is_refused_before_any_process_starts(train
     with pytest.raises(CheckpointError, match="nothing to resume from"):
         predict(other, held_out(1), checkpoint=str(ckpt / "missing"), workers=2, engine=eng)
     assert eng.procs == {}
+
+
+def test_a_corrupt_checkpoint_file_is_named_by_the_shards_and_nothing_is_left(trained, tmp_path):
+    _, plan, ckpt = trained
+    bad = tmp_path / "bad"
+    shutil.copytree(latest(ckpt), bad)
+    victim = next(p for p in sorted(bad.iterdir()) if p.suffix == ".npz")
+    victim.write_bytes(victim.read_bytes()[:100])
+    eng = KillingEngine("none", "none")
+    with pytest.raises(PSError, match=rf"file '{victim.name}' .* does not match its manifest entry"):
+        evaluate(plan, held_out(1), checkpoint=str(bad), workers=2, servers=2, engine=eng)
+    assert_nothing_left(eng)
 
 
 @pytest.mark.parametrize(
