@@ -8,6 +8,10 @@ update nothing) or a checkpoint loaded into an in-process shard (`evaluate` / `p
 `checkpoint=`; without one, the plan's initial values). Ids a table never saw read as the
 initializer's values for them, as a training pull would.
 
+With `workers=N` the same forward pass runs on N worker processes instead, reading the checkpoint
+from parameter-server shards (runtime/evaluation_workers.py), with the same results (for a dataset,
+whose batches are then cut per worker, the loss within float rounding).
+
 `data`: an iterable of feed dicts (a list, `ArrayReader`, a dataset of `runtime.data.open_dataset`);
 each dict is one batch, run as is.
 """
