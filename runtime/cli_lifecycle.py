@@ -4,6 +4,7 @@
                              --eval-data D [--eval-every N]
     hetps eval PLAN_DIR --checkpoint DIR --data D          held-out loss, AUC, examples
     hetps predict PLAN_DIR --checkpoint DIR --data D -o scores.npy | scores.csv
+        (both with [--workers N [--servers S]]: N worker processes, S parameter-server shards)
     hetps export PLAN_DIR --checkpoint DIR --inference [--rows existing] -o model.onnx
 
 Held-out data (`--eval-data`, and `--data` of eval / predict) is read like `train --data`: with
@@ -103,11 +104,21 @@ def _eval_data(args: argparse.Namespace, plan: Any) -> Any:
     return finite_data(args, plan, args.data, parse_feeds(args.feeds), args.batches)
 
 
+def _workers(args: argparse.Namespace) -> dict[str, Any]:
+    """evaluate() / predict()'s workers= and servers= from --workers / --servers."""
+    if args.servers is not None and args.workers is None:
+        raise UsageError("--servers S goes with --workers N (the parallel evaluation's shards)")
+    for flag, n in (("--workers", args.workers), ("--servers", args.servers)):
+        if n is not None and n < 1:
+            raise UsageError(f"{flag} {n}: give a positive number")
+    return {"workers": args.workers, "servers": args.servers}
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from .evaluation import evaluate
 
     plan = load_plan(args.plan)
-    res = evaluate(plan, _eval_data(args, plan), checkpoint=args.checkpoint)
+    res = evaluate(plan, _eval_data(args, plan), checkpoint=args.checkpoint, **_workers(args))
     print(json.dumps(res))
     return EXIT_OK
 
@@ -119,7 +130,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if out.suffix not in (".npy", ".csv"):
         raise UsageError(f"-o {args.output}: name a .npy or .csv file")
     plan = load_plan(args.plan)
-    scores = predict(plan, _eval_data(args, plan), checkpoint=args.checkpoint)
+    scores = predict(plan, _eval_data(args, plan), checkpoint=args.checkpoint, **_workers(args))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npy":
         np.save(out, scores)
@@ -172,6 +183,19 @@ def add_commands(sub: Any, command: Any) -> None:
             type=int,
             default=8,
             help="batches of generated (synthetic) data (default %(default)s)",
+        )
+        s.add_argument(
+            "--workers",
+            type=int,
+            metavar="N",
+            help="run the model on N worker processes, each on its share of the data, with the "
+            "tables on --servers parameter-server shards (default: in this process)",
+        )
+        s.add_argument(
+            "--servers",
+            type=int,
+            metavar="S",
+            help="parameter-server shards for --workers (default: the plan's)",
         )
         if name == "predict":
             s.add_argument("-o", "--output", required=True, help="scores.npy or scores.csv")

@@ -194,21 +194,35 @@ class Listener:
 
     def _check_processes(self) -> None:
         """Raise TrainingError for a process that ended before it finished its part."""
-        for name, failure in self.eng.ended().items():
-            if failure is None and name in self.done:
-                continue
-            deadline = time.perf_counter() + 0.5  # its last reports (or traceback) may be on the way
-            while time.perf_counter() < deadline and name not in self.done:
-                msg = self.inbox.recv(50)
-                if msg is not None:
-                    self._handle(*msg)
-            if name in self.done and failure is None:
-                continue
-            raise TrainingError(name, failure.how if failure else "exited before the run finished")
-        now, stalled = time.perf_counter(), self.eng.stalled()
-        self.stopped = {name: self.stopped.get(name, now) for name in stalled}
-        for name, since in self.stopped.items():
-            if now - since >= STOPPED_S:
-                raise TrainingError(
-                    name, f"{stalled[name]} for {now - since:.1f} s; the run cannot go on without it"
-                )
+        self.stopped = watch_processes(self.eng, self.done, self._recv, self.stopped)
+
+    def _recv(self, timeout_ms: float) -> None:
+        msg = self.inbox.recv(timeout_ms)
+        if msg is not None:
+            self._handle(*msg)
+
+
+def watch_processes(
+    eng: Engine, done: set[str], recv: Callable[[float], None], stopped: dict[str, float]
+) -> dict[str, float]:
+    """Raise TrainingError naming a process of `eng` that ended before it was `done` (a server, never
+    done, always), after `recv(ms)` (receive and handle one report) had half a second to take its
+    last reports or traceback, or one the engine has seen stopped for STOPPED_S; else return the
+    stopped ones with since when (pass it back in the next call)."""
+    for name, failure in eng.ended().items():
+        if failure is None and name in done:
+            continue
+        deadline = time.perf_counter() + 0.5  # its last reports (or traceback) may be on the way
+        while time.perf_counter() < deadline and name not in done:
+            recv(50)
+        if name in done and failure is None:
+            continue
+        raise TrainingError(name, failure.how if failure else "exited before the run finished")
+    now, stalled = time.perf_counter(), eng.stalled()
+    stopped = {name: stopped.get(name, now) for name in stalled}
+    for name, since in stopped.items():
+        if now - since >= STOPPED_S:
+            raise TrainingError(
+                name, f"{stalled[name]} for {now - since:.1f} s; the run cannot go on without it"
+            )
+    return stopped

@@ -8,6 +8,10 @@ update nothing) or a checkpoint loaded into an in-process shard (`evaluate` / `p
 `checkpoint=`; without one, the plan's initial values). Ids a table never saw read as the
 initializer's values for them, as a training pull would.
 
+With `workers=N` the same forward pass runs on N worker processes instead, reading the checkpoint
+from parameter-server shards (runtime/evaluation_workers.py), with the same results (for a dataset,
+whose batches are then cut per worker, the loss within float rounding).
+
 `data`: an iterable of feed dicts (a list, `ArrayReader`, a dataset of `runtime.data.open_dataset`);
 each dict is one batch, run as is.
 """
@@ -15,6 +19,7 @@ each dict is one batch, run as is.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,7 @@ from transpiler.export_inference import ONNX_LIMIT, ForwardGraph, export_inferen
 from transpiler.plan import Plan
 
 from .comm_ops import comm_handlers
+from .engines import Engine
 from .executor import Executor
 from .lifecycle import check_resume, latest
 from .metrics import auc
@@ -46,13 +52,22 @@ def checkpoint_source(plan: Plan, checkpoint: str | Path | None) -> TableSource:
     return lambda table, ids: shard.pull(table, ids, peek=True)
 
 
+def checked_checkpoint(plan: Plan, checkpoint: str | Path | None) -> Path | None:
+    """The checkpoint `checkpoint` names (itself, or the newest complete one in a directory of
+    `train`'s), after checking a `train` checkpoint belongs to `plan` (CheckpointError otherwise)."""
+    if checkpoint is None:
+        return None
+    path = latest(checkpoint)
+    if "run" in read_manifest(path):
+        check_resume(plan, path)
+    return path
+
+
 def load_tables(plan: Plan, checkpoint: str | Path | None) -> Shard:
     """An in-process shard holding the tables of `checkpoint` (see `checkpoint_source`)."""
     shard = Shard(plan.tables)
-    if checkpoint is not None:
-        path = latest(checkpoint)
-        if "run" in read_manifest(path):
-            check_resume(plan, path)
+    path = checked_checkpoint(plan, checkpoint)
+    if path is not None:
         shard.load(path)
     else:
         for name, value in plan.params.items():
@@ -79,7 +94,8 @@ def _executor(pull: TableSource) -> Executor:
     return Executor(handlers=comm_handlers(_Pulls(pull)))
 
 
-def _batches(data: Any) -> Iterator[dict[str, Any]]:
+def batches_of(data: Any) -> Iterator[dict[str, Any]]:
+    """The feed dicts of finite `data` (TypeError for endless generated data or a non-iterable)."""
     if hasattr(data, "batch") and callable(data.batch):
         raise TypeError(
             f"data {type(data).__name__} makes endless batches: evaluate a finite set, e.g. "
@@ -90,48 +106,86 @@ def _batches(data: Any) -> Iterator[dict[str, Any]]:
     yield from data
 
 
-def run_forward(
-    graph: ForwardGraph, pull: TableSource, data: Any, with_loss: bool
-) -> Iterator[tuple[dict[str, Any], np.ndarray, float | None]]:
-    """Per batch of `data`: (batch, prediction, loss or None)."""
+# forward(batch) -> (prediction, loss or None)
+Forward = Callable[[dict[str, Any]], tuple[np.ndarray, "float | None"]]
+
+
+def forward_fn(graph: ForwardGraph, pull: TableSource, with_loss: bool) -> Forward:
+    """The forward pass of `graph` on one batch, its tables read from `pull`."""
     targets = [graph.output] + ([graph.loss] if with_loss and graph.loss else [])
     prog = graph.pruned(targets)
     feeds = graph.feeds + (graph.label_feeds if with_loss else [])
     exe = _executor(pull)
-    for batch in _batches(data):
+
+    def forward(batch: dict[str, Any]) -> tuple[np.ndarray, float | None]:
         missing = [f for f in feeds if f not in batch]
         if missing:
             raise KeyError(f"a batch lacks the feeds {missing} the model reads; it has {sorted(batch)}")
         outs = exe.run(prog, feed={f: batch[f] for f in feeds}, fetch_list=targets)
-        yield batch, np.asarray(outs[0]), float(np.asarray(outs[1])) if len(outs) > 1 else None
+        return np.asarray(outs[0]), float(np.asarray(outs[1])) if len(outs) > 1 else None
+
+    return forward
+
+
+def run_forward(
+    graph: ForwardGraph, pull: TableSource, data: Any, with_loss: bool
+) -> Iterator[tuple[dict[str, Any], np.ndarray, float | None]]:
+    """Per batch of `data`: (batch, prediction, loss or None)."""
+    forward = forward_fn(graph, pull, with_loss)
+    for batch in batches_of(data):
+        yield batch, *forward(batch)
+
+
+def label_feed(graph: ForwardGraph) -> str | None:
+    """The label the AUC compares predictions with: the loss's one label feed (None: not one)."""
+    return graph.label_feeds[0] if len(graph.label_feeds) == 1 else None
+
+
+@dataclass
+class Tally:
+    """Forward passes combined as `evaluate` reports them: the loss over all examples (a mean loss
+    weighted by batch size, a sum loss summed), the AUC of all predictions against binary labels."""
+
+    reduction: str  # "mean" or "sum" (loss_reduction)
+    total: float = 0.0
+    examples: int = 0
+    scores: list = field(default_factory=list)
+    labels: list = field(default_factory=list)
+
+    def add(self, pred: np.ndarray, loss: float, label: Any = None) -> None:
+        """One batch's prediction, loss, and labels (None: no AUC)."""
+        self.total += loss * len(pred) if self.reduction == "mean" else loss
+        self.examples += len(pred)
+        if label is not None:
+            self.scores.append(pred.reshape(-1))
+            self.labels.append(np.asarray(label).reshape(-1))
+
+    def result(self) -> dict[str, float]:
+        """{"loss", "auc", "examples"}; ValueError when no example was added."""
+        if self.examples == 0:
+            raise ValueError("evaluate got no examples: data is empty")
+        y = np.concatenate(self.labels) if self.labels else None
+        n_scores = sum(s.size for s in self.scores)
+        binary = y is not None and y.size == n_scores and bool(np.isin(y, (0, 1)).all())
+        return {
+            "loss": self.total / self.examples if self.reduction == "mean" else self.total,
+            "auc": auc(y, np.concatenate(self.scores)) if binary else float("nan"),
+            "examples": self.examples,
+        }
 
 
 def evaluate_with(
     graph: ForwardGraph, pull: TableSource, data: Any, loss_reduction: str = "mean"
 ) -> dict[str, float]:
-    """{"loss", "auc", "examples"} of the graph on `data`: the loss over all examples (a mean loss
-    weighted by batch size, a sum loss summed), the AUC of the prediction against binary labels
-    (NaN otherwise)."""
+    """{"loss", "auc", "examples"} of the graph on `data` (see `Tally`; NaN AUC without binary
+    labels)."""
     if not graph.loss:
         raise ValueError("the plan has no loss: evaluate needs one (use predict for predictions)")
-    label = graph.label_feeds[0] if len(graph.label_feeds) == 1 else None
-    total, n, scores, labels = 0.0, 0, [], []
+    label = label_feed(graph)
+    tally = Tally(loss_reduction)
     for batch, pred, loss in run_forward(graph, pull, data, with_loss=True):
-        size = len(pred)
-        total += loss * size if loss_reduction == "mean" else loss
-        n += size
-        if label is not None:
-            scores.append(pred.reshape(-1))
-            labels.append(np.asarray(batch[label]).reshape(-1))
-    if n == 0:
-        raise ValueError("evaluate got no examples: data is empty")
-    y = np.concatenate(labels) if labels else None
-    binary = y is not None and y.size == sum(s.size for s in scores) and bool(np.isin(y, (0, 1)).all())
-    return {
-        "loss": total / n if loss_reduction == "mean" else total,
-        "auc": auc(y, np.concatenate(scores)) if binary else float("nan"),
-        "examples": n,
-    }
+        tally.add(pred, loss, None if label is None else batch[label])
+    return tally.result()
 
 
 def loss_reduction(plan: Plan) -> str:
@@ -149,18 +203,44 @@ def loss_reduction(plan: Plan) -> str:
 
 
 def evaluate(
-    plan: Plan, data: Any, checkpoint: str | Path | None = None, output: str | None = None
+    plan: Plan,
+    data: Any,
+    checkpoint: str | Path | None = None,
+    output: str | None = None,
+    *,
+    workers: int | None = None,
+    servers: int | None = None,
+    engine: str | Engine = "local",
+    stall_timeout: float = 60.0,
 ) -> dict[str, float]:
     """Held-out {"loss", "auc", "examples"} of `plan` with the tables of `checkpoint` (see the
-    module docstring); forward only, nothing is updated."""
+    module docstring); forward only, nothing is updated. `workers=N`: on N worker processes and
+    `servers` parameter-server shards (default: the plan's), see runtime/evaluation_workers.py."""
+    if workers is not None or servers is not None:
+        from .evaluation_workers import evaluate_parallel
+
+        return evaluate_parallel(plan, data, checkpoint, output, workers, servers, engine, stall_timeout)
     graph = forward_graph(plan, output)
     return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, loss_reduction(plan))
 
 
 def predict(
-    plan: Plan, data: Any, checkpoint: str | Path | None = None, output: str | None = None
+    plan: Plan,
+    data: Any,
+    checkpoint: str | Path | None = None,
+    output: str | None = None,
+    *,
+    workers: int | None = None,
+    servers: int | None = None,
+    engine: str | Engine = "local",
+    stall_timeout: float = 60.0,
 ) -> np.ndarray:
-    """The prediction output of `plan` on every batch of `data`, concatenated along the batch axis."""
+    """The prediction output of `plan` on every batch of `data`, concatenated along the batch axis
+    in the data's order (`workers=N`, `servers`: as for `evaluate`)."""
+    if workers is not None or servers is not None:
+        from .evaluation_workers import predict_parallel
+
+        return predict_parallel(plan, data, checkpoint, output, workers, servers, engine, stall_timeout)
     graph = forward_graph(plan, output)
     preds = [pred for _, pred, _ in run_forward(graph, checkpoint_source(plan, checkpoint), data, False)]
     if not preds:

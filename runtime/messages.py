@@ -11,6 +11,7 @@ buffers, see `channels.pack_tensors`), `Announce` (a reader's items of a step, t
 the other types), `End` (a reader's last step). From the driver to readers: `Grant`. From every
 process to the driver, each naming its sender (`who`): `Ready`, `StepReport`, `Losses` (scores and
 labels as buffers), `End`, `Done` (statistics; trace spans as a buffer) and `Failed` (a traceback).
+From evaluation workers to the driver of a parallel `evaluate` / `predict`: `Scored`, `Done`, `Failed`.
 """
 
 from __future__ import annotations
@@ -125,10 +126,24 @@ class Failed:
     traceback: str
 
 
-Message = Tensors | Announce | End | Grant | Ready | StepReport | Losses | Done | Failed
+@dataclass(slots=True)
+class Scored:
+    """An evaluation worker's forward pass of one batch (runtime/evaluation_workers.py): where the
+    batch sits in the data (`order`), its loss (None for predict); the prediction (and labels) as
+    buffers."""
+
+    KIND: ClassVar[str] = "scored"
+    KEYS: ClassVar[tuple[tuple[str, str], ...]] = (("who", "who"), ("order", "o"), ("loss", "l"))
+    who: str
+    order: list  # [worker or batch index, local batch index]: sorted, the data's order
+    loss: float | None
+
+
+Message = Tensors | Announce | End | Grant | Ready | StepReport | Losses | Done | Failed | Scored
 
 TO_TRAINER: dict[str, type] = {c.KIND: c for c in (Tensors, Announce, End, Grant)}
 TO_DRIVER: dict[str, type] = {c.KIND: c for c in (Ready, StepReport, Losses, End, Done, Failed)}
+TO_EVALUATOR: dict[str, type] = {c.KIND: c for c in (Scored, Done, Failed)}
 
 
 def header(msg: Message) -> dict[str, Any]:

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from transpiler.config import kind_of
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
@@ -36,7 +34,8 @@ from .engines import Engine, make_engine
 from .history import CheckpointSaveError, History, TrainingError
 from .lifecycle import check_root
 from .pauses import Pauses, resume_state
-from .ps import PSClient, serve
+from .ps import PSClient
+from .run_servers import load_values, pull_all, start_servers
 from .settings import RunSettings, TrainerSpec, check_first_batch
 from .telemetry import Telemetry
 from .trainer import run_trainer
@@ -255,12 +254,23 @@ def _run(s: _Session) -> None:
     endpoints = {n: eng.endpoint(n) for n in names}
     listen = Listener(cfg, eng, inbox, out, endpoints, s.history, s.callback, s.tel, s.pauses, t0)
     try:
-        _start_servers(s, ps_eps, admin, inbox.endpoint)
+        start_servers(
+            eng,
+            s.plan.tables,
+            ps_eps,
+            mode=cfg.mode,
+            secret=s.secret,
+            admin=admin,
+            report=inbox.endpoint,
+            pushes=cfg.pushes or 1,
+            trace=s.tel.tracing,
+            roots=s.roots,
+        )
         s.pauses.client = PSClient(ps_eps, secret=s.secret, timeout=cfg.stall_timeout, admin_secret=admin)
         if s.start_from is not None:
             s.pauses.client.load(s.start_from, step=s.pauses.start)
         elif s.plan.params:
-            _load_values(s.plan, ps_eps, s.secret, admin)
+            load_values(s.plan, ps_eps, s.secret, admin)
         for name in names:
             spec = _trainer_spec(s, name, endpoints, ps_eps, inbox.endpoint, listen.first_grant())
             eng.start(
@@ -278,29 +288,6 @@ def _run(s: _Session) -> None:
             s.pauses.client.close()
         out.close()
         inbox.close()
-
-
-def _start_servers(s: _Session, ps_eps: list[str], admin: bytes, report: str) -> None:
-    cfg = s.settings
-    for k, ep in enumerate(ps_eps):
-        s.engine.start(
-            f"ps:{k}",
-            serve,
-            dict(
-                endpoint=ep,
-                specs=s.plan.tables,
-                shard=k,
-                num_shards=cfg.servers,
-                mode=cfg.mode,
-                pushes_per_step=cfg.pushes or 1,
-                secret=s.secret,
-                trace=s.tel.tracing,
-                admin_secret=admin,
-                checkpoint_root=[str(p) for p in s.roots] or None,
-            ),
-            report=report,
-            secret=s.secret,
-        )
 
 
 def _trainer_spec(
@@ -350,7 +337,7 @@ def _finish(s: _Session, ps_eps: list[str], admin: bytes) -> None:
             for k, spans in enumerate(client.trace()):
                 s.tel.spans(f"ps:{k}", spans)
         if s.settings.return_params:
-            history.params = _pull_all(client, s.plan)
+            history.params = pull_all(client, s.plan)
         end = pauses.start + history.steps
         if pauses.root is not None:
             try:
@@ -358,22 +345,3 @@ def _finish(s: _Session, ps_eps: list[str], admin: bytes) -> None:
             except Exception as e:
                 raise CheckpointSaveError(str(pauses.root), e, history) from e
         pauses.finish(end, history, s.tel)
-
-
-def _load_values(plan: Plan, ps_eps: list[str], secret, admin: bytes) -> None:
-    """Give the servers the parameter values the plan carries (ONNX / Paddle imports)."""
-    with PSClient(ps_eps, secret=secret, admin_secret=admin) as client:
-        for name, value in plan.params.items():
-            if name in client.specs:
-                sparse = client.specs[name]["kind"] == "sparse"
-                client.assign(name, value, np.arange(len(value)) if sparse else None)
-
-
-def _pull_all(client: PSClient, plan: Plan) -> dict[str, np.ndarray]:
-    out = {}
-    for t in plan.tables:
-        if t["kind"] == "dense":
-            out[t["name"]] = client.pull(t["name"])
-        elif t["shape"][0] > 0:
-            out[t["name"]] = client.pull(t["name"], np.arange(t["shape"][0]))
-    return out

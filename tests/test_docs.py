@@ -304,7 +304,9 @@ def hetps_blocks() -> list[Block]:
     return [
         b
         for b in blocks("bash")
-        if "hetps train" in b.text and not is_cluster(b) and b.page != "docs/cluster.md"
+        if "hetps train" in b.text
+        and not is_cluster(b)
+        and b.page != "docs/cluster.md"
         and "--resume" not in b.text  # the checkpoint/resume block: test_resume_block
     ]
 
@@ -432,8 +434,9 @@ def test_resume_block_checkpoints_evaluates_and_resumes(tmp_path, capsys):
     """cli.md's checkpoint / resume block with its step counts scaled by 1/50: the second run starts
     where the first one's last checkpoint is, and the metrics hold both runs' held-out evaluations."""
     (b,) = [b for b in blocks("bash") if "--resume" in b.text]
-    text = re.sub(r"--(steps|checkpoint-every|eval-every) (\d+)", lambda m: f"--{m[1]} {int(m[2]) // 50}",
-                  b.text)
+    text = re.sub(
+        r"--(steps|checkpoint-every|eval-every) (\d+)", lambda m: f"--{m[1]} {int(m[2]) // 50}", b.text
+    )
     outputs = []
     for argv in commands(Block(b.page, b.line, b.lang, text)):
         run_hetps(argv, tmp_path)
@@ -444,3 +447,5 @@ def test_resume_block_checkpoints_evaluates_and_resumes(tmp_path, capsys):
     records = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [2, 4, 6]  # every 2 steps and at the ends
     check_png(tmp_path / "curves.png")
+    held_out = json.loads(outputs[-1])  # `hetps eval --workers 2 --servers 2` of the last checkpoint
+    assert held_out["examples"] > 0 and 0.0 <= held_out["auc"] <= 1.0, held_out
