@@ -28,6 +28,7 @@ import numpy as np
 from transpiler.config import kind_of
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
+from transpiler.tables import tables_to_dicts
 
 from . import sources
 from .channels import Inbox, Outbox
@@ -288,7 +289,7 @@ def _start_servers(s: _Session, ps_eps: list[str], admin: bytes, report: str) ->
             serve,
             dict(
                 endpoint=ep,
-                specs=s.plan.tables,
+                specs=tables_to_dicts(s.plan.tables),
                 shard=k,
                 num_shards=cfg.servers,
                 mode=cfg.mode,
@@ -365,15 +366,15 @@ def _load_values(plan: Plan, ps_eps: list[str], secret, admin: bytes) -> None:
     with PSClient(ps_eps, secret=secret, admin_secret=admin) as client:
         for name, value in plan.params.items():
             if name in client.specs:
-                sparse = client.specs[name]["kind"] == "sparse"
+                sparse = client.specs[name].kind == "sparse"
                 client.assign(name, value, np.arange(len(value)) if sparse else None)
 
 
 def _pull_all(client: PSClient, plan: Plan) -> dict[str, np.ndarray]:
     out = {}
     for t in plan.tables:
-        if t["kind"] == "dense":
-            out[t["name"]] = client.pull(t["name"])
-        elif t["shape"][0] > 0:
-            out[t["name"]] = client.pull(t["name"], np.arange(t["shape"][0]))
+        if t.kind == "dense":
+            out[t.name] = client.pull(t.name)
+        elif t.shape[0] > 0:
+            out[t.name] = client.pull(t.name, np.arange(t.shape[0]))
     return out

@@ -25,6 +25,7 @@ import numpy as np
 import zmq
 
 from ops_registry import SparseRows
+from transpiler.tables import TableSpec, tables_from_dicts
 
 from ..telemetry import unpack_spans
 from ..wire import AuthError, decode, encode
@@ -72,7 +73,7 @@ class PSClient:
                               f"{h['num_shards']} (tables {[t['name'] for t in h['tables']]}); expected "
                               f"shard {k} of {len(self.endpoints)} with the tables of shard 0")
         self.mode = first["mode"]
-        self.specs = {t["name"]: t for t in first["tables"]}
+        self.specs = {t.name: t for t in tables_from_dicts(first["tables"])}
         self._dense = place_dense(list(self.specs.values()), len(self.endpoints))
 
     # -- requests ---------------------------------------------------------------------------
@@ -135,16 +136,16 @@ class PSClient:
                             "the server uses a different shared secret") from None
 
     # -- pull / push ------------------------------------------------------------------------
-    def _spec(self, table: str) -> dict:
+    def _spec(self, table: str) -> TableSpec:
         try:
             return self.specs[table]
         except KeyError:
             raise PSError(f"unknown table {table!r}; the servers hold {sorted(self.specs)}") from None
 
-    def _check_ids(self, table: str, ids: Any, what: str) -> dict:
+    def _check_ids(self, table: str, ids: Any, what: str) -> TableSpec:
         """The table's spec, after checking that ids come with a sparse table and only with one."""
         spec = self._spec(table)
-        check_ids_given(spec["kind"], table, ids, what)
+        check_ids_given(spec.kind, table, ids, what)
         return spec
 
     def _split(self, ids: np.ndarray) -> list[np.ndarray]:
@@ -172,7 +173,7 @@ class PSClient:
         for table, ids in requests:
             spec = self._check_ids(table, ids, "pull")
             base = {"op": "pull", "table": table, "step": step, **({"peek": True} if peek else {})}
-            if spec["kind"] == "dense":
+            if spec.kind == "dense":
                 plans.append((spec, None, 0, None, [(len(sends), None)]))
                 sends.append((self._dense[table], base, []))
                 continue
@@ -191,10 +192,10 @@ class PSClient:
             if shape is None:
                 out.append(replies[where[0][0]][1][0])
                 continue
-            rows = np.empty((n, spec["shape"][1]), spec["dtype"])
+            rows = np.empty((n, spec.shape[1]), spec.dtype)
             for i, p in where:
                 rows[p] = replies[i][1][0]
-            out.append((rows if inv is None else rows[inv]).reshape(*shape, spec["shape"][1]))
+            out.append((rows if inv is None else rows[inv]).reshape(*shape, spec.shape[1]))
         return out
 
     def push(self, table: str, grad: np.ndarray | SparseRows, ids: np.ndarray | None = None, *,
@@ -212,13 +213,13 @@ class PSClient:
                 ids, grad = grad.rows, grad.values
             spec = self._check_ids(table, ids, "push")
             base = {"op": "push", "table": table, "step": step, "pusher": self.pusher}
-            if spec["kind"] == "dense":
+            if spec.kind == "dense":
                 sends.append((self._dense[table], base, [np.asarray(grad)]))
                 continue
             ids, grad = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(grad)
             if grad.ndim != 2 or grad.shape[0] != ids.size:
                 raise PSError(f"push to {table!r}: {ids.size} ids need a gradient of shape "
-                              f"[{ids.size}, {spec['shape'][1]}], got {list(grad.shape)}")
+                              f"[{ids.size}, {spec.shape[1]}], got {list(grad.shape)}")
             if not _sorted_unique(ids):
                 merged = SparseRows(ids, grad, 0).merged(np)
                 ids, grad = merged.rows, merged.values
@@ -228,7 +229,7 @@ class PSClient:
     def assign(self, table: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set a table's values: dense, the whole array; sparse, rows `ids` (e.g. imported weights,
         `ids=np.arange(vocab)`). Optimizer state is untouched."""
-        if self._check_ids(table, ids, "assign")["kind"] == "dense":
+        if self._check_ids(table, ids, "assign").kind == "dense":
             self._call({self._dense[table]: ({"op": "assign", "table": table}, [np.asarray(values)])})
             return
         ids, values = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(values)

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from transpiler.tables import TableSpec, tables_from_dicts, tables_to_dicts
+
 from ..telemetry import Recorder, pack_spans, timed
 from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode
 from .shard import Limits, NotReady, Shard
@@ -165,7 +167,8 @@ class _Loop:
     def dispatch(self, op: Any, h: dict, arrays: list) -> tuple[dict, list]:
         s = self.shard
         if op == "hello":
-            return {"shard": s.shard, "num_shards": s.num_shards, "mode": s.mode, "tables": s.specs}, []
+            return {"shard": s.shard, "num_shards": s.num_shards, "mode": s.mode,
+                    "tables": tables_to_dicts(s.specs)}, []
         if op == "pull":
             if len(arrays) > 1:
                 raise PSError(f"pull takes at most one array (ids), got {len(arrays)}")
@@ -217,7 +220,8 @@ class _Loop:
                 self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays)
 
 
-def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int = 1, mode: str = "async",
+def serve(endpoint: str, specs: list[dict[str, Any]], *, shard: int = 0, num_shards: int = 1,
+          mode: str = "async",
           pushes_per_step: int | dict[str, int] = 1, check_finite: bool = True,
           secret: bytes | None = None, ready: Any = None, log_file: str | None = None,
           trace: bool = False, admin_secret: bytes | None = None,
@@ -244,8 +248,8 @@ def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int =
     # ZeroMQ drops the connection of a peer sending one frame over twice the limit before buffering it
     # (memory stays bounded); a message up to that size gets decode's clear error reply instead
     sock.maxmsgsize = 2 * (limits or Limits()).max_message_bytes
-    try:
-        loop = _Loop(sock, Shard(specs, shard=shard, num_shards=num_shards, mode=mode,
+    try:  # specs: TableSpec.to_dict()s (they cross into this process)
+        loop = _Loop(sock, Shard(tables_from_dicts(specs), shard=shard, num_shards=num_shards, mode=mode,
                                  pushes_per_step=pushes_per_step, check_finite=check_finite,
                                  limits=limits), secret, trace, admin_secret, checkpoint_root)
         sock.bind(endpoint)
@@ -283,7 +287,7 @@ class Servers:
     stderr. `limits`: see `shard.Limits`.
     """
 
-    def __init__(self, specs: list[dict], num_shards: int = 1, *, mode: str = "async",
+    def __init__(self, specs: list[TableSpec], num_shards: int = 1, *, mode: str = "async",
                  transport: str = "tcp", host: str = "127.0.0.1", pushes_per_step: int | dict = 1,
                  check_finite: bool = True, secret: bytes | None = None, admin_secret: bytes | None = None,
                  checkpoint_root: str | os.PathLike | None = None, limits: Limits | None = None,
@@ -304,7 +308,8 @@ class Servers:
             for k in range(num_shards):
                 addr = f"ipc://{self._tmp}/shard{k}" if self._tmp else f"tcp://{host}:*"
                 recv, send = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=serve, args=(addr, specs), name=f"hetps-ps-{k}", daemon=True,
+                p = ctx.Process(target=serve, args=(addr, tables_to_dicts(specs)), name=f"hetps-ps-{k}",
+                                daemon=True,
                                 kwargs=dict(shard=k, num_shards=num_shards, mode=mode, secret=self.secret,
                                             admin_secret=self.admin_secret, checkpoint_root=root,
                                             limits=limits, pushes_per_step=pushes_per_step,

@@ -1,0 +1,93 @@
+"""`TableSpec`: one parameter-server table, as the transpiler records it in its Plan.
+
+`insert_ps` makes the specs, `Plan` keeps them (`plan.tables`) and writes them into `plan.json`
+(`to_dict`: the same keys, in the same order, as the plain dicts of plans saved before this record
+existed, so old plan files load and new ones read the same), and the runtime reads them: the
+parameter-server tables (`runtime.ps.make_table`, which checks the values), the trainers, the cost
+model. A spec crosses a process boundary (a trainer's spec, a server's start-up, a server's reply
+to a client) as `to_dict()` and comes back with `from_dict`.
+
+Fields:
+- `name`; `kind`: "dense" | "sparse"; `shape`: the parameter's shape, [vocab or -1, dim] for a
+  sparse table; `dtype`: a float dtype name.
+- `initializer`: a spec dict of `ops_registry.initializers`, None when the value comes from
+  elsewhere (imported weights: the plan's `params.npz`).
+- `optimizer`: None (a frozen table) or the optimizer spec of `transpiler.passes.insert_ps.
+  optimizer_spec`: {"type": "sgd" | "adagrad" | "adam" | "adamw", "lr", hyper-parameters...,
+  "state": {slot: {"out", "shape", "init"}}} (its slots and rules: `ops_registry.optimizer`).
+- `sharding`: {"by": "table", "shard", "num_shards"} (dense: the whole table on one shard, balanced
+  by bytes) | {"by": "id_hash", "num_shards"} (sparse: rows spread by id); None for a spec made by
+  hand (the servers then balance dense tables themselves, `runtime.ps.sharding.place_dense`).
+- `entry`, `evict_after`: feature admission and eviction of a streaming sparse table
+  (`runtime.ps.entry`); None: every id is admitted, nothing is evicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+# Left out of `to_dict` when None (plan files before TableSpec had these keys only when set).
+_OMITTED_WHEN_NONE = ("sharding", "entry", "evict_after")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One parameter-server table (see the module docstring for each field)."""
+
+    name: str
+    kind: str
+    shape: list[int]
+    dtype: str = "float32"
+    initializer: dict[str, Any] | None = None
+    optimizer: dict[str, Any] | None = None
+    sharding: dict[str, Any] | None = None
+    entry: dict[str, Any] | None = None
+    evict_after: int | None = None
+
+    @property
+    def sparse(self) -> bool:
+        return self.kind == "sparse"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain JSON data, keys in field order; `sharding`, `entry` and `evict_after`
+        only when set."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {k: v for k, v in d.items() if v is not None or k not in _OMITTED_WHEN_NONE}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TableSpec:
+        """The spec of `to_dict`; a ValueError names the table and its missing or unknown keys."""
+        if not isinstance(d, dict):
+            raise ValueError(
+                f"a table spec must be a mapping of TableSpec keys, got {type(d).__name__} {d!r}"
+            )
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(known))
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in d]
+        if unknown or missing:
+            what = "; ".join(
+                p
+                for p in (
+                    f"unknown keys {unknown}" if unknown else "",
+                    f"missing keys {missing}" if missing else "",
+                )
+                if p
+            )
+            raise ValueError(
+                f"table spec {d.get('name', '?')!r}: {what}; a table spec has the keys {known} "
+                f"(required: {[f.name for f in fields(cls) if f.default is MISSING]})"
+            )
+        return cls(**d)
+
+
+def tables_from_dicts(specs: list[Any]) -> list[TableSpec]:
+    """`TableSpec.from_dict` of each entry (a plan file's or a process message's "tables")."""
+    if not isinstance(specs, list):
+        raise ValueError(f"'tables' must be a list of table specs, got {type(specs).__name__}")
+    return [TableSpec.from_dict(s) for s in specs]
+
+
+def tables_to_dicts(specs: list[TableSpec]) -> list[dict[str, Any]]:
+    """`to_dict` of each spec, for a file or another process."""
+    return [s.to_dict() for s in specs]
