@@ -54,13 +54,13 @@ def set_optimizer(plan, optimizer: str | None, lr: float | None) -> str:
         old = t.optimizer
         if not old:
             continue  # frozen
-        kind = optimizer or old["type"]
-        hyper = {k: v for k, v in old.items() if k not in ("type", "state")} if kind == old["type"] else {}
+        kind = optimizer or old.type
+        hyper = dict(old.hyper) if kind == old.type else {}
         if lr is not None:
             hyper["lr"] = lr
         new = optimizer_spec(kind, hyper, Var(t.name, shape=tuple(t.shape)))
         plan.tables[i] = replace(t, optimizer=new)
-        used.add(describe_optimizer(new))
+        used.add(describe_optimizer(new.to_dict()))
     return ", ".join(sorted(used)) or "no trained tables"
 
 

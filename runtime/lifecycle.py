@@ -55,8 +55,8 @@ class RunState:
 def plan_hash(plan: Plan) -> str:
     """A hash of what decides the run's arithmetic (not of the shard count)."""
     tables = [
-        {k: getattr(t, k) for k in ("name", "kind", "shape", "dtype", "initializer", "optimizer")}
-        for t in sorted(plan.tables, key=lambda t: t.name)
+        {k: d.get(k) for k in ("name", "kind", "shape", "dtype", "initializer", "optimizer")}
+        for d in (t.to_dict() for t in sorted(plan.tables, key=lambda t: t.name))
     ]
     doc = {"tables": tables, "programs": {t: p.to_dict() for t, p in sorted(plan.programs.items())}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -163,10 +163,11 @@ def check_resume(plan: Plan, path: str | Path) -> RunState:
                     f"checkpoint {str(path)!r}: table {name!r} has {key} "
                     f"{saved[name].get(key)}, this plan's has {getattr(t, key)}"
                 )
-        if (saved[name].get("optimizer") or {}).get("type") != (t.optimizer or {}).get("type"):
+        mine_opt = t.optimizer.to_dict() if t.optimizer else None
+        if (saved[name].get("optimizer") or {}).get("type") != (mine_opt or {}).get("type"):
             raise CheckpointError(
                 f"checkpoint {str(path)!r}: table {name!r} was trained with optimizer "
-                f"{saved[name].get('optimizer')}, this plan has {t.optimizer}"
+                f"{saved[name].get('optimizer')}, this plan has {mine_opt}"
             )
     if state.plan != plan_hash(plan):
         raise CheckpointError(

@@ -55,10 +55,8 @@ class InMemoryServer:
                 raise ValueError(
                     f"table {name!r} has neither an initializer nor a value in the plan's params"
                 )
-            opt = t.optimizer or {"state": {}}
-            self.state[name] = {
-                slot: np.full(s["shape"], s["init"], dtype=t.dtype) for slot, s in opt["state"].items()
-            }
+            state = (t.optimizer.state or {}) if t.optimizer else {}
+            self.state[name] = {slot: np.full(s.shape, s.init, dtype=t.dtype) for slot, s in state.items()}
         self.pending: dict[str, list[Any]] = {}
 
     def _spec(self, table: str) -> TableSpec:
@@ -92,13 +90,14 @@ class InMemoryServer:
         total = get_op("sum").kernel
         for table, grads in self.pending.items():
             opt = self.specs[table].optimizer
-            kernel = get_op(opt["type"]).kernel
+            kernel = get_op(opt.type).kernel
             grad = grads[0] if len(grads) == 1 else total(np, {"data_0": grads}, {})["sum"]
-            attrs = {k: v for k, v in opt.items() if k not in ("type", "state")}
-            outs = kernel(np, {"Param": self.values[table], "Grad": grad, **self.state[table]}, attrs)
+            outs = kernel(
+                np, {"Param": self.values[table], "Grad": grad, **self.state[table]}, dict(opt.hyper)
+            )
             self.values[table] = outs["ParamOut"]
-            for slot, s in opt["state"].items():
-                self.state[table][slot] = outs[s["out"]]
+            for slot, s in (opt.state or {}).items():
+                self.state[table][slot] = outs[s.out]
         self.pending = {}
 
     def value(self, table: str) -> np.ndarray:

@@ -128,7 +128,7 @@ def test_parameter_server_tables_apply_the_settings_like_paddle(paddle, ir, sett
     program, feeds, ref = reference_trajectory(paddle, ir, setting, steps=30)
     plan = transpile(program)
     opts = [t.optimizer for t in plan.tables]
-    assert all(("Step" in o["state"]) == setting.endswith(SCHEDULED) for o in opts)
+    assert all(("Step" in o.state) == setting.endswith(SCHEDULED) for o in opts)
     hist = train(plan, feeds, epochs=1, trainers={"cpu": 2, "gpu": 1}, servers=2, mode="sync",
                  micro_batches=4, allow_emulation=True)
     assert hist.steps == 30

@@ -14,6 +14,7 @@ from transpiler import PlanError, TableSpec, TranspileConfig, transpile
 from transpiler import builder as nn
 from transpiler.models import wide_deep
 from transpiler.plan import Plan
+from transpiler.tables import OptimizerSpec, StateSpec
 
 # Saved by the code of commit f02a415, when plan.tables were plain dicts (tests/data/README.md).
 OLD_PLAN = Path(__file__).parent / "data" / "plan_f02a415"
@@ -26,7 +27,7 @@ def test_a_plan_saved_before_table_specs_loads_and_saves_back_byte_for_byte(tmp_
     emb = plan.table("deep_emb.w_0")  # read field by field against the file, by hand
     want = next(t for t in raw if t["name"] == "deep_emb.w_0")
     assert (emb.kind, emb.shape, emb.dtype) == ("sparse", [50, 4], "float32")
-    assert emb.initializer == want["initializer"] and emb.optimizer == want["optimizer"]
+    assert emb.initializer == want["initializer"] and emb.optimizer.to_dict() == want["optimizer"]
     assert emb.sharding == {"by": "id_hash", "num_shards": 2}
     assert (emb.entry, emb.evict_after) == ({"type": "count", "threshold": 2}, 100)
     dense = plan.table("fc_0.w_0")
@@ -40,8 +41,14 @@ def test_a_plan_saved_before_table_specs_loads_and_saves_back_byte_for_byte(tmp_
 def test_todays_transpile_writes_the_tables_as_the_old_code_did(tmp_path):
     """The same model and config as the saved plan: the "tables" part of plan.json is the same
     text (keys, their order, the optional keys only where set)."""
-    model = wide_deep(num_slots=3, vocab=50, dim=4, num_dense=2, hidden=(8,), optimizer=nn.Adam(
-        lr=0.01, lr_schedule={"type": "step", "step_size": 10, "gamma": 0.5}))
+    model = wide_deep(
+        num_slots=3,
+        vocab=50,
+        dim=4,
+        num_dense=2,
+        hidden=(8,),
+        optimizer=nn.Adam(lr=0.01, lr_schedule={"type": "step", "step_size": 10, "gamma": 0.5}),
+    )
     config = TranspileConfig(num_servers=2, sparse_entry={"type": "count", "threshold": 2}, evict_after=100)
     transpile(model.main, config).save(tmp_path / "new")
     old = json.loads((OLD_PLAN / "plan.json").read_text())["tables"]
@@ -52,14 +59,23 @@ def test_todays_transpile_writes_the_tables_as_the_old_code_did(tmp_path):
 
 def test_to_dict_leaves_out_only_unset_optional_keys():
     spec = TableSpec(name="w", kind="dense", shape=[2, 3])
-    assert spec.to_dict() == {"name": "w", "kind": "dense", "shape": [2, 3], "dtype": "float32",
-                              "initializer": None, "optimizer": None}
+    assert spec.to_dict() == {
+        "name": "w",
+        "kind": "dense",
+        "shape": [2, 3],
+        "dtype": "float32",
+        "initializer": None,
+        "optimizer": None,
+    }
     assert TableSpec.from_dict(spec.to_dict()) == spec
 
 
 def test_from_dict_names_unknown_and_missing_keys():
-    with pytest.raises(ValueError, match=r"table spec 'w': unknown keys \['kindd', 'vocab'\]; missing keys "
-                                         r"\['kind'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"table spec 'w': unknown keys \['kindd', 'vocab'\]; missing keys "
+        r"\['kind'\]",
+    ):
         TableSpec.from_dict({"name": "w", "kindd": "dense", "vocab": 3, "shape": [2]})
     with pytest.raises(ValueError, match=r"missing keys \['name', 'shape'\]"):
         TableSpec.from_dict({"kind": "dense"})
@@ -82,3 +98,39 @@ def test_make_table_takes_the_record_not_a_dict():
     with pytest.raises(TypeError, match=r"TableSpec\.from_dict makes one"):
         make_table(d)
     assert make_table(TableSpec.from_dict(d)).pull().tolist() == [1.0, 1.0]
+
+
+def test_the_optimizer_is_a_typed_record_too():
+    plan = Plan.load(OLD_PLAN)
+    opt = plan.table("fc_0.w_0").optimizer
+    assert isinstance(opt, OptimizerSpec) and opt.type == "adam"
+    assert opt.hyper["lr_schedule"] == {"type": "step", "step_size": 10, "gamma": 0.5}
+    assert opt.state["Moment1"] == StateSpec(out="Moment1Out", shape=[14, 8], init=0.0)
+    assert opt.state["Beta2Pow"] == StateSpec(out="Beta2PowOut", shape=[1], init=0.999)
+    # a hand-written optimizer dict is read into the record; one without state keeps none
+    spec = TableSpec(name="w", kind="dense", shape=[2], optimizer={"type": "sgd", "lr": 0.5})
+    assert spec.optimizer == OptimizerSpec("sgd", {"lr": 0.5}) and spec.to_dict()["optimizer"] == {
+        "type": "sgd",
+        "lr": 0.5,
+    }
+    with pytest.raises(
+        ValueError,
+        match=r"table spec 'w': optimizer 'adam': state slot 'Moment1' must have "
+        r"exactly the keys \['out', 'shape', 'init'\]",
+    ):
+        TableSpec(
+            name="w",
+            kind="dense",
+            shape=[2],
+            optimizer={"type": "adam", "lr": 0.1, "state": {"Moment1": {"init": 0.0}}},
+        )
+    with pytest.raises(ValueError, match="table spec 'w': an optimizer spec must be a mapping with a 'type'"):
+        TableSpec(name="w", kind="dense", shape=[2], optimizer={"lr": 0.1})
+
+
+def test_the_plan_hash_of_an_old_plan_is_unchanged():
+    """Checkpoints record `plan_hash` to refuse resuming with another plan; the code of f02a415
+    gave the saved plan this hash, so checkpoints made before TableSpec still resume."""
+    from runtime.lifecycle import plan_hash
+
+    assert plan_hash(Plan.load(OLD_PLAN)) == "f710a6da70976182"

@@ -79,7 +79,7 @@ def test_program_without_optimize_ops_uses_config_optimizer():
     fwd = models.wide_deep(num_slots=5, vocab=40, dim=4, num_dense=6, hidden=(16, 8), dtype="float64")
     fwd.main.attrs["loss_name"] = fwd.loss.name
     plan = transpile(fwd.main, TranspileConfig(optimizer={"type": "sgd", "lr": 0.1}))
-    assert {t.optimizer["type"] for t in plan.tables} == {"sgd"}
+    assert {t.optimizer.type for t in plan.tables} == {"sgd"}
     losses = simulate(plan, batches)
     np.testing.assert_allclose([x[0] for x in losses], reference("wide_deep", "sgd")[0], rtol=1e-9)
 

@@ -9,6 +9,7 @@ import pytest
 from transpiler import Program, TranspileConfig, models, transpile
 from transpiler import builder as nn
 from transpiler.passes import assign_devices
+from transpiler.tables import StateSpec
 
 
 def wide_deep() -> models.Model:
@@ -119,7 +120,7 @@ def test_sparse_tables_pull_unique_rows_and_push_row_grads():
     assert sorted(op.attrs["table"] for op in cpu.ops if op.type == "push_sparse") == \
         ["deep_emb.w_0", "wide_emb.w_0"]
     deep = plan.table("deep_emb.w_0")
-    assert deep.shape == [100, 8] and deep.optimizer["type"] == "sgd"
+    assert deep.shape == [100, 8] and deep.optimizer.type == "sgd"
     assert deep.sharding == {"by": "id_hash", "num_shards": 1}
     dense = transpile(m.main, TranspileConfig(sparse_tables=["wide_emb.w_0"]))
     assert {t.name: t.kind for t in dense.tables}["deep_emb.w_0"] == "dense"
@@ -132,9 +133,9 @@ def test_optimizer_specs_carry_hyper_parameters_and_state():
                          optimizer=nn.Adam(0.003, beta1=0.8))
     t = transpile(m.main, TranspileConfig(num_servers=2)).table("fc_0.w_0")
     opt = t.optimizer
-    assert (opt["type"], opt["lr"], opt["beta1"], opt["beta2"]) == ("adam", 0.003, 0.8, 0.999)
-    assert opt["state"]["Beta1Pow"] == {"out": "Beta1PowOut", "shape": [1], "init": 0.8}
-    assert opt["state"]["Moment1"]["shape"] == t.shape
+    assert (opt.type, opt.hyper["lr"], opt.hyper["beta1"], opt.hyper["beta2"]) == ("adam", 0.003, 0.8, 0.999)
+    assert opt.state["Beta1Pow"] == StateSpec(out="Beta1PowOut", shape=[1], init=0.8)
+    assert opt.state["Moment1"].shape == t.shape
     assert t.sharding["by"] == "table" and t.sharding["shard"] in (0, 1)
 
 

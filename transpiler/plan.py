@@ -26,7 +26,7 @@ from .config import TranspileConfig
 from .errors import PlanError
 from .ir import LintError, Op, Program
 from .passes import assign_devices, insert_comm, insert_ps, split, verify
-from .tables import TableSpec, tables_from_dicts, tables_to_dicts
+from .tables import OptimizerSpec, TableSpec, tables_from_dicts, tables_to_dicts
 from .values import load_params, save_params
 
 
@@ -254,8 +254,9 @@ def _transpile(program: Program, config: TranspileConfig) -> Plan:
     return plan
 
 
-def _describe_optimizer(opt: dict) -> str:
+def _describe_optimizer(spec: OptimizerSpec) -> str:
     """`adamw(lr=0.003, schedule=linear_warmup>cosine, weight_decay=0.01, l2=0.001)` (set rules only)."""
+    opt = spec.hyper
     parts, sched = [f"lr={opt.get('lr')}"], opt.get("lr_schedule")
     names = []
     while sched:
@@ -269,4 +270,4 @@ def _describe_optimizer(opt: dict) -> str:
         parts.append(f"l2={opt['l2_decay']}")
     if opt.get("paddle_sparse"):
         parts.append("paddle_sparse")
-    return f"{opt['type']}({', '.join(parts)})"
+    return f"{spec.type}({', '.join(parts)})"

@@ -12,9 +12,13 @@ Fields:
   sparse table; `dtype`: a float dtype name.
 - `initializer`: a spec dict of `ops_registry.initializers`, None when the value comes from
   elsewhere (imported weights: the plan's `params.npz`).
-- `optimizer`: None (a frozen table) or the optimizer spec of `transpiler.passes.insert_ps.
-  optimizer_spec`: {"type": "sgd" | "adagrad" | "adam" | "adamw", "lr", hyper-parameters...,
-  "state": {slot: {"out", "shape", "init"}}} (its slots and rules: `ops_registry.optimizer`).
+- `optimizer`: None (a frozen table) or an `OptimizerSpec` (made by `transpiler.passes.insert_ps.
+  optimizer_spec`): `type` ("sgd" | "adagrad" | "adam" | "adamw"), `hyper` (lr and the other
+  hyper-parameters and rules, as the update op's attrs) and `state` ({slot: `StateSpec`(out, shape,
+  init)}; None in a spec made by hand: the server starts the slots at the registry's values). Its
+  plain form is {"type", hyper-parameters..., "state": {slot: {"out", "shape", "init"}}}; a dict
+  given as `optimizer` is read with `OptimizerSpec.from_dict`. Slots and rules:
+  `ops_registry.optimizer`.
 - `sharding`: {"by": "table", "shard", "num_shards"} (dense: the whole table on one shard, balanced
   by bytes) | {"by": "id_hash", "num_shards"} (sparse: rows spread by id); None for a spec made by
   hand (the servers then balance dense tables themselves, `runtime.ps.sharding.place_dense`).
@@ -24,11 +28,63 @@ Fields:
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 # Left out of `to_dict` when None (plan files before TableSpec had these keys only when set).
 _OMITTED_WHEN_NONE = ("sharding", "entry", "evict_after")
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One optimizer state slot of a table: updated into the op's `out` slot, of `shape` ([1] for
+    scalar state), starting at `init`."""
+
+    out: str
+    shape: list[int]
+    init: float
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """A table's server-side optimizer (see the module docstring)."""
+
+    type: str
+    hyper: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, StateSpec] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"type", hyper-parameters..., "state"} ("state" only when set), as plan files hold it."""
+        d = {"type": self.type, **self.hyper}
+        if self.state is not None:
+            d["state"] = {k: {"out": s.out, "shape": s.shape, "init": s.init} for k, s in self.state.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> OptimizerSpec:
+        """The spec of `to_dict`; a ValueError names what is missing or malformed."""
+        if not isinstance(d, dict) or not isinstance(d.get("type"), str):
+            raise ValueError(
+                f"an optimizer spec must be a mapping with a 'type' (e.g. {{'type': 'sgd', "
+                f"'lr': 0.1}}), got {d!r}"
+            )
+        state = d.get("state")
+        if state is not None:
+            if not isinstance(state, dict):
+                raise ValueError(
+                    f"optimizer {d['type']!r}: 'state' must map slot -> {{out, shape, init}}, got {state!r}"
+                )
+            state = {k: _state_spec(d["type"], k, v) for k, v in state.items()}
+        return cls(d["type"], {k: v for k, v in d.items() if k not in ("type", "state")}, state)
+
+
+def _state_spec(type: str, slot: str, d: Any) -> StateSpec:
+    want = [f.name for f in fields(StateSpec)]
+    if not isinstance(d, dict) or sorted(d) != sorted(want):
+        raise ValueError(
+            f"optimizer {type!r}: state slot {slot!r} must have exactly the keys {want}, got {d!r}"
+        )
+    return StateSpec(**d)
 
 
 @dataclass(frozen=True)
@@ -40,19 +96,24 @@ class TableSpec:
     shape: list[int]
     dtype: str = "float32"
     initializer: dict[str, Any] | None = None
-    optimizer: dict[str, Any] | None = None
+    optimizer: OptimizerSpec | None = None
     sharding: dict[str, Any] | None = None
     entry: dict[str, Any] | None = None
     evict_after: int | None = None
 
-    @property
-    def sparse(self) -> bool:
-        return self.kind == "sparse"
+    def __post_init__(self) -> None:
+        if isinstance(self.optimizer, dict):
+            try:
+                object.__setattr__(self, "optimizer", OptimizerSpec.from_dict(self.optimizer))
+            except ValueError as e:
+                raise ValueError(f"table spec {self.name!r}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain JSON data, keys in field order; `sharding`, `entry` and `evict_after`
         only when set."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.optimizer is not None:
+            d["optimizer"] = self.optimizer.to_dict()
         return {k: v for k, v in d.items() if v is not None or k not in _OMITTED_WHEN_NONE}
 
     @classmethod

@@ -212,7 +212,7 @@ class Shard:
         for name, t in self.tables.items():
             s = saved.get(name)
             if s is None or s["kind"] != t.spec.kind or list(s["shape"]) != list(t.shape) \
-                    or (s["optimizer"] or {}).get("type") != (t.spec.optimizer or {}).get("type"):
+                    or (s["optimizer"] or {}).get("type") != (t.spec.optimizer and t.spec.optimizer.type):
                 raise checkpoint.CheckpointError(
                     f"checkpoint {str(path)!r} has table {name!r} as {s}, this server has {t.spec}")
             new = make_table(t.spec, self.check_finite)

@@ -3,7 +3,7 @@
 A table is described by a `transpiler.tables.TableSpec` (what the transpiler records in its Plan;
 `TableSpec.from_dict` makes one from plain data): its name, kind ("dense" | "sparse"), shape
 ([vocab or -1, dim] for a sparse table), dtype, initializer (an `init_rows` spec) and optimizer
-({"type", "lr", hyper-parameters..., "state": {slot: {"init": value, ...}} (optional)} or None).
+(an `OptimizerSpec`: type, hyper-parameters (lr...), optional state start values; or None).
 
 `initializer: None` means the values come from elsewhere (imported weights): they must be set with
 `assign` before they are read. `optimizer: None` is a frozen table that refuses pushes. The Plan's
@@ -32,7 +32,7 @@ from ops_registry import SparseRows, get_op, init_rows, scatter_add
 from ops_registry.embedding import id_range_error
 from ops_registry.optimizer import state_init
 from transpiler.builder import OPTIMIZERS, Optimizer
-from transpiler.tables import TableSpec
+from transpiler.tables import OptimizerSpec, TableSpec
 
 from .entry import ENTRY_CLOCK, Entry, check_entry
 from .index import make_index
@@ -42,16 +42,16 @@ class PSError(ValueError):
     """A request the parameter server refuses; the message says what was expected."""
 
 
-def _optimizer(name: str, spec: dict[str, Any]) -> Optimizer:
-    hyper = {k: v for k, v in spec.items() if k not in ("type", "state")}
-    cls = OPTIMIZERS.get(spec.get("type"))
+def _optimizer(name: str, spec: OptimizerSpec) -> Optimizer:
+    hyper = spec.hyper
+    cls = OPTIMIZERS.get(spec.type)
     if cls is None or "lr" not in hyper:
-        raise PSError(f"table {name!r}: optimizer {spec!r} needs 'type' in {sorted(OPTIMIZERS)} "
+        raise PSError(f"table {name!r}: optimizer {spec.to_dict()!r} needs 'type' in {sorted(OPTIMIZERS)} "
                       "and 'lr'")
     try:
         return cls(**hyper)
     except (TypeError, ValueError) as e:
-        raise PSError(f"table {name!r}: bad {spec['type']} hyper-parameters {hyper}: {e}") from None
+        raise PSError(f"table {name!r}: bad {spec.type} hyper-parameters {hyper}: {e}") from None
 
 
 def check_spec(spec: TableSpec) -> TableSpec:
@@ -103,8 +103,8 @@ class Table:
             opdef = get_op(opt.type)
             self.kernel, self.attrs = opdef.kernel, {**opdef.attrs, **opt.attrs()}
             slots = list(opt.state)
-            given = self.spec.optimizer.get("state") or {}
-            self.state_init = {s.name: float(given[s.name]["init"]) if s.name in given
+            given = self.spec.optimizer.state or {}
+            self.state_init = {s.name: float(given[s.name].init) if s.name in given
                                else state_init(s, self.attrs) for s in slots}
             self.out_slot = {s.name: s.out for s in slots}
         self.state_slots = [s.name for s in slots if not s.scalar]

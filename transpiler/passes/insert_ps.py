@@ -26,7 +26,7 @@ from ops_registry.optimizer import STATE, state_init, state_slots
 from ..balance import balance, table_bytes
 from ..config import TranspileConfig
 from ..ir import Op, Program, Var, grad_name
-from ..tables import TableSpec
+from ..tables import OptimizerSpec, StateSpec, TableSpec
 
 _RESERVED = ("op_role", "op_device", "fwd_id")
 # Row lookups of a table W by Ids (slots "W", "Ids"): a sparse table serves them by pulled rows.
@@ -34,8 +34,8 @@ LOOKUPS = ("embedding", "embedding_bag")
 LOOKUP_GRADS = tuple(f"{t}_grad" for t in LOOKUPS)
 
 
-def optimizer_spec(type: str, attrs: dict, param: Var) -> dict:
-    """{"type", hyper-parameters..., "state": {slot: {"out", "shape", "init"}}} for one table.
+def optimizer_spec(type: str, attrs: dict, param: Var) -> OptimizerSpec:
+    """The optimizer of one table: its hyper-parameters and state slots.
 
     Hyper-parameters are the op's attrs over the registry defaults; state slots and their start
     values come from `ops_registry.optimizer` (`state_slots`, `state_init`).
@@ -44,10 +44,9 @@ def optimizer_spec(type: str, attrs: dict, param: Var) -> dict:
         raise ValueError(f"optimizer {type!r} (table {param.name!r}) is not one of {sorted(STATE)}")
     hyper = {k: v for k, v in {**get_op(type).attrs, **attrs}.items()
              if k not in _RESERVED and not k.startswith("_")}
-    state = {s.name: {"out": s.out, "shape": [1] if s.scalar else list(param.shape),
-                      "init": state_init(s, hyper)}
+    state = {s.name: StateSpec(s.out, [1] if s.scalar else list(param.shape), state_init(s, hyper))
              for s in state_slots(type, hyper)}
-    return {"type": type, **hyper, "state": state}
+    return OptimizerSpec(type, hyper, state)
 
 
 def insert_ps(program: Program, config: TranspileConfig | None = None) -> Program:
