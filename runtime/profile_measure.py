@@ -26,7 +26,7 @@ from transpiler.config import KINDS
 from transpiler.cost_profile import KernelCost, LinkCost, PSCost, kernel_ops, op_signature
 from transpiler.ir import Program
 from transpiler.plan import Plan
-from transpiler.tables import TableSpec
+from transpiler.tables import Sharding, TableSpec
 
 from .channels import Inbox, Outbox, pack_tensors
 from .device import cuda_available
@@ -205,11 +205,7 @@ def measure_link(sizes: tuple[int, int] = (1024, 1 << 20), count: int = 50) -> L
 
 def _table(name: str, kind: str, shape: list[int]) -> TableSpec:
     """A table spec for the probe shard: zeros, SGD with lr 0 (the probes leave values unchanged)."""
-    by = (
-        {"by": "table", "shard": 0, "num_shards": 1}
-        if kind == "dense"
-        else {"by": "id_hash", "num_shards": 1}
-    )
+    by = Sharding("table", 1, 0) if kind == "dense" else Sharding("id_hash", 1)
     return TableSpec(
         name=name,
         kind=kind,

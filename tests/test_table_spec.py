@@ -14,7 +14,7 @@ from transpiler import PlanError, TableSpec, TranspileConfig, transpile
 from transpiler import builder as nn
 from transpiler.models import wide_deep
 from transpiler.plan import Plan
-from transpiler.tables import OptimizerSpec, StateSpec
+from transpiler.tables import OptimizerSpec, Sharding, StateSpec
 
 # Saved by the code of commit f02a415, when plan.tables were plain dicts (tests/data/README.md).
 OLD_PLAN = Path(__file__).parent / "data" / "plan_f02a415"
@@ -28,10 +28,10 @@ def test_a_plan_saved_before_table_specs_loads_and_saves_back_byte_for_byte(tmp_
     want = next(t for t in raw if t["name"] == "deep_emb.w_0")
     assert (emb.kind, emb.shape, emb.dtype) == ("sparse", [50, 4], "float32")
     assert emb.initializer == want["initializer"] and emb.optimizer.to_dict() == want["optimizer"]
-    assert emb.sharding == {"by": "id_hash", "num_shards": 2}
+    assert emb.sharding == Sharding(by="id_hash", num_shards=2, shard=None)
     assert (emb.entry, emb.evict_after) == ({"type": "count", "threshold": 2}, 100)
     dense = plan.table("fc_0.w_0")
-    assert dense.sharding == {"by": "table", "shard": 0, "num_shards": 2}
+    assert dense.sharding == Sharding(by="table", num_shards=2, shard=0)
     assert (dense.entry, dense.evict_after) == (None, None)
     plan.save(tmp_path / "again")
     for f in ("plan.json", "programs/cpu.json", "programs/gpu.json"):
@@ -134,3 +134,13 @@ def test_the_plan_hash_of_an_old_plan_is_unchanged():
     from runtime.lifecycle import plan_hash
 
     assert plan_hash(Plan.load(OLD_PLAN)) == "f710a6da70976182"
+
+
+def test_a_sharding_dict_is_read_into_the_record_and_a_bad_one_named():
+    spec = TableSpec(name="w", kind="dense", shape=[2], sharding={"by": "table", "shard": 1, "num_shards": 2})
+    assert spec.sharding == Sharding(by="table", num_shards=2, shard=1)
+    assert list(spec.to_dict()["sharding"]) == ["by", "shard", "num_shards"]  # the plan file's order
+    with pytest.raises(
+        ValueError, match=r"table spec 'w': a sharding must be a mapping with 'by', 'num_shards'"
+    ):
+        TableSpec(name="w", kind="dense", shape=[2], sharding={"by": "table", "shards": 2})

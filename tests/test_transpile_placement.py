@@ -9,7 +9,7 @@ import pytest
 from transpiler import Program, TranspileConfig, models, transpile
 from transpiler import builder as nn
 from transpiler.passes import assign_devices
-from transpiler.tables import StateSpec
+from transpiler.tables import Sharding, StateSpec
 
 
 def wide_deep() -> models.Model:
@@ -121,7 +121,7 @@ def test_sparse_tables_pull_unique_rows_and_push_row_grads():
         ["deep_emb.w_0", "wide_emb.w_0"]
     deep = plan.table("deep_emb.w_0")
     assert deep.shape == [100, 8] and deep.optimizer.type == "sgd"
-    assert deep.sharding == {"by": "id_hash", "num_shards": 1}
+    assert deep.sharding == Sharding(by="id_hash", num_shards=1)
     dense = transpile(m.main, TranspileConfig(sparse_tables=["wide_emb.w_0"]))
     assert {t.name: t.kind for t in dense.tables}["deep_emb.w_0"] == "dense"
     with pytest.raises(ValueError, match="fc_0.w_0.*not an embedding lookup"):
@@ -136,7 +136,7 @@ def test_optimizer_specs_carry_hyper_parameters_and_state():
     assert (opt.type, opt.hyper["lr"], opt.hyper["beta1"], opt.hyper["beta2"]) == ("adam", 0.003, 0.8, 0.999)
     assert opt.state["Beta1Pow"] == StateSpec(out="Beta1PowOut", shape=[1], init=0.8)
     assert opt.state["Moment1"].shape == t.shape
-    assert t.sharding["by"] == "table" and t.sharding["shard"] in (0, 1)
+    assert t.sharding.by == "table" and t.sharding.shard in (0, 1)
 
 
 def test_config_loads_from_yaml_and_json(tmp_path):

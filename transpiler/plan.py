@@ -147,8 +147,9 @@ class Plan:
         for t in self.tables:
             opt_s = "frozen" if not t.optimizer else _describe_optimizer(t.optimizer)
             shape = " x ".join(map(str, t.shape))
+            shard = t.sharding.shard if t.sharding is not None else None
             lines.append(f"  {t.name:<24} {t.kind:<6} {shape} {t.dtype}  {opt_s}  "
-                         f"shard {(t.sharding or {}).get('shard', 'by id hash')}")
+                         f"shard {'by id hash' if shard is None else shard}")
         if profile is not None:
             from .cost import RunSettings, predict
 

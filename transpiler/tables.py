@@ -19,9 +19,11 @@ Fields:
   plain form is {"type", hyper-parameters..., "state": {slot: {"out", "shape", "init"}}}; a dict
   given as `optimizer` is read with `OptimizerSpec.from_dict`. Slots and rules:
   `ops_registry.optimizer`.
-- `sharding`: {"by": "table", "shard", "num_shards"} (dense: the whole table on one shard, balanced
-  by bytes) | {"by": "id_hash", "num_shards"} (sparse: rows spread by id); None for a spec made by
-  hand (the servers then balance dense tables themselves, `runtime.ps.sharding.place_dense`).
+- `sharding`: a `Sharding`: by "table" (dense: the whole table on shard `shard`, balanced by
+  bytes) or by "id_hash" (sparse: rows spread by id, `shard` None), for `num_shards` servers;
+  plain form {"by", "shard", "num_shards"} ("shard" only by table; a dict is read with
+  `Sharding.from_dict`). None for a spec made by hand (the servers then balance dense tables
+  themselves, `runtime.ps.sharding.place_dense`).
 - `entry`, `evict_after`: feature admission and eviction of a streaming sparse table
   (`runtime.ps.entry`); None: every id is admitted, nothing is evicted.
 """
@@ -88,6 +90,30 @@ def _state_spec(type: str, slot: str, d: Any) -> StateSpec:
 
 
 @dataclass(frozen=True)
+class Sharding:
+    """Where a table's rows live (see the module docstring)."""
+
+    by: str
+    num_shards: int
+    shard: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"by", "shard", "num_shards"} ("shard" only when set), as plan files hold it."""
+        shard = {} if self.shard is None else {"shard": self.shard}
+        return {"by": self.by, **shard, "num_shards": self.num_shards}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Sharding:
+        """The sharding of `to_dict`; a ValueError names what is missing or unknown."""
+        keys = {"by", "shard", "num_shards"}
+        if not isinstance(d, dict) or not {"by", "num_shards"} <= set(d) or not set(d) <= keys:
+            raise ValueError(
+                f"a sharding must be a mapping with 'by', 'num_shards' and optionally 'shard', got {d!r}"
+            )
+        return cls(d["by"], d["num_shards"], d.get("shard"))
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """One parameter-server table (see the module docstring for each field)."""
 
@@ -97,23 +123,25 @@ class TableSpec:
     dtype: str = "float32"
     initializer: dict[str, Any] | None = None
     optimizer: OptimizerSpec | None = None
-    sharding: dict[str, Any] | None = None
+    sharding: Sharding | None = None
     entry: dict[str, Any] | None = None
     evict_after: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.optimizer, dict):
-            try:
-                object.__setattr__(self, "optimizer", OptimizerSpec.from_dict(self.optimizer))
-            except ValueError as e:
-                raise ValueError(f"table spec {self.name!r}: {e}") from None
+        for name, record in (("optimizer", OptimizerSpec), ("sharding", Sharding)):
+            if isinstance(getattr(self, name), dict):
+                try:
+                    object.__setattr__(self, name, record.from_dict(getattr(self, name)))
+                except ValueError as e:
+                    raise ValueError(f"table spec {self.name!r}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain JSON data, keys in field order; `sharding`, `entry` and `evict_after`
         only when set."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.optimizer is not None:
-            d["optimizer"] = self.optimizer.to_dict()
+        for name in ("optimizer", "sharding"):
+            if d[name] is not None:
+                d[name] = d[name].to_dict()
         return {k: v for k, v in d.items() if v is not None or k not in _OMITTED_WHEN_NONE}
 
     @classmethod

@@ -22,11 +22,11 @@ def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
 
 
 def place_dense(specs: list[TableSpec], num_shards: int) -> dict[str, int]:
-    """{dense table name: shard}. A spec's `sharding["shard"]` (the transpiler's choice) is kept;
+    """{dense table name: shard}. A spec's `sharding.shard` (the transpiler's choice) is kept;
     the others are balanced by bytes (`transpiler.balance.balance`, the transpiler's own rule)."""
     dense = [s for s in specs if s.kind == "dense"]
     sizes = {s.name: table_bytes(s.shape, s.dtype) for s in dense}
-    placed = {s.name: (s.sharding or {}).get("shard") for s in dense}
+    placed = {s.name: s.sharding.shard if s.sharding else None for s in dense}
     return balance(sizes, num_shards, {n: k for n, k in placed.items() if k is not None})
 
 

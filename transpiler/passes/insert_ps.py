@@ -26,7 +26,7 @@ from ops_registry.optimizer import STATE, state_init, state_slots
 from ..balance import balance, table_bytes
 from ..config import TranspileConfig
 from ..ir import Op, Program, Var, grad_name
-from ..tables import OptimizerSpec, StateSpec, TableSpec
+from ..tables import OptimizerSpec, Sharding, StateSpec, TableSpec
 
 _RESERVED = ("op_role", "op_device", "fwd_id")
 # Row lookups of a table W by Ids (slots "W", "Ids"): a sparse table serves them by pulled rows.
@@ -263,9 +263,9 @@ def _specs(
     for n in sorted(names):
         v = block.var(n)
         if n in sparse:
-            sharding = {"by": "id_hash", "num_shards": config.num_servers}
+            sharding = Sharding("id_hash", config.num_servers)
         else:
-            sharding = {"by": "table", "shard": shard[n], "num_shards": config.num_servers}
+            sharding = Sharding("table", config.num_servers, shard[n])
         streaming = n in sparse
         specs.append(
             TableSpec(
