@@ -46,6 +46,7 @@ import zmq  # noqa: E402
 
 from runtime.ps import Limits, PSClient, PSError, Servers  # noqa: E402
 from runtime.wire import AuthError, decode, encode, sign  # noqa: E402
+from transpiler.tables import TableSpec  # noqa: E402
 
 STALL_S = 8.0  # the driver's stall_timeout in the process rows (SIGSTOP rows wait for it)
 EXACT = 2.0**-10  # gradients of this size sum exactly in float32
@@ -220,14 +221,14 @@ def disk_row(tmp: Path) -> Row:
         row.named = "skipped: cannot mount a tmpfs"
         return row
     specs = [
-        {
-            "name": "emb",
-            "kind": "sparse",
-            "shape": [-1, 4],
-            "dtype": "float32",
-            "initializer": ONE,
-            "optimizer": {"type": "adam", "lr": 0.01},
-        }
+        TableSpec(
+            name="emb",
+            kind="sparse",
+            shape=[-1, 4],
+            dtype="float32",
+            initializer=ONE,
+            optimizer={"type": "adam", "lr": 0.01},
+        )
     ]
     try:
         with Servers(specs, checkpoint_root=mnt) as servers, servers.client() as c:
@@ -308,22 +309,22 @@ def _flood_future(r: Raw, limits: Limits) -> list:
 def hostile_rows() -> list[Row]:
     limits = Limits(max_message_bytes=16 << 20)
     specs = [
-        {
-            "name": "w",
-            "kind": "dense",
-            "shape": [4, 2],
-            "dtype": "float32",
-            "initializer": ONE,
-            "optimizer": SGD,
-        },
-        {
-            "name": "emb",
-            "kind": "sparse",
-            "shape": [-1, 2],
-            "dtype": "float32",
-            "initializer": ONE,
-            "optimizer": SGD,
-        },
+        TableSpec(
+            name="w",
+            kind="dense",
+            shape=[4, 2],
+            dtype="float32",
+            initializer=ONE,
+            optimizer=SGD,
+        ),
+        TableSpec(
+            name="emb",
+            kind="sparse",
+            shape=[-1, 2],
+            dtype="float32",
+            initializer=ONE,
+            optimizer=SGD,
+        ),
     ]
     nested = b'{"op":"hello","arrays":[],"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     cases = {
@@ -408,22 +409,22 @@ def replay_row(servers: Servers, c: PSClient) -> Row:
 def load_row(clients: int, seconds: float) -> Row:
     vocab = 1000
     specs = [
-        {
-            "name": "w",
-            "kind": "dense",
-            "shape": [64, 16],
-            "dtype": "float32",
-            "initializer": ONE,
-            "optimizer": SGD,
-        },
-        {
-            "name": "emb",
-            "kind": "sparse",
-            "shape": [vocab, 8],
-            "dtype": "float32",
-            "initializer": ONE,
-            "optimizer": SGD,
-        },
+        TableSpec(
+            name="w",
+            kind="dense",
+            shape=[64, 16],
+            dtype="float32",
+            initializer=ONE,
+            optimizer=SGD,
+        ),
+        TableSpec(
+            name="emb",
+            kind="sparse",
+            shape=[vocab, 8],
+            dtype="float32",
+            initializer=ONE,
+            optimizer=SGD,
+        ),
     ]
     counts = np.zeros(vocab, np.int64)
     dense_pushes, lat, errors = [0], [], []

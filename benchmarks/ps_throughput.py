@@ -30,14 +30,15 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 from runtime.data import SyntheticCTR  # noqa: E402
 from runtime.ps import Servers, make_table  # noqa: E402
+from transpiler.tables import TableSpec  # noqa: E402
 
 VOCAB, DIM = 100_000, 16
 
 
-def spec(opt: str = "sgd", vocab: int = VOCAB) -> dict:
-    return {"name": "emb", "kind": "sparse", "shape": [vocab, DIM], "dtype": "float32",
-            "initializer": {"type": "uniform", "low": -0.05, "high": 0.05, "seed": 1},
-            "optimizer": {"type": opt, "lr": 0.01}}
+def spec(opt: str = "sgd", vocab: int = VOCAB) -> TableSpec:
+    return TableSpec(name="emb", kind="sparse", shape=[vocab, DIM], dtype="float32",
+            initializer={"type": "uniform", "low": -0.05, "high": 0.05, "seed": 1},
+            optimizer={"type": opt, "lr": 0.01})
 
 
 def throughput(n_steps: int, rounds: int) -> None:

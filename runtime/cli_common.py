@@ -118,7 +118,7 @@ def make_data(plan, spec: str, batch_size: int, feeds: dict[str, str], vocab: in
 
     fv = feed_vars(plan)
     names = {k: feeds.get(k, k) for k in ("sparse", "dense", "label")}
-    tables = [t["shape"][0] for t in plan.tables if t["kind"] == "sparse"]
+    tables = [t.shape[0] for t in plan.tables if t.kind == "sparse"]
     vocab = vocab or (min(tables) if tables else None)
     kind, _, opts = spec.partition(":")
     if kind == "synthetic" or kind.endswith(".txt") or kind.endswith(".tsv") or Path(kind).is_dir():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +50,17 @@ def set_optimizer(plan, optimizer: str | None, lr: float | None) -> str:
     from transpiler.passes.insert_ps import optimizer_spec
 
     used = set()
-    for t in plan.tables:
-        old = t.get("optimizer")
+    for i, t in enumerate(plan.tables):
+        old = t.optimizer
         if not old:
             continue  # frozen
-        kind = optimizer or old["type"]
-        hyper = {k: v for k, v in old.items() if k not in ("type", "state")} if kind == old["type"] else {}
+        kind = optimizer or old.type
+        hyper = dict(old.hyper) if kind == old.type else {}
         if lr is not None:
             hyper["lr"] = lr
-        t["optimizer"] = optimizer_spec(kind, hyper, Var(t["name"], shape=tuple(t["shape"])))
-        used.add(describe_optimizer(t["optimizer"]))
+        new = optimizer_spec(kind, hyper, Var(t.name, shape=tuple(t.shape)))
+        plan.tables[i] = replace(t, optimizer=new)
+        used.add(describe_optimizer(new.to_dict()))
     return ", ".join(sorted(used)) or "no trained tables"
 
 

@@ -73,7 +73,7 @@ def load_tables(plan: Plan, checkpoint: str | Path | None) -> Shard:
         for name, value in plan.params.items():
             if name in shard.tables:
                 t = shard.tables[name]
-                t.assign(value, *(() if t.spec["kind"] == "dense" else (np.arange(len(value)),)))
+                t.assign(value, *(() if t.spec.kind == "dense" else (np.arange(len(value)),)))
     return shard
 
 
@@ -253,13 +253,13 @@ def full_tables(plan: Plan, checkpoint: str | Path | None) -> dict[str, np.ndarr
     shard = load_tables(plan, checkpoint)
     out = {}
     for t in plan.tables:
-        if t["kind"] == "dense":
-            out[t["name"]] = shard.pull(t["name"], None, peek=True)
-        elif t["shape"][0] > 0:
-            out[t["name"]] = shard.pull(t["name"], np.arange(t["shape"][0]), peek=True)
+        if t.kind == "dense":
+            out[t.name] = shard.pull(t.name, None, peek=True)
+        elif t.shape[0] > 0:
+            out[t.name] = shard.pull(t.name, np.arange(t.shape[0]), peek=True)
         else:
             raise ValueError(
-                f"table {t['name']!r} has an unbounded vocab (shape[0] = -1): export it with "
+                f"table {t.name!r} has an unbounded vocab (shape[0] = -1): export it with "
                 "rows='existing' (only the rows it holds, ids remapped)"
             )
     return out
@@ -294,8 +294,8 @@ def existing_tables(plan: Plan, checkpoint: str | Path | None) -> tuple[dict[str
     }
     out = {}
     for t in plan.tables:
-        name = t["name"]
-        if t["kind"] == "dense":
+        name = t.name
+        if t.kind == "dense":
             out[name] = shard.pull(name, None, peek=True)
         elif name in feed_of:
             rows = shard.pull(name, ids[feed_of[name]], peek=True)

@@ -55,8 +55,8 @@ class RunState:
 def plan_hash(plan: Plan) -> str:
     """A hash of what decides the run's arithmetic (not of the shard count)."""
     tables = [
-        {k: t.get(k) for k in ("name", "kind", "shape", "dtype", "initializer", "optimizer")}
-        for t in sorted(plan.tables, key=lambda t: t["name"])
+        {k: d.get(k) for k in ("name", "kind", "shape", "dtype", "initializer", "optimizer")}
+        for d in (t.to_dict() for t in sorted(plan.tables, key=lambda t: t.name))
     ]
     doc = {"tables": tables, "programs": {t: p.to_dict() for t, p in sorted(plan.programs.items())}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -150,7 +150,7 @@ def check_resume(plan: Plan, path: str | Path) -> RunState:
     doc = read_manifest(path)
     state = read_state(path)
     saved = {t["name"]: t for t in doc["tables"]}
-    mine = {t["name"]: t for t in plan.tables}
+    mine = {t.name: t for t in plan.tables}
     if set(saved) != set(mine):
         raise CheckpointError(
             f"checkpoint {str(path)!r} is of another plan: it has tables {sorted(saved)}, "
@@ -158,15 +158,16 @@ def check_resume(plan: Plan, path: str | Path) -> RunState:
         )
     for name, t in mine.items():
         for key in ("kind", "shape", "dtype"):
-            if saved[name].get(key) != t.get(key):
+            if saved[name].get(key) != getattr(t, key):
                 raise CheckpointError(
                     f"checkpoint {str(path)!r}: table {name!r} has {key} "
-                    f"{saved[name].get(key)}, this plan's has {t.get(key)}"
+                    f"{saved[name].get(key)}, this plan's has {getattr(t, key)}"
                 )
-        if (saved[name].get("optimizer") or {}).get("type") != (t.get("optimizer") or {}).get("type"):
+        mine_opt = t.optimizer.to_dict() if t.optimizer else None
+        if (saved[name].get("optimizer") or {}).get("type") != (mine_opt or {}).get("type"):
             raise CheckpointError(
                 f"checkpoint {str(path)!r}: table {name!r} was trained with optimizer "
-                f"{saved[name].get('optimizer')}, this plan has {t.get('optimizer')}"
+                f"{saved[name].get('optimizer')}, this plan has {mine_opt}"
             )
     if state.plan != plan_hash(plan):
         raise CheckpointError(

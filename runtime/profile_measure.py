@@ -26,6 +26,7 @@ from transpiler.config import KINDS
 from transpiler.cost_profile import KernelCost, LinkCost, PSCost, kernel_ops, op_signature
 from transpiler.ir import Program
 from transpiler.plan import Plan
+from transpiler.tables import Sharding, TableSpec
 
 from .channels import Inbox, Outbox, pack_tensors
 from .device import cuda_available
@@ -116,7 +117,7 @@ def profile_kernels(
     from threadpoolctl import threadpool_limits
 
     skip = skip or set()
-    vocab = min([t["shape"][0] for t in plan.tables if t["kind"] == "sparse"] or [1000])
+    vocab = min([t.shape[0] for t in plan.tables if t.kind == "sparse"] or [1000])
     out: dict[str, dict[str, KernelCost]] = {}
     emulated = []
     for kind in kinds:
@@ -202,22 +203,18 @@ def measure_link(sizes: tuple[int, int] = (1024, 1 << 20), count: int = 50) -> L
     return LinkCost(max(got[a] - per * a, 1e-7), per)
 
 
-def _table(name: str, kind: str, shape: list[int]) -> dict[str, Any]:
+def _table(name: str, kind: str, shape: list[int]) -> TableSpec:
     """A table spec for the probe shard: zeros, SGD with lr 0 (the probes leave values unchanged)."""
-    by = (
-        {"by": "table", "shard": 0, "num_shards": 1}
-        if kind == "dense"
-        else {"by": "id_hash", "num_shards": 1}
+    by = Sharding("table", 1, 0) if kind == "dense" else Sharding("id_hash", 1)
+    return TableSpec(
+        name=name,
+        kind=kind,
+        shape=shape,
+        dtype="float32",
+        initializer={"type": "constant", "value": 0.0},
+        optimizer={"type": "sgd", "lr": 0.0, "state": {}},
+        sharding=by,
     )
-    return {
-        "name": name,
-        "kind": kind,
-        "shape": shape,
-        "dtype": "float32",
-        "initializer": {"type": "constant", "value": 0.0},
-        "optimizer": {"type": "sgd", "lr": 0.0, "state": {}},
-        "sharding": by,
-    }
 
 
 def measure_ps(count: int = 20) -> PSCost:

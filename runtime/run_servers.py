@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from transpiler.plan import Plan
+from transpiler.tables import TableSpec, tables_to_dicts
 
 from .engines import Engine
 from .ps import PSClient, serve
@@ -16,7 +17,7 @@ from .ps import PSClient, serve
 
 def start_servers(
     eng: Engine,
-    specs: list[dict],
+    specs: list[TableSpec],
     ps_eps: list[str],
     *,
     mode: str,
@@ -35,7 +36,7 @@ def start_servers(
             serve,
             dict(
                 endpoint=ep,
-                specs=specs,
+                specs=tables_to_dicts(specs),  # plain data into the shard's process
                 shard=k,
                 num_shards=len(ps_eps),
                 mode=mode,
@@ -55,7 +56,7 @@ def load_values(plan: Plan, ps_eps: list[str], secret: bytes, admin: bytes) -> N
     with PSClient(ps_eps, secret=secret, admin_secret=admin) as client:
         for name, value in plan.params.items():
             if name in client.specs:
-                sparse = client.specs[name]["kind"] == "sparse"
+                sparse = client.specs[name].kind == "sparse"
                 client.assign(name, value, np.arange(len(value)) if sparse else None)
 
 
@@ -63,8 +64,8 @@ def pull_all(client: PSClient, plan: Plan) -> dict[str, np.ndarray]:
     """Every table's values (sparse tables of a known vocab: all rows; others are left out)."""
     out = {}
     for t in plan.tables:
-        if t["kind"] == "dense":
-            out[t["name"]] = client.pull(t["name"])
-        elif t["shape"][0] > 0:
-            out[t["name"]] = client.pull(t["name"], np.arange(t["shape"][0]))
+        if t.kind == "dense":
+            out[t.name] = client.pull(t.name)
+        elif t.shape[0] > 0:
+            out[t.name] = client.pull(t.name, np.arange(t.shape[0]))
     return out

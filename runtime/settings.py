@@ -11,10 +11,11 @@ processes of one cluster) — never over the run's ZeroMQ channels, which carry 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from transpiler.plan import Plan
+from transpiler.tables import TableSpec, tables_from_dicts, tables_to_dicts
 
 from . import sources
 from .device import array_module
@@ -208,7 +209,7 @@ class TrainerSpec:
     ps: list[str]  # the servers' addresses, by shard
     mode: str
     micro_batches: int
-    tables: list[dict[str, Any]]
+    tables: list[TableSpec]
     loss: str
     loss_reduction: str
     secret: bytes | None
@@ -228,8 +229,9 @@ class TrainerSpec:
         return self.type == self.reader
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec as plain data (shallow: the data source is passed as it is)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """The spec as plain data (the tables as `TableSpec.to_dict`s; the data source as it is)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**d, "tables": tables_to_dicts(self.tables)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainerSpec:
@@ -239,6 +241,7 @@ class TrainerSpec:
         if unknown:
             raise TypeError(f"a trainer spec with unknown keys {unknown}; known: {sorted(names)}")
         try:
-            return cls(**d)
+            spec = cls(**d)
         except TypeError as e:
             raise TypeError(f"an incomplete trainer spec: {e}") from None
+        return replace(spec, tables=tables_from_dicts(spec.tables))

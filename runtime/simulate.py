@@ -22,6 +22,7 @@ from ops_registry.embedding import check_ids
 from transpiler.ir import Var
 from transpiler.plan import Plan
 from transpiler.schedule import schedule, segment_programs
+from transpiler.tables import TableSpec
 
 from .comm_ops import comm_handlers
 from .executor import Executor, RunContext
@@ -42,32 +43,30 @@ class InMemoryServer:
     """
 
     def __init__(self, plan: Plan) -> None:
-        self.specs = {t["name"]: t for t in plan.tables}
+        self.specs = {t.name: t for t in plan.tables}
         self.values: dict[str, np.ndarray] = {}
         self.state: dict[str, dict[str, np.ndarray]] = {}
         for name, t in self.specs.items():
             if name in plan.params:
-                self.values[name] = np.array(plan.params[name], dtype=t["dtype"])
-            elif t["initializer"] is not None:
-                self.values[name] = init_rows(t["initializer"], tuple(t["shape"]), t["dtype"])
+                self.values[name] = np.array(plan.params[name], dtype=t.dtype)
+            elif t.initializer is not None:
+                self.values[name] = init_rows(t.initializer, tuple(t.shape), t.dtype)
             else:
                 raise ValueError(
                     f"table {name!r} has neither an initializer nor a value in the plan's params"
                 )
-            opt = t["optimizer"] or {"state": {}}
-            self.state[name] = {
-                slot: np.full(s["shape"], s["init"], dtype=t["dtype"]) for slot, s in opt["state"].items()
-            }
+            state = (t.optimizer.state or {}) if t.optimizer else {}
+            self.state[name] = {slot: np.full(s.shape, s.init, dtype=t.dtype) for slot, s in state.items()}
         self.pending: dict[str, list[Any]] = {}
 
-    def _spec(self, table: str) -> dict:
+    def _spec(self, table: str) -> TableSpec:
         if table not in self.specs:
             raise KeyError(f"no table {table!r} on the server; tables: {sorted(self.specs)}")
         return self.specs[table]
 
     def pull(self, table: str, ids: np.ndarray | None = None) -> np.ndarray:
         """A copy of the whole table, or of rows `ids` (checked against the table's height)."""
-        value = self.values[self._spec(table)["name"]]
+        value = self.values[self._spec(table).name]
         if ids is None:
             return value.copy()
         ids = np.asarray(ids)
@@ -80,28 +79,29 @@ class InMemoryServer:
     def push(self, table: str, grad: Any, ids: np.ndarray | None = None) -> None:
         """Queue a gradient: dense, `SparseRows`, or (with `ids`) one summed row per unique id."""
         spec = self._spec(table)
-        if not spec["optimizer"]:
+        if not spec.optimizer:
             raise ValueError(f"push to table {table!r}, which has no optimizer (frozen)")
         if ids is not None:
-            grad = SparseRows(np.asarray(ids), grad, spec["shape"][0])
+            grad = SparseRows(np.asarray(ids), grad, spec.shape[0])
         self.pending.setdefault(table, []).append(grad)
 
     def apply(self) -> None:
         """Apply every queued gradient: one optimizer step per table on the sum of its pushes."""
         total = get_op("sum").kernel
         for table, grads in self.pending.items():
-            opt = self.specs[table]["optimizer"]
-            kernel = get_op(opt["type"]).kernel
+            opt = self.specs[table].optimizer
+            kernel = get_op(opt.type).kernel
             grad = grads[0] if len(grads) == 1 else total(np, {"data_0": grads}, {})["sum"]
-            attrs = {k: v for k, v in opt.items() if k not in ("type", "state")}
-            outs = kernel(np, {"Param": self.values[table], "Grad": grad, **self.state[table]}, attrs)
+            outs = kernel(
+                np, {"Param": self.values[table], "Grad": grad, **self.state[table]}, dict(opt.hyper)
+            )
             self.values[table] = outs["ParamOut"]
-            for slot, s in opt["state"].items():
-                self.state[table][slot] = outs[s["out"]]
+            for slot, s in (opt.state or {}).items():
+                self.state[table][slot] = outs[s.out]
         self.pending = {}
 
     def value(self, table: str) -> np.ndarray:
-        return self.values[self._spec(table)["name"]]
+        return self.values[self._spec(table).name]
 
 
 def simulate(
@@ -176,6 +176,6 @@ def _owner(plan: Plan, name: str) -> str:
     for t, p in plan.programs.items():
         if any(name in op.output_names() for op in p.ops if op.role != "comm"):
             return t
-    tables = [t["name"] for t in plan.tables]
+    tables = [t.name for t in plan.tables]
     hint = " (it is a table: read it with server.value)" if name in tables else ""
     raise KeyError(f"fetch {name!r}: no trainer of the plan computes it{hint}")

@@ -25,6 +25,7 @@ import numpy as np
 
 from ops_registry import SparseRows
 from transpiler.ir import Program
+from transpiler.tables import TableSpec
 
 from .device import to_host as _host
 from .ps import PSClient
@@ -106,7 +107,7 @@ class PSAccess:
     def __init__(
         self,
         program: Program,
-        tables: list[dict[str, Any]],
+        tables: list[TableSpec],
         mode: str,
         xp: Any,
         book: StepBook,
@@ -114,7 +115,7 @@ class PSAccess:
         rec: Recorder,
     ) -> None:
         self.xp, self.mode, self.book, self.stats, self.rec = xp, mode, book, stats, rec
-        self.tables = {t["name"]: t for t in tables}
+        self.tables = {t.name: t for t in tables}
         self.pushed = {
             op.attrs["table"]: op.type for op in program.ops if op.type in ("push_dense", "push_sparse")
         }
@@ -245,14 +246,12 @@ class PSAccess:
             spec = self.tables[table]
             if kind == "push_dense":
                 grad = st.grads.get(table)
-                grads.append((table, np.zeros(spec["shape"], spec["dtype"]) if grad is None else grad, None))
+                grads.append((table, np.zeros(spec.shape, spec.dtype) if grad is None else grad, None))
                 continue
             parts = st.rows.get(table, [])
             ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
             rows = (
-                np.concatenate([p[1] for p in parts])
-                if parts
-                else np.zeros((0, spec["shape"][1]), spec["dtype"])
+                np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, spec.shape[1]), spec.dtype)
             )
             grads.append((table, rows, ids))
         if grads:

@@ -3,6 +3,8 @@ the shard a plan names for each table is the one the runtime would pick on its o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from transpiler import Program
 from transpiler.config import TranspileConfig
 from transpiler.models import wide_deep
@@ -28,7 +30,7 @@ def test_dense_tables_are_balanced_by_bytes():
     """By hand: a (800 B) -> shard 0; b (640 B) -> the empty shard 1; c (160 B) -> shard 1 (640 <
     800). Balanced by elements, b (160) would go first, to shard 0."""
     prog = insert_ps(three_tables(), TranspileConfig(num_servers=2))
-    shards = {t["name"]: t["sharding"]["shard"] for t in prog.attrs["tables"]}
+    shards = {t.name: t.sharding.shard for t in prog.attrs["tables"]}
     assert shards == {"a": 0, "b": 1, "c": 1}
 
 
@@ -37,7 +39,7 @@ def test_runtime_places_tables_where_the_plan_does():
     from transpiler import transpile
 
     plan = transpile(wide_deep(vocab=100).main, TranspileConfig(num_servers=3))
-    dense = [t for t in plan.tables if t["kind"] == "dense"]
-    assert len({t["sharding"]["shard"] for t in dense}) == 3
-    unplaced = [{**t, "sharding": {}} for t in plan.tables]
-    assert place_dense(unplaced, 3) == {t["name"]: t["sharding"]["shard"] for t in dense}
+    dense = [t for t in plan.tables if t.kind == "dense"]
+    assert len({t.sharding.shard for t in dense}) == 3
+    unplaced = [replace(t, sharding=None) for t in plan.tables]
+    assert place_dense(unplaced, 3) == {t.name: t.sharding.shard for t in dense}

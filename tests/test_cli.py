@@ -145,7 +145,7 @@ def test_transpile_reads_saved_paddle_and_hetps_programs(tmp_path):
     assert sorted(plan.params) == sorted(weights)
     for name, w in weights.items():  # training starts from the saved weights
         np.testing.assert_array_equal(plan.params[name], w)
-    assert {t["optimizer"]["type"] for t in plan.tables} == {"sgd"}
+    assert {t.optimizer.type for t in plan.tables} == {"sgd"}
     assert "gpu" in plan.trainer_types  # device_guard survived the save
 
     model = wide_deep(vocab=100, dim=4, optimizer=nn.SGD(lr=0.1))

@@ -270,7 +270,7 @@ def test_cli_config_example_places_what_its_comments_say(tmp_path):
         ]["device"]
         == "cpu"
     )
-    assert {t["optimizer"]["type"] for t in plan.tables if t["optimizer"]} == {"adam"}
+    assert {t.optimizer.type for t in plan.tables if t.optimizer} == {"adam"}
 
 
 # -- bash blocks ---------------------------------------------------------------------------------

@@ -95,9 +95,9 @@ def test_trains_heterogeneously(model: str, exporter: str) -> None:
     program = from_onnx(_path(model, exporter), loss="bce")
     plan = transpile(program, TranspileConfig(optimizer={"type": "sgd", "lr": 0.2}))
     assert {"cpu", "gpu"} <= set(plan.programs)  # lookups on cpu, the MLP on gpu
-    sparse = [t["name"] for t in plan.tables if t["kind"] == "sparse"]
+    sparse = [t.name for t in plan.tables if t.kind == "sparse"]
     assert sparse, "no embedding table became a sparse parameter-server table"
-    ints = [t["name"] for t in plan.tables if np.dtype(t["dtype"]).kind != "f"]
+    ints = [t.name for t in plan.tables if np.dtype(t.dtype).kind != "f"]
     assert not ints, f"parameter servers hold float tables only; integer constants became tables: {ints}"
     batch = FIXED_BATCH.get((model, exporter), 16)
     feed = _feed(model, batch, seed=4)

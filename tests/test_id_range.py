@@ -9,17 +9,18 @@ import pytest
 from ops_registry import get_op
 from ops_registry.embedding import id_range_error
 from runtime.ps import PSError, make_table
+from transpiler.tables import TableSpec
 
 
 def _sparse(vocab: int) -> dict:
-    return {
-        "name": "emb",
-        "kind": "sparse",
-        "shape": [vocab, 3],
-        "dtype": "float32",
-        "initializer": {"type": "uniform", "low": -0.1, "high": 0.1, "seed": 7},
-        "optimizer": {"type": "sgd", "lr": 0.5},
-    }
+    return TableSpec(
+        name="emb",
+        kind="sparse",
+        shape=[vocab, 3],
+        dtype="float32",
+        initializer={"type": "uniform", "low": -0.1, "high": 0.1, "seed": 7},
+        optimizer={"type": "sgd", "lr": 0.5},
+    )
 
 
 @pytest.mark.parametrize("vocab", [5, -1])

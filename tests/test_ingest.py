@@ -451,7 +451,7 @@ def test_two_readers_train_on_their_shards_as_one_process_on_the_joined_batches(
     )
     want = single_process(model, joined + joined)
     assert hist.examples == [len(b["label"]) for b in joined] * 2 and sum(hist.examples) == 150
-    assert_same_params(hist.params, want, [t["name"] for t in transpile(model.main).tables])
+    assert_same_params(hist.params, want, [t.name for t in transpile(model.main).tables])
     assert not alive(eng.pids().values())
 
 

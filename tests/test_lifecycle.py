@@ -27,6 +27,7 @@ from transpiler import builder as nn
 from transpiler import transpile
 from transpiler.inference import inference_program
 from transpiler.models import wide_deep
+from transpiler.tables import TableSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SLOTS, VOCAB = 4, 100
@@ -54,15 +55,15 @@ def tables_by_hand(path: Path, plan) -> dict[str, np.ndarray]:
     doc = json.loads((path / "manifest.json").read_text())
     out = {}
     for t in plan.tables:
-        shape = tuple(t["shape"])
-        full = init_rows(t["initializer"], shape, t["dtype"]) if t["kind"] == "sparse" else None
-        for e in (e for e in doc["files"] if e["table"] == t["name"]):
+        shape = tuple(t.shape)
+        full = init_rows(t.initializer, shape, t.dtype) if t.kind == "sparse" else None
+        for e in (e for e in doc["files"] if e["table"] == t.name):
             with np.load(path / e["file"]) as z:
-                if t["kind"] == "dense":
+                if t.kind == "dense":
                     full = z["Param"]
                 else:
                     full[z["ids"]] = z["Param"]
-        out[t["name"]] = full
+        out[t.name] = full
     return out
 
 
@@ -269,13 +270,13 @@ def test_evaluate_and_predict_read_a_checkpoint(tmp_path):
 
 def test_a_peek_pull_reads_initial_rows_without_creating_them():
     t = make_table(
-        {
-            "name": "e",
-            "kind": "sparse",
-            "shape": [50, 3],
-            "initializer": {"type": "normal", "seed": 3},
-            "optimizer": {"type": "adam", "lr": 0.1},
-        }
+        TableSpec(
+            name="e",
+            kind="sparse",
+            shape=[50, 3],
+            initializer={"type": "normal", "seed": 3},
+            optimizer={"type": "adam", "lr": 0.1},
+        )
     )
     t.pull(np.array([1, 2]))
     got = t.peek(np.array([2, 7, 9]))

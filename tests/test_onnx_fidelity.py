@@ -446,7 +446,7 @@ def test_embedding_bag_model_trains_heterogeneously_like_single_process() -> Non
     batches = [feed] * 6  # one batch again and again: the loss must drop
     lr = 0.5
     plan = transpile(from_onnx(model, loss="bce"), TranspileConfig(optimizer={"type": "sgd", "lr": lr}))
-    kinds = {t["name"]: t["kind"] for t in plan.tables}
+    kinds = {t.name: t.kind for t in plan.tables}
     assert kinds["emb.weight"] == "sparse" and kinds["w2"] == "dense"
     server = InMemoryServer(plan)
     got = [float(x[0]) for x in simulate(plan, batches, server=server)]

@@ -142,7 +142,7 @@ def test_cli_trains_the_torch_export_with_its_default_batch_and_reports_its_auc(
     out = capsys.readouterr().out
     assert "optimizer: adam(lr=0.01) for every trained parameter" in out
     assert "float32[-1, 208]  832 B" in out  # bytes per example, not per exported batch of 4
-    assert {t["optimizer"]["type"] for t in Plan.load(plan).tables if t["optimizer"]} == {"adam"}
+    assert {t.optimizer.type for t in Plan.load(plan).tables if t.optimizer} == {"adam"}
     metrics = tmp_path / "run.jsonl"
     assert (
         main(
@@ -212,9 +212,9 @@ def test_train_optimizer_options_replace_the_plans_table_optimizers(tmp_path, ca
     plan = Plan.load(plan_dir)
     assert set_optimizer(plan, "adagrad", 0.1).startswith("adagrad(")
     for t in plan.tables:
-        if t["optimizer"]:
-            assert t["optimizer"]["type"] == "adagrad" and t["optimizer"]["lr"] == 0.1
-            assert t["optimizer"]["state"]["Moment"]["shape"] == list(t["shape"])
+        if t.optimizer:
+            assert t.optimizer.type == "adagrad" and t.optimizer.hyper["lr"] == 0.1
+            assert t.optimizer.state["Moment"].shape == list(t.shape)
 
 
 def test_bytes_per_example_are_per_example_when_the_batch_stays_fixed():

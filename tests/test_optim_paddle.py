@@ -24,6 +24,7 @@ from test_paddle_import import (
 )
 
 from transpiler import from_paddle
+from transpiler.tables import TableSpec
 
 IRS = ("legacy", "pir")
 
@@ -133,8 +134,8 @@ def test_parameter_server_tables_apply_the_settings_like_paddle(paddle, ir, sett
 
     program, feeds, ref = reference_trajectory(paddle, ir, setting, steps=30)
     plan = transpile(program)
-    opts = [t["optimizer"] for t in plan.tables]
-    assert all(("Step" in o["state"]) == setting.endswith(SCHEDULED) for o in opts)
+    opts = [t.optimizer for t in plan.tables]
+    assert all(("Step" in o.state) == setting.endswith(SCHEDULED) for o in opts)
     hist = train(plan, feeds, epochs=1, trainers={"cpu": 2, "gpu": 1}, servers=2, mode="sync",
                  micro_batches=4, allow_emulation=True)
     assert hist.steps == 30
@@ -197,8 +198,8 @@ def test_bad_optimizer_settings_are_refused_with_the_reason():
 
     with pytest.raises(ValueError, match="TranspileConfig.optimizer: lr_schedule .* 'type' must be"):
         TranspileConfig(optimizer={"type": "adamw", "lr": 0.1, "lr_schedule": {"type": "cosin", "T_max": 9}})
-    spec = {"name": "w", "kind": "dense", "shape": [2], "initializer": {"type": "constant", "value": 1.0},
-            "optimizer": {"type": "sgd", "lr": 0.1, "lr_schedule": {"type": "exponential"}}}
+    spec = TableSpec(name="w", kind="dense", shape=[2], initializer={"type": "constant", "value": 1.0},
+            optimizer={"type": "sgd", "lr": 0.1, "lr_schedule": {"type": "exponential"}})
     with pytest.raises(PSError, match="table 'w': bad sgd hyper-parameters .* needs \\['gamma'\\]"):
         make_table(spec)
 
@@ -220,9 +221,9 @@ def test_table_state_keeps_the_step_count():
     continues the schedule where it stopped (checked against the LR formula by hand)."""
     from runtime.ps import make_table
 
-    spec = {"name": "w", "kind": "dense", "shape": [3], "initializer": {"type": "constant", "value": 1.0},
-            "optimizer": {"type": "sgd", "lr": 0.1, "lr_schedule": {"type": "step", "step_size": 2,
-                                                                    "gamma": 0.5}}}
+    spec = TableSpec(name="w", kind="dense", shape=[3], initializer={"type": "constant", "value": 1.0},
+            optimizer={"type": "sgd", "lr": 0.1, "lr_schedule": {"type": "step", "step_size": 2,
+                                                                    "gamma": 0.5}})
     t = make_table(spec)
     for _ in range(3):
         t.push(np.ones(3, np.float32))

@@ -40,10 +40,10 @@ def test_imported_deepfm_trains_heterogeneously_like_paddle(ir, opt):
             program, ref = paddle_run(paddle, main, startup, [loss], feeds, paddle.static.Scope())
     plan = transpile(program)
     assert set(plan.trainer_types) == {"cpu", "gpu"}  # really heterogeneous: lookups / MLP apart
-    assert {t["optimizer"]["type"] for t in plan.tables} == {opt.split("_")[0]}
+    assert {t.optimizer.type for t in plan.tables} == {opt.split("_")[0]}
     # legacy is_sparse tables keep Paddle's SelectedRows Adam on the servers (issue 14 item 5)
-    sparse = {t["name"] for t in plan.tables if t["kind"] == "sparse"}
-    marked = {t["name"] for t in plan.tables if t["optimizer"].get("paddle_sparse")}
+    sparse = {t.name for t in plan.tables if t.kind == "sparse"}
+    marked = {t.name for t in plan.tables if t.optimizer.hyper.get("paddle_sparse")}
     assert marked == (sparse if ir == "legacy" and opt != "sgd" else set())
     hist = train(plan, feeds, epochs=1, trainers={"cpu": 2, "gpu": 1}, servers=2, mode="sync",
                  micro_batches=4, allow_emulation=True)

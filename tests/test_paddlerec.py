@@ -234,7 +234,7 @@ def test_paddlerec_model_on_parameter_servers(paddle, model):
         program = from_paddle(main, scope=scope, fetch=[loss])
         ref = [float(exe.run(main, feed=f, fetch_list=[loss])[0]) for f in batches]
     plan = transpile(program)
-    assert any(t["kind"] == "sparse" for t in plan.tables)
+    assert any(t.kind == "sparse" for t in plan.tables)
     hist = train(plan, batches, epochs=1, trainers={"cpu": 2, "gpu": 1}, servers=2, mode="sync",
                  micro_batches=4, allow_emulation=True)
     assert_same_trajectory(hist.loss, ref)

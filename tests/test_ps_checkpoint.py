@@ -15,19 +15,20 @@ import pytest
 
 from runtime.ps import CheckpointError, PSError, Servers, Shard, save_shards
 from runtime.ps.checkpoint import check_target
+from transpiler.tables import TableSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SPECS = [
-    {"name": "emb", "kind": "sparse", "shape": [-1, 4], "dtype": "float32",
-     "initializer": {"type": "normal", "std": 0.1, "seed": 3},
-     "optimizer": {"type": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8,
-                   "lazy_mode": 1}},
-    {"name": "wide", "kind": "sparse", "shape": [1000, 1], "dtype": "float32",
-     "initializer": {"type": "uniform", "seed": 4}, "optimizer": {"type": "adagrad", "lr": 0.1}},
-    {"name": "fc_w", "kind": "dense", "shape": [8, 3], "dtype": "float32",
-     "initializer": {"type": "xavier", "seed": 5}, "optimizer": {"type": "adagrad", "lr": 0.1}},
-    {"name": "fc_b", "kind": "dense", "shape": [3], "dtype": "float32",
-     "initializer": {"type": "constant", "value": 0.0}, "optimizer": {"type": "sgd", "lr": 0.1}},
+    TableSpec(name="emb", kind="sparse", shape=[-1, 4], dtype="float32",
+     initializer={"type": "normal", "std": 0.1, "seed": 3},
+     optimizer={"type": "adam", "lr": 0.01, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8,
+                   "lazy_mode": 1}),
+    TableSpec(name="wide", kind="sparse", shape=[1000, 1], dtype="float32",
+     initializer={"type": "uniform", "seed": 4}, optimizer={"type": "adagrad", "lr": 0.1}),
+    TableSpec(name="fc_w", kind="dense", shape=[8, 3], dtype="float32",
+     initializer={"type": "xavier", "seed": 5}, optimizer={"type": "adagrad", "lr": 0.1}),
+    TableSpec(name="fc_b", kind="dense", shape=[3], dtype="float32",
+     initializer={"type": "constant", "value": 0.0}, optimizer={"type": "sgd", "lr": 0.1}),
 ]
 
 
@@ -226,3 +227,17 @@ def test_a_save_through_a_symlink_replaces_the_checkpoint_it_points_to(tmp_path)
     assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "manifest.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
     Shard(SPECS).load(tmp_path / "link")
+
+
+def test_a_frozen_table_comes_back_from_a_checkpoint(tmp_path):
+    """A table without an optimizer (frozen: e.g. imported, not trained) is saved and loaded like
+    the others (loading used to fail reading the optimizer type of a frozen table)."""
+    frozen = TableSpec(name="frozen", kind="dense", shape=[2, 3], initializer=None, optimizer=None)
+    specs = [*SPECS, frozen]
+    shard = Shard(specs)
+    value = np.arange(6, dtype=np.float32).reshape(2, 3)
+    shard.assign("frozen", value)
+    save_shards([shard], tmp_path / "ckpt")
+    again = Shard(specs)
+    again.load(tmp_path / "ckpt")
+    np.testing.assert_array_equal(again.pull("frozen"), value)

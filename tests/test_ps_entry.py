@@ -8,23 +8,22 @@ import numpy as np
 import pytest
 
 from runtime.ps import PSError, Servers, make_table
+from transpiler.tables import TableSpec
 
 LR, DIM = 0.5, 2
 
 
 def spec(entry=None, evict_after=None, vocab=-1, init=0.25):
-    s = {
-        "name": "emb",
-        "kind": "sparse",
-        "shape": [vocab, DIM],
-        "dtype": "float32",
-        "initializer": {"type": "constant", "value": init},
-        "optimizer": {"type": "sgd", "lr": LR},
-    }
-    if entry is not None:
-        s["entry"] = entry
-    if evict_after is not None:
-        s["evict_after"] = evict_after
+    s = TableSpec(
+        name="emb",
+        kind="sparse",
+        shape=[vocab, DIM],
+        dtype="float32",
+        initializer={"type": "constant", "value": init},
+        optimizer={"type": "sgd", "lr": LR},
+        entry=entry,
+        evict_after=evict_after,
+    )
     return s
 
 
@@ -99,14 +98,14 @@ def test_bad_streaming_specs_are_refused():
             make_table(spec(entry, after))
     with pytest.raises(PSError, match="sparse tables only"):
         make_table(
-            {
-                "name": "w",
-                "kind": "dense",
-                "shape": [2],
-                "initializer": {"type": "constant", "value": 0},
-                "optimizer": {"type": "sgd", "lr": 0.1},
-                "evict_after": 3,
-            }
+            TableSpec(
+                name="w",
+                kind="dense",
+                shape=[2],
+                initializer={"type": "constant", "value": 0},
+                optimizer={"type": "sgd", "lr": 0.1},
+                evict_after=3,
+            )
         )
 
 
@@ -157,7 +156,7 @@ def test_training_with_admission_keeps_rows_only_for_ids_seen_in_two_steps(tmp_p
     seen = np.zeros(50_000, int)
     for t in range(steps):
         seen[np.unique(data.batch(t, batch)["sparse"])] += 1
-    sparse = [t["name"] for t in plan.tables if t["kind"] == "sparse"]
+    sparse = [t.name for t in plan.tables if t.kind == "sparse"]
     assert len(sparse) == 2
     for name in sparse:
         assert hist.tables[name]["rows"] == int((seen >= 2).sum()) < int((seen >= 1).sum())

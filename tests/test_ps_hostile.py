@@ -16,20 +16,21 @@ import zmq
 
 from runtime.ps import Limits, PSClient, PSError, Servers, Shard
 from runtime.wire import AuthError, decode, encode, sign
+from transpiler.tables import TableSpec
 
 LR, DIM = 0.5, 4
 ONE = {"type": "constant", "value": 1.0}
 SGD = {"type": "sgd", "lr": LR}
 SPECS = [
-    {"name": "w", "kind": "dense", "shape": [3, 2], "dtype": "float32", "initializer": ONE, "optimizer": SGD},
-    {
-        "name": "emb",
-        "kind": "sparse",
-        "shape": [-1, DIM],
-        "dtype": "float32",
-        "initializer": ONE,
-        "optimizer": SGD,
-    },
+    TableSpec(name="w", kind="dense", shape=[3, 2], dtype="float32", initializer=ONE, optimizer=SGD),
+    TableSpec(
+        name="emb",
+        kind="sparse",
+        shape=[-1, DIM],
+        dtype="float32",
+        initializer=ONE,
+        optimizer=SGD,
+    ),
 ]
 LIMITS = Limits(max_message_bytes=1 << 20, max_new_rows=100, max_steps_ahead=4, max_buffered=3, max_parked=5)
 
@@ -218,14 +219,14 @@ def test_new_rows_are_counted_once_per_distinct_id_and_a_refusal_creates_none():
 
 
 def test_limits_leave_legitimate_requests_alone():
-    frozen = {
-        "name": "f",
-        "kind": "dense",
-        "shape": [2],
-        "dtype": "float32",
-        "initializer": ONE,
-        "optimizer": None,
-    }
+    frozen = TableSpec(
+        name="f",
+        kind="dense",
+        shape=[2],
+        dtype="float32",
+        initializer=ONE,
+        optimizer=None,
+    )
     shard = Shard([*SPECS, frozen], mode="sync", limits=Limits(max_new_rows=10, max_steps_ahead=4))
     np.testing.assert_array_equal(shard.pull("f", step=1000), np.ones(2, np.float32))  # never steps
     values = np.full((50, DIM), 3.0, np.float32)
@@ -245,14 +246,14 @@ def test_limits_leave_legitimate_requests_alone():
 @pytest.mark.parametrize("kind", ["dense", "sparse"])
 def test_a_gradient_that_overflows_the_table_dtype_is_refused(table_dtype, grad_dtype, value, kind):
     assert abs(value) > float(np.finfo(table_dtype).max) and np.isfinite(np.array(value, grad_dtype))
-    spec = {
-        "name": "t",
-        "kind": kind,
-        "shape": [5, 2],
-        "dtype": table_dtype,
-        "initializer": ONE,
-        "optimizer": SGD,
-    }
+    spec = TableSpec(
+        name="t",
+        kind=kind,
+        shape=[5, 2],
+        dtype=table_dtype,
+        initializer=ONE,
+        optimizer=SGD,
+    )
     shard = Shard([spec])
     ids = np.array([1, 3]) if kind == "sparse" else None
     grad = np.full((2, 2) if ids is not None else (5, 2), value, grad_dtype)

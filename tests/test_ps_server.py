@@ -12,6 +12,7 @@ import zmq
 from ops_registry import init_rows
 from runtime.ps import GeoTable, PSClient, PSError, PSTimeoutError, Servers, Shard
 from runtime.wire import AuthError, decode, encode
+from transpiler.tables import TableSpec
 
 VOCAB, DIM = 40, 4
 OPTIMIZERS = {
@@ -23,13 +24,13 @@ OPTIMIZERS = {
 SECRET = b"test-secret"
 
 
-def _specs(init: dict, optimizers: dict) -> list[dict]:
+def _specs(init: dict, optimizers: dict) -> list[TableSpec]:
     specs = []
     for key, opt in optimizers.items():
-        specs.append({"name": f"emb_{key}", "kind": "sparse", "shape": [VOCAB, DIM], "dtype": "float32",
-                      "initializer": {**init, "seed": 1}, "optimizer": opt})
-        specs.append({"name": f"w_{key}", "kind": "dense", "shape": [6, 3], "dtype": "float32",
-                      "initializer": {**init, "seed": 2}, "optimizer": opt})
+        specs.append(TableSpec(name=f"emb_{key}", kind="sparse", shape=[VOCAB, DIM], dtype="float32",
+                      initializer={**init, "seed": 1}, optimizer=opt))
+        specs.append(TableSpec(name=f"w_{key}", kind="dense", shape=[6, 3], dtype="float32",
+                      initializer={**init, "seed": 2}, optimizer=opt))
     return specs
 
 
@@ -37,7 +38,7 @@ def _specs(init: dict, optimizers: dict) -> list[dict]:
 def sync_servers():
     specs = _specs({"type": "uniform", "low": -0.5, "high": 0.5}, OPTIMIZERS)
     with Servers(specs, num_shards=2, mode="sync", pushes_per_step=2) as s:
-        yield s, {t["name"]: t for t in specs}
+        yield s, {t.name: t for t in specs}
 
 
 SGD_EXACT = {"sgd": {"type": "sgd", "lr": 0.5}}
@@ -90,8 +91,8 @@ def test_sync_two_clients_equal_one_step_on_the_summed_gradient(sync_servers, op
     servers, specs = sync_servers
     rng = np.random.default_rng(5)
     emb, w = specs[f"emb_{opt}"], specs[f"w_{opt}"]
-    ref_emb = Reference(init_rows(emb["initializer"], (VOCAB, DIM), "float32"), OPTIMIZERS[opt])
-    ref_w = Reference(init_rows(w["initializer"], (6, 3), "float32"), OPTIMIZERS[opt])
+    ref_emb = Reference(init_rows(emb.initializer, (VOCAB, DIM), "float32"), OPTIMIZERS[opt])
+    ref_w = Reference(init_rows(w.initializer, (6, 3), "float32"), OPTIMIZERS[opt])
     clients = [servers.client(pusher=r, timeout=20) for r in range(2)]
     waiting = servers.client(pusher=9, timeout=0.3)
     all_ids = np.arange(VOCAB)
@@ -101,22 +102,22 @@ def test_sync_two_clients_equal_one_step_on_the_summed_gradient(sync_servers, op
             ids = rng.integers(0, VOCAB // 2, size=12)  # ids overlap between clients and repeat
             rows = rng.normal(size=(12, DIM)).astype(np.float32)
             dense = rng.normal(size=(6, 3)).astype(np.float32)
-            np.testing.assert_allclose(c.pull(emb["name"], ids, step=step), ref_emb.p[ids],
+            np.testing.assert_allclose(c.pull(emb.name, ids, step=step), ref_emb.p[ids],
                                        rtol=0 if step == 0 else 1e-6, atol=0 if step == 0 else 1e-6)
-            c.push(emb["name"], rows, ids, step=step)
-            c.push(w["name"], dense, step=step)
+            c.push(emb.name, rows, ids, step=step)
+            c.push(w.name, dense, step=step)
             np.add.at(g_emb, ids, rows)
             touched[ids] = True
             g_w += dense
             if r == 0 and step == 0:  # step not applied yet: a pull of the next step waits (here: times out)
                 with pytest.raises(PSTimeoutError, match="no reply to 'pull'"):
-                    waiting.pull(w["name"], step=step + 1)
+                    waiting.pull(w.name, step=step + 1)
         ref_emb.step(g_emb, touched)
         ref_w.step(g_w, np.ones(6, bool))
         for c in clients:
-            np.testing.assert_allclose(c.pull(emb["name"], all_ids, step=step + 1), ref_emb.p,
+            np.testing.assert_allclose(c.pull(emb.name, all_ids, step=step + 1), ref_emb.p,
                                        rtol=1e-6, atol=1e-6)
-            np.testing.assert_allclose(c.pull(w["name"], step=step + 1), ref_w.p, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(c.pull(w.name, step=step + 1), ref_w.p, rtol=1e-6, atol=1e-6)
     for c in (*clients, waiting):
         c.close()
 

@@ -1,18 +1,21 @@
 """In-process tables: the id index, per-id row initialisation, compact storage, sharding rules."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from ops_registry import init_rows
 from runtime.ps import PSError, Shard, make_table, place_dense, shard_of
 from runtime.ps.index import DirectIndex, RowIndex, make_index
+from transpiler.tables import TableSpec
 
 INIT = {"type": "uniform", "low": -0.1, "high": 0.1, "seed": 7}
 
 
 def _sparse(vocab=-1, dim=3, opt=None):
-    return {"name": "emb", "kind": "sparse", "shape": [vocab, dim], "dtype": "float32",
-            "initializer": INIT, "optimizer": opt or {"type": "sgd", "lr": 0.5}}
+    return TableSpec(name="emb", kind="sparse", shape=[vocab, dim], dtype="float32",
+            initializer=INIT, optimizer=opt or {"type": "sgd", "lr": 0.5})
 
 
 @pytest.mark.parametrize("make, low, high", [(RowIndex, -2**40, 2**40),
@@ -92,16 +95,16 @@ def test_pushes_of_sorted_distinct_ids_and_of_sorted_repeats_match_numpy(opt):
 def test_ids_hash_evenly_over_shards_and_dense_tables_balance_by_size():
     counts = np.bincount(shard_of(np.arange(0, 80000, 8), 4), minlength=4)  # strided ids
     assert counts.min() > 0.22 * 10000
-    specs = [{"name": n, "kind": "dense", "shape": [s]} for n, s in
+    specs = [TableSpec(name=n, kind="dense", shape=[s]) for n, s in
              [("a", 100), ("b", 60), ("c", 50), ("d", 10), ("e", 5)]]
     assert place_dense(specs, 2) == {"a": 0, "b": 1, "c": 1, "d": 0, "e": 0}
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({**_sparse(), "kind": "ragged"}, "kind 'ragged' is not 'dense' or 'sparse'"),
-    ({**_sparse(), "shape": [10]}, r"shape \[10\] must be \[vocab or -1, dim\]"),
-    ({**_sparse(), "dtype": "int32"}, "dtype int32 is not a float type"),
-    ({**_sparse(), "initializer": {"type": "xavier"}}, "xavier initializer needs a known vocab"),
+    (replace(_sparse(), kind="ragged"), "kind 'ragged' is not 'dense' or 'sparse'"),
+    (replace(_sparse(), shape=[10]), r"shape \[10\] must be \[vocab or -1, dim\]"),
+    (replace(_sparse(), dtype="int32"), "dtype int32 is not a float type"),
+    (replace(_sparse(), initializer={"type": "xavier"}), "xavier initializer needs a known vocab"),
     (_sparse(opt={"type": "rmsprop", "lr": 0.1}), "needs 'type' in"),
     (_sparse(opt={"type": "adam", "lr": 0.1, "beta3": 0.5}), "bad adam hyper-parameters"),
 ])
@@ -116,11 +119,11 @@ def test_plan_form_specs_state_init_placement_imported_values_and_frozen_tables(
     adagrad = {"type": "adagrad", "lr": 0.1, "epsilon": 1e-6,
                "state": {"Moment": {"out": "MomentOut", "shape": [4, 2], "init": 0.5}}}
     specs = [
-        {"name": "w", "kind": "dense", "shape": [4, 2], "dtype": "float32", "initializer": None,
-         "optimizer": adagrad, "sharding": {"by": "table", "shard": 1, "num_shards": 2}},
-        {"name": "big", "kind": "dense", "shape": [100], "dtype": "float32",
-         "initializer": {"type": "constant", "value": 1.0}, "optimizer": None},
-        {**_sparse(50), "initializer": None},
+        TableSpec(name="w", kind="dense", shape=[4, 2], dtype="float32", initializer=None,
+         optimizer=adagrad, sharding={"by": "table", "shard": 1, "num_shards": 2}),
+        TableSpec(name="big", kind="dense", shape=[100], dtype="float32",
+         initializer={"type": "constant", "value": 1.0}, optimizer=None),
+        replace(_sparse(50), initializer=None),
     ]
     assert place_dense(specs, 2) == {"w": 1, "big": 0}
     shard = Shard(specs, shard=1, num_shards=2)
@@ -143,8 +146,8 @@ def test_plan_form_specs_state_init_placement_imported_values_and_frozen_tables(
 
 def test_ids_go_with_sparse_tables_only():
     """One rule, on the shard (and the client checks with the same function before sending)."""
-    shard = Shard([_sparse(10), {"name": "w", "kind": "dense", "shape": [2], "dtype": "float32",
-                                 "initializer": {"type": "constant", "value": 0.0}, "optimizer": None}],
+    shard = Shard([_sparse(10), TableSpec(name="w", kind="dense", shape=[2], dtype="float32",
+                                 initializer={"type": "constant", "value": 0.0}, optimizer=None)],
                   shard=0, num_shards=1)
     with pytest.raises(PSError, match="pull of sparse table 'emb' needs ids"):
         shard.pull("emb")

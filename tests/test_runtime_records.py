@@ -18,6 +18,7 @@ from runtime.wire import decode, encode
 from transpiler import builder as nn
 from transpiler import transpile
 from transpiler.models import wide_deep
+from transpiler.tables import TableSpec
 
 KEY = b"k" * 32
 
@@ -101,7 +102,7 @@ def spec_dict() -> dict:
         ps=["ipc://p"],
         mode="sync",
         micro_batches=4,
-        tables=plan.tables,
+        tables=[t.to_dict() for t in plan.tables],  # as JSON holds them
         loss=plan.loss_name,
         loss_reduction="mean",
         secret=b"s" * 32,
@@ -122,6 +123,7 @@ def test_trainer_spec_crosses_a_process_boundary_as_plain_data():
     spec = TrainerSpec.from_dict(spec_dict())
     d = spec.to_dict()
     assert d == spec_dict() and type(d) is dict
+    assert all(type(t) is TableSpec for t in spec.tables) and all(type(t) is dict for t in d["tables"])
     assert TrainerSpec.from_dict(pickle.loads(pickle.dumps(d))) == spec
     assert spec.is_reader
     with pytest.raises(AttributeError):  # frozen: nothing patches a spec after the driver made it

@@ -62,7 +62,7 @@ def test_sync_wide_deep_equals_single_process_and_leaves_no_process():
                  mode="sync", micro_batches=4, engine=eng, allow_emulation=True, return_params=True,
                  callback=seen.append, secret=b"every message signed (HMAC)")
     want = single_process(model, [data.batch(t, 256) for t in range(STEPS)])
-    tables = [t["name"] for t in transpile(model.main).tables]
+    tables = [t.name for t in transpile(model.main).tables]
     assert len(tables) == 8
     assert_same_params(hist.params, want, tables)
     # the history: one entry per step, in order, with the loss of the whole global batch

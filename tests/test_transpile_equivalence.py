@@ -67,7 +67,7 @@ def test_simulate_matches_single_process(model, opt, placement):
     server = InMemoryServer(plan)
     losses = simulate(plan, batches, server=server)
     np.testing.assert_allclose([x[0] for x in losses], ref_losses, rtol=1e-9, atol=0)
-    assert set(ref_params) == {t["name"] for t in plan.tables}
+    assert set(ref_params) == {t.name for t in plan.tables}
     for name, want in ref_params.items():
         np.testing.assert_allclose(server.value(name), want, rtol=1e-9, atol=1e-12, err_msg=name)
     assert not np.allclose(server.value(name), server.__class__(plan).value(name)), "nothing trained"
@@ -79,7 +79,7 @@ def test_program_without_optimize_ops_uses_config_optimizer():
     fwd = models.wide_deep(num_slots=5, vocab=40, dim=4, num_dense=6, hidden=(16, 8), dtype="float64")
     fwd.main.attrs["loss_name"] = fwd.loss.name
     plan = transpile(fwd.main, TranspileConfig(optimizer={"type": "sgd", "lr": 0.1}))
-    assert {t["optimizer"]["type"] for t in plan.tables} == {"sgd"}
+    assert {t.optimizer.type for t in plan.tables} == {"sgd"}
     losses = simulate(plan, batches)
     np.testing.assert_allclose([x[0] for x in losses], reference("wide_deep", "sgd")[0], rtol=1e-9)
 
@@ -149,7 +149,7 @@ def test_oracle_server_refuses_ids_outside_a_table():
     """The registry's id-range check (the one the embedding kernel runs), with the table named."""
     plan = transpile(models.wide_deep(vocab=30).main)
     server = InMemoryServer(plan)
-    sparse = next(t["name"] for t in plan.tables if t["kind"] == "sparse")
+    sparse = next(t.name for t in plan.tables if t.kind == "sparse")
     assert server.pull(sparse, np.array([0, 29])).shape[0] == 2
     with pytest.raises(IndexError, match=rf"'{sparse}': ids out of range \[0, 30\): \[30, -1\]"):
         server.pull(sparse, np.array([3, 30, -1]))

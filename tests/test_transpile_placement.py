@@ -9,6 +9,7 @@ import pytest
 from transpiler import Program, TranspileConfig, models, transpile
 from transpiler import builder as nn
 from transpiler.passes import assign_devices
+from transpiler.tables import Sharding, StateSpec
 
 
 def wide_deep() -> models.Model:
@@ -111,7 +112,7 @@ def test_dlrm_gradient_sums_go_where_one_tensor_crosses():
 def test_sparse_tables_pull_unique_rows_and_push_row_grads():
     m = wide_deep()
     plan = transpile(m.main)
-    kinds = {t["name"]: t["kind"] for t in plan.tables}
+    kinds = {t.name: t.kind for t in plan.tables}
     assert kinds["deep_emb.w_0"] == kinds["wide_emb.w_0"] == "sparse"
     assert kinds["fc_0.w_0"] == "dense"
     cpu = plan.programs["cpu"]
@@ -119,10 +120,10 @@ def test_sparse_tables_pull_unique_rows_and_push_row_grads():
     assert sorted(op.attrs["table"] for op in cpu.ops if op.type == "push_sparse") == \
         ["deep_emb.w_0", "wide_emb.w_0"]
     deep = plan.table("deep_emb.w_0")
-    assert deep["shape"] == [100, 8] and deep["optimizer"]["type"] == "sgd"
-    assert deep["sharding"] == {"by": "id_hash", "num_shards": 1}
+    assert deep.shape == [100, 8] and deep.optimizer.type == "sgd"
+    assert deep.sharding == Sharding(by="id_hash", num_shards=1)
     dense = transpile(m.main, TranspileConfig(sparse_tables=["wide_emb.w_0"]))
-    assert {t["name"]: t["kind"] for t in dense.tables}["deep_emb.w_0"] == "dense"
+    assert {t.name: t.kind for t in dense.tables}["deep_emb.w_0"] == "dense"
     with pytest.raises(ValueError, match="fc_0.w_0.*not an embedding lookup"):
         transpile(m.main, TranspileConfig(sparse_tables=["fc_0.w_0"]))
 
@@ -131,11 +132,11 @@ def test_optimizer_specs_carry_hyper_parameters_and_state():
     m = models.wide_deep(num_slots=2, vocab=10, dim=2, num_dense=2, hidden=(4,),
                          optimizer=nn.Adam(0.003, beta1=0.8))
     t = transpile(m.main, TranspileConfig(num_servers=2)).table("fc_0.w_0")
-    opt = t["optimizer"]
-    assert (opt["type"], opt["lr"], opt["beta1"], opt["beta2"]) == ("adam", 0.003, 0.8, 0.999)
-    assert opt["state"]["Beta1Pow"] == {"out": "Beta1PowOut", "shape": [1], "init": 0.8}
-    assert opt["state"]["Moment1"]["shape"] == t["shape"]
-    assert t["sharding"]["by"] == "table" and t["sharding"]["shard"] in (0, 1)
+    opt = t.optimizer
+    assert (opt.type, opt.hyper["lr"], opt.hyper["beta1"], opt.hyper["beta2"]) == ("adam", 0.003, 0.8, 0.999)
+    assert opt.state["Beta1Pow"] == StateSpec(out="Beta1PowOut", shape=[1], init=0.8)
+    assert opt.state["Moment1"].shape == t.shape
+    assert t.sharding.by == "table" and t.sharding.shard in (0, 1)
 
 
 def test_config_loads_from_yaml_and_json(tmp_path):

@@ -48,7 +48,7 @@ def test_params_travel_in_params_npz(tmp_path):
     m = models.wide_deep(num_slots=2, vocab=10, dim=2, num_dense=2, hidden=(4,), optimizer=nn.SGD(0.1))
     m.main.params = {"fc_0.w_0": np.full((6, 4), 0.5, "float32")}
     plan = transpile(m.main)
-    assert plan.table("fc_0.w_0")["initializer"] is None
+    assert plan.table("fc_0.w_0").initializer is None
     plan.save(tmp_path)
     loaded = Plan.load(tmp_path)
     np.testing.assert_array_equal(loaded.params["fc_0.w_0"], m.main.params["fc_0.w_0"])

@@ -165,7 +165,7 @@ class PlanCost:
 
     def __init__(self, plan: Any, profile: Profile, device_map: dict[str, str] | None = None) -> None:
         self.plan, self.profile = plan, profile
-        self.tables = {t["name"]: t for t in plan.tables}
+        self.tables = {t.name: t for t in plan.tables}
         self.reader = next((t for t, p in plan.programs.items() if p.attrs.get("feeds")), None)
         if self.reader is None:
             raise ValueError("the plan has no trainer type that reads data (no data ops): nothing to predict")
@@ -211,16 +211,16 @@ class PlanCost:
     def _nbytes(self, table: str) -> int:
         t = self.tables[table]
         n = 1
-        for d in t["shape"]:
+        for d in t.shape:
             n *= d
-        return n * _itemsize(t["dtype"])
+        return n * _itemsize(t.dtype)
 
     def _row_bytes(self, table: str) -> int:
         t = self.tables[table]
         n = 1
-        for d in t["shape"][1:]:
+        for d in t.shape[1:]:
             n *= d
-        return n * _itemsize(t["dtype"])
+        return n * _itemsize(t.dtype)
 
     def predict(self, s: RunSettings) -> Prediction:
         if set(s.trainers) != set(self.types):
@@ -236,7 +236,7 @@ class PlanCost:
         item_s: dict[str, float] = {}
         shard_s = [0.0] * s.servers
         dense_home = balance(
-            {n: self._nbytes(n) for n in self.tables if self.tables[n]["kind"] == "dense"}, s.servers
+            {n: self._nbytes(n) for n in self.tables if self.tables[n].kind == "dense"}, s.servers
         )
         boundary_s = 0.0  # sync: one trainer of each type's PS round trips, one after another
         for t, tc in self.types.items():

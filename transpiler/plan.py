@@ -5,11 +5,7 @@ A plan directory holds `plan.json` (tables, channels, config, placement reasons)
 `programs/<trainer type>.json` per sub-program and, when the source program carried parameter
 values (ONNX / Paddle imports), `params.npz`.
 
-A table spec: {"name", "kind": "dense" | "sparse", "shape", "dtype", "initializer": spec dict of
-`ops_registry.initializers` (None when `params.npz` holds the value), "optimizer": None (frozen) or
-{"type": "sgd" | "adagrad" | "adam", "lr", hyper-parameters, "state": {slot: {"out", "shape",
-"init"}}}, "sharding": {"by": "table", "shard", "num_shards"} (dense: whole table on one shard,
-balanced by size) | {"by": "id_hash", "num_shards"} (sparse: rows spread by id)}.
+A table: a `transpiler.tables.TableSpec` (in plan.json as its `to_dict`, the format of old plans).
 A channel: {"tensor", "src", "dst", "shape", "dtype", "bytes_per_example", "direction"}.
 """
 
@@ -30,6 +26,7 @@ from .config import TranspileConfig
 from .errors import PlanError
 from .ir import LintError, Op, Program
 from .passes import assign_devices, insert_comm, insert_ps, split, verify
+from .tables import OptimizerSpec, TableSpec, tables_from_dicts, tables_to_dicts
 from .values import load_params, save_params
 
 
@@ -39,7 +36,7 @@ class Plan:
     of the source program (optimizer ops: device "ps") and every op the passes inserted."""
 
     programs: dict[str, Program]
-    tables: list[dict[str, Any]]
+    tables: list[TableSpec]
     channels: list[dict[str, Any]]
     config: TranspileConfig = field(default_factory=TranspileConfig)
     placement: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -50,11 +47,11 @@ class Plan:
     def trainer_types(self) -> list[str]:
         return list(self.programs)
 
-    def table(self, name: str) -> dict[str, Any]:
+    def table(self, name: str) -> TableSpec:
         for t in self.tables:
-            if t["name"] == name:
+            if t.name == name:
                 return t
-        raise KeyError(f"no table {name!r} in the plan; tables: {[t['name'] for t in self.tables]}")
+        raise KeyError(f"no table {name!r} in the plan; tables: {[t.name for t in self.tables]}")
 
     # -- checks and explanations ---------------------------------------------------------
     def verify(self) -> None:
@@ -86,8 +83,8 @@ class Plan:
         for dev, prog in self.programs.items():
             (path / "programs" / f"{dev}.json").write_text(prog.to_json(indent=1))
         meta = {"version": 1, "trainer_types": self.trainer_types, "loss_name": self.loss_name,
-                "config": self.config.to_dict(), "tables": self.tables, "channels": self.channels,
-                "placement": self.placement}
+                "config": self.config.to_dict(), "tables": tables_to_dicts(self.tables),
+                "channels": self.channels, "placement": self.placement}
         (path / "plan.json").write_text(json.dumps(meta, indent=1))
         if self.params:
             save_params(self.params, path / "params.npz")
@@ -113,7 +110,11 @@ class Plan:
                                 "'cpu'); a plan reads only its own files, programs/<type>.json")
         programs = {t: Program.from_json(_inside(path, "programs", f"{t}.json").read_text()) for t in types}
         params = load_params(_inside(path, "params.npz")) if (path / "params.npz").exists() else {}
-        plan = cls(programs, meta["tables"], meta["channels"], TranspileConfig.from_dict(meta["config"]),
+        try:
+            tables = tables_from_dicts(meta.get("tables"))
+        except ValueError as e:
+            raise PlanError(f"{path / 'plan.json'}: {e}") from None
+        plan = cls(programs, tables, meta["channels"], TranspileConfig.from_dict(meta["config"]),
                    meta["placement"], params, meta["loss_name"])
         if check:
             plan.verify()
@@ -144,11 +145,11 @@ class Plan:
         lines += [f"  total {s} -> {d}: {n} B per example" for (s, d), n in totals.items()]
         lines.append("tables:")
         for t in self.tables:
-            opt = t["optimizer"]
-            opt_s = "frozen" if not opt else _describe_optimizer(opt)
-            shape = " x ".join(map(str, t["shape"]))
-            lines.append(f"  {t['name']:<24} {t['kind']:<6} {shape} {t['dtype']}  {opt_s}  "
-                         f"shard {t['sharding'].get('shard', 'by id hash')}")
+            opt_s = "frozen" if not t.optimizer else _describe_optimizer(t.optimizer)
+            shape = " x ".join(map(str, t.shape))
+            shard = t.sharding.shard if t.sharding is not None else None
+            lines.append(f"  {t.name:<24} {t.kind:<6} {shape} {t.dtype}  {opt_s}  "
+                         f"shard {'by id hash' if shard is None else shard}")
         if profile is not None:
             from .cost import RunSettings, predict
 
@@ -254,8 +255,9 @@ def _transpile(program: Program, config: TranspileConfig) -> Plan:
     return plan
 
 
-def _describe_optimizer(opt: dict) -> str:
+def _describe_optimizer(spec: OptimizerSpec) -> str:
     """`adamw(lr=0.003, schedule=linear_warmup>cosine, weight_decay=0.01, l2=0.001)` (set rules only)."""
+    opt = spec.hyper
     parts, sched = [f"lr={opt.get('lr')}"], opt.get("lr_schedule")
     names = []
     while sched:
@@ -269,4 +271,4 @@ def _describe_optimizer(opt: dict) -> str:
         parts.append(f"l2={opt['l2_decay']}")
     if opt.get("paddle_sparse"):
         parts.append("paddle_sparse")
-    return f"{opt['type']}({', '.join(parts)})"
+    return f"{spec.type}({', '.join(parts)})"

@@ -1,5 +1,6 @@
 """Parameter server: tables with server-side optimizers, shards and modes, a ZeroMQ server process,
-its client, GEO trainer-side copies and shard-count-independent checkpoints.
+its client, GEO trainer-side copies and shard-count-independent checkpoints. Tables are described by
+`transpiler.TableSpec`s (a plan's `plan.tables`).
 
     with Servers(specs, num_shards=2, mode="sync", pushes_per_step=2) as servers:
         client = PSClient(servers.endpoints, pusher=rank)

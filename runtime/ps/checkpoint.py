@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from transpiler.tables import TableSpec, tables_to_dicts
+
 from .table import PSError
 
 MANIFEST = "manifest.json"
@@ -129,11 +131,11 @@ def write_arrays(path: str | os.PathLike, name: str, table: str, arrays: dict[st
     return {"table": table, "file": name, "bytes": target.stat().st_size, "sha256": _sha256(target)}
 
 
-def finish(stage: str | os.PathLike, path: str | os.PathLike, specs: list[dict], files: list[dict],
+def finish(stage: str | os.PathLike, path: str | os.PathLike, specs: list[TableSpec], files: list[dict],
            **meta: Any) -> None:
     """Write the manifest into `stage`, then make `stage` the checkpoint at `path` (atomically)."""
     stage, path = Path(stage), check_target(path)
-    doc = {"format": FORMAT, "tables": specs, "files": files, **meta}
+    doc = {"format": FORMAT, "tables": tables_to_dicts(specs), "files": files, **meta}
     _atomic_write(stage / MANIFEST, lambda f: f.write(json.dumps(doc, indent=1).encode()))
     _fsync_dir(stage)
     if not path.exists():

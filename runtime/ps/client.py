@@ -26,6 +26,7 @@ import zmq
 
 from ops_registry import SparseRows
 from ops_registry.base import RowMerge
+from transpiler.tables import TableSpec, tables_from_dicts
 
 from ..channels import ShmRing, ShmSegments, shm_dir
 from ..telemetry import unpack_spans
@@ -45,10 +46,10 @@ def _assemble(plans: list, got: list[np.ndarray]) -> list[np.ndarray]:
         if shape is None:
             out.append(got[where[0][0]])
             continue
-        rows = np.empty((n, spec["shape"][1]), spec["dtype"])
+        rows = np.empty((n, spec.shape[1]), spec.dtype)
         for i, p in where:
             rows[p] = got[i]
-        out.append((rows if inv is None else rows[inv]).reshape(*shape, spec["shape"][1]))
+        out.append((rows if inv is None else rows[inv]).reshape(*shape, spec.shape[1]))
     return out
 
 
@@ -124,7 +125,7 @@ class PSClient:
                               f"{h['num_shards']} (tables {[t['name'] for t in h['tables']]}); expected "
                               f"shard {k} of {len(self.endpoints)} with the tables of shard 0")
         self.mode = first["mode"]
-        self.specs = {t["name"]: t for t in first["tables"]}
+        self.specs = {t.name: t for t in tables_from_dicts(first["tables"])}
         self._dense = place_dense(list(self.specs.values()), len(self.endpoints))
 
     # -- requests ---------------------------------------------------------------------------
@@ -209,16 +210,16 @@ class PSClient:
                             "the server uses a different shared secret") from None
 
     # -- pull / push ------------------------------------------------------------------------
-    def _spec(self, table: str) -> dict:
+    def _spec(self, table: str) -> TableSpec:
         try:
             return self.specs[table]
         except KeyError:
             raise PSError(f"unknown table {table!r}; the servers hold {sorted(self.specs)}") from None
 
-    def _check_ids(self, table: str, ids: Any, what: str) -> dict:
+    def _check_ids(self, table: str, ids: Any, what: str) -> TableSpec:
         """The table's spec, after checking that ids come with a sparse table and only with one."""
         spec = self._spec(table)
-        check_ids_given(spec["kind"], table, ids, what)
+        check_ids_given(spec.kind, table, ids, what)
         return spec
 
     def _split(self, ids: np.ndarray) -> list[np.ndarray]:
@@ -277,7 +278,7 @@ class PSClient:
         plans = []
         for table, ids in requests:
             spec = self._check_ids(table, ids, "pull")
-            if spec["kind"] == "dense":
+            if spec.kind == "dense":
                 plans.append((spec, None, 0, None, [(len(parts), None)]))
                 parts.append((self._dense[table], table, []))
                 continue
@@ -302,13 +303,13 @@ class PSClient:
             if isinstance(grad, SparseRows):
                 ids, grad = grad.rows, grad.values
             spec = self._check_ids(table, ids, "push")
-            if spec["kind"] == "dense":
+            if spec.kind == "dense":
                 parts.append((self._dense[table], table, [np.asarray(grad)]))
                 continue
             ids, grad = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(grad)
             if grad.ndim != 2 or grad.shape[0] != ids.size:
                 raise PSError(f"push to {table!r}: {ids.size} ids need a gradient of shape "
-                              f"[{ids.size}, {spec['shape'][1]}], got {list(grad.shape)}")
+                              f"[{ids.size}, {spec.shape[1]}], got {list(grad.shape)}")
             if not strictly_increasing(ids):
                 if last is None or not np.array_equal(last[0], ids):
                     last = (ids, RowMerge.of(np, ids))
@@ -355,7 +356,7 @@ class PSClient:
     def assign(self, table: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set a table's values: dense, the whole array; sparse, rows `ids` (e.g. imported weights,
         `ids=np.arange(vocab)`). Optimizer state is untouched."""
-        if self._check_ids(table, ids, "assign")["kind"] == "dense":
+        if self._check_ids(table, ids, "assign").kind == "dense":
             self._call({self._dense[table]: ({"op": "assign", "table": table}, [np.asarray(values)])})
             return
         ids, values = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(values)

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from transpiler.tables import TableSpec
+
 from .index import make_index
 
 ENTRY_TYPES = ("count", "probability")
@@ -101,9 +103,9 @@ class Waiting:
 class Entry:
     """Admission and eviction state of one sparse table (see the module docstring)."""
 
-    def __init__(self, spec: dict[str, Any], vocab: int) -> None:
-        self.rule = spec.get("entry")
-        self.evict_after = spec.get("evict_after")
+    def __init__(self, spec: TableSpec, vocab: int) -> None:
+        self.rule = spec.entry
+        self.evict_after = spec.evict_after
         self.clock = 0  # pushes applied
         self.last = np.zeros(0, np.int64)  # per row slot: the clock when it was last touched
         self.waiting = Waiting(vocab) if self.rule is not None else None

@@ -31,6 +31,8 @@ from typing import Any
 
 import zmq
 
+from transpiler.tables import tables_from_dicts, tables_to_dicts
+
 from ..channels import ShmRing, ShmSegments, shm_dir
 from ..telemetry import Recorder, pack_spans, timed
 from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode, wire_array
@@ -250,7 +252,8 @@ class _Loop:
     def dispatch(self, op: Any, h: dict, arrays: list) -> tuple[dict, list]:
         s = self.shard
         if op == "hello":
-            return {"shard": s.shard, "num_shards": s.num_shards, "mode": s.mode, "tables": s.specs}, []
+            return {"shard": s.shard, "num_shards": s.num_shards, "mode": s.mode,
+                    "tables": tables_to_dicts(s.specs)}, []
         if op == "pull":
             if len(arrays) > 1:
                 raise PSError(f"pull takes at most one array (ids), got {len(arrays)}")
@@ -335,7 +338,8 @@ class _Loop:
                            shm=h.get("shm_reply") is True)
 
 
-def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int = 1, mode: str = "async",
+def serve(endpoint: str, specs: list[dict[str, Any]], *, shard: int = 0, num_shards: int = 1,
+          mode: str = "async",
           pushes_per_step: int | dict[str, int] = 1, check_finite: bool = True,
           secret: bytes | None = None, ready: Any = None, log_file: str | None = None,
           trace: bool = False, admin_secret: bytes | None = None,
@@ -363,7 +367,7 @@ def serve(endpoint: str, specs: list[dict], *, shard: int = 0, num_shards: int =
     # (memory stays bounded); a message up to that size gets decode's clear error reply instead
     sock.maxmsgsize = 2 * (limits or Limits()).max_message_bytes
     try:
-        loop = _Loop(sock, Shard(specs, shard=shard, num_shards=num_shards, mode=mode,
+        loop = _Loop(sock, Shard(tables_from_dicts(specs), shard=shard, num_shards=num_shards, mode=mode,
                                  pushes_per_step=pushes_per_step, check_finite=check_finite,
                                  limits=limits), secret, trace, admin_secret, checkpoint_root)
         sock.bind(endpoint)

@@ -9,6 +9,8 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from transpiler.tables import TableSpec, tables_to_dicts
+
 from ..channels import shm_dir_for
 from .server import serve
 from .shard import Limits
@@ -34,7 +36,7 @@ class Servers:
     run directory whose /dev/shm twin carries same-host clients' large arrays (runtime.channels).
     """
 
-    def __init__(self, specs: list[dict], num_shards: int = 1, *, mode: str = "async",
+    def __init__(self, specs: list[TableSpec], num_shards: int = 1, *, mode: str = "async",
                  transport: str = "tcp", host: str = "127.0.0.1", pushes_per_step: int | dict = 1,
                  check_finite: bool = True, secret: bytes | None = None, admin_secret: bytes | None = None,
                  checkpoint_root: str | os.PathLike | None = None, limits: Limits | None = None,
@@ -58,7 +60,8 @@ class Servers:
             for k in range(num_shards):
                 addr = f"ipc://{self._tmp}/shard{k}" if self._tmp else f"tcp://{host}:*"
                 recv, send = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=serve, args=(addr, specs), name=f"hetps-ps-{k}", daemon=True,
+                p = ctx.Process(target=serve, args=(addr, tables_to_dicts(specs)), name=f"hetps-ps-{k}",
+                                daemon=True,
                                 kwargs=dict(shard=k, num_shards=num_shards, mode=mode, secret=self.secret,
                                             admin_secret=self.admin_secret, checkpoint_root=root,
                                             limits=limits, pushes_per_step=pushes_per_step,

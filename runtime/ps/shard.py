@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from transpiler.config import MODES as PLAN_MODES
+from transpiler.tables import TableSpec
 
 from ..wire import MAX_MESSAGE_BYTES
 from . import checkpoint
@@ -80,21 +81,21 @@ class NotReady(Exception):
 
 
 class Shard:
-    def __init__(self, specs: list[dict[str, Any]], *, shard: int = 0, num_shards: int = 1,
+    def __init__(self, specs: list[TableSpec], *, shard: int = 0, num_shards: int = 1,
                  mode: str = "async", pushes_per_step: int | dict[str, int] = 1,
                  check_finite: bool = True, limits: Limits | None = None) -> None:
         if mode not in MODES:
             raise PSError(f"mode {mode!r} is not one of {MODES}")
         if not 0 <= shard < num_shards:
             raise PSError(f"shard index {shard} is outside [0, {num_shards})")
-        self.specs = sorted((check_spec(s) for s in specs), key=lambda s: s["name"])
-        names = [s["name"] for s in self.specs]
+        self.specs = sorted((check_spec(s) for s in specs), key=lambda s: s.name)
+        names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
             raise PSError(f"table names repeat: {names}")
         self.shard, self.num_shards, self.mode = shard, num_shards, mode
         self.check_finite, self.limits = check_finite, limits or Limits()
         self.tables: dict[str, DenseTable | SparseTable] = {
-            s["name"]: make_table(s, check_finite) for s in tables_of_shard(self.specs, shard, num_shards)}
+            s.name: make_table(s, check_finite) for s in tables_of_shard(self.specs, shard, num_shards)}
         if isinstance(pushes_per_step, dict):
             missing = sorted(n for n, t in self.tables.items()  # frozen tables are never pushed
                              if n not in pushes_per_step and t.kernel is not None)
@@ -117,7 +118,7 @@ class Shard:
     # -- pull / push ------------------------------------------------------------------------
     def _ids_args(self, t: DenseTable | SparseTable, ids: np.ndarray | None, what: str) -> tuple:
         """(ids,) for a sparse table, () for a dense one; PSError when ids are missing / extra."""
-        check_ids_given(t.spec["kind"], t.name, ids, what)
+        check_ids_given(t.spec.kind, t.name, ids, what)
         return () if ids is None else (ids,)
 
     def _check_new_rows(self, t: DenseTable | SparseTable, ids: np.ndarray | None, what: str) -> None:
@@ -208,7 +209,7 @@ class Shard:
     # -- checkpoints --------------------------------------------------------------------------
     def save(self, path: str | Path) -> list[dict]:
         """Write this shard's table files into `path`; their manifest entries."""
-        index = {s["name"]: i for i, s in enumerate(self.specs)}
+        index = {s.name: i for i, s in enumerate(self.specs)}
         return [checkpoint.write_arrays(path, checkpoint.file_name(index[n], n, self.shard), n,
                                         {**t.state_dict(), "version": np.array([self.version[n]])})
                 for n, t in self.tables.items()]
@@ -222,8 +223,8 @@ class Shard:
         fresh = {}
         for name, t in self.tables.items():
             s = saved.get(name)
-            if s is None or s["kind"] != t.spec["kind"] or list(s["shape"]) != list(t.shape) \
-                    or s["optimizer"].get("type") != t.spec["optimizer"]["type"]:
+            if s is None or s["kind"] != t.spec.kind or list(s["shape"]) != list(t.shape) \
+                    or (s["optimizer"] or {}).get("type") != (t.spec.optimizer and t.spec.optimizer.type):
                 raise checkpoint.CheckpointError(
                     f"checkpoint {str(path)!r} has table {name!r} as {s}, this server has {t.spec}")
             new = make_table(t.spec, self.check_finite)

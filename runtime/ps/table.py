@@ -1,15 +1,13 @@
 """Parameter-server tables: a dense array or a sparse id -> row map, with its server-side optimizer.
 
-A table is described by a spec (what the transpiler records in its Plan):
-
-    {"name": "emb", "kind": "dense" | "sparse", "shape": [vocab or -1, dim] (sparse) | param shape,
-     "dtype": "float32", "initializer": {...init_rows spec...} | None,
-     "optimizer": {"type": "sgd" | "adagrad" | "adam", "lr": 0.01, ...hyper-parameters,
-                   "state": {slot: {"init": value, ...}} (optional)} | None}
+A table is described by a `transpiler.tables.TableSpec` (what the transpiler records in its Plan;
+`TableSpec.from_dict` makes one from plain data): its name, kind ("dense" | "sparse"), shape
+([vocab or -1, dim] for a sparse table), dtype, initializer (an `init_rows` spec) and optimizer
+(an `OptimizerSpec`: type, hyper-parameters (lr...), optional state start values; or None).
 
 `initializer: None` means the values come from elsewhere (imported weights): they must be set with
-`assign` before they are read. `optimizer: None` is a frozen table that refuses pushes. Other keys
-(e.g. the Plan's "sharding") are kept and ignored here.
+`assign` before they are read. `optimizer: None` is a frozen table that refuses pushes. The Plan's
+`sharding` is ignored here.
 
 Updates call the registry's optimizer kernels (`ops_registry.get_op(type).kernel`) with the same
 attrs and state the builder's optimizer ops get, so a server step is the trainer-side step bit for
@@ -25,6 +23,7 @@ memory tracks the rows in use.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ from ops_registry import SparseRows, get_op, init_rows, scatter_add
 from ops_registry.embedding import id_range_error
 from ops_registry.optimizer import state_init
 from transpiler.builder import OPTIMIZERS, Optimizer
+from transpiler.tables import OptimizerSpec, TableSpec
 
 from .entry import ENTRY_CLOCK, Entry, check_entry
 from .index import make_index, strictly_increasing
@@ -42,24 +42,27 @@ class PSError(ValueError):
     """A request the parameter server refuses; the message says what was expected."""
 
 
-def _optimizer(name: str, spec: dict[str, Any]) -> Optimizer:
-    hyper = {k: v for k, v in spec.items() if k not in ("type", "state")}
-    cls = OPTIMIZERS.get(spec.get("type"))
+def _optimizer(name: str, spec: OptimizerSpec) -> Optimizer:
+    hyper = spec.hyper
+    cls = OPTIMIZERS.get(spec.type)
     if cls is None or "lr" not in hyper:
-        raise PSError(f"table {name!r}: optimizer {spec!r} needs 'type' in {sorted(OPTIMIZERS)} "
+        raise PSError(f"table {name!r}: optimizer {spec.to_dict()!r} needs 'type' in {sorted(OPTIMIZERS)} "
                       "and 'lr'")
     try:
         return cls(**hyper)
     except (TypeError, ValueError) as e:
-        raise PSError(f"table {name!r}: bad {spec['type']} hyper-parameters {hyper}: {e}") from None
+        raise PSError(f"table {name!r}: bad {spec.type} hyper-parameters {hyper}: {e}") from None
 
 
-def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
+def check_spec(spec: TableSpec) -> TableSpec:
     """`spec` with its shape and dtype normalised; PSError naming the table and field when malformed."""
-    name = spec.get("name")
+    if not isinstance(spec, TableSpec):
+        raise TypeError(f"a table spec must be a transpiler.tables.TableSpec (TableSpec.from_dict makes one "
+                        f"from a dict), got {type(spec).__name__}")
+    name = spec.name
     if not isinstance(name, str) or not name:
         raise PSError(f"table spec {spec!r} needs a non-empty string 'name'")
-    kind, shape = spec.get("kind"), spec.get("shape")
+    kind, shape = spec.kind, spec.shape
     if kind not in ("dense", "sparse"):
         raise PSError(f"table {name!r}: kind {kind!r} is not 'dense' or 'sparse'")
     if (not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) for d in shape)
@@ -67,42 +70,41 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
             or (kind == "dense" and any(d <= 0 for d in shape))):
         want = "[vocab or -1, dim]" if kind == "sparse" else "positive ints"
         raise PSError(f"table {name!r}: shape {shape!r} must be {want}")
-    dtype = np.dtype(spec.get("dtype", "float32"))
+    dtype = np.dtype(spec.dtype)
     if dtype.kind != "f":
         raise PSError(f"table {name!r}: dtype {dtype} is not a float type")
-    init = spec.get("initializer")
+    init = spec.initializer
     if init is not None and init.get("type") == "xavier" and kind == "sparse" and shape[0] == -1:
         raise PSError(f"table {name!r}: a xavier initializer needs a known vocab (shape[0] = -1)")
-    if spec.get("optimizer") is not None:
-        _optimizer(name, spec["optimizer"])
-    if spec.get("entry") is not None or spec.get("evict_after") is not None:
+    if spec.optimizer is not None:
+        _optimizer(name, spec.optimizer)
+    if spec.entry is not None or spec.evict_after is not None:
         if kind != "sparse":
             raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")
         try:
-            check_entry(name, spec.get("entry"), spec.get("evict_after"))
+            check_entry(name, spec.entry, spec.evict_after)
         except ValueError as e:
             raise PSError(str(e)) from None
-    return {**spec, "shape": list(shape), "dtype": dtype.name, "initializer": init,
-            "optimizer": spec.get("optimizer")}
+    return replace(spec, shape=list(shape), dtype=dtype.name)
 
 
 class Table:
     """What dense and sparse tables share: the spec, the optimizer kernel and its scalar state."""
 
-    def __init__(self, spec: dict[str, Any], check_finite: bool = True) -> None:
+    def __init__(self, spec: TableSpec, check_finite: bool = True) -> None:
         self.spec = check_spec(spec)
-        self.name, self.dtype = self.spec["name"], np.dtype(self.spec["dtype"])
-        self.shape = tuple(self.spec["shape"])
+        self.name, self.dtype = self.spec.name, np.dtype(self.spec.dtype)
+        self.shape = tuple(self.spec.shape)
         self.check_finite = check_finite
         self.kernel, self.attrs, self.out_slot, self.state_init = None, {}, {}, {}
         slots: list = []
-        if self.spec["optimizer"] is not None:
-            opt = _optimizer(self.name, self.spec["optimizer"])
+        if self.spec.optimizer is not None:
+            opt = _optimizer(self.name, self.spec.optimizer)
             opdef = get_op(opt.type)
             self.kernel, self.attrs = opdef.kernel, {**opdef.attrs, **opt.attrs()}
             slots = list(opt.state)
-            given = self.spec["optimizer"].get("state") or {}
-            self.state_init = {s.name: float(given[s.name]["init"]) if s.name in given
+            given = self.spec.optimizer.state or {}
+            self.state_init = {s.name: float(given[s.name].init) if s.name in given
                                else state_init(s, self.attrs) for s in slots}
             self.out_slot = {s.name: s.out for s in slots}
         self.state_slots = [s.name for s in slots if not s.scalar]
@@ -133,9 +135,9 @@ class Table:
 
 
 class DenseTable(Table):
-    def __init__(self, spec: dict[str, Any], check_finite: bool = True) -> None:
+    def __init__(self, spec: TableSpec, check_finite: bool = True) -> None:
         super().__init__(spec, check_finite)
-        init = self.spec["initializer"]
+        init = self.spec.initializer
         self.param = (np.zeros(self.shape, self.dtype) if init is None
                       else init_rows(init, self.shape, self.dtype.name))
         self.has_value = init is not None
@@ -177,13 +179,13 @@ class DenseTable(Table):
 
 
 class SparseTable(Table):
-    def __init__(self, spec: dict[str, Any], check_finite: bool = True) -> None:
+    def __init__(self, spec: TableSpec, check_finite: bool = True) -> None:
         super().__init__(spec, check_finite)
         self.vocab, self.dim = self.shape
         self.index = make_index(self.vocab)
         self.rows = np.empty((0, self.dim), self.dtype)
         self.row_state = {s: np.empty((0, self.dim), self.dtype) for s in self.state_slots}
-        streaming = self.spec.get("entry") is not None or self.spec.get("evict_after") is not None
+        streaming = self.spec.entry is not None or self.spec.evict_after is not None
         self.entry = Entry(self.spec, self.vocab) if streaming else None  # admission / eviction
 
     def __len__(self) -> int:
@@ -220,7 +222,7 @@ class SparseTable(Table):
     def slots(self, ids: np.ndarray, init: bool = True) -> np.ndarray:
         """Row slots of `ids`, creating missing rows: from the initializer (seeded per id), or
         left for the caller to fill when `init` is False."""
-        if init and self.spec["initializer"] is None:
+        if init and self.spec.initializer is None:
             missing = ids[self.index.find(ids) < 0]
             if missing.size:
                 raise PSError(f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
@@ -231,7 +233,7 @@ class SparseTable(Table):
             new = len(self.index)
             self._reserve(new, old)
             if init:
-                self.rows[old:new] = init_rows(self.spec["initializer"], self.shape, self.dtype.name,
+                self.rows[old:new] = init_rows(self.spec.initializer, self.shape, self.dtype.name,
                                                new_ids)
             for s, arr in self.row_state.items():
                 arr[old:new] = self.state_init[s]
@@ -263,10 +265,10 @@ class SparseTable(Table):
         out[have] = self.rows.take(found[have], axis=0)
         missing = ids[~have]
         if missing.size and not (self.entry is not None and self.entry.waiting is not None):
-            if self.spec["initializer"] is None:
+            if self.spec.initializer is None:
                 raise PSError(f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
                               "were never assigned (PSClient.assign)")
-            out[~have] = init_rows(self.spec["initializer"], self.shape, self.dtype.name, missing)
+            out[~have] = init_rows(self.spec.initializer, self.shape, self.dtype.name, missing)
         return out
 
     def push(self, grad: np.ndarray, ids: np.ndarray, *, checked: bool = False) -> None:
@@ -344,7 +346,7 @@ class SparseTable(Table):
             self.entry.load_state(slots, len(self.index), arrays)
 
 
-def make_table(spec: dict[str, Any], check_finite: bool = True) -> DenseTable | SparseTable:
+def make_table(spec: TableSpec, check_finite: bool = True) -> DenseTable | SparseTable:
     """A table for `spec` (see the module docstring)."""
-    return (SparseTable if spec.get("kind") == "sparse" else DenseTable)(spec, check_finite)
+    return (SparseTable if getattr(spec, "kind", None) == "sparse" else DenseTable)(spec, check_finite)
 

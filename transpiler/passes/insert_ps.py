@@ -12,7 +12,7 @@
 - Optimizer ops (op_role optimize) are removed; they become the tables' optimizers. A program
   without optimize ops trains every parameter that gets a gradient with `config.optimizer`.
 
-The table specs go to `program.attrs["tables"]` (see `table_spec`).
+The table specs (`transpiler.tables.TableSpec`) go to `program.attrs["tables"]` (see `_specs`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ops_registry.optimizer import STATE, state_init, state_slots
 from ..balance import balance, table_bytes
 from ..config import TranspileConfig
 from ..ir import Op, Program, Var, grad_name
+from ..tables import OptimizerSpec, Sharding, StateSpec, TableSpec
 
 _RESERVED = ("op_role", "op_device", "fwd_id")
 # Row lookups of a table W by Ids (slots "W", "Ids"): a sparse table serves them by pulled rows.
@@ -33,8 +34,8 @@ LOOKUPS = ("embedding", "embedding_bag")
 LOOKUP_GRADS = tuple(f"{t}_grad" for t in LOOKUPS)
 
 
-def optimizer_spec(type: str, attrs: dict, param: Var) -> dict:
-    """{"type", hyper-parameters..., "state": {slot: {"out", "shape", "init"}}} for one table.
+def optimizer_spec(type: str, attrs: dict, param: Var) -> OptimizerSpec:
+    """The optimizer of one table: its hyper-parameters and state slots.
 
     Hyper-parameters are the op's attrs over the registry defaults; state slots and their start
     values come from `ops_registry.optimizer` (`state_slots`, `state_init`).
@@ -43,10 +44,9 @@ def optimizer_spec(type: str, attrs: dict, param: Var) -> dict:
         raise ValueError(f"optimizer {type!r} (table {param.name!r}) is not one of {sorted(STATE)}")
     hyper = {k: v for k, v in {**get_op(type).attrs, **attrs}.items()
              if k not in _RESERVED and not k.startswith("_")}
-    state = {s.name: {"out": s.out, "shape": [1] if s.scalar else list(param.shape),
-                      "init": state_init(s, hyper)}
+    state = {s.name: StateSpec(s.out, [1] if s.scalar else list(param.shape), state_init(s, hyper))
              for s in state_slots(type, hyper)}
-    return {"type": type, **hyper, "state": state}
+    return OptimizerSpec(type, hyper, state)
 
 
 def insert_ps(program: Program, config: TranspileConfig | None = None) -> Program:
@@ -255,7 +255,7 @@ def _sparse_tables(block, read: set[str], other_use: dict[str, Op], config: Tran
 
 def _specs(
     block, names: set[str], sparse: set[str], optim: dict, params: dict, config: TranspileConfig
-) -> list[dict]:
+) -> list[TableSpec]:
     """Table specs in name order; dense tables go to shards by bytes (`transpiler.balance`)."""
     sizes = {n: table_bytes(block.var(n).shape, block.var(n).dtype) for n in names if n not in sparse}
     shard = balance(sizes, config.num_servers)
@@ -263,22 +263,21 @@ def _specs(
     for n in sorted(names):
         v = block.var(n)
         if n in sparse:
-            sharding = {"by": "id_hash", "num_shards": config.num_servers}
+            sharding = Sharding("id_hash", config.num_servers)
         else:
-            sharding = {"by": "table", "shard": shard[n], "num_shards": config.num_servers}
+            sharding = Sharding("table", config.num_servers, shard[n])
+        streaming = n in sparse
         specs.append(
-            {
-                "name": n,
-                "kind": "sparse" if n in sparse else "dense",
-                "shape": list(v.shape),
-                "dtype": v.dtype,
-                "initializer": None if n in params else v.initializer,
-                "optimizer": optim.get(n),
-                "sharding": sharding,
-            }
+            TableSpec(
+                name=n,
+                kind="sparse" if n in sparse else "dense",
+                shape=list(v.shape),
+                dtype=v.dtype,
+                initializer=None if n in params else v.initializer,
+                optimizer=optim.get(n),
+                sharding=sharding,
+                entry=dict(config.sparse_entry) if streaming and config.sparse_entry is not None else None,
+                evict_after=config.evict_after if streaming else None,
+            )
         )
-        if n in sparse and config.sparse_entry is not None:
-            specs[-1]["entry"] = dict(config.sparse_entry)
-        if n in sparse and config.evict_after is not None:
-            specs[-1]["evict_after"] = config.evict_after
     return specs

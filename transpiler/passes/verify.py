@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from ops_registry import UnknownOpError, has_op
 
 from ..errors import DeadlockError, PlanError
 from ..ir import Op, Program
 from ..schedule import schedule
+from ..tables import TableSpec
 
 
 def _topo_check(ops: Iterable[Op]) -> None:
@@ -33,13 +33,13 @@ def _topo_check(ops: Iterable[Op]) -> None:
 _Key = tuple[str, str, str]  # (src trainer type, dst trainer type, tensor)
 
 
-def verify(programs: dict[str, Program], tables: list[dict[str, Any]]) -> None:
+def verify(programs: dict[str, Program], tables: list[TableSpec]) -> None:
     """Raise PlanError listing every problem of a plan's sub-programs (by trainer type) and table
     specs; return None when they are sound."""
     sends: dict[_Key, list[Op]] = {}
     recvs: dict[_Key, list[Op]] = {}
     pushed: set[str] = set()
-    by_name = {t["name"]: t for t in tables}
+    by_name = {t.name: t for t in tables}
     problems: list[str] = []
     for dev, prog in programs.items():
         problems += _check_ops(dev, prog, by_name, sends, recvs, pushed)
@@ -48,7 +48,7 @@ def verify(programs: dict[str, Program], tables: list[dict[str, Any]]) -> None:
     problems += [
         f"table {name!r} has an optimizer but no trainer pushes its gradient"
         for name, t in by_name.items()
-        if t.get("optimizer") and name not in pushed
+        if t.optimizer and name not in pushed
     ]
     if not problems:
         try:
@@ -62,7 +62,7 @@ def verify(programs: dict[str, Program], tables: list[dict[str, Any]]) -> None:
 def _check_ops(
     dev: str,
     prog: Program,
-    tables: dict[str, dict],
+    tables: dict[str, TableSpec],
     sends: dict[_Key, list[Op]],
     recvs: dict[_Key, list[Op]],
     pushed: set[str],
@@ -126,22 +126,22 @@ def _check_pair(programs: dict[str, Program], key: _Key, s: list[Op], r: list[Op
     return problems
 
 
-def _check_table(dev: str, prog: Program, op: Op, table: dict | None) -> list[str]:
+def _check_table(dev: str, prog: Program, op: Op, table: TableSpec | None) -> list[str]:
     kind = op.type.split("_")[1]
     problem = None
     if table is None:
         problem = f"names table {op.attrs.get('table')!r}, which the plan does not have"
-    elif table["kind"] != kind:
-        problem = f"accesses {table['kind']} table {table['name']!r} as {kind}"
+    elif table.kind != kind:
+        problem = f"accesses {table.kind} table {table.name!r} as {kind}"
     elif op.type.startswith("push"):
-        problem = None if table.get("optimizer") else f"pushes to {table['name']!r}, which has no optimizer"
+        problem = None if table.optimizer else f"pushes to {table.name!r}, which has no optimizer"
     else:
         var = prog.vars.get(op.outputs["Out"][0])
-        if var is not None and var.dtype != table["dtype"]:
-            problem = f"pulls {table['name']!r} ({table['dtype']}) into {var.name!r} of dtype {var.dtype}"
-        elif kind == "dense" and var is not None and list(var.shape or ()) != table["shape"]:
+        if var is not None and var.dtype != table.dtype:
+            problem = f"pulls {table.name!r} ({table.dtype}) into {var.name!r} of dtype {var.dtype}"
+        elif kind == "dense" and var is not None and list(var.shape or ()) != list(table.shape):
             problem = (
-                f"pulls {table['name']!r} of shape {table['shape']} into {var.name!r} of shape "
+                f"pulls {table.name!r} of shape {table.shape} into {var.name!r} of shape "
                 f"{list(var.shape or ())}"
             )
     return [f"trainer {dev}: {op.type} op id {op.id} {problem}"] if problem else []
