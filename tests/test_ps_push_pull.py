@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from runtime.ps import Servers
+from transpiler.tables import tables_from_dicts
 
 LR, DIM, VOCAB = 0.5, 4, 1000
-SPECS = [
+SPECS = tables_from_dicts([
     {
         "name": "w",
         "kind": "dense",
@@ -45,7 +46,7 @@ SPECS = [
         "initializer": {"type": "constant", "value": 0.0},
         "optimizer": {"type": "sgd", "lr": LR},
     },
-]
+])
 
 
 def _grads(rng):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -33,60 +33,11 @@ from ..telemetry import unpack_spans
 from ..wire import AuthError, WireError, decode, encode, wire_array
 from . import checkpoint
 from .index import strictly_increasing
+from .pulls import assemble, one_pull_per_table
 from .server import ADMIN_OPS, PS_RING_BYTES
 from .shard import check_ids_given
 from .sharding import place_dense, shard_of
 from .table import PSError
-
-
-def _assemble(plans: list, got: list[np.ndarray]) -> list[np.ndarray]:
-    """The pulls' results from their parts' reply arrays (`PSClient._pull_parts`' plans)."""
-    out = []
-    for spec, shape, n, inv, where in plans:
-        if shape is None:
-            out.append(got[where[0][0]])
-            continue
-        rows = np.empty((n, spec.shape[1]), spec.dtype)
-        for i, p in where:
-            rows[p] = got[i]
-        out.append((rows if inv is None else rows[inv]).reshape(*shape, spec.shape[1]))
-    return out
-
-
-def _one_pull_per_table(requests: Sequence[tuple[str, np.ndarray | None]]
-                        ) -> tuple[list[tuple[str, np.ndarray | None]], Callable[[list], list]]:
-    """Pulls of the same table (e.g. one embedding looked up by several slots) merged into one
-    (their ids concatenated; a shard refuses a request naming a table twice), and the function that
-    splits the merged results back into one per request, in order."""
-    by_table: dict[str, list[int]] = {}
-    for i, (table, _) in enumerate(requests):
-        by_table.setdefault(table, []).append(i)
-    if len(by_table) == len(requests):
-        return list(requests), lambda got: got
-    merged: list[tuple[str, np.ndarray | None]] = []
-    pieces: list = [None] * len(requests)  # (merged index, rows slice or None for dense, ids' shape)
-    for table, idx in by_table.items():
-        ids = [requests[i][1] for i in idx]
-        if ids[0] is None:  # dense: one pull serves them all
-            for i in idx:
-                pieces[i] = (len(merged), None, None)
-            merged.append((table, None))
-            continue
-        flat = [np.asarray(x).reshape(-1) for x in ids]
-        start = 0
-        for i, x, f in zip(idx, ids, flat, strict=True):
-            pieces[i] = (len(merged), slice(start, start + f.size), np.shape(x))
-            start += f.size
-        merged.append((table, np.concatenate(flat)))
-
-    def split(got: list) -> list:
-        out = []
-        for k, rows, shape in pieces:
-            r = got[k]
-            out.append(r if rows is None else r.reshape(-1, r.shape[-1])[rows].reshape(*shape, r.shape[-1]))
-        return out
-
-    return merged, split
 
 
 class PSTimeoutError(PSError, TimeoutError):
@@ -242,9 +193,9 @@ class PSClient:
                   step: int | None = None, peek: bool = False) -> list[np.ndarray]:
         """`pull` of several (table, ids or None) at once: one request per shard for all of them,
         all in flight together, so they cost one round trip, not one per table."""
-        requests, split = _one_pull_per_table(requests)
+        requests, split = one_pull_per_table(requests)
         parts, plans = self._pull_parts(requests)
-        return split(_assemble(plans, self._send([], parts, step=None, pull_step=step, peek=peek)))
+        return split(assemble(plans, self._send([], parts, step=None, pull_step=step, peek=peek)))
 
     def push(self, table: str, grad: np.ndarray | SparseRows, ids: np.ndarray | None = None, *,
              step: int | None = None) -> None:
@@ -265,10 +216,10 @@ class PSClient:
         pulls, so a step costs one round trip. In sync mode (`step` = t) the pulls are for step
         t + 1: each shard answers once every pusher's step t is applied there. In async mode
         (`step` None) the rows already include these pushes. Returns what `pull_many` returns."""
-        pulls, split = _one_pull_per_table(pulls)
+        pulls, split = one_pull_per_table(pulls)
         parts, plans = self._pull_parts(pulls)
         pushed = self._push_parts(pushes)
-        return split(_assemble(plans, self._send(pushed, parts, step=step,
+        return split(assemble(plans, self._send(pushed, parts, step=step,
                                                  pull_step=None if step is None else step + 1)))
 
     def _pull_parts(self, requests: Sequence[tuple[str, np.ndarray | None]]) -> tuple[list, list]:
