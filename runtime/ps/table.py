@@ -75,6 +75,11 @@ def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
         raise PSError(f"table {name!r}: a xavier initializer needs a known vocab (shape[0] = -1)")
     if spec.get("optimizer") is not None:
         _optimizer(name, spec["optimizer"])
+    clip = spec.get("clip_norm")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                             or not 0 < clip < float("inf") or spec.get("optimizer") is None):
+        raise PSError(f"table {name!r}: clip_norm {clip!r} must be a positive finite number, on a "
+                      "table with an optimizer")
     if spec.get("entry") is not None or spec.get("evict_after") is not None:
         if kind != "sparse":
             raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")
