@@ -50,8 +50,10 @@ def clipped_tables(shard: Shard) -> set[str]:
     """The shard's tables with a `clip_norm` (and an optimizer); PSError outside sync mode."""
     names = {n for n, t in shard.tables.items() if t.spec.get("clip_norm") is not None and t.kernel}
     if names and shard.mode != "sync":
-        raise PSError(f"tables {sorted(names)} clip their gradients by global norm, which needs every "
-                      f"gradient of a step: train them in sync mode, not {shard.mode!r}")
+        raise PSError(
+            f"tables {sorted(names)} clip their gradients by global norm, which needs every "
+            f"gradient of a step: train them in sync mode, not {shard.mode!r}"
+        )
     return names
 
 
@@ -74,8 +76,10 @@ def _step_of(shard: Shard, step: int, what: str) -> None:
     """PSError unless `step` is the clipped tables' next step or a later one within the limits."""
     v = min(shard.version[n] for n in shard.clip_tables)
     if step < v or step > v + shard.limits.max_steps_ahead:
-        raise PSError(f"{what} for step {step}: this shard's clipped tables have applied {v} steps, so "
-                      f"it expects step {v} (at most max_steps_ahead={shard.limits.max_steps_ahead} ahead)")
+        raise PSError(
+            f"{what} for step {step}: this shard's clipped tables have applied {v} steps, so "
+            f"it expects step {v} (at most max_steps_ahead={shard.limits.max_steps_ahead} ahead)"
+        )
 
 
 def sum_squares(shard: Shard, step: int) -> float:
@@ -93,8 +97,10 @@ def sum_squares(shard: Shard, step: int) -> float:
 def check_scale(scale: Any) -> float:
     """`scale` as a float; PSError unless it is a number in [0, 1] (clip_norm / max(norm, clip_norm))."""
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 <= scale <= 1:
-        raise PSError(f"apply: scale {scale!r} is not a number in [0, 1] (clip_norm / max(global "
-                      "norm, clip_norm)); refused, nothing applied")
+        raise PSError(
+            f"apply: scale {scale!r} is not a number in [0, 1] (clip_norm / max(global "
+            "norm, clip_norm)); refused, nothing applied"
+        )
     return float(scale)
 
 
@@ -107,8 +113,10 @@ def apply(shard: Shard, step: int, scale: Any) -> list[str]:
     _step_of(shard, step, "apply")
     missing = sorted(n for n in shard.clip_tables if n not in shard.held or shard.version[n] != step)
     if missing:
-        raise PSError(f"apply for step {step}: tables {missing} do not hold that step's gradients yet "
-                      "(send norm first and wait for its answer); refused, nothing applied")
+        raise PSError(
+            f"apply for step {step}: tables {missing} do not hold that step's gradients yet "
+            "(send norm first and wait for its answer); refused, nothing applied"
+        )
     for name in sorted(shard.clip_tables):
         h, t = shard.held.pop(name), shard.tables[name]
         grad = (h.grad * t.dtype.type(scale)).astype(t.dtype, copy=False)
@@ -121,4 +129,3 @@ def apply(shard: Shard, step: int, scale: Any) -> list[str]:
     for name in sorted(shard.clip_tables):
         shard.advance(shard.tables[name])
     return sorted(shard.clip_tables)
-
