@@ -13,7 +13,7 @@ import pytest
 from test_ps_hostile import Raw
 from test_runtime_train import assert_same_params, single_process
 
-from runtime import Executor, train
+from runtime import Executor, InMemoryServer, simulate, train
 from runtime.data import SyntheticCTR
 from runtime.ps import PSClient, PSError, Servers, Shard
 from runtime.ps.shard import NotReady
@@ -198,3 +198,7 @@ def test_builder_model_with_grad_clip_norm_trains_like_the_single_process_execut
     )
     want = single_process(model, batches)
     assert_same_params(hist.params, want, sorted(hist.params))
+    plan = transpile(model.main)
+    server = InMemoryServer(plan)  # the in-process oracle clips too
+    simulate(plan, batches, server=server)
+    assert_same_params(server.values, want, sorted(hist.params))
