@@ -15,8 +15,9 @@ Facts kept here, read by the builder, the PS pass, the tables and the Paddle imp
   `weight_decay` (decoupled: Param -= lr * weight_decay * Param before the Adam step, Paddle's
   AdamW with lr_ratio 1).
 - `clip_by_global_norm`: Paddle's ClipGradByGlobalNorm over every gradient of a step, an op of its
-  own before the updates (it needs all gradients at once, so it runs in single-process training;
-  the parameter-server tables, which update table by table, refuse it).
+  own before the updates. Single-process training runs the op; on the parameter servers (sync mode)
+  each shard holds its clipped tables' step gradients and reports their `sum_squares`, and one
+  trainer turns the shards' sums into the scale (`global_norm_scale`) the shards then apply.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .base import OpDef, SparseRows, register, scatter_add
 
@@ -253,15 +256,28 @@ def _adamw(xp, ins, attrs):
 _register("adamw", _adamw, {**ADAM_DEFAULTS, "weight_decay": 0.01})
 
 
+def sum_squares(xp, g: Any) -> float:
+    """The squared L2 norm of one gradient (a row-sparse one's rows merged first), summed in the
+    gradient's dtype as Paddle does."""
+    if isinstance(g, SparseRows):
+        g = g.merged(xp).values
+    return float(xp.sum(xp.square(g)))
+
+
+def global_norm_scale(total: float, clip_norm: float, dtype: Any) -> Any:
+    """ClipGradByGlobalNorm's scale for gradients whose squared norms sum to `total`:
+    clip_norm / max(sqrt(total), clip_norm), in `dtype` (the gradients')."""
+    dtype = np.dtype(dtype)
+    return dtype.type(clip_norm) / max(dtype.type(math.sqrt(total)), dtype.type(clip_norm))
+
+
 def _clip_by_global_norm(xp, ins, attrs):
     """Paddle's ClipGradByGlobalNorm: norm = sqrt(sum of every gradient's squared L2 norm) (a
     row-sparse gradient's rows merged first); every gradient is scaled by
     clip_norm / max(norm, clip_norm). The scaled gradients keep their form (dense or row-sparse)."""
-    grads, clip = ins["X"], attrs["clip_norm"]
-    merged = [g.merged(xp) if isinstance(g, SparseRows) else g for g in grads]
-    total = sum(float(xp.sum(xp.square(g.values if isinstance(g, SparseRows) else g))) for g in merged)
+    merged = [g.merged(xp) if isinstance(g, SparseRows) else g for g in ins["X"]]
     dtype = (merged[0].values if isinstance(merged[0], SparseRows) else merged[0]).dtype
-    scale = dtype.type(clip) / max(dtype.type(math.sqrt(total)), dtype.type(clip))
+    scale = global_norm_scale(sum(sum_squares(xp, g) for g in merged), attrs["clip_norm"], dtype)
     out = [SparseRows(g.rows, (g.values * scale).astype(dtype, copy=False), g.height, g.unique)
            if isinstance(g, SparseRows) else (g * scale).astype(g.dtype, copy=False) for g in merged]
     return {"Out": out}

@@ -76,6 +76,13 @@ class RunSettings:
         mode = mode or plan.config.mode
         if mode not in ("sync", "async"):
             raise ValueError(f"mode {mode!r}: the runtime trains in 'sync' or 'async' mode")
+        clipped = sorted(t.name for t in plan.tables if t.clip_norm is not None)
+        if clipped and mode != "sync":
+            raise ValueError(
+                f"the plan clips gradients by global norm (tables {clipped}), which needs every gradient "
+                f"of a step, and {mode} mode has no such step (each push is applied on arrival): "
+                "train with mode='sync', or drop grad_clip_norm (ClipGradByGlobalNorm)"
+            )
         return cls(
             data,
             counts,

@@ -33,7 +33,8 @@ class InMemoryServer:
 
     Values start from the plan's `params` or the table's initializer (the startup program's values).
     `push` queues a gradient; `apply` sums each table's queued gradients (the registry's `sum`:
-    dense adds, row-sparse concatenates) and runs its optimizer kernel once.
+    dense adds, row-sparse concatenates), clips the sums of tables with a `clip_norm` together (the
+    registry's `clip_by_global_norm`) and runs each table's optimizer kernel once.
 
     It does not reuse the sync `runtime.ps.shard.Shard` on purpose: this server is the oracle the
     real parameter servers are tested against, so it shares none of their code (row index, sharding,
@@ -88,10 +89,17 @@ class InMemoryServer:
     def apply(self) -> None:
         """Apply every queued gradient: one optimizer step per table on the sum of its pushes."""
         total = get_op("sum").kernel
-        for table, grads in self.pending.items():
+        sums = {
+            t: g[0] if len(g) == 1 else total(np, {"data_0": g}, {})["sum"] for t, g in self.pending.items()
+        }
+        clipped = [t for t in sums if self.specs[t].clip_norm is not None]
+        if clipped:  # the registry's clip_by_global_norm, as single-process training runs it
+            clip = {"clip_norm": self.specs[clipped[0]].clip_norm}
+            out = get_op("clip_by_global_norm").kernel(np, {"X": [sums[t] for t in clipped]}, clip)["Out"]
+            sums.update(zip(clipped, out, strict=True))
+        for table, grad in sums.items():
             opt = self.specs[table].optimizer
             kernel = get_op(opt.type).kernel
-            grad = grads[0] if len(grads) == 1 else total(np, {"data_0": grads}, {})["sum"]
             outs = kernel(
                 np, {"Param": self.values[table], "Grad": grad, **self.state[table]}, dict(opt.hyper)
             )

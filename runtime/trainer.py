@@ -89,6 +89,7 @@ class Trainer:
         self.rec = Recorder(spec.trace)  # timeline spans (runtime.telemetry), when asked
         self.book = StepBook(self.name, self.is_reader, self.counts[spec.reader], spec.start)
         self.ps = PSAccess(self.program, spec.tables, spec.mode, self.xp, self.book, self.stats, self.rec)
+        self.ps.clip_lead = self.name == next(iter(spec.endpoints))
         self.mail = Mail(self.xp)
         self.exe = Executor(
             self.xp,

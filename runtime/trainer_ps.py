@@ -11,7 +11,9 @@ Per step (see `runtime.trainer` for the whole picture):
   when their op runs;
 - gradients are accumulated over all of the step's items and pushed once per step and table — zeros
   when the trainer got no item — so a sync server sees exactly one push per trainer per step; the
-  background thread pushes them, so the trainer goes on with the next step's work meanwhile.
+  background thread pushes them, so the trainer goes on with the next step's work meanwhile;
+- with gradient clipping by global norm (tables with `clip_norm`), the run's first trainer then
+  asks the servers for the step's norm and has them apply the scaled gradients (runtime/ps/clip.py).
 `PSAccess` implements the parameter-server methods of a `comm_ops.CommBackend` (ctx = the item).
 """
 
@@ -129,6 +131,9 @@ class PSAccess:
         self.free_bufs: dict[str, list[np.ndarray]] = {}
         self.client: PSClient | None = None
         self.bg: Background | None = None
+        clipped = [t for t in tables if t.clip_norm is not None]
+        self.clip = (float(clipped[0].clip_norm), clipped[0].dtype) if clipped else None
+        self.clip_lead = False  # the run's first trainer clips each step (PSClient.clip_step)
 
     def connect(self, make_client: Callable[[], PSClient]) -> None:
         self.client = make_client()
@@ -254,11 +259,19 @@ class PSAccess:
                 np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, spec.shape[1]), spec.dtype)
             )
             grads.append((table, rows, ids))
-        if grads:
+        if grads or self.leads_clip():
             fut = self.bg.submit(self._push, grads, self.ps_step(t))
             self.pushing.append((fut, list(st.grads.items())))
 
     def _push(self, client: PSClient, grads: list, step: int | None) -> None:
         """A step's gradients, pushed on the background thread (its span lands on lane 1)."""
-        with timed("push", "ps", rec=self.rec, step=step, tables=[g[0] for g in grads]):
-            client.push_many(grads, step=step)
+        if grads:
+            with timed("push", "ps", rec=self.rec, step=step, tables=[g[0] for g in grads]):
+                client.push_many(grads, step=step)
+        if self.leads_clip() and step is not None:
+            with timed("clip", "ps", rec=self.rec, step=step) as span:
+                span.args["norm"] = client.clip_step(step, *self.clip)
+
+    def leads_clip(self) -> bool:
+        """This trainer clips each sync step by global norm once its own push is in."""
+        return self.clip is not None and self.clip_lead and self.mode == "sync"

@@ -143,17 +143,26 @@ def test_parameter_server_tables_apply_the_settings_like_paddle(paddle, ir, sett
 
 
 @pytest.mark.parametrize("setting", CLIPPED)
-def test_global_norm_clipping_trains_like_paddle_and_transpile_refuses_it(paddle, setting):
+def test_global_norm_clipping_trains_like_paddle_single_process_and_on_the_servers(paddle, setting):
+    """ClipGradByGlobalNorm single-process (Executor) and on the parameter servers (sync, 2 cpu + 1
+    emulated gpu trainers, 2 shards, 4 micro-batches: the norm spans trainers, micro-batches and
+    shards) reproduces Paddle's 50-step trajectory."""
+    from runtime import train
+    from transpiler import transpile
+
     program, feeds, ref = paddle_trajectory(paddle, "pir", setting)
     clips = [op for op in program.ops if op.type == "clip_by_global_norm"]
     assert len(clips) == 1 and clips[0].attrs["clip_norm"] == pytest.approx(0.1)
     assert len(clips[0].inputs["X"]) == len([op for op in program.ops if op.role == "optimize"]) - 1
     ours = hetps_run(program, feeds, program.attrs["fetch_names"])
     assert_same_trajectory([float(o[0]) for o in ours], ref)
-    from transpiler import transpile
-
-    with pytest.raises(ValueError, match="clipping by global norm .* train it single-process"):
-        transpile(program)
+    plan = transpile(program)
+    assert {t["name"] for t in plan.tables if t.get("clip_norm") == pytest.approx(0.1)} == {
+        op.inputs["Param"][0] for op in program.ops if op.role == "optimize" and "Param" in op.inputs}
+    hist = train(plan, feeds, epochs=1, trainers={"cpu": 2, "gpu": 1}, servers=2, mode="sync",
+                 micro_batches=4, allow_emulation=True)
+    assert hist.steps == 50
+    assert_same_trajectory(hist.loss, ref)
 
 
 def test_schedules_equal_paddles_schedulers_step_by_step(paddle):

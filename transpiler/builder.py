@@ -238,9 +238,10 @@ class Optimizer:
     Every optimizer takes `lr_schedule` (a spec: {"type": "step" | "exponential" | "cosine" |
     "linear_warmup", ...}, see `ops_registry.optimizer.scheduled_lr`), `l2_decay` (Paddle's
     `L2Decay` coefficient) and `grad_clip_norm` (Paddle's `ClipGradByGlobalNorm`: one
-    `clip_by_global_norm` op over all gradients before the updates; single-process training only,
-    `transpile` refuses it). Its state slots (`state`, from `ops_registry.optimizer.STATE`) become
-    persistable vars `<param>_<slot>_0`: the parameter's shape, or [1] when scalar.
+    `clip_by_global_norm` op over all gradients before the updates; single-process, and sync mode on
+    the parameter servers: runtime/ps/clip.py). Its state slots (`state`, from
+    `ops_registry.optimizer.STATE`) become persistable vars `<param>_<slot>_0`: the parameter's
+    shape, or [1] when scalar.
     """
 
     type = ""

@@ -43,7 +43,7 @@ Optimizer settings read (ops_registry/optimizer.py holds their rules):
   (`paddle_sparse`, see `ops_registry.optimizer._paddle_sparse_adam`); for dense gradients
   (all of PIR's) `lazy_mode` has no effect in Paddle and is dropped.
 - `ClipGradByGlobalNorm` (PIR; 3.3.1's legacy IR fails to build it) over every parameter becomes
-  the optimizer's `grad_clip_norm` (single-process only: `transpile` refuses it).
+  the optimizer's `grad_clip_norm` (single-process, and on the parameter servers in sync mode).
 Not imported (a PaddleImportError says which op): other gradient clipping, other LR schedulers,
 optimizers other than SGD / Adam / AdamW / Adagrad, control flow, and ops without a converter.
 """

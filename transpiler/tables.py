@@ -26,6 +26,9 @@ Fields:
   themselves, `runtime.ps.sharding.place_dense`).
 - `entry`, `evict_after`: feature admission and eviction of a streaming sparse table
   (`runtime.ps.entry`); None: every id is admitted, nothing is evicted.
+- `clip_norm`: the table's gradient is clipped by the global norm of the step's gradients of every
+  table with a `clip_norm` (Paddle's ClipGradByGlobalNorm; sync servers, `runtime.ps.clip`);
+  None: not clipped.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 # Left out of `to_dict` when None (plan files before TableSpec had these keys only when set).
-_OMITTED_WHEN_NONE = ("sharding", "entry", "evict_after")
+_OMITTED_WHEN_NONE = ("sharding", "entry", "evict_after", "clip_norm")
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class TableSpec:
     sharding: Sharding | None = None
     entry: dict[str, Any] | None = None
     evict_after: int | None = None
+    clip_norm: float | None = None
 
     def __post_init__(self) -> None:
         for name, record in (("optimizer", OptimizerSpec), ("sharding", Sharding)):
@@ -136,8 +140,8 @@ class TableSpec:
                     raise ValueError(f"table spec {self.name!r}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec as plain JSON data, keys in field order; `sharding`, `entry` and `evict_after`
-        only when set."""
+        """The spec as plain JSON data, keys in field order; `sharding`, `entry`, `evict_after` and
+        `clip_norm` only when set."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in ("optimizer", "sharding"):
             if d[name] is not None:

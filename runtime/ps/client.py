@@ -16,6 +16,7 @@ are not): give each thread its own. """
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ import zmq
 
 from ops_registry import SparseRows
 from ops_registry.base import RowMerge
+from ops_registry.optimizer import global_norm_scale
 from transpiler.tables import TableSpec, tables_from_dicts
 
 from ..channels import ShmRing, ShmSegments, shm_dir
@@ -303,6 +305,17 @@ class PSClient:
         for i, first in same.items():
             got[i] = got[first]
         return got
+
+    def clip_step(self, step: int, clip_norm: float, dtype: Any) -> float:
+        """Clip sync step `step` by global norm (runtime/ps/clip.py): every shard's sum of squares
+        (each answers once every pusher's step is in), the scale from their total, then `apply` on
+        every shard. Returns the step's global gradient norm."""
+        shards = range(len(self._socks))
+        got = self._call({k: ({"op": "norm", "step": step}, []) for k in shards})
+        total = sum(float(got[k][0]["sum_squares"]) for k in shards)
+        scale = float(global_norm_scale(total, clip_norm, dtype))
+        self._call({k: ({"op": "apply", "step": step, "scale": scale}, []) for k in shards})
+        return math.sqrt(total)
 
     def assign(self, table: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set a table's values: dense, the whole array; sparse, rows `ids` (e.g. imported weights,

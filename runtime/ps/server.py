@@ -1,7 +1,8 @@
 """The parameter-server process: one Shard behind a ZeroMQ ROUTER socket.
 
 Requests and replies use the wire format (runtime/wire.py). A request header has `op` (hello, pull,
-push, assign, save, load, stats, trace, shutdown), `rid` (echoed in the reply) and the op's fields; a
+push, push_pull, norm, apply, assign, save, load, stats, trace, shutdown; norm and apply: gradient
+clipping by global norm, runtime/ps/clip.py), `rid` (echoed in the reply) and the op's fields; a
 reply has `ok` and, when false, `error`. No request ends the server: a bad one (unknown table, wrong
 shape, NaN gradient, malformed, oversized or unauthenticated frames, a limit exceeded, even a server
 bug) gets an error reply and a log line, and the server goes on serving. In sync mode a pull that
@@ -36,11 +37,13 @@ from transpiler.tables import tables_from_dicts, tables_to_dicts
 from ..channels import ShmRing, ShmSegments, shm_dir
 from ..telemetry import Recorder, pack_spans, timed
 from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode, wire_array
+from .clip import CLIP
 from .shard import Limits, NotReady, Shard
 from .table import PSError, SparseTable
 
 log = logging.getLogger("hetps.ps")
-OPS = ("hello", "pull", "push", "push_pull", "assign", "save", "load", "stats", "trace", "shutdown")
+OPS = ("hello", "pull", "push", "push_pull", "norm", "apply", "assign", "save", "load", "stats", "trace",
+       "shutdown")
 ADMIN_OPS = frozenset({"assign", "save", "load", "shutdown"})
 PS_RING_BYTES = 8 << 20  # a reply ring per same-host client (runtime.channels.ShmRing)
 MAX_REPLY_RINGS = 64     # clients beyond these get their replies as ZeroMQ frames
@@ -198,9 +201,9 @@ class _Loop:
                     self.reply(ident, rid, {"ok": True})
                     return True
                 out, out_arrays = self.dispatch(op, header, arrays)
-            except NotReady:
+            except NotReady as e:
                 span.skip()
-                self.park(ident, header, arrays, header["table"])
+                self.park(ident, header, arrays, e.args[0])
                 return False
             except _ParkPulls as p:
                 span.skip()
@@ -270,6 +273,12 @@ class _Loop:
             return {}, []
         if op == "push_pull":
             return self.push_pull(h, arrays)
+        if op == "norm":
+            return {"sum_squares": s.clip_sum_squares(_field(h, "step", int))}, []
+        if op == "apply":
+            for table in s.clip_apply(_field(h, "step", int), h.get("scale")):
+                self.release(table)
+            return {}, []
         if op == "assign":
             if len(arrays) not in (1, 2):
                 raise PSError(f"assign takes [values] or [ids, values], got {len(arrays)} arrays")
@@ -318,13 +327,15 @@ class _Loop:
     def release(self, table: str) -> None:
         """Answer the parked sync pulls of `table` whose step has now been applied."""
         waiting, self.parked[table] = self.parked.get(table, []), []
+        if table in self.shard.clip_tables:  # a held step may complete a parked norm request
+            waiting += self.parked.pop(CLIP, [])
         for ident, h, arrays in waiting:
             with timed("pull", "ps", rec=self.rec, table=table, step=h.get("step"), parked=True) as span:
                 try:
                     out, out_arrays = self.dispatch(h.get("op"), h, arrays)
-                except NotReady:
+                except NotReady as e:
                     span.skip()
-                    self.parked[table].append((ident, h, arrays))
+                    self.parked.setdefault(e.args[0], []).append((ident, h, arrays))
                     continue
                 except _ParkPulls as p:
                     span.skip()

@@ -7,6 +7,7 @@
   step equals single-machine training on the union batch. `version[table]` counts applied steps; a
   pull for step t+1 raises `NotReady` while version <= t, and the server parks it and answers it
   right after step t is applied (see server.py), so trainers cannot read half-updated parameters.
+  A table with `clip_norm` holds its complete step until an `apply` gives the scale (clip.py).
 - `geo`: a push is a delta the trainer accumulated locally over k steps; it is added to the rows.
 
 Limits (`Limits`, each refused with a PSError naming its option): a request may create at most
@@ -29,7 +30,7 @@ from transpiler.config import MODES as PLAN_MODES
 from transpiler.tables import TableSpec
 
 from ..wire import MAX_MESSAGE_BYTES
-from . import checkpoint
+from . import checkpoint, clip
 from .entry import ENTRY_CLOCK, ENTRY_LAST, WAITING
 from .sharding import shard_of, tables_of_shard
 from .table import DenseTable, PSError, SparseTable, check_spec, make_table
@@ -107,6 +108,8 @@ class Shard:
         self.version = dict.fromkeys(self.tables, 0)
         self.applied = dict.fromkeys(self.tables, 0)  # pushes applied since start (not checkpointed)
         self.pending: dict[str, dict[int, dict[str, tuple]]] = {n: {} for n in self.tables}
+        self.clip_tables = clip.clipped_tables(self)
+        self.held: dict[str, clip.Held] = {}  # clipped table -> its step's gradient, awaiting the scale
 
     def table(self, name: str) -> DenseTable | SparseTable:
         try:
@@ -172,6 +175,9 @@ class Shard:
             raise PSError(f"sync push to {name!r}: step {step} is not a pending step (table has "
                           f"applied {v} steps, so pushes for step >= {v} are expected)")
         self._check_step(t, step, "push")
+        if step == v and name in self.held:
+            raise PSError(f"sync push to {name!r}: every pusher's step {step} is in already (held for "
+                          "its global-norm clip scale); refused")
         waiting = sum(len(got) for s, got in self.pending[name].items() if s != v)
         if step != v and waiting >= self.limits.max_buffered:
             raise PSError(f"sync push to {name!r} for step {step}: {waiting} pushes already wait for "
@@ -185,9 +191,18 @@ class Shard:
         if pusher in got:
             raise PSError(f"sync push to {name!r}: pusher {pusher!r} already pushed step {step}")
         got[pusher] = (grad, ids)
-        applied = False
-        while len(self.pending[name].get(self.version[name], ())) >= self.expected[name]:
+        return self.advance(t)
+
+    def advance(self, t: DenseTable | SparseTable) -> bool:
+        """Apply table t's complete sync steps in order (a clipped table's next one is held for its
+        scale instead: runtime/ps/clip.py); True when a step was applied or held."""
+        name, applied = t.name, False
+        while name not in self.held and \
+                len(self.pending[name].get(self.version[name], ())) >= self.expected[name]:
             parts = [p for _, p in sorted(self.pending[name].pop(self.version[name]).items())]
+            if name in self.clip_tables:
+                self.held[name] = clip.hold(t, parts)
+                return True
             if isinstance(t, SparseTable):  # (each part was checked on arrival)
                 if len(parts) == 1:
                     t.push(parts[0][0], parts[0][1], checked=True)
@@ -200,6 +215,14 @@ class Shard:
             self.applied[name] += len(parts)
             applied = True
         return applied
+
+    def clip_sum_squares(self, step: int) -> float:
+        """The sum of squares of this shard's clipped gradients of `step` (`clip.sum_squares`)."""
+        return clip.sum_squares(self, step)
+
+    def clip_apply(self, step: int, scale: float) -> list[str]:
+        """Apply the held gradients of `step` scaled by `scale` (`clip.apply`); the tables applied."""
+        return clip.apply(self, step, scale)
 
     def assign(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set values (imported weights); optimizer state and sync step counts are untouched."""
@@ -247,6 +270,7 @@ class Shard:
         for name, (new, version) in fresh.items():
             self.tables[name], self.version[name] = new, version if step is None else step
             self.pending[name].clear()
+            self.held.pop(name, None)
 
 
 def _check_shapes(path: str | Path, entry: dict, t: DenseTable | SparseTable,

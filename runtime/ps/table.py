@@ -78,6 +78,11 @@ def check_spec(spec: TableSpec) -> TableSpec:
         raise PSError(f"table {name!r}: a xavier initializer needs a known vocab (shape[0] = -1)")
     if spec.optimizer is not None:
         _optimizer(name, spec.optimizer)
+    clip = spec.clip_norm
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                             or not 0 < clip < float("inf") or spec.optimizer is None):
+        raise PSError(f"table {name!r}: clip_norm {clip!r} must be a positive finite number, on a "
+                      "table with an optimizer")
     if spec.entry is not None or spec.evict_after is not None:
         if kind != "sparse":
             raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")

@@ -11,12 +11,16 @@
   gradient over several lookups disappears: each lookup pushes, and the server sums the step's pushes.
 - Optimizer ops (op_role optimize) are removed; they become the tables' optimizers. A program
   without optimize ops trains every parameter that gets a gradient with `config.optimizer`.
+- A `clip_by_global_norm` op (also op_role optimize) is removed too: the spec of each table whose
+  gradient it clips gets its `clip_norm`, and the sync-mode servers clip the step's gradients of
+  those tables by their global norm before applying them (runtime/ps/clip.py).
 
 The table specs (`transpiler.tables.TableSpec`) go to `program.attrs["tables"]` (see `_specs`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,13 +58,8 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
     to attrs["tables"]."""
     config = config or TranspileConfig()
     prog, block = program, program.global_block()
-    clip = next((op for op in prog.ops if op.type == "clip_by_global_norm"), None)
-    if clip is not None:
-        raise ValueError(f"gradient clipping by global norm (clip_norm={clip.attrs.get('clip_norm')}) "
-                         "needs every gradient of a step in one place, and the parameter-server tables "
-                         "update table by table: train it single-process (Executor), or drop "
-                         "grad_clip_norm (ClipGradByGlobalNorm) to transpile")
     read, with_grad, other_use = _uses(prog)
+    clipped = _clipped(prog)
     sparse = _sparse_tables(block, read, other_use, config)
     optim = _optimizers(prog, read, with_grad, config)
     rw = _Rewrite(prog, prog.attrs.setdefault("placement", {}))
@@ -78,7 +77,27 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
             _pull_push_dense(rw, op, dense_read, push_after)
     block.set_ops(rw.ops)
     prog.attrs["tables"] = _specs(block, read | set(sparse), sparse, optim, prog.params, config)
+    prog.attrs["tables"] = [
+        dataclasses.replace(t, clip_norm=clipped[t.name]) if t.name in clipped else t
+        for t in prog.attrs["tables"]
+    ]
     return prog
+
+
+def _clipped(prog: Program) -> dict[str, float]:
+    """{parameter: clip_norm} of the parameters whose gradient a `clip_by_global_norm` op clips
+    before their update op reads it."""
+    out: dict[str, float] = {}
+    clips = [op for op in prog.ops if op.type == "clip_by_global_norm"]
+    if len(clips) > 1:
+        raise ValueError(f"the program has {len(clips)} clip_by_global_norm ops; the parameter servers "
+                         "clip one global norm per step: clip all gradients with one op")
+    for clip in clips:
+        clipped = set(clip.outputs["Out"])
+        for op in prog.ops:
+            if op.role == "optimize" and "Param" in op.inputs and op.inputs["Grad"][0] in clipped:
+                out[op.inputs["Param"][0]] = float(clip.attrs["clip_norm"])
+    return out
 
 
 def _uses(prog: Program) -> tuple[set[str], set[str], dict[str, Op]]:
@@ -119,7 +138,7 @@ def _optimizers(prog: Program, read: set[str], with_grad: set[str], config: Tran
     optim = {
         op.inputs["Param"][0]: optimizer_spec(op.type, op.attrs, block.var(op.inputs["Param"][0]))
         for op in prog.ops
-        if op.role == "optimize"
+        if op.role == "optimize" and "Param" in op.inputs  # (not clip_by_global_norm: see _clipped)
     }
     if optim:
         return optim
