@@ -157,7 +157,7 @@ def test_global_norm_clipping_trains_like_paddle_single_process_and_on_the_serve
     ours = hetps_run(program, feeds, program.attrs["fetch_names"])
     assert_same_trajectory([float(o[0]) for o in ours], ref)
     plan = transpile(program)
-    assert {t["name"] for t in plan.tables if t.get("clip_norm") == pytest.approx(0.1)} == {
+    assert {t.name for t in plan.tables if t.clip_norm == pytest.approx(0.1)} == {
         op.inputs["Param"][0] for op in program.ops if op.role == "optimize" and "Param" in op.inputs}
     hist = train(plan, feeds, epochs=1, trainers={"cpu": 2, "gpu": 1}, servers=2, mode="sync",
                  micro_batches=4, allow_emulation=True)

@@ -8,6 +8,8 @@ servers: tests/test_optim_paddle.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_ps_hostile import Raw
@@ -20,11 +22,12 @@ from runtime.ps.shard import NotReady
 from transpiler import builder as nn
 from transpiler import transpile
 from transpiler.models import wide_deep
+from transpiler.tables import tables_from_dicts
 
 LR, CLIP, DIM = 0.5, 0.1, 2
 ONE = {"type": "constant", "value": 1.0}
 SGD = {"type": "sgd", "lr": LR}
-SPECS = [
+SPECS = tables_from_dicts([
     {
         "name": "w",
         "kind": "dense",
@@ -43,7 +46,7 @@ SPECS = [
         "optimizer": SGD,
         "clip_norm": CLIP,
     },
-]
+])
 GW = {"a": np.array([0.3, -0.2, 0.1], np.float32), "b": np.array([0.1, 0.4, -0.3], np.float32)}
 IDS = {"a": np.array([1, 2, 5]), "b": np.array([2, 7])}  # id 2 from both pushers: summed before squaring
 GE = {
@@ -151,7 +154,7 @@ def test_clipped_tables_are_refused_outside_sync_mode():
             allow_emulation=True,
         )
     with pytest.raises(PSError, match="clip_norm -1 must be a positive finite number"):
-        Shard([{**SPECS[0], "clip_norm": -1}], mode="sync")
+        Shard([dataclasses.replace(SPECS[0], clip_norm=-1)], mode="sync")
 
 
 def _global_norms(model, batches: list[dict], clip) -> list[float]:

@@ -38,6 +38,7 @@ from ..channels import ShmRing, ShmSegments, shm_dir
 from ..telemetry import Recorder, pack_spans, timed
 from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode, wire_array
 from .clip import CLIP
+from .requests import ParkPulls, describe, field, parts, span_name
 from .shard import Limits, NotReady, Shard
 from .table import PSError, SparseTable
 
@@ -47,54 +48,6 @@ OPS = ("hello", "pull", "push", "push_pull", "norm", "apply", "assign", "save", 
 ADMIN_OPS = frozenset({"assign", "save", "load", "shutdown"})
 PS_RING_BYTES = 8 << 20  # a reply ring per same-host client (runtime.channels.ShmRing)
 MAX_REPLY_RINGS = 64     # clients beyond these get their replies as ZeroMQ frames
-
-
-def _field(h: dict, key: str, kind: type, optional: bool = False) -> Any:
-    v = h.get(key)
-    if (v is None and optional) or (isinstance(v, kind) and not isinstance(v, bool)):
-        return v
-    raise PSError(f"request {h.get('op')!r} needs field {key!r} of type {kind.__name__}, got {v!r}")
-
-
-class _ParkPulls(Exception):  # noqa: N818 (a signal, not an error)
-    """The pushes of a push_pull are applied, its pulls must wait: park `header` (pulls only)."""
-
-    def __init__(self, table: str, header: dict, arrays: list) -> None:
-        super().__init__(table)
-        self.table, self.header, self.arrays = table, header, arrays
-
-
-def _parts(h: dict, key: str, counts: tuple[int, ...], arrays: list) -> list[tuple[str, list]]:
-    """The (table, arrays) parts `h[key]` = [[table, number of arrays], ...] describes, taken in
-    order from `arrays`; PSError when malformed (a dense table pulled more than once)."""
-    spec = h.get(key, [])
-    if not isinstance(spec, list) or not all(
-            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and p[1] in counts
-            and not isinstance(p[1], bool) for p in spec):
-        raise PSError(f"push_pull field {key!r} must be a list of [table, number of arrays in {counts}], "
-                      f"got {spec!r:.200}")
-    bare = [t for t, n in spec if n == 0]  # a dense pull carries nothing: its reply is not bounded
-    if len(set(bare)) != len(bare):       # by the request's bytes, so once per request
-        raise PSError(f"push_pull {key!r} pulls a dense table more than once: {bare}")
-    out, i = [], 0
-    for table, n in spec:
-        out.append((table, arrays[i:i + n]))
-        i += n
-    if i != len(arrays):
-        raise PSError(f"push_pull describes {i} arrays, the request carries {len(arrays)}")
-    return out
-
-
-def _span_name(h: dict) -> str:
-    """A request's name in a trace: pull, push, or push_pull for one that does both."""
-    if h.get("op") != "push_pull":
-        return str(h.get("op"))
-    return "push_pull" if h.get("push") and h.get("pull") else "push" if h.get("push") else "pull"
-
-
-def _describe(e: Exception) -> str:
-    """A refusal's own message; any other failure prefixed by its type (it is a server bug)."""
-    return str(e) if isinstance(e, PSError) else f"{type(e).__name__}: {e}"
 
 
 class _Loop:
@@ -194,7 +147,7 @@ class _Loop:
                                     "(which holds the admin key) may send it"})
             return False
         rec = self.rec if op in ("pull", "push", "push_pull") else None
-        with timed(_span_name(header), "ps", rec=rec, table=header.get("table"), step=header.get("step"),
+        with timed(span_name(header), "ps", rec=rec, table=header.get("table"), step=header.get("step"),
                    by=header.get("pusher")) as span:
             try:
                 if op == "shutdown":
@@ -205,7 +158,7 @@ class _Loop:
                 span.skip()
                 self.park(ident, header, arrays, e.args[0])
                 return False
-            except _ParkPulls as p:
+            except ParkPulls as p:
                 span.skip()
                 self.park(ident, p.header, p.arrays, p.table)
                 return False
@@ -213,7 +166,7 @@ class _Loop:
                 span.skip()
                 if not isinstance(e, PSError):
                     log.exception("shard %d: request %r failed", self.shard.shard, op)
-                self.reply(ident, rid, {"ok": False, "error": _describe(e)})
+                self.reply(ident, rid, {"ok": False, "error": describe(e)})
                 return False
             self.reply(ident, rid, {"ok": True, **out}, out_arrays, shm=header.get("shm_reply") is True)
         return False
@@ -241,7 +194,7 @@ class _Loop:
 
     def checkpoint_dir(self, h: dict) -> str:
         """The request's `dir`, when it lies inside the checkpoint root the server was started with."""
-        d = _field(h, "dir", str)
+        d = field(h, "dir", str)
         if not self.roots:
             raise PSError(f"{h.get('op')!r} refused: this server was started without a checkpoint root "
                           "(serve / Servers checkpoint_root=...), so it saves and loads nowhere")
@@ -260,34 +213,34 @@ class _Loop:
         if op == "pull":
             if len(arrays) > 1:
                 raise PSError(f"pull takes at most one array (ids), got {len(arrays)}")
-            rows = s.pull(_field(h, "table", str), arrays[0] if arrays else None,
-                          _field(h, "step", int, optional=True), peek=h.get("peek") is True)
+            rows = s.pull(field(h, "table", str), arrays[0] if arrays else None,
+                          field(h, "step", int, optional=True), peek=h.get("peek") is True)
             return {}, [rows]
         if op == "push":
             if len(arrays) not in (1, 2):
                 raise PSError(f"push takes [grad] or [ids, grad], got {len(arrays)} arrays")
-            table = _field(h, "table", str)
+            table = field(h, "table", str)
             if s.push(table, arrays[-1], arrays[0] if len(arrays) == 2 else None,
-                      _field(h, "step", int, optional=True), str(h.get("pusher", "0"))):
+                      field(h, "step", int, optional=True), str(h.get("pusher", "0"))):
                 self.release(table)
             return {}, []
         if op == "push_pull":
             return self.push_pull(h, arrays)
         if op == "norm":
-            return {"sum_squares": s.clip_sum_squares(_field(h, "step", int))}, []
+            return {"sum_squares": s.clip_sum_squares(field(h, "step", int))}, []
         if op == "apply":
-            for table in s.clip_apply(_field(h, "step", int), h.get("scale")):
+            for table in s.clip_apply(field(h, "step", int), h.get("scale")):
                 self.release(table)
             return {}, []
         if op == "assign":
             if len(arrays) not in (1, 2):
                 raise PSError(f"assign takes [values] or [ids, values], got {len(arrays)} arrays")
-            s.assign(_field(h, "table", str), arrays[-1], arrays[0] if len(arrays) == 2 else None)
+            s.assign(field(h, "table", str), arrays[-1], arrays[0] if len(arrays) == 2 else None)
             return {}, []
         if op == "save":
             return {"files": s.save(self.checkpoint_dir(h))}, []
         if op == "load":
-            s.load(self.checkpoint_dir(h), _field(h, "step", int, optional=True))
+            s.load(self.checkpoint_dir(h), field(h, "step", int, optional=True))
             return {}, []
         if op == "trace":
             return {}, [pack_spans(self.rec.take())]
@@ -305,9 +258,9 @@ class _Loop:
         applied (fused push + pull: one round trip per step)."""
         s, n_push = self.shard, sum(p[1] for p in h.get("push", []) if isinstance(p, list) and len(p) == 2
                                     and isinstance(p[1], int))
-        pushes = _parts(h, "push", (1, 2), arrays[:n_push])
-        pulls = _parts(h, "pull", (0, 1), arrays[n_push:])
-        step, pusher = _field(h, "step", int, optional=True), str(h.get("pusher", "0"))
+        pushes = parts(h, "push", (1, 2), arrays[:n_push])
+        pulls = parts(h, "pull", (0, 1), arrays[n_push:])
+        step, pusher = field(h, "step", int, optional=True), str(h.get("pusher", "0"))
         applied = []
         try:
             for t, a in pushes:
@@ -316,13 +269,13 @@ class _Loop:
         finally:  # (a refused part refuses the request; what was applied before it stays applied)
             for table in applied:
                 self.release(table)
-        pull_step, peek = _field(h, "pull_step", int, optional=True), h.get("peek") is True
+        pull_step, peek = field(h, "pull_step", int, optional=True), h.get("peek") is True
         try:
             return {}, [s.pull(t, a[0] if a else None, pull_step, peek=peek) for t, a in pulls]
         except NotReady as e:
             if not pushes:
-                raise _ParkPulls(e.args[0], h, arrays) from None
-            raise _ParkPulls(e.args[0], {**h, "push": []}, arrays[n_push:]) from None  # pushes are done
+                raise ParkPulls(e.args[0], h, arrays) from None
+            raise ParkPulls(e.args[0], {**h, "push": []}, arrays[n_push:]) from None  # pushes are done
 
     def release(self, table: str) -> None:
         """Answer the parked sync pulls of `table` whose step has now been applied."""
@@ -337,13 +290,13 @@ class _Loop:
                     span.skip()
                     self.parked.setdefault(e.args[0], []).append((ident, h, arrays))
                     continue
-                except _ParkPulls as p:
+                except ParkPulls as p:
                     span.skip()
                     self.park(ident, p.header, p.arrays, p.table)
                     continue
                 except Exception as e:
                     span.skip()
-                    self.reply(ident, h.get("rid"), {"ok": False, "error": _describe(e)})
+                    self.reply(ident, h.get("rid"), {"ok": False, "error": describe(e)})
                     continue
                 self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays,
                            shm=h.get("shm_reply") is True)
