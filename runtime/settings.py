@@ -19,6 +19,7 @@ from transpiler.tables import TableSpec, tables_from_dicts, tables_to_dicts
 
 from . import sources
 from .device import array_module
+from .evaluation import loss_reduction
 from .executor import check_feed
 
 DEFAULT_COUNTS = {"cpu": 2, "gpu": 1}  # trainers per type when `trainers=` is not given (1 for others)
@@ -97,7 +98,7 @@ class RunSettings:
             device_map,
             allow_emulation,
             stall_timeout,
-            _loss_reduction(plan),
+            loss_reduction(plan),
             _pushes(plan, counts),
             return_params,
         )
@@ -147,16 +148,6 @@ def _trainer_counts(types: list[str], trainers: dict[str, int] | None) -> dict[s
     if bad:
         raise ValueError(f"trainer counts must be positive ints, got {bad}")
     return counts
-
-
-def _loss_reduction(plan: Plan) -> str:
-    loss_op = next(
-        op
-        for p in plan.programs.values()
-        for op in p.ops
-        if plan.loss_name in op.output_names() and op.role != "comm"
-    )
-    return "sum" if loss_op.type == "reduce_sum" else "mean"
 
 
 def _pushes(plan: Plan, counts: dict[str, int]) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""Pass 5, parameter-server access: parameters leave the trainers; pulls and pushes take their place.
+"""Pass 3, parameter-server access: parameters leave the trainers; pulls and pushes take their place.
 
 - Dense table P: `pull_dense(P)` on each trainer type before its first op that reads P, and
   `push_dense(P@GRAD)` right after the op that completes P@GRAD (its last contribution).

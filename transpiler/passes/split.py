@@ -1,4 +1,4 @@
-"""Pass 3, split: one sub-program per trainer type, its ops in the original (global) order.
+"""Pass 5, split: one sub-program per trainer type, its ops in the original (global) order.
 
 Each sub-program keeps op ids (so `fwd_id`, placement reasons and channels still refer to them),
 holds the vars its ops mention, and records `trainer_type`, its `feeds` (data ops) and, when the
