@@ -369,7 +369,9 @@ def test_measure_ps_talks_to_a_signed_shard():
     from runtime.profile_measure import measure_ps
 
     ps = measure_ps(count=2)
-    assert ps.request_s > 0  # a round trip to another process takes time
+    # a round trip to another process takes time (which fitted term gets it moves with the load:
+    # under load the intercept `request_s` alone once came out 0)
+    assert sum(vars(ps).values()) > 0
     assert min(vars(ps).values()) >= 0
 
 
