@@ -248,8 +248,13 @@ class PSAccess:
             ids, grad = ids[_host(grad.rows)], grad.values
         st, grad = self.book.step(it.step), _host(grad)
         x = self.feed_of.get(table)
-        if (it.step, x) in self.step_sorts and np.array_equal(ids, np.ravel(it.feed[x])):
-            st.fed_rows.setdefault(table, {})[it.key] = (ids, grad)  # a row per lookup of the feed
+        fed = st.fed_rows.setdefault(table, {})
+        if (
+            (it.step, x) in self.step_sorts
+            and it.key not in fed  # a second gradient of the table from this item: the general path
+            and np.array_equal(ids, np.ravel(it.feed[x]))
+        ):
+            fed[it.key] = (ids, grad)  # a row per lookup of the feed
         else:
             st.rows.setdefault(table, []).append((ids, grad))
 

@@ -125,3 +125,26 @@ def test_a_gradient_not_over_the_feeds_lookups_takes_the_general_path():
     np.add.at(want, inv, all_rows)
     np.testing.assert_array_equal(merged_ids, uniq)
     np.testing.assert_allclose(merged, want, rtol=1e-5, atol=1e-6)
+
+
+def test_two_gradients_of_one_table_from_one_micro_batch_both_count():
+    """A table whose rows one micro-batch pushes twice (e.g. looked up twice for its feed): the step's
+    push sums both gradients; neither replaces the other."""
+    ps, bg = reader_access()
+    rng = np.random.default_rng(2)
+    items = items_of_step(5, rng)
+    ps.prefetch_rows(5, items)
+    all_ids, all_rows = [], []
+    for it in items:
+        ids = np.ravel(it.feed["sparse"])
+        for _ in range(2 if it.mb == 0 else 1):
+            g = rng.normal(size=(ids.size, DIM)).astype(np.float32)
+            ps.push_sparse(it, "deep_emb.w_0", ids, g)
+            all_ids.append(ids)
+            all_rows.append(g)
+    _, _, merged_ids, merged = pushed_sparse(ps, bg, 5)["deep_emb.w_0"]
+    uniq, inv = np.unique(np.concatenate(all_ids), return_inverse=True)
+    want = np.zeros((uniq.size, DIM))
+    np.add.at(want, inv, np.concatenate(all_rows).astype(np.float64))
+    np.testing.assert_array_equal(merged_ids, uniq)
+    np.testing.assert_allclose(merged, want, rtol=1e-5, atol=1e-6)
