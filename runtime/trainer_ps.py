@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ops_registry import SparseRows
+from ops_registry.base import RowMerge
 from transpiler.ir import Program
 from transpiler.tables import TableSpec
 
@@ -89,6 +91,23 @@ def _pull_dense(client: PSClient, tables: list[str], step: int | None) -> dict[s
     return dict(zip(tables, client.pull_many([(t, None) for t in tables], step=step), strict=True))
 
 
+@dataclass
+class StepSort:
+    """The one sort of a step's lookups of a feed (its items' ids, concatenated in `keys` order),
+    made for the step's row prefetch and reused to sum the step's row gradients for the push."""
+
+    merge: RowMerge
+    keys: list[tuple[int, int, int]]
+
+
+def _feed_of_table(sparse_feeds: list[tuple[str, str, str]]) -> dict[str, str]:
+    """table -> the feed whose unique ids its rows are pulled for (tables pulled for one feed only)."""
+    feeds: dict[str, set[str]] = {}
+    for table, _, x in sparse_feeds:
+        feeds.setdefault(table, set()).add(x)
+    return {table: xs.pop() for table, xs in feeds.items() if len(xs) == 1}
+
+
 def _sparse_feeds(program: Program, feeds: list[str]) -> list[tuple[str, str, str]]:
     """(table, unique ids, feed) of each sparse pull of `unique_ids(feed)`: rows a reader prefetches."""
     made = {n: op for op in program.ops for n in op.output_names()}
@@ -127,6 +146,8 @@ class PSAccess:
         self.sparse_feeds = _sparse_feeds(program, program.attrs.get("feeds", []))
         self.prefetch: dict[int, Future] = {}
         self.rows_prefetch: dict[tuple, tuple[Future, int, np.ndarray]] = {}
+        self.feed_of = _feed_of_table(self.sparse_feeds)
+        self.step_sorts: dict[tuple[int, str], StepSort] = {}  # (step, feed) -> its ids' one sort
         self.pushing: list[tuple[Future, list[tuple[str, np.ndarray]]]] = []  # pushes in flight + buffers
         self.free_bufs: dict[str, list[np.ndarray]] = {}
         self.client: PSClient | None = None
@@ -160,10 +181,11 @@ class PSAccess:
         its unique ids' rows from them), so ids shared by micro-batches travel once."""
         if not self.sparse_feeds or not items:
             return
-        union = {
-            x: np.unique(np.concatenate([np.ravel(it.feed[x]) for it in items]))
-            for x in {x for _, _, x in self.sparse_feeds}
-        }
+        union = {}
+        for x in {x for _, _, x in self.sparse_feeds}:
+            merge = RowMerge.of(np, np.concatenate([np.ravel(it.feed[x]) for it in items]))
+            self.step_sorts[(t, x)] = StepSort(merge, [it.key for it in items])
+            union[x] = merge.unique_rows
         fut = self.bg.submit(
             lambda c, r, step: c.pull_many(r, step=step),
             [(table, union[x]) for table, _, x in self.sparse_feeds],
@@ -224,7 +246,17 @@ class PSAccess:
         ids = _host(ids)
         if isinstance(grad, SparseRows):
             ids, grad = ids[_host(grad.rows)], grad.values
-        self.book.step(it.step).rows.setdefault(table, []).append((ids, _host(grad)))
+        st, grad = self.book.step(it.step), _host(grad)
+        x = self.feed_of.get(table)
+        fed = st.fed_rows.setdefault(table, {})
+        if (
+            (it.step, x) in self.step_sorts
+            and it.key not in fed  # a second gradient of the table from this item: the general path
+            and np.array_equal(ids, np.ravel(it.feed[x]))
+        ):
+            fed[it.key] = (ids, grad)  # a row per lookup of the feed
+        else:
+            st.rows.setdefault(table, []).append((ids, grad))
 
     def _buffer(self, table: str, grad: np.ndarray) -> np.ndarray:
         """A copy of `grad` in a reused buffer: a step's dense gradients are summed in place into
@@ -246,6 +278,11 @@ class PSAccess:
         """Push step t's gradients (zeros for a table the trainer got no gradient of) in the
         background; forget its dense prefetch."""
         self.prefetch.pop(t, None)
+        sorts = {
+            x: self.step_sorts.pop((t, x))
+            for x in {x for _, _, x in self.sparse_feeds}
+            if (t, x) in self.step_sorts
+        }
         grads = []
         for table, kind in self.pushed.items():
             spec = self.tables[table]
@@ -253,7 +290,14 @@ class PSAccess:
                 grad = st.grads.get(table)
                 grads.append((table, np.zeros(spec.shape, spec.dtype) if grad is None else grad, None))
                 continue
-            parts = st.rows.get(table, [])
+            fed, parts = st.fed_rows.get(table, {}), st.rows.get(table, [])
+            sort = sorts.get(self.feed_of.get(table))
+            if fed and not parts and sort is not None and set(fed) == set(sort.keys):
+                # every lookup of the step's feed: sum with the sort made for its prefetch
+                rows = sort.merge.sum(np, np.concatenate([fed[k][1] for k in sort.keys]))
+                grads.append((table, rows, sort.merge.unique_rows))
+                continue
+            parts = list(fed.values()) + parts
             ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
             rows = (
                 np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, spec.shape[1]), spec.dtype)

@@ -17,6 +17,8 @@ class StepState:
     dense: dict[str, Any] = field(default_factory=dict)  # pulled dense tables
     grads: dict[str, Any] = field(default_factory=dict)  # accumulated dense gradients
     rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)  # sparse
+    # sparse, per item: (ids, rows) with one row per lookup of the item's prefetched feed, in order
+    fed_rows: dict[str, dict[tuple, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     reports: list[tuple[int, float, list]] = field(default_factory=list)  # (size, loss, [score, label])
 
 
