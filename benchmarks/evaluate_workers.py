@@ -20,34 +20,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from ingest import SCHEMA, write_criteo  # noqa: E402  (benchmarks/ingest.py: the Criteo file and schema)
 
 from runtime.data import open_dataset  # noqa: E402
 from runtime.evaluation import evaluate  # noqa: E402
 from transpiler import builder as nn  # noqa: E402
 from transpiler import transpile  # noqa: E402
 from transpiler.models import wide_deep  # noqa: E402
-
-SCHEMA = {
-    "label": "label",
-    "dense": [f"I{i}" for i in range(1, 14)],
-    "transform": "log1p",
-    "sparse": [f"C{i}" for i in range(1, 27)],
-    "vocab": 100_000,
-}
-
-
-def write_criteo(path: Path, rows: int, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
-    label = rng.integers(0, 2, rows)
-    ints = rng.integers(0, 100, (rows, 13))
-    cats = rng.integers(0, 1 << 20, (rows, 26))
-    with open(path, "w") as f:
-        for i in range(rows):
-            f.write("\t".join([str(label[i]), *map(str, ints[i]), *(f"{c:08x}" for c in cats[i])]) + "\n")
 
 
 def main() -> None:

@@ -277,14 +277,7 @@ class PSClient:
         by_shard: dict[int, tuple[list, list]] = {}
         for k, table, arrays in pushes:
             by_shard.setdefault(k, ([], []))[0].append((table, arrays))
-        dense: dict[tuple[int, str], int] = {}  # a dense table is pulled once per shard request
-        same: dict[int, int] = {}               # pull part -> the part whose reply it shares
-        for i, (k, table, arrays) in enumerate(pulls):
-            if not arrays and (k, table) in dense:
-                same[i] = dense[(k, table)]
-                continue
-            if not arrays:
-                dense[(k, table)] = i
+        for i, (k, table, arrays) in enumerate(pulls):  # (one part per table and shard: pulls.py)
             by_shard.setdefault(k, ([], []))[1].append((i, table, arrays))
         flags = {"peek": True} if peek else {}
         sends = []
@@ -302,8 +295,6 @@ class PSClient:
         for (_, pull), (_, arrays) in zip(by_shard.values(), self._exchange(sends), strict=True):
             for j, (i, _, _) in enumerate(pull):
                 got[i] = arrays[j]
-        for i, first in same.items():
-            got[i] = got[first]
         return got
 
     def clip_step(self, step: int, clip_norm: float, dtype: Any) -> float:
