@@ -93,6 +93,17 @@ class RowMerge:
                                  xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
         return RowMerge(order, starts, sorted_rows[starts])
 
+    def part(self, xp, rows, lo: int, hi: int) -> RowMerge:
+        """The RowMerge of rows[lo:hi] alone (`rows`: what this one sorted), from this one's sort:
+        one pass keeps, in sorted order, the positions inside [lo, hi), relative to lo."""
+        if lo == 0 and hi == self.order.size:
+            return self
+        order = self.order[(self.order >= lo) & (self.order < hi)]
+        sorted_rows = rows[order]
+        starts = xp.concatenate([xp.zeros(min(1, order.size), dtype=order.dtype),
+                                 xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
+        return RowMerge(order - lo, starts, sorted_rows[starts])
+
     def inverse(self, xp):
         """For each original row, the position of its value among `unique_rows`."""
         run = xp.zeros(self.order.size, dtype=self.order.dtype)

@@ -54,3 +54,18 @@ def test_row_merge_of_a_ctr_steps_rows_sums_in_float64_like_np_add_at(dtype):
     wide = np.zeros((rows.size, 32), dtype)
     wide[:, ::2] = values
     np.testing.assert_array_equal(merge.sum(np, wide[:, ::2]), got)
+
+
+def test_row_merge_part_equals_a_fresh_sort_of_the_slice():
+    # one sort of a step's ids serves each micro-batch's unique ids: the part of rows[lo:hi] must be
+    # exactly what sorting that slice alone gives (np.unique's values and inverse)
+    rng = np.random.default_rng(3)
+    rows = (rng.zipf(1.3, 4 * 500) % 1000).astype(np.int64)
+    merge = RowMerge.of(np, rows)
+    for lo, hi in [(0, 500), (500, 1000), (1500, 2000), (0, 2000), (7, 8), (3, 3)]:
+        part = merge.part(np, rows, lo, hi)
+        uniq, inv = np.unique(rows[lo:hi], return_inverse=True)
+        np.testing.assert_array_equal(part.unique_rows, uniq)
+        np.testing.assert_array_equal(part.inverse(np), inv)
+        if hi > lo:
+            np.testing.assert_array_equal(part.order, np.argsort(rows[lo:hi], kind="stable"))
