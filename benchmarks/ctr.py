@@ -38,6 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
+# micro-batches per step when --micro-batches is not given, per mode (measured on the 2-core machine):
+# an async reader keeps the next step's items in flight too, so one micro-batch (the MLP's GEMMs at
+# the whole batch, one message each way per step) leaves the gpu trainer no idle time; a sync step
+# must drain before the next starts, so sync needs micro-batches to overlap the two trainers.
+BEST_MICRO_BATCHES = {"async": 1, "sync": 4}
+
 REPO = Path(__file__).resolve().parents[1]
 BATCH, SLOTS, VOCAB, DIM, DENSE, HIDDEN, LR = 512, 26, 100_000, 16, 13, (400, 400, 400), 0.01
 NUM_BATCHES = 20
@@ -322,7 +328,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", type=int, default=200, help="timed steps (after warm-up)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--trainers", type=parse_trainers, default=parse_trainers("cpu=1,gpu=1"))
-    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument(
+        "--micro-batches",
+        type=int,
+        default=None,
+        help=f"micro-batches per step (default per mode, the best measured here: {BEST_MICRO_BATCHES})",
+    )
     ap.add_argument("--modes", default="async,sync", help="hetps modes to measure, the best first")
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--paddle-threads", type=int, default=2)
@@ -386,13 +397,11 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{os.getloadavg()[0]:.1f})"
             )
         for mode in modes:
+            mbs = args.micro_batches or BEST_MICRO_BATCHES[mode]
             setting = (
-                f"{mode}, trainers {args.trainers}, {args.micro_batches} micro-batches, "
-                f"{args.servers} server(s), {gpu_kind}"
+                f"{mode}, trainers {args.trainers}, {mbs} micro-batches, {args.servers} server(s), {gpu_kind}"
             )
-            hist, cpu_ms = hetps(
-                args.steps, args.warmup, args.trainers, args.micro_batches, mode, args.servers
-            )
+            hist, cpu_ms = hetps(args.steps, args.warmup, args.trainers, mbs, mode, args.servers)
             rate = got[mode] = hist.examples_per_s(skip=args.warmup)
             ratio = f"{rate / got['paddle']:.2f}x Paddle, " if "paddle" in got else ""
             print(

@@ -12,9 +12,12 @@ the methods used below, supplied by the backward pass) and emits ops through it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
 
 CATEGORIES = ("io", "sparse", "dense", "light", "loss", "optimizer", "comm", "init")
 
@@ -90,6 +93,17 @@ class RowMerge:
                                  xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
         return RowMerge(order, starts, sorted_rows[starts])
 
+    def part(self, xp, rows, lo: int, hi: int) -> RowMerge:
+        """The RowMerge of rows[lo:hi] alone (`rows`: what this one sorted), from this one's sort:
+        one pass keeps, in sorted order, the positions inside [lo, hi), relative to lo."""
+        if lo == 0 and hi == self.order.size:
+            return self
+        order = self.order[(self.order >= lo) & (self.order < hi)]
+        sorted_rows = rows[order]
+        starts = xp.concatenate([xp.zeros(min(1, order.size), dtype=order.dtype),
+                                 xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
+        return RowMerge(order - lo, starts, sorted_rows[starts])
+
     def inverse(self, xp):
         """For each original row, the position of its value among `unique_rows`."""
         run = xp.zeros(self.order.size, dtype=self.order.dtype)
@@ -102,8 +116,38 @@ class RowMerge:
         """values[i] summed per unique row (sorted order)."""
         if self.starts.size == self.order.size:  # already unique: nothing to sum
             return values[self.order]
+        if xp.__name__ == "numpy" and values.ndim == 2 and values.dtype.kind == "f" and len(values) >= 4096:
+            return _segment_sum()(self.order, self.starts, np.ascontiguousarray(values))
         # a segmented sum over the sorted rows: far cheaper than np.add.at's unbuffered scatter
         return xp.add.reduceat(values[self.order], self.starts, axis=0)
+
+
+@functools.cache
+def _segment_sum():
+    """The compiled segmented sum (numba, compiled on first use and cached beside this file): for
+    each run `starts[s]:starts[s+1]` of `order`, the sum of those rows of `values`, accumulated in
+    float64 in `order`'s order and rounded once. One pass, no `values[order]` copy: ~10x faster than
+    `np.add.reduceat` on a CTR step's row gradients (13 312 x 16 -> 3 640 rows: 72 vs 689 µs). Used
+    from 4 096 rows: numba's import costs a process ~0.4 s once, which small merges never repay."""
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def segment_sum(order, starts, values):  # pragma: no cover - compiled
+        n, k, d = order.shape[0], starts.shape[0], values.shape[1]
+        out = np.empty((k, d), values.dtype)
+        acc = np.empty(d, np.float64)
+        for s in range(k):
+            acc[:] = 0.0
+            end = starts[s + 1] if s + 1 < k else n
+            for i in range(starts[s], end):
+                r = order[i]
+                for j in range(d):
+                    acc[j] += values[r, j]
+            for j in range(d):
+                out[s, j] = acc[j]
+        return out
+
+    return segment_sum
 
 
 def scatter_add(xp, target, index, values, unique: bool = False) -> None:

@@ -79,7 +79,7 @@ def _run_options(p: argparse.ArgumentParser, defaults: RunDefaults) -> None:
     p.add_argument(
         "--micro-batches",
         type=int,
-        help=f"micro-batches in flight per reader trainer (default {defaults.micro_batches})",
+        help=f"micro-batches per step and reader trainer (default {defaults.micro_batches})",
     )
     p.add_argument(
         "--engine",

@@ -80,7 +80,8 @@ def train(
       re-iterable of global feed dicts (see `runtime.sources`).
     - `trainers`: processes per trainer type, default {"cpu": 2, "gpu": 1} (1 for other types);
       the type owning the data ops reads data. `servers`, `mode`: default to the plan's config.
-    - `micro_batches`: micro-batches per reader and step (and the most a reader has in flight).
+    - `micro_batches`: micro-batches per reader and step (and the most a reader has in flight;
+      twice that in async mode).
     - `device_map` / `allow_emulation`: see `runtime.device.array_module`; a gpu type without CUDA
       is refused before any process starts unless emulation is allowed.
     - `callback(record)` is called in step order with {"step", "loss", "auc", "examples", "time"}.

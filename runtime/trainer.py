@@ -8,7 +8,8 @@ every trainer of the other types; an item's tensors go to the trainer of the des
 `route` picks, and its gradients come back the same way. A trainer's sub-program is cut at its recv
 ops (`transpiler.schedule.segments`); it runs (item, segment) pairs as soon as the segment's messages
 have arrived, oldest item first, with at most `micro_batches` of its own items in flight on a reader
-— so a CPU trainer computes item k+1's embeddings while the GPU trainer runs item k's MLP. With
+(twice that in async mode: the next step's items too, `transpiler.config.items_in_flight`) — so a CPU
+trainer computes item k+1's embeddings while the GPU trainer runs item k's MLP. With
 nothing runnable it blocks on its inbox (a ZeroMQ poll), giving up after `stall_timeout` seconds
 without any message with an error saying what it waits for: a run never hangs silently.
 
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from transpiler.config import items_in_flight
 from transpiler.inference import score_names
 from transpiler.ir import Program
 from transpiler.schedule import segment_programs
@@ -75,6 +77,7 @@ class Trainer:
     def __init__(self, spec: TrainerSpec) -> None:
         self.spec, self.name, self.index = spec, spec.name, spec.index
         self.counts, self.is_reader, self.mb_count = spec.counts, spec.is_reader, spec.micro_batches
+        self.in_flight_max = items_in_flight(spec.mode, spec.micro_batches)
         self.xp, _ = array_module(spec.type, spec.device_map, spec.allow_emulation, announce=False)
         self.program = Program.from_json(spec.program)
         self.segs = segment_programs(self.program)
@@ -279,7 +282,7 @@ class Trainer:
                 continue
             if sync and it.step > self.book.flushed:
                 continue
-            if it.seg == 0 and self.is_reader and in_flight >= self.mb_count:
+            if it.seg == 0 and self.is_reader and in_flight >= self.in_flight_max:
                 continue
             if not self.mail.missing(it, self.seg_recvs[it.seg]):
                 best = it

@@ -15,7 +15,7 @@ import yaml
 
 from runtime.cli import main
 from transpiler import Program, TranspileConfig, builder, transpile
-from transpiler.config import KINDS
+from transpiler.config import KINDS, items_in_flight
 from transpiler.cost import PlanCost, RunSettings, predict
 from transpiler.cost_profile import KernelCost, LinkCost, Overhead, Profile, PSCost, kernel_ops, op_signature
 from transpiler.models import wide_deep
@@ -166,10 +166,10 @@ def test_sync_step_waits_for_every_types_ps_round_trips_by_hand():
     assert p.bottleneck == "gpu"
     # the gpu's item + the reader's item (the pipeline's fill) + both round trips in turn
     assert p.step_s == pytest.approx(gpu_item + reader_item + reader_ps + gpu_ps)
-    # async: trainers' PS calls run on a background thread, off the step's chain; with one item in
-    # flight the reader's item and the gpu's come in turn
+    # async: trainers' PS calls run on a background thread, off the step's chain; the reader's next
+    # step overlaps this one (2 items in flight), so the busiest process, the gpu, sets the step
     assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 100, None, 0.5)).step_s == (
-        pytest.approx(gpu_item + reader_item)
+        pytest.approx(gpu_item)
     )
 
 
@@ -434,8 +434,8 @@ def test_cli_inspect_refuses_prediction_options_without_predict(tmp_path, capsys
 
 
 def test_async_items_in_flight_by_hand():
-    """A reader keeps at most micro_batches items in flight: with one, its item and the gpu's come in
-    turn (the step is their sum, not the busiest's time); with more, the busiest process rules."""
+    """An async reader keeps at most 2 micro_batches items in flight (this step's and the next's):
+    M items come back per half an item's way at best; otherwise the busiest process rules."""
     plan = transpile(dense_model())
     prof = synthetic_profile(
         plan,
@@ -444,10 +444,15 @@ def test_async_items_in_flight_by_hand():
     )
     # per item: the gpu's gemm 1e-3 + half of the one message it receives (x, label) 0.5e-4; the cpu
     # (data only) pays the other half of that message, 0.5e-4
-    gpu_item, cpu_item = 1e-3 + 0.5e-4, 0.5e-4
-    one = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 64))
-    assert one.step_s == pytest.approx(gpu_item + cpu_item)
-    assert "in flight" in one.limit
+    gpu_item = 1e-3 + 0.5e-4
+    # one micro-batch: 2 items in flight, the gpu (busiest, 1.05e-3) > half an item's way (0.55e-3)
+    assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 64)).step_s == pytest.approx(
+        gpu_item
+    )
+    # with two trainer types half an item's way never exceeds the busiest of the two
+    assert "in flight" not in predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 64)).limit
+    # sync: one step's items only (the next step waits for this one to be applied)
+    assert items_in_flight("sync", 4) == 4 and items_in_flight("async", 4) == 8
     # 4 items in flight: the gpu runs 4 items per step back to back
     assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 4, 1, "async", 64)).step_s == pytest.approx(
         4 * gpu_item

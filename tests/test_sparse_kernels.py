@@ -33,3 +33,39 @@ def test_row_merge_sums_repeated_rows_like_np_add_at_and_is_reused_across_tables
         merged = SparseRows(rows, values, 50).merged(np, merge)
         assert merged.unique and np.array_equal(merged.rows, np.unique(rows))
     np.testing.assert_array_equal(merge.unique_rows[merge.inverse(np)], rows)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_merge_of_a_ctr_steps_rows_sums_in_float64_like_np_add_at(dtype):
+    # a CTR step's lookups (512 x 26 ids, skewed: ~3 600 distinct) take the compiled segmented sum
+    # (>= 4 096 rows); it accumulates in float64, so it is within one float32 rounding of the exact
+    # sum however many times a hot id repeats (np.add.at in float32 drifts by ~1e-4 here)
+    rng = np.random.default_rng(2)
+    rows = (rng.zipf(1.2, 512 * 26) % 100_000).astype(np.int64)
+    values = rng.standard_normal((rows.size, 16)).astype(dtype)
+    merge = RowMerge.of(np, rows)
+    exact = np.zeros((100_000, 16), np.float64)
+    np.add.at(exact, rows, values.astype(np.float64))
+    got = merge.sum(np, values)
+    assert got.dtype == dtype and got.shape == (np.unique(rows).size, 16)
+    want = exact[np.unique(rows)].astype(dtype)
+    np.testing.assert_allclose(got, want, rtol=np.finfo(dtype).eps, atol=np.finfo(dtype).tiny)
+    # a non-contiguous view of the values sums the same
+    wide = np.zeros((rows.size, 32), dtype)
+    wide[:, ::2] = values
+    np.testing.assert_array_equal(merge.sum(np, wide[:, ::2]), got)
+
+
+def test_row_merge_part_equals_a_fresh_sort_of_the_slice():
+    # one sort of a step's ids serves each micro-batch's unique ids: the part of rows[lo:hi] must be
+    # exactly what sorting that slice alone gives (np.unique's values and inverse)
+    rng = np.random.default_rng(3)
+    rows = (rng.zipf(1.3, 4 * 500) % 1000).astype(np.int64)
+    merge = RowMerge.of(np, rows)
+    for lo, hi in [(0, 500), (500, 1000), (1500, 2000), (0, 2000), (7, 8), (3, 3)]:
+        part = merge.part(np, rows, lo, hi)
+        uniq, inv = np.unique(rows[lo:hi], return_inverse=True)
+        np.testing.assert_array_equal(part.unique_rows, uniq)
+        np.testing.assert_array_equal(part.inverse(np), inv)
+        if hi > lo:
+            np.testing.assert_array_equal(part.order, np.argsort(rows[lo:hi], kind="stable"))

@@ -23,6 +23,14 @@ from ops_registry.optimizer import STATE, check_schedule
 
 MODES = ("sync", "async")  # parameter-server modes, read by the runtime
 KINDS = ("cpu", "gpu")  # device kinds of trainer types
+
+
+def items_in_flight(mode: str, micro_batches: int) -> int:
+    """The most items (micro-batches) a reader trainer has in flight: its step's `micro_batches`; in
+    async mode also the next step's, so it looks up step t+1 while the other types compute step t
+    (the next step cannot start before the previous one is applied in sync mode). The runtime's
+    scheduler and the cost model both read it here."""
+    return micro_batches * (2 if mode == "async" else 1)
 OPTIMIZERS = tuple(STATE)  # the update ops ops_registry.optimizer defines
 
 

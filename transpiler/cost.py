@@ -14,9 +14,10 @@ and receives (one message per segment and peer, `latency_s + bytes * per_byte_s`
 each trainer pulls and pushes the dense tables it uses once per step (one request per shard it
 touches), a reader pulls and pushes the unique rows of its step's ids (ids x `unique_fraction`).
 Dense tables sit whole on a shard (largest first onto the least loaded), sparse rows spread evenly.
-- async: the step takes as long as the busiest process (trainer or shard), and at least one item's
-  way through every trainer type (its kernels, messages and own overhead on each): a reader keeps
-  at most M items in flight, so its next step's items wait for this step's to come back;
+- async: the step takes as long as the busiest process (trainer or shard), and at least half of one
+  item's way through every trainer type (its kernels, messages and own overhead on each): a reader
+  keeps at most 2 M items in flight (`config.items_in_flight`: this step's and the next one's), so
+  M items come back per half an item's way at best;
 - sync: a chain per step. A pull of step t+1 waits until the shard applied step t, i.e. every
   trainer's push of step t: the reader pulls its rows, runs its items' forward and sends them, the
   other types compute (their dense tables pulled), the gradients come back, the reader pushes its
@@ -38,7 +39,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .balance import balance
-from .config import kind_of
+from .config import items_in_flight, kind_of
 from .cost_profile import Profile, kernel_ops, op_signature
 from .passes.assign_devices import bytes_per_example
 from .schedule import segments
@@ -329,9 +330,10 @@ class PlanCost:
             fill = sum(item_s.values()) - max(item_s.values())
             step += fill + boundary_s
             limit = "the busiest process + the pipeline's fill and the PS round trips at each step boundary"
-        elif sum(item_s.values()) > step:  # a reader keeps at most micro_batches items in flight
-            step = sum(item_s.values())
-            limit = "one micro-batch's way through every trainer type (a reader has micro_batches in flight)"
+        else:  # async: each of a reader's items in flight comes back once per item's way at most
+            way = sum(item_s.values()) * s.micro_batches / items_in_flight(s.mode, s.micro_batches)
+            if way > step:
+                step, limit = way, "the items a reader has in flight (each takes a micro-batch's way)"
         if s.cores is not None:
             cpu_work = sum(r.count * r.cpu_s for r in roles if not r.server)
             ov = p.overhead_for(s.mode)
