@@ -22,8 +22,11 @@ batch size (for a mean loss; 1 for a `reduce_sum` loss), so the accumulated grad
   gradient of the loss on the whole global batch.
 In sync mode the server applies step t once every trainer pushed it, and a pull for step t+1 waits
 for that; so a trainer starts step t+1 only after pushing step t (a pull of step t+1 must never wait
-on its own push). Sync training then equals single-process training on the global batches. In
-async mode pulls do not wait and a reader may start the next step while the previous one finishes.
+on its own push). Sync training then equals single-process training on the global batches. While
+step t runs elsewhere, a sync reader with nothing to run reads step t + 1's batch, makes its items
+and sorts its ids (`Ahead`), so that step t's push carries step t + 1's row pull (`PSAccess.push_step`)
+and the step boundary costs one round trip to the servers. In async mode pulls do not wait and a
+reader may start the next step while the previous one finishes.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
@@ -101,6 +105,7 @@ class Trainer:
         )
         self.items: dict[tuple[int, int, int], Item] = {}
         self.batches: Iterator | None = None  # a reader's share of the data
+        self.ahead: Ahead | None = None  # sync reader: the next step, read while this one runs
         self.grant, self.grant_final = spec.grant, False  # grant None: steps are not limited
         self.inbox: Inbox | None = None
         self.out: Outbox | None = None
@@ -168,6 +173,8 @@ class Trainer:
             if job is not None:
                 self._run_segment(job)
                 continue
+            if self._read_ahead():
+                continue
             with timed("wait", "wait", rec=self.rec, stats=self.stats, key="wait_s"):
                 msg = self.inbox.recv(timeout_ms=1000)
             if msg is not None:
@@ -227,18 +234,22 @@ class Trainer:
         t = book.next_step
         if self.spec.mode == "sync" and book.flushed < t:
             return
-        limit = self.spec.steps
-        if self.grant is not None and t >= self.grant:
-            if not self.grant_final:
-                return
-            limit = t if limit is None else min(limit, t)
-        got = None if limit is not None and t >= limit else next(self.batches, None)
-        if got is None:
+        if self.ahead is not None and self.ahead.step == t:
+            ahead, self.ahead = self.ahead, None
+        elif (got := self._next_batch(t)) is not False:
+            ahead = Ahead(t, got, self._make_items(t, *got) if got is not None else [])
+        else:
+            return
+        if ahead.got is None:
             self._finish_at(t)
             return
-        batch, n, lo, hi = got  # rows [lo, hi) of batch are this reader's share of a global batch of n
-        made = self._make_items(t, batch, n, lo, hi)
-        self.ps.prefetch_rows(t, made)
+        _, n, lo, hi = ahead.got  # rows [lo, hi) of batch are this reader's share of a global batch of n
+        made = ahead.items
+        st = book.step(t)
+        for it in made:
+            self.items[it.key] = it
+            st.items += 1
+        self.ps.prefetch_rows(t, made)  # (nothing when the previous step's push asked for them)
         self.ps.prefetch_dense(t)
         per_dst: dict[str, list] = {}
         for it in made:
@@ -250,14 +261,42 @@ class Trainer:
         book.next_step = t + 1
         self._maybe_flush()
 
+    def _next_batch(self, t: int) -> tuple | None | Literal[False]:
+        """Step t's (batch, n, lo, hi) — rows [lo, hi) of batch are this reader's share of a global
+        batch of n — or None when the run ends before step t, or False when step t is not granted yet."""
+        limit = self.spec.steps
+        if self.grant is not None and t >= self.grant:
+            if not self.grant_final:
+                return False
+            limit = t if limit is None else min(limit, t)
+        return None if limit is not None and t >= limit else next(self.batches, None)
+
+    def _read_ahead(self) -> bool:
+        """Sync reader with nothing to run while its step runs elsewhere: read the next step's batch,
+        make its items and sort its ids now, so the step boundary only pulls rows (with the push)."""
+        book = self.book
+        t = book.next_step
+        if (
+            not self.is_reader
+            or self.spec.mode != "sync"
+            or self.ahead is not None
+            or book.end is not None
+            or book.flushed >= t  # no step in progress: the next one starts now (`_announce`)
+            or (got := self._next_batch(t)) is False
+        ):
+            return False
+        with timed("read ahead", "compute", rec=self.rec, stats=self.stats, key="busy_s", step=t):
+            made = self._make_items(t, *got) if got is not None else []
+            if made:
+                self.ps.sort_rows(t, made)
+            self.ahead = Ahead(t, got, made)
+        return True
+
     def _make_items(self, t: int, batch: dict, n: int, lo: int, hi: int) -> list[Item]:
-        st, made = self.book.step(t), []
-        for m, (a, b) in enumerate(sources.split(lo, hi, self.mb_count)):
-            it = Item(t, self.index, m, b - a, n, sources.rows(batch, self.feeds, a, b))
-            self.items[it.key] = it
-            made.append(it)
-            st.items += 1
-        return made
+        return [
+            Item(t, self.index, m, b - a, n, sources.rows(batch, self.feeds, a, b))
+            for m, (a, b) in enumerate(sources.split(lo, hi, self.mb_count))
+        ]
 
     def _peer_endpoints(self) -> list[str]:
         """Every trainer of the types other than the reader's (in type, index order)."""
@@ -349,11 +388,22 @@ class Trainer:
         book = self.book
         while book.complete(book.flushed):
             st = book.steps.pop(book.flushed)
-            self.ps.push_step(book.flushed, st)
+            ahead = self.ahead.items if self.ahead and self.ahead.step == book.flushed + 1 else []
+            self.ps.push_step(book.flushed, st, ahead)
             if st.reports:
                 self._report_losses(book.flushed, st.reports)
             book.flushed += 1
             self.ps.prefetch_dense(book.flushed)
+
+
+@dataclass
+class Ahead:
+    """A sync reader's next step, made while the current one runs: its share of the batch (None:
+    the run ends before it) and its items."""
+
+    step: int
+    got: tuple | None  # (batch, n, lo, hi): see `Trainer._next_batch`
+    items: list[Item]
 
 
 def _kept_outputs(segs: list[Program], report: list[str | None]) -> list[list[str]]:
