@@ -1,14 +1,16 @@
 """The sync step boundary of reader trainers (runtime.trainer_ps.PSAccess.push_step with `ahead`).
 
 In sync mode a reader's push of step t carries the row pull of step t + 1 (one `push_pull`
-request, made on the background thread). Two readers share ids, against real parameter-server
-shards: the rows a reader gets for step t + 1 must include both readers' step-t gradients (the
-reply waits for the other reader's push), checked against numpy by hand (SGD from known rows)."""
+request, one round trip). Two readers share ids, against real parameter-server shards: the rows a
+reader gets for step t + 1 must include both readers' step-t gradients (the reply waits for the
+other reader's push), checked against numpy by hand (SGD from known rows). And a whole sync run of
+two readers equals full-batch SGD by hand, step by step."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
-import pytest
 
 from ops_registry import SparseRows
 from runtime import train
@@ -45,8 +47,20 @@ def run_items(ps: PSAccess, items: list[Item], rng: np.random.Generator, seen: d
             ps.push_sparse(it, table, uniq, SparseRows(index.reshape(-1), g, uniq.size))
 
 
-def reader(plan, servers: Servers, r: int, submitted: list) -> PSAccess:
-    """Reader cpu:r's parameter-server access, recording what it hands its background thread."""
+class CountingClient(PSClient):
+    """A PSClient that records the ops of each exchange with the shards (one round trip each)."""
+
+    def __init__(self, log: list, *args, **kwargs) -> None:
+        self.log = log
+        super().__init__(*args, **kwargs)
+
+    def _exchange(self, requests):
+        self.log.append(sorted({h["op"] for _, h, _ in requests}))
+        return super()._exchange(requests)
+
+
+def reader(plan, servers: Servers, r: int, log: list) -> PSAccess:
+    """Reader cpu:r's parameter-server access; `log` gets the ops of its exchanges (all threads)."""
     ps = PSAccess(
         plan.programs["cpu"],
         plan.tables,
@@ -56,14 +70,9 @@ def reader(plan, servers: Servers, r: int, submitted: list) -> PSAccess:
         {"ps_s": 0.0},
         Recorder(on=False),
     )
-    ps.connect(lambda: PSClient(servers.endpoints, secret=servers.secret, timeout=20, pusher=f"cpu:{r}"))
-    submit = ps.bg.submit
-
-    def counted(fn, *args):
-        submitted.append(submit(fn, *args))
-        return submitted[-1]
-
-    ps.bg.submit = counted
+    ps.connect(
+        lambda: CountingClient(log, servers.endpoints, secret=servers.secret, timeout=20, pusher=f"cpu:{r}")
+    )
     return ps
 
 
@@ -76,8 +85,8 @@ def test_a_sync_push_carries_the_next_steps_rows_which_include_every_readers_ste
         admin = servers.client()
         for table, values in start.items():
             admin.assign(table, values, ids=np.arange(VOCAB))
-        submitted: list[list] = [[], []]
-        readers = [reader(plan, servers, r, submitted[r]) for r in range(2)]
+        logs: list[list] = [[], []]
+        readers = [reader(plan, servers, r, logs[r]) for r in range(2)]
         try:
             items = {r: items_of_step(0, r, rng) for r in range(2)}
             for r, ps in enumerate(readers):
@@ -92,21 +101,29 @@ def test_a_sync_push_carries_the_next_steps_rows_which_include_every_readers_ste
                         rows, want[table][uniq], rtol=1e-5, atol=1e-5, err_msg=f"step {t}, item {key}"
                     )
                 nxt = {r: items_of_step(t + 1, r, rng) for r in range(2)}
-                for r, ps in enumerate(readers):
-                    before = len(submitted[r])
-                    ps.push_step(t, ps.book.step(t), nxt[r])
-                    ps.book.flushed = t + 1
-                    assert len(submitted[r]) == before + 1  # one request: the push and the next pull
-                    if r == 0:  # its step t + 1 rows wait for the other reader's push of step t
-                        with pytest.raises(TimeoutError):
-                            submitted[0][-1].result(timeout=1.0)
+                before = [len(log) for log in logs]
+
+                def push(r: int) -> None:  # step t's push and step t + 1's rows, until they are back
+                    readers[r].push_step(t, readers[r].book.step(t), nxt[r])
+                    readers[r].bg.settle()
+
+                first = threading.Thread(target=push, args=(0,))
+                first.start()
+                first.join(1.0)
+                assert first.is_alive(), "step t + 1's rows came back before every reader pushed step t"
+                push(1)
+                first.join(20)
+                assert not first.is_alive()
+                # one round trip per reader: step t's push with step t + 1's row pull
+                assert [log[n:] for log, n in zip(logs, before, strict=True)] == [[["push_pull"]]] * 2
                 for table, ids, g in grads:
                     np.add.at(want[table], ids, -LR * g.astype(np.float64))
                 items = nxt
                 for r, ps in enumerate(readers):
-                    before = len(submitted[r])
+                    ps.book.flushed = t + 1
                     ps.prefetch_rows(t + 1, items[r])  # as the announcement does: already asked for
-                    assert len(submitted[r]) == before
+                    ps.bg.settle()
+                assert [len(log) for log in logs] == [n + 1 for n in before]
         finally:
             for ps in readers:
                 ps.bg.close()
