@@ -6,7 +6,8 @@ batch (`sources.share`; a sharded dataset hands each reader its own rows: `sourc
 split them into `micro_batches` items, and announce each step's items to
 every trainer of the other types; an item's tensors go to the trainer of the destination type that
 `route` picks, and its gradients come back the same way. A trainer's sub-program is cut at its recv
-ops (`transpiler.schedule.segments`); it runs (item, segment) pairs as soon as the segment's messages
+ops (`transpiler.schedule.segments`) and after what its sends need (`segment_order.sends_first`: a
+backward segment's weight gradients and pushes wait until its sends are out); it runs (item, segment) pairs as soon as the segment's messages
 have arrived, oldest item first, with at most `micro_batches` of its own items in flight on a reader
 — so a CPU trainer computes item k+1's embeddings while the GPU trainer runs item k's MLP. With
 nothing runnable it blocks on its inbox (a ZeroMQ poll), giving up after `stall_timeout` seconds
@@ -64,6 +65,7 @@ from .messages import (
     parse,
 )
 from .ps import PSClient
+from .segment_order import sends_first
 from .settings import TrainerSpec
 from .telemetry import Recorder, pack_spans, timed
 from .trainer_mail import Item, Mail, route
@@ -81,7 +83,7 @@ class Trainer:
         self.counts, self.is_reader, self.mb_count = spec.counts, spec.is_reader, spec.micro_batches
         self.xp, _ = array_module(spec.type, spec.device_map, spec.allow_emulation, announce=False)
         self.program = Program.from_json(spec.program)
-        self.segs = segment_programs(self.program)
+        self.segs = sends_first(segment_programs(self.program))  # (runtime/segment_order.py)
         self.seg_recvs = [[op.attrs["tensor"] for op in seg.ops if op.type == "recv"] for seg in self.segs]
         self.feeds = self.program.attrs.get("feeds", [])
         self.loss = spec.loss if spec.loss in self.program.vars else None
