@@ -7,11 +7,12 @@ split them into `micro_batches` items, and announce each step's items to
 every trainer of the other types; an item's tensors go to the trainer of the destination type that
 `route` picks, and its gradients come back the same way. A trainer's sub-program is cut at its recv
 ops (`transpiler.schedule.segments`) and after what its sends need (`segment_order.sends_first`: a
-backward segment's weight gradients and pushes wait until its sends are out); it runs (item, segment) pairs as soon as the segment's messages
-have arrived, oldest item first, with at most `micro_batches` of its own items in flight on a reader
-— so a CPU trainer computes item k+1's embeddings while the GPU trainer runs item k's MLP. With
-nothing runnable it blocks on its inbox (a ZeroMQ poll), giving up after `stall_timeout` seconds
-without any message with an error saying what it waits for: a run never hangs silently.
+backward segment's weight gradients and pushes wait until its sends are out); it runs (item,
+segment) pairs as soon as the segment's messages have arrived, oldest item first, with at most
+`micro_batches` of its own items in flight on a reader — so a CPU trainer computes item k+1's
+embeddings while the GPU trainer runs item k's MLP. With nothing runnable it blocks on its inbox (a
+ZeroMQ poll), giving up after `stall_timeout` seconds without any message with an error saying what
+it waits for: a run never hangs silently.
 
 Units: `trainer_steps.StepBook` (which steps exist, are complete, pushed, when the run ends),
 `trainer_ps.PSAccess` (prefetches, pulls, gradient buffers, one push per step and table: see there
