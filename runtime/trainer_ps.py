@@ -365,8 +365,11 @@ class PSAccess:
         return fut
 
     def _push_and_pull(self, client: PSClient, grads: list, pulls: list, step: int) -> list[np.ndarray]:
-        """Sync step `step`'s push and step + 1's pulls, fused (on the background thread)."""
-        with timed("push+pull", "ps", rec=self.rec, step=step, tables=[g[0] for g in grads]):
+        """Sync step `step`'s push and step + 1's pulls, fused (on the background thread); its span
+        is the step's push, with the pulled tables in `pulls`."""
+        with timed(
+            "push", "ps", rec=self.rec, step=step, tables=[g[0] for g in grads], pulls=[p[0] for p in pulls]
+        ):
             return client.push_pull(grads, pulls, step=step) if pulls else client.push_many(grads, step=step)
 
     def _push(self, client: PSClient, grads: list, step: int | None) -> None:
