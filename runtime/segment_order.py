@@ -73,3 +73,14 @@ def _program(like: Program, ops: list[Op]) -> Program:
     seg.global_block().vars = like.global_block().vars
     seg.global_block().set_ops(ops)
     return seg
+
+
+def kept_outputs(segs: list[Program], report: list[str | None]) -> list[list[str]]:
+    """Per segment, the outputs a later segment reads or the trainer reports (what an item keeps)."""
+    later: set[str] = {n for n in report if n}
+    kept = []
+    for seg in reversed(segs):
+        outs = dict.fromkeys(n for op in seg.ops for n in op.output_names())
+        kept.append([n for n in outs if n in later])
+        later.update(n for op in seg.ops for n in op.input_names())
+    return kept[::-1]

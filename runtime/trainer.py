@@ -36,8 +36,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -66,12 +65,12 @@ from .messages import (
     parse,
 )
 from .ps import PSClient
-from .segment_order import sends_first
+from .segment_order import kept_outputs, sends_first
 from .settings import TrainerSpec
 from .telemetry import Recorder, pack_spans, timed
 from .trainer_mail import Item, Mail, route
 from .trainer_ps import PSAccess
-from .trainer_steps import StepBook
+from .trainer_steps import Ahead, StepBook
 
 __all__ = ["Item", "Trainer", "route", "run_trainer"]
 
@@ -89,7 +88,7 @@ class Trainer:
         self.feeds = self.program.attrs.get("feeds", [])
         self.loss = spec.loss if spec.loss in self.program.vars else None
         self.score = score_names(self.program) if self.loss else None  # reported for the AUC
-        self.seg_outs = _kept_outputs(self.segs, [self.loss, *(self.score or [])])
+        self.seg_outs = kept_outputs(self.segs, [self.loss, *(self.score or [])])
         self.peers = [t for t in self.counts if t != spec.reader]
         self.peer_of = {ep: name for name, ep in spec.endpoints.items()}
         self.stats = {"busy_s": 0.0, "ps_s": 0.0, "wait_s": 0.0, "send_s": 0.0, "items": 0}
@@ -237,12 +236,10 @@ class Trainer:
         t = book.next_step
         if self.spec.mode == "sync" and book.flushed < t:
             return
-        if self.ahead is not None and self.ahead.step == t:
-            ahead, self.ahead = self.ahead, None
-        elif (got := self._next_batch(t)) is not False:
-            ahead = Ahead(t, got, self._make_items(t, *got) if got is not None else [])
-        else:
+        ahead = self.ahead if self.ahead is not None and self.ahead.step == t else self._make_ahead(t)
+        if ahead is None:  # not granted yet
             return
+        self.ahead = None
         if ahead.got is None:
             self._finish_at(t)
             return
@@ -264,36 +261,31 @@ class Trainer:
         book.next_step = t + 1
         self._maybe_flush()
 
-    def _next_batch(self, t: int) -> tuple | None | Literal[False]:
-        """Step t's (batch, n, lo, hi) — rows [lo, hi) of batch are this reader's share of a global
-        batch of n — or None when the run ends before step t, or False when step t is not granted yet."""
+    def _make_ahead(self, t: int) -> Ahead | None:
+        """Step t's share of a global batch and its items; None while step t is not granted."""
         limit = self.spec.steps
         if self.grant is not None and t >= self.grant:
             if not self.grant_final:
-                return False
+                return None
             limit = t if limit is None else min(limit, t)
-        return None if limit is not None and t >= limit else next(self.batches, None)
+        got = None if limit is not None and t >= limit else next(self.batches, None)
+        return Ahead(t, got, self._make_items(t, *got) if got is not None else [])
 
     def _read_ahead(self) -> bool:
         """Sync reader with nothing to run while its step runs elsewhere: read the next step's batch,
         make its items and sort its ids now, so the step boundary only pulls rows (with the push)."""
-        book = self.book
-        t = book.next_step
-        if (
-            not self.is_reader
-            or self.spec.mode != "sync"
-            or self.ahead is not None
-            or book.end is not None
-            or book.flushed >= t  # no step in progress: the next one starts now (`_announce`)
-            or (got := self._next_batch(t)) is False
-        ):
+        book, t = self.book, self.book.next_step
+        if not self.is_reader or self.spec.mode != "sync" or self.ahead is not None or book.end is not None:
             return False
-        with timed("read ahead", "compute", rec=self.rec, stats=self.stats, key="busy_s", step=t):
-            made = self._make_items(t, *got) if got is not None else []
-            if made:
-                self.ps.sort_rows(t, made)
-            self.ahead = Ahead(t, got, made)
-        return True
+        if book.flushed >= t:  # no step in progress: the next one starts now (`_announce`)
+            return False
+        with timed("read ahead", "compute", rec=self.rec, stats=self.stats, key="busy_s", step=t) as span:
+            self.ahead = self._make_ahead(t)
+            if self.ahead is None:
+                span.skip()
+            elif self.ahead.items:
+                self.ps.sort_rows(t, self.ahead.items)
+        return self.ahead is not None
 
     def _make_items(self, t: int, batch: dict, n: int, lo: int, hi: int) -> list[Item]:
         return [
@@ -397,27 +389,6 @@ class Trainer:
                 self._report_losses(book.flushed, st.reports)
             book.flushed += 1
             self.ps.prefetch_dense(book.flushed)
-
-
-@dataclass
-class Ahead:
-    """A sync reader's next step, made while the current one runs: its share of the batch (None:
-    the run ends before it) and its items."""
-
-    step: int
-    got: tuple | None  # (batch, n, lo, hi): see `Trainer._next_batch`
-    items: list[Item]
-
-
-def _kept_outputs(segs: list[Program], report: list[str | None]) -> list[list[str]]:
-    """Per segment, the outputs a later segment reads or the trainer reports (what an item keeps)."""
-    later: set[str] = {n for n in report if n}
-    kept = []
-    for seg in reversed(segs):
-        outs = dict.fromkeys(n for op in seg.ops for n in op.output_names())
-        kept.append([n for n in outs if n in later])
-        later.update(n for op in seg.ops for n in op.input_names())
-    return kept[::-1]
 
 
 def run_trainer(spec: dict[str, Any]) -> None:
