@@ -174,18 +174,22 @@ def _gemm(xp, ins, attrs):
 
 
 def _gemm_vjp(xp, ins, outs, douts, attrs):
+    """The gradients of A, B (and C); with attr `grads` (a list of slots) only those: a runtime may
+    split gemm_grad into its input gradient and its weight gradients (runtime/segment_order.py)."""
     a, b, g = ins["A"], ins["B"], douts["Y"]
-    alpha = attrs["alpha"]
-    a_ = a.T if attrs["transA"] else a
-    b_ = b.T if attrs["transB"] else b
-    ga_ = g @ b_.T
-    gb_ = a_.T @ g
-    ga = ga_.T if attrs["transA"] else ga_
-    gb = gb_.T if attrs["transB"] else gb_
-    if alpha != 1.0:
-        ga, gb = ga * alpha, gb * alpha
-    out = {"A": ga, "B": gb}
-    if "C" in ins:
+    alpha, want = attrs["alpha"], attrs.get("grads") or ("A", "B", "C")
+    out = {}
+    if "A" in want:
+        b_ = b.T if attrs["transB"] else b
+        ga_ = g @ b_.T
+        ga = ga_.T if attrs["transA"] else ga_
+        out["A"] = ga * alpha if alpha != 1.0 else ga
+    if "B" in want:
+        a_ = a.T if attrs["transA"] else a
+        gb_ = a_.T @ g
+        gb = gb_.T if attrs["transB"] else gb_
+        out["B"] = gb * alpha if alpha != 1.0 else gb
+    if "C" in ins and "C" in want:
         out["C"] = unbroadcast(xp, g * attrs["beta"] if attrs["beta"] != 1.0 else g, ins["C"].shape)
     return out
 

@@ -6,12 +6,14 @@ batch (`sources.share`; a sharded dataset hands each reader its own rows: `sourc
 split them into `micro_batches` items, and announce each step's items to
 every trainer of the other types; an item's tensors go to the trainer of the destination type that
 `route` picks, and its gradients come back the same way. A trainer's sub-program is cut at its recv
-ops (`transpiler.schedule.segments`); it runs (item, segment) pairs as soon as the segment's messages
-have arrived, oldest item first, with at most `micro_batches` of its own items in flight on a reader
-(twice that in async mode: the next step's items too, `transpiler.config.items_in_flight`) — so a CPU
-trainer computes item k+1's embeddings while the GPU trainer runs item k's MLP. With
-nothing runnable it blocks on its inbox (a ZeroMQ poll), giving up after `stall_timeout` seconds
-without any message with an error saying what it waits for: a run never hangs silently.
+ops (`transpiler.schedule.segments`) and after what its sends need (`segment_order.sends_first`: a
+backward segment's weight gradients and pushes wait until its sends are out); it runs (item,
+segment) pairs as soon as the segment's messages have arrived, oldest item first, with at most
+`micro_batches` of its own items in flight on a reader (twice that in async mode: the next step's
+items too, `transpiler.config.items_in_flight`) — so a CPU trainer computes item k+1's embeddings
+while the GPU trainer runs item k's MLP. With nothing runnable it blocks on its inbox (a ZeroMQ
+poll), giving up after `stall_timeout` seconds without any message with an error saying what it
+waits for: a run never hangs silently.
 
 Units: `trainer_steps.StepBook` (which steps exist, are complete, pushed, when the run ends),
 `trainer_ps.PSAccess` (prefetches, pulls, gradient buffers, one push per step and table: see there
@@ -23,8 +25,11 @@ batch size (for a mean loss; 1 for a `reduce_sum` loss), so the accumulated grad
   gradient of the loss on the whole global batch.
 In sync mode the server applies step t once every trainer pushed it, and a pull for step t+1 waits
 for that; so a trainer starts step t+1 only after pushing step t (a pull of step t+1 must never wait
-on its own push). Sync training then equals single-process training on the global batches. In
-async mode pulls do not wait and a reader may start the next step while the previous one finishes.
+on its own push). Sync training then equals single-process training on the global batches. While
+step t runs elsewhere, a sync reader with nothing to run reads step t + 1's batch, makes its items
+and sorts its ids (`Ahead`), so that step t's push carries step t + 1's row pull (`PSAccess.push_step`)
+and the step boundary costs one round trip to the servers. In async mode pulls do not wait and a
+reader may start the next step while the previous one finishes.
 """
 
 from __future__ import annotations
@@ -62,11 +67,12 @@ from .messages import (
     parse,
 )
 from .ps import PSClient
+from .segment_order import kept_outputs, sends_first
 from .settings import TrainerSpec
 from .telemetry import Recorder, pack_spans, timed
 from .trainer_mail import Item, Mail, route
 from .trainer_ps import PSAccess
-from .trainer_steps import StepBook
+from .trainer_steps import Ahead, StepBook
 
 __all__ = ["Item", "Trainer", "route", "run_trainer"]
 
@@ -80,12 +86,12 @@ class Trainer:
         self.in_flight_max = items_in_flight(spec.mode, spec.micro_batches)
         self.xp, _ = array_module(spec.type, spec.device_map, spec.allow_emulation, announce=False)
         self.program = Program.from_json(spec.program)
-        self.segs = segment_programs(self.program)
+        self.segs = sends_first(segment_programs(self.program))  # (runtime/segment_order.py)
         self.seg_recvs = [[op.attrs["tensor"] for op in seg.ops if op.type == "recv"] for seg in self.segs]
         self.feeds = self.program.attrs.get("feeds", [])
         self.loss = spec.loss if spec.loss in self.program.vars else None
         self.score = score_names(self.program) if self.loss else None  # reported for the AUC
-        self.seg_outs = _kept_outputs(self.segs, [self.loss, *(self.score or [])])
+        self.seg_outs = kept_outputs(self.segs, [self.loss, *(self.score or [])])
         self.peers = [t for t in self.counts if t != spec.reader]
         self.peer_of = {ep: name for name, ep in spec.endpoints.items()}
         self.stats = {"busy_s": 0.0, "ps_s": 0.0, "wait_s": 0.0, "send_s": 0.0, "items": 0}
@@ -104,6 +110,7 @@ class Trainer:
         )
         self.items: dict[tuple[int, int, int], Item] = {}
         self.batches: Iterator | None = None  # a reader's share of the data
+        self.ahead: Ahead | None = None  # sync reader: the next step, read while this one runs
         self.grant, self.grant_final = spec.grant, False  # grant None: steps are not limited
         self.inbox: Inbox | None = None
         self.out: Outbox | None = None
@@ -171,6 +178,8 @@ class Trainer:
             if job is not None:
                 self._run_segment(job)
                 continue
+            if self._read_ahead():
+                continue
             with timed("wait", "wait", rec=self.rec, stats=self.stats, key="wait_s"):
                 msg = self.inbox.recv(timeout_ms=1000)
             if msg is not None:
@@ -230,18 +239,20 @@ class Trainer:
         t = book.next_step
         if self.spec.mode == "sync" and book.flushed < t:
             return
-        limit = self.spec.steps
-        if self.grant is not None and t >= self.grant:
-            if not self.grant_final:
-                return
-            limit = t if limit is None else min(limit, t)
-        got = None if limit is not None and t >= limit else next(self.batches, None)
-        if got is None:
+        ahead = self.ahead if self.ahead is not None and self.ahead.step == t else self._make_ahead(t)
+        if ahead is None:  # not granted yet
+            return
+        self.ahead = None
+        if ahead.got is None:
             self._finish_at(t)
             return
-        batch, n, lo, hi = got  # rows [lo, hi) of batch are this reader's share of a global batch of n
-        made = self._make_items(t, batch, n, lo, hi)
-        self.ps.prefetch_rows(t, made)
+        _, n, lo, hi = ahead.got  # rows [lo, hi) of batch are this reader's share of a global batch of n
+        made = ahead.items
+        st = book.step(t)
+        for it in made:
+            self.items[it.key] = it
+            st.items += 1
+        self.ps.prefetch_rows(t, made)  # (nothing when the previous step's push asked for them)
         self.ps.prefetch_dense(t)
         per_dst: dict[str, list] = {}
         for it in made:
@@ -253,14 +264,37 @@ class Trainer:
         book.next_step = t + 1
         self._maybe_flush()
 
+    def _make_ahead(self, t: int) -> Ahead | None:
+        """Step t's share of a global batch and its items; None while step t is not granted."""
+        limit = self.spec.steps
+        if self.grant is not None and t >= self.grant:
+            if not self.grant_final:
+                return None
+            limit = t if limit is None else min(limit, t)
+        got = None if limit is not None and t >= limit else next(self.batches, None)
+        return Ahead(t, got, self._make_items(t, *got) if got is not None else [])
+
+    def _read_ahead(self) -> bool:
+        """Sync reader with nothing to run while its step runs elsewhere: read the next step's batch,
+        make its items and sort its ids now, so the step boundary only pulls rows (with the push)."""
+        book, t = self.book, self.book.next_step
+        if not self.is_reader or self.spec.mode != "sync" or self.ahead is not None or book.end is not None:
+            return False
+        if book.flushed >= t:  # no step in progress: the next one starts now (`_announce`)
+            return False
+        with timed("read ahead", "compute", rec=self.rec, stats=self.stats, key="busy_s", step=t) as span:
+            self.ahead = self._make_ahead(t)
+            if self.ahead is None:
+                span.skip()
+            elif self.ahead.items:
+                self.ps.sort_rows(t, self.ahead.items)
+        return self.ahead is not None
+
     def _make_items(self, t: int, batch: dict, n: int, lo: int, hi: int) -> list[Item]:
-        st, made = self.book.step(t), []
-        for m, (a, b) in enumerate(sources.split(lo, hi, self.mb_count)):
-            it = Item(t, self.index, m, b - a, n, sources.rows(batch, self.feeds, a, b))
-            self.items[it.key] = it
-            made.append(it)
-            st.items += 1
-        return made
+        return [
+            Item(t, self.index, m, b - a, n, sources.rows(batch, self.feeds, a, b))
+            for m, (a, b) in enumerate(sources.split(lo, hi, self.mb_count))
+        ]
 
     def _peer_endpoints(self) -> list[str]:
         """Every trainer of the types other than the reader's (in type, index order)."""
@@ -352,22 +386,12 @@ class Trainer:
         book = self.book
         while book.complete(book.flushed):
             st = book.steps.pop(book.flushed)
-            self.ps.push_step(book.flushed, st)
+            ahead = self.ahead.items if self.ahead and self.ahead.step == book.flushed + 1 else []
+            self.ps.push_step(book.flushed, st, ahead)
             if st.reports:
                 self._report_losses(book.flushed, st.reports)
             book.flushed += 1
             self.ps.prefetch_dense(book.flushed)
-
-
-def _kept_outputs(segs: list[Program], report: list[str | None]) -> list[list[str]]:
-    """Per segment, the outputs a later segment reads or the trainer reports (what an item keeps)."""
-    later: set[str] = {n for n in report if n}
-    kept = []
-    for seg in reversed(segs):
-        outs = dict.fromkeys(n for op in seg.ops for n in op.output_names())
-        kept.append([n for n in outs if n in later])
-        later.update(n for op in seg.ops for n in op.input_names())
-    return kept[::-1]
 
 
 def run_trainer(spec: dict[str, Any]) -> None:

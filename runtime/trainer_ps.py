@@ -12,6 +12,10 @@ Per step (see `runtime.trainer` for the whole picture):
 - gradients are accumulated over all of the step's items and pushed once per step and table — zeros
   when the trainer got no item — so a sync server sees exactly one push per trainer per step; the
   background thread pushes them, so the trainer goes on with the next step's work meanwhile;
+- in sync mode step t's push and step t + 1's pulls are one request (`PSClient.push_pull`; the
+  server answers once step t is applied): the dense tables and, when a reader has already made
+  step t + 1's items (it reads ahead while step t runs elsewhere), their rows — so a sync step
+  boundary costs one round trip;
 - with gradient clipping by global norm (tables with `clip_norm`), the run's first trainer then
   asks the servers for the step's norm and has them apply the scaled gradients (runtime/ps/clip.py).
 `PSAccess` implements the parameter-server methods of a `comm_ops.CommBackend` (ctx = the item).
@@ -87,8 +91,20 @@ class Background:
         self.check()
 
 
-def _pull_dense(client: PSClient, tables: list[str], step: int | None) -> dict[str, np.ndarray]:
-    return dict(zip(tables, client.pull_many([(t, None) for t in tables], step=step), strict=True))
+def _pull(client: PSClient, pulls: list[tuple[str, np.ndarray | None]], step: int | None) -> list:
+    return client.pull_many(pulls, step=step)
+
+
+@dataclass
+class Prefetch:
+    """Pulls in flight on the background thread: `fut` gives a list of arrays (`PSClient.pull_many`'s
+    or `push_pull`'s result), of which this prefetch's begin at `at`."""
+
+    fut: Future
+    at: int = 0
+
+    def arrays(self, n: int) -> list[np.ndarray]:
+        return self.fut.result()[self.at : self.at + n]
 
 
 @dataclass
@@ -144,8 +160,8 @@ class PSAccess:
             dict.fromkeys(op.attrs["table"] for op in program.ops if op.type == "pull_dense")
         )
         self.sparse_feeds = _sparse_feeds(program, program.attrs.get("feeds", []))
-        self.prefetch: dict[int, Future] = {}
-        self.rows_prefetch: dict[tuple, tuple[Future, int, np.ndarray]] = {}
+        self.prefetch: dict[int, Prefetch] = {}  # step -> its dense tables' pull
+        self.rows_prefetch: dict[tuple, tuple[Prefetch, np.ndarray]] = {}  # (item, table, ids) -> pull
         self.feed_of = _feed_of_table(self.sparse_feeds)
         self.step_sorts: dict[tuple[int, str], StepSort] = {}  # (step, feed) -> its ids' one sort
         self.pushing: list[tuple[Future, list[tuple[str, np.ndarray]]]] = []  # pushes in flight + buffers
@@ -171,29 +187,48 @@ class PSAccess:
     # -- prefetches -----------------------------------------------------------------------------
     def prefetch_dense(self, t: int) -> None:
         """Pull step t's dense tables in the background (once). In sync mode only after step t-1 is
-        pushed: the pull waits for that push, which must not queue behind it on the same thread."""
+        pushed: the pull waits for that push, which must not queue behind it on the same thread
+        (`push_step` fuses the two into one request)."""
         if self.dense_tables and t not in self.prefetch and (self.mode != "sync" or t <= self.book.flushed):
-            self.prefetch[t] = self.bg.submit(_pull_dense, self.dense_tables, self.ps_step(t))
+            self.prefetch[t] = Prefetch(self.bg.submit(_pull, self._dense_pulls(), self.ps_step(t)))
+
+    def _dense_pulls(self) -> list[tuple[str, None]]:
+        return [(table, None) for table in self.dense_tables]
+
+    def sort_rows(self, t: int, items: list[Any]) -> None:
+        """The one sort of step t's ids of each prefetched feed (a `StepSort`), made once: for the
+        rows the items will look up and, later, to merge the step's row gradients for the push."""
+        for x in {x for _, _, x in self.sparse_feeds}:
+            if (t, x) not in self.step_sorts:
+                merge = RowMerge.of(np, np.concatenate([np.ravel(it.feed[x]) for it in items]))
+                self.step_sorts[(t, x)] = StepSort(merge, [it.key for it in items])
+
+    def _row_pulls(self, t: int) -> list[tuple[str, np.ndarray]]:
+        """For each lookup of `unique_ids(feed)`: its table and the union of step t's ids of the feed."""
+        return [(table, self.step_sorts[(t, x)].merge.unique_rows) for table, _, x in self.sparse_feeds]
+
+    def _expect_rows(
+        self, items: list[Any], pulls: list[tuple[str, np.ndarray]], fut: Future, at: int
+    ) -> None:
+        """The items' lookups take their rows from `pulls`, the arrays of `fut` from `at` on."""
+        for i, (table, u, _) in enumerate(self.sparse_feeds):
+            for it in items:
+                self.rows_prefetch[(it.key, table, u)] = (Prefetch(fut, at + i), pulls[i][1])
 
     def prefetch_rows(self, t: int, items: list[Any]) -> None:
         """Pull the sparse rows the new items will look up, in one background round trip: for each
         lookup of `unique_ids(feed)`, the rows of the union of the items' ids (each item then takes
-        its unique ids' rows from them), so ids shared by micro-batches travel once."""
-        if not self.sparse_feeds or not items:
+        its unique ids' rows from them), so ids shared by micro-batches travel once. Nothing when
+        `push_step` has already asked for them (with the previous step's push)."""
+        if not self.sparse_feeds or not items or self._rows_asked(items):
             return
-        union = {}
-        for x in {x for _, _, x in self.sparse_feeds}:
-            merge = RowMerge.of(np, np.concatenate([np.ravel(it.feed[x]) for it in items]))
-            self.step_sorts[(t, x)] = StepSort(merge, [it.key for it in items])
-            union[x] = merge.unique_rows
-        fut = self.bg.submit(
-            lambda c, r, step: c.pull_many(r, step=step),
-            [(table, union[x]) for table, _, x in self.sparse_feeds],
-            self.ps_step(t),
-        )
-        for it in items:
-            for i, (table, u, x) in enumerate(self.sparse_feeds):
-                self.rows_prefetch[(it.key, table, u)] = (fut, i, union[x])
+        self.sort_rows(t, items)
+        pulls = self._row_pulls(t)
+        self._expect_rows(items, pulls, self.bg.submit(_pull, pulls, self.ps_step(t)), 0)
+
+    def _rows_asked(self, items: list[Any]) -> bool:
+        table, u, _ = self.sparse_feeds[0]
+        return (items[0].key, table, u) in self.rows_prefetch
 
     # -- op handlers (comm_ops.CommBackend) -----------------------------------------------------
     def pull_dense(self, it: Any, table: str) -> Any:
@@ -201,7 +236,8 @@ class PSAccess:
         if not st.dense:
             with timed("pull dense", "ps", rec=self.rec, stats=self.stats, key="ps_s", step=it.step) as t:
                 self.prefetch_dense(it.step)
-                got = self.prefetch[it.step].result()
+                tables = self.dense_tables
+                got = dict(zip(tables, self.prefetch[it.step].arrays(len(tables)), strict=True))
                 st.dense = got if self.xp is np else {k: self.xp.asarray(v) for k, v in got.items()}
                 t.args["tables"] = list(got)
         return st.dense[table]
@@ -221,8 +257,8 @@ class PSAccess:
             ids = _host(ids)
             fetched = self.rows_prefetch.pop((it.key, table, ids_name), None)
             if fetched is not None:
-                fut, i, union = fetched
-                rows = fut.result()[i].take(np.searchsorted(union, ids), axis=0)
+                pulled, union = fetched
+                rows = pulled.arrays(1)[0].take(np.searchsorted(union, ids), axis=0)
             else:
                 if self.mode == "sync":  # it waits for the previous step: first see that our push went in
                     self.bg.settle()
@@ -274,9 +310,11 @@ class PSAccess:
         return buf
 
     # -- the step's push ------------------------------------------------------------------------
-    def push_step(self, t: int, st: StepState) -> None:
+    def push_step(self, t: int, st: StepState, ahead: list[Any] = ()) -> None:
         """Push step t's gradients (zeros for a table the trainer got no gradient of) in the
-        background; forget its dense prefetch."""
+        background; forget its dense prefetch. In sync mode the push carries the pulls of step
+        t + 1 (`PSClient.push_pull`: one request, answered once step t is applied): the dense tables
+        and, for a reader that has made step t + 1's items (`ahead`), their rows."""
         self.prefetch.pop(t, None)
         sorts = {
             x: self.step_sorts.pop((t, x))
@@ -303,9 +341,36 @@ class PSAccess:
                 np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, spec.shape[1]), spec.dtype)
             )
             grads.append((table, rows, ids))
-        if grads or self.leads_clip():
+        if grads and self.mode == "sync" and not self.leads_clip():
+            fut = self._push_pull(t, grads, list(ahead))
+        elif grads or self.leads_clip():
             fut = self.bg.submit(self._push, grads, self.ps_step(t))
-            self.pushing.append((fut, list(st.grads.items())))
+        else:
+            return
+        self.pushing.append((fut, list(st.grads.items())))
+
+    def _push_pull(self, t: int, grads: list, ahead: list[Any]) -> Future:
+        """Sync: step t's push and step t + 1's pulls (dense tables; rows of the `ahead` items) in one
+        background request; the pulls become step t + 1's prefetches."""
+        dense = self._dense_pulls() if t + 1 not in self.prefetch else []
+        rows: list[tuple[str, np.ndarray]] = []
+        if self.sparse_feeds and ahead and not self._rows_asked(ahead):
+            self.sort_rows(t + 1, ahead)
+            rows = self._row_pulls(t + 1)
+        fut = self.bg.submit(self._push_and_pull, grads, dense + rows, t)
+        if dense:
+            self.prefetch[t + 1] = Prefetch(fut)
+        if rows:
+            self._expect_rows(ahead, rows, fut, len(dense))
+        return fut
+
+    def _push_and_pull(self, client: PSClient, grads: list, pulls: list, step: int) -> list[np.ndarray]:
+        """Sync step `step`'s push and step + 1's pulls, fused (on the background thread); its span
+        is the step's push, with the pulled tables in `pulls`."""
+        with timed(
+            "push", "ps", rec=self.rec, step=step, tables=[g[0] for g in grads], pulls=[p[0] for p in pulls]
+        ):
+            return client.push_pull(grads, pulls, step=step) if pulls else client.push_many(grads, step=step)
 
     def _push(self, client: PSClient, grads: list, step: int | None) -> None:
         """A step's gradients, pushed on the background thread (its span lands on lane 1)."""

@@ -22,6 +22,17 @@ class StepState:
     reports: list[tuple[int, float, list]] = field(default_factory=list)  # (size, loss, [score, label])
 
 
+@dataclass
+class Ahead:
+    """A sync reader's next step, made while the current one runs: its share of a global batch,
+    (batch, n, lo, hi) with rows [lo, hi) of batch its share of n (None: the run ends before the
+    step), and its items."""
+
+    step: int
+    got: tuple | None
+    items: list[Any]
+
+
 class StepBook:
     """Steps of one trainer. A reader makes its steps (`next_step`, `end`); any other trainer
     learns them from the readers' announcements (`StepState.announced`) and end steps (`ends`).
