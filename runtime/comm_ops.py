@@ -1,5 +1,6 @@
 """The one handler table for the ops that are not kernels: send / recv and parameter-server pulls
-and pushes (and the loss-gradient seed, which a trainer scales to its micro-batch).
+and pushes (and the loss-gradient seed, which a trainer scales to its micro-batch, and
+`unique_ids`, which a reader answers from its step's one sort of the ids).
 
 An op handler reads the op's slots and attributes and leaves the work to a *backend*, the part that
 differs between runners: the trainer process (ZeroMQ peers, PS client, per-step buffers:
@@ -29,6 +30,7 @@ class CommBackend(Protocol):
     def pull_sparse(self, ctx: Any, table: str, ids_name: str, ids: Any) -> Any: ...
     def push_dense(self, ctx: Any, table: str, grad: Any) -> None: ...
     def push_sparse(self, ctx: Any, table: str, ids: Any, grad: Any) -> None: ...
+    def unique_ids(self, ctx: Any, ids_name: str, ids: Any) -> dict[str, Any]: ...
 
 
 def _send(b: Any) -> Handler:
@@ -74,6 +76,18 @@ def _push_sparse(b: Any) -> Handler:
     return push_sparse
 
 
+def _unique_ids(b: Any) -> Handler:
+    """`unique_ids` (a kernel op) through the backend, which may answer from a sort it already made
+    (a reader's one sort of a step's ids: `trainer_ps.PSAccess.unique_ids`)."""
+
+    def unique_ids(op: Op, values: dict[str, Any], ctx: Any) -> None:
+        ids = op.inputs["Ids"][0]
+        got = b.unique_ids(ctx, ids, values[ids])
+        values[op.outputs["Unique"][0]], values[op.outputs["Index"][0]] = got["Unique"], got["Index"]
+
+    return unique_ids
+
+
 MAKERS = {
     "send": _send,
     "recv": _recv,
@@ -81,6 +95,7 @@ MAKERS = {
     "pull_sparse": _pull_sparse,
     "push_dense": _push_dense,
     "push_sparse": _push_sparse,
+    "unique_ids": _unique_ids,
 }
 
 

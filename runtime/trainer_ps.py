@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ops_registry import SparseRows
+from ops_registry import SparseRows, get_op
 from ops_registry.base import RowMerge
 from transpiler.ir import Program
 from transpiler.tables import TableSpec
@@ -114,6 +114,8 @@ class StepSort:
 
     merge: RowMerge
     keys: list[tuple[int, int, int]]
+    rows: np.ndarray  # the items' ids, concatenated in `keys` order (what `merge` sorted)
+    spans: dict[tuple[int, int, int], tuple[int, int]]  # item key -> its ids' [lo, hi) in `rows`
 
 
 def _feed_of_table(sparse_feeds: list[tuple[str, str, str]]) -> dict[str, str]:
@@ -200,8 +202,12 @@ class PSAccess:
         rows the items will look up and, later, to merge the step's row gradients for the push."""
         for x in {x for _, _, x in self.sparse_feeds}:
             if (t, x) not in self.step_sorts:
-                merge = RowMerge.of(np, np.concatenate([np.ravel(it.feed[x]) for it in items]))
-                self.step_sorts[(t, x)] = StepSort(merge, [it.key for it in items])
+                parts = [np.ravel(it.feed[x]) for it in items]
+                rows = np.concatenate(parts)
+                ends = np.cumsum([p.size for p in parts]).tolist()
+                spans = {it.key: (e - p.size, e) for it, p, e in zip(items, parts, ends, strict=True)}
+                keys = [it.key for it in items]
+                self.step_sorts[(t, x)] = StepSort(RowMerge.of(np, rows), keys, rows, spans)
 
     def _row_pulls(self, t: int) -> list[tuple[str, np.ndarray]]:
         """For each lookup of `unique_ids(feed)`: its table and the union of step t's ids of the feed."""
@@ -231,6 +237,17 @@ class PSAccess:
         return (items[0].key, table, u) in self.rows_prefetch
 
     # -- op handlers (comm_ops.CommBackend) -----------------------------------------------------
+    def unique_ids(self, it: Any, ids_name: str, ids: Any) -> dict[str, Any]:
+        """`unique_ids` of a prefetched feed: the item's part of its step's one sort
+        (`RowMerge.part`: no sort of its own; with one item per step, the step's sort itself);
+        anything else: the registry's kernel."""
+        sort = self.step_sorts.get((it.step, ids_name)) if self.xp is np else None
+        span = sort.spans.get(it.key) if sort is not None else None
+        if span is None or not np.array_equal(np.ravel(ids), sort.rows[span[0] : span[1]]):
+            return get_op("unique_ids").kernel(self.xp, {"Ids": ids}, {})
+        part = sort.merge.part(np, sort.rows, *span)
+        return {"Unique": part.unique_rows, "Index": part.inverse(np).reshape(np.shape(ids))}
+
     def pull_dense(self, it: Any, table: str) -> Any:
         st = self.book.step(it.step)
         if not st.dense:
@@ -258,7 +275,9 @@ class PSAccess:
             fetched = self.rows_prefetch.pop((it.key, table, ids_name), None)
             if fetched is not None:
                 pulled, union = fetched
-                rows = pulled.arrays(1)[0].take(np.searchsorted(union, ids), axis=0)
+                rows = pulled.arrays(1)[0]
+                if ids is not union:  # the item's unique ids are a subset of the step's
+                    rows = rows.take(np.searchsorted(union, ids), axis=0)
             else:
                 if self.mode == "sync":  # it waits for the previous step: first see that our push went in
                     self.bg.settle()

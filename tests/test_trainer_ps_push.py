@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ops_registry import SparseRows
+from ops_registry.base import RowMerge
 from runtime.telemetry import Recorder
 from runtime.trainer_mail import Item
 from runtime.trainer_ps import PSAccess
@@ -148,3 +149,29 @@ def test_two_gradients_of_one_table_from_one_micro_batch_both_count():
     np.add.at(want, inv, np.concatenate(all_rows).astype(np.float64))
     np.testing.assert_array_equal(merged_ids, uniq)
     np.testing.assert_allclose(merged, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("sizes", [(3, 5, 4), (12,)])
+def test_unique_ids_of_a_prefetched_feed_equal_np_unique_of_the_items_own_ids(sizes, monkeypatch):
+    # a reader answers each item's unique_ids from its step's one sort (RowMerge.part): values and
+    # inverse must be np.unique's of the item's own ids, whatever the item's place in the step
+    ps, _ = reader_access()
+    items = items_of_step(0, np.random.default_rng(5), sizes)
+    ps.sort_rows(0, items)
+    sorts = []
+    monkeypatch.setattr(RowMerge, "of", staticmethod(lambda xp, rows: sorts.append(rows)))
+    for it in items:
+        ids = it.feed["sparse"]
+        got = ps.unique_ids(it, "sparse", ids)
+        assert sorts == []  # no sort of its own: the step's sort served it
+        uniq, inv = np.unique(ids, return_inverse=True)
+        np.testing.assert_array_equal(got["Unique"], uniq)
+        np.testing.assert_array_equal(got["Index"], inv.reshape(ids.shape))
+    # ids that are not the item's feed (or a step without a sort) take the registry's kernel
+    monkeypatch.undo()
+    other = (items[0].feed["sparse"] + 1) % VOCAB
+    got = ps.unique_ids(items[0], "sparse", other)
+    np.testing.assert_array_equal(got["Unique"], np.unique(other))
+    later = items_of_step(1, np.random.default_rng(6), sizes)[0]
+    np.testing.assert_array_equal(ps.unique_ids(later, "sparse", later.feed["sparse"])["Unique"],
+                                  np.unique(later.feed["sparse"]))
