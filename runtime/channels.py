@@ -3,7 +3,7 @@
 Every process of a run (trainer or driver) binds one inbox (`Inbox`) at an address the engine gives
 it (`ipc://` on the local engine) and sends to others through an `Outbox`, which connects one PUSH
 socket per destination on first use. Messages use the data-plane frame format of `runtime.wire`
-(JSON header + raw array buffers, optional MAC; never pickle). Sends never block a trainer: a PUSH
+(MessagePack header + raw array buffers, optional MAC; never pickle). Sends never block a trainer: a PUSH
 socket queues up to its high-water mark, and a trainer never has more than `micro_batches`
 micro-batches in flight, so queues stay short. Arrays go out without a copy (`copy=False`): a sender
 must not write into an array after sending it (the executor makes fresh arrays for every op).
