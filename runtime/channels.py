@@ -39,6 +39,7 @@ import os
 import re
 import stat
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -178,6 +179,16 @@ class ShmSegments:
 
     def arrays(self, desc: Any) -> list[np.ndarray]:
         """Copies of the arrays a control message describes, after bounds and shape checks."""
+        views, release = self.views(desc)
+        out = [a.copy() for a in views]
+        release()
+        return out
+
+    def views(self, desc: Any) -> tuple[list[np.ndarray], Callable[[], None]]:
+        """Read-only views of the arrays a control message describes, after bounds and shape checks,
+        and the function that hands their bytes back to the sender (publishes how far this end has
+        read): the views stay valid until it is called, and must not be used after. Messages of one
+        sender are read, and released, in order."""
         ok = (isinstance(desc, dict) and isinstance(desc.get("arrays"), list)
               and all(isinstance(desc.get(k), int) and not isinstance(desc.get(k), bool)
                       and 0 <= desc[k] < 1 << 62 for k in ("at", "n")))
@@ -198,9 +209,15 @@ class ShmSegments:
             off, nbytes = d[2], d[3]
             if off + nbytes > n:
                 raise WireError(f"array {i}: bytes [{off}, {off + nbytes}) lie outside its message of {n}")
-            out.append(array_from(i, d[:2], memoryview(data[at + off:at + off + nbytes])).copy())
-        consumed[0] = desc["at"] + n  # messages of one sender are read in order
-        return out
+            view = array_from(i, d[:2], memoryview(data[at + off:at + off + nbytes]))
+            view.flags.writeable = False
+            out.append(view)
+        end = desc["at"] + n
+
+        def release() -> None:
+            consumed[0] = end
+
+        return out, release
 
     def close(self) -> None:
         self.maps = {}  # (each map closes when the last array view of it is gone)

@@ -144,13 +144,17 @@ class Shard:
                           f"max_steps_ahead={ahead} steps ahead")
 
     def pull(self, name: str, ids: np.ndarray | None = None, step: int | None = None,
-             peek: bool = False) -> np.ndarray:
+             peek: bool = False, copy: bool = True) -> np.ndarray:
         """A dense table or sparse rows. `peek`: read without creating rows or touching counters
-        (evaluation; `SparseTable.peek`)."""
+        (evaluation; `SparseTable.peek`). `copy=False`: a dense table as a read-only view of its
+        parameter (`DenseTable.pull`), for a caller that copies it at once; sparse rows are always
+        fresh arrays."""
         t = self.table(name)
         args = self._ids_args(t, ids, "pull")
+        if isinstance(t, DenseTable):
+            args = (copy,)
         if peek:
-            return t.peek(*args) if isinstance(t, SparseTable) else t.pull()
+            return t.peek(*args) if isinstance(t, SparseTable) else t.pull(*args)
         self._check_step(t, step, "pull")
         if self.mode == "sync" and step is not None and self.version[name] < step and t.kernel is not None:
             raise NotReady(name, step)  # (a frozen table never changes: nothing to wait for)

@@ -154,8 +154,14 @@ class DenseTable(Table):
                           "(PSClient.assign) before reading or updating it")
         return self.param
 
-    def pull(self) -> np.ndarray:
-        return self._value().copy()
+    def pull(self, copy: bool = True) -> np.ndarray:
+        """The parameter: a copy, or (`copy=False`) a read-only view of the table's own array, which
+        later pushes change in place (for a caller that copies it at once, e.g. into a reply)."""
+        if copy:
+            return self._value().copy()
+        view = self._value().view()
+        view.flags.writeable = False
+        return view
 
     def memory_bytes(self) -> int:
         return self.param.nbytes + sum(a.nbytes for a in self.state.values())
