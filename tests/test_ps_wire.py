@@ -2,10 +2,13 @@
 
 Hostile header frames are built by hand with msgspec (plain MessagePack, not the codec under test)."""
 
+import hashlib
+
 import msgspec
 import numpy as np
 import pytest
 import zmq
+from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from runtime.wire import AuthError, ReplayError, ReplayGuard, WireError, decode, decode_signed, encode, sign
 
@@ -51,8 +54,9 @@ def test_round_trip_over_zeromq_without_copies():
     np.testing.assert_array_equal(y, np.arange(3))
 
 
-def test_mac_rejects_wrong_key_missing_tag_tampering_and_recut_frames():
-    frames = [bytes(f) for f in encode({"op": "pull"}, [np.arange(8, dtype=np.int64)], KEY)]
+@pytest.mark.parametrize("n", [8, 20_000])  # 64 B: a BLAKE2b tag; 160 KB: a Poly1305 tag
+def test_mac_rejects_wrong_key_missing_tag_tampering_and_recut_frames(n):
+    frames = [bytes(f) for f in encode({"op": "pull"}, [np.arange(n, dtype=np.int64)], KEY)]
     with pytest.raises(AuthError, match="does not match"):
         decode(frames, b"other-secret")
     with pytest.raises(AuthError, match="no MAC tag"):
@@ -69,6 +73,24 @@ def test_mac_rejects_wrong_key_missing_tag_tampering_and_recut_frames():
     nonce_flipped = [*frames[:-1], bytes([frames[-1][0] ^ 1]) + frames[-1][1:]]  # the one-time key changes
     with pytest.raises(AuthError, match="does not match"):
         decode(nonce_flipped, KEY)
+
+
+def _expected_tag(frames: list[bytes], nonce: bytes) -> bytes:
+    """The tag the module docstring specifies, computed here with hashlib and cryptography directly."""
+    key = hashlib.blake2b(KEY, digest_size=64, person=b"hetps-wire-key").digest()
+    data = b"".join(len(f).to_bytes(8, "little") + f for f in frames)
+    if len(data) <= 64 << 10:
+        return hashlib.blake2b(data, key=key, salt=nonce, digest_size=16, person=b"hetps-wire-tag").digest()
+    one_time = hashlib.blake2b(nonce, key=key, digest_size=32, person=b"hetps-wire-mac").digest()
+    return Poly1305.generate_tag(one_time, data)
+
+
+@pytest.mark.parametrize("n", [0, 1, 8188, 8189, 100_000])  # 8188: 65 535 bytes, 8189: 65 543
+def test_the_tag_is_keyed_blake2b_for_small_messages_and_poly1305_for_large_ones(n):
+    frames = encode({"k": 1}, [np.zeros(n, np.int64)], KEY)
+    body, tag = [bytes(f) for f in frames[:-1]], bytes(frames[-1])
+    assert tag[16:] == _expected_tag(body, tag[:16])
+    assert decode(frames, KEY)[1][0].size == n
 
 
 def test_each_message_gets_a_fresh_nonce_and_long_secrets_work():
