@@ -67,6 +67,7 @@ class _Loop:
         self.parked: dict[str, list[tuple[Any, dict, list]]] = {}
         self.segments: ShmSegments | None = None  # requests' arrays in clients' shm segments
         self.rings: dict[bytes, ShmRing | None] = {}  # replies' arrays to clients that read shm
+        self.borrowed: list[Callable[[], None]] = []  # hands a request's shm bytes back (_shm_arrays)
 
     def attach_shm(self, endpoint: str) -> None:
         """Same-host clients may send and receive arrays through shared memory (runtime.channels)
@@ -123,14 +124,17 @@ class _Loop:
             return False
 
     def _handle(self, ident: Any, frames: list) -> bool:
-        release: list[Callable[[], None]] = []  # hands shared-memory bytes back (_shm_arrays)
         try:
-            return self._serve(ident, frames, release)
+            return self._serve(ident, frames)
         finally:
-            for done in release:
-                done()
+            self._hand_back()
 
-    def _serve(self, ident: Any, frames: list, release: list) -> bool:
+    def _hand_back(self) -> None:
+        """Hand the shared-memory bytes of the request being served back to its client."""
+        while self.borrowed:
+            self.borrowed.pop()()
+
+    def _serve(self, ident: Any, frames: list) -> bool:
         try:
             msg = decode_signed(frames, self.keys, max_bytes=self.limits.max_message_bytes)
             if self.replays is not None:
@@ -139,7 +143,7 @@ class _Loop:
                                       f"shard {self.shard.shard}; refused")
                 self.replays.check(msg.header)
             if "shm" in msg.header:  # (only after the MAC and replay checks)
-                msg.arrays = self._shm_arrays(msg.header.pop("shm"), msg.arrays, release)
+                msg.arrays = self._shm_arrays(msg.header.pop("shm"), msg.arrays)
         except ReplayError as e:
             log.error("shard %d: refused a replayed request: %s", self.shard.shard, e)
             self.reply(ident, None, {"ok": False, "error": f"authentication failed: {e}"}, sign=False)
@@ -182,14 +186,15 @@ class _Loop:
                     log.exception("shard %d: request %r failed", self.shard.shard, op)
                 self.reply(ident, rid, {"ok": False, "error": describe(e)})
                 return False
+            self._hand_back()  # (the request's arrays are used up; its client may reuse their bytes)
             self.reply(ident, rid, {"ok": True, **out}, out_arrays, shm=header.get("shm_reply") is True)
         return False
 
-    def _shm_arrays(self, desc: Any, frames: list, release: list) -> list:
+    def _shm_arrays(self, desc: Any, frames: list) -> list:
         """The arrays a request left in its client's shared-memory segment (bounds-checked there):
-        read-only views, their bytes handed back to the client (`release` gets the function) once
-        the request is served, except in sync mode, where pushes wait in the shard for their step
-        and pulls park, so a request's arrays outlive it: copies then."""
+        read-only views, their bytes handed back to the client (`_hand_back`) once the request is
+        applied, before its reply, except in sync mode, where pushes wait in the shard for their
+        step and pulls park, so a request's arrays outlive it: copies then."""
         if self.segments is None or frames or self.keys == ():
             raise WireError("a shared-memory request reached a server without a shared-memory directory "
                             "(or without a secret, or with frames as well)")
@@ -200,7 +205,7 @@ class _Loop:
         if self.shard.mode == "sync":
             return self.segments.arrays(desc)
         views, done = self.segments.views(desc)
-        release.append(done)
+        self.borrowed.append(done)
         return views
 
     def park(self, ident: Any, header: dict, arrays: list, table: str) -> None:
