@@ -23,13 +23,17 @@ its janitor does when the driver dies), an `Outbox` writes a message's arrays (f
 together) into a ring segment it owns for that receiver, and sends over ZeroMQ only the signed
 control message: the header plus `"shm": {"seg", "at", "n", "arrays": [[dtype, shape, offset,
 bytes]]}`. The receiver maps the segment (once; it then unlinks its name, so the memory goes with the
-two processes), checks that the name is a plain file of its own directory owned by this user, that
-the message lies inside the ring, and every array's dtype, shape and bytes (`wire.array_from`),
-copies the arrays out and publishes how far it has read in the segment's first 8 bytes, so the
-sender never overwrites what is unread (when the ring is full, or the message over half of it, the
-message goes as ZeroMQ frames instead: sends never block). The arrays themselves are not MAC'd:
-the segment is a 0600 file in a 0700 directory, so only this user's processes can write it, and
-they can read the run's key as well. Other hosts, and endpoints without the twin, use ZeroMQ frames.
+two processes), checks the descriptor's types, dtypes and shapes in one pass (`msgspec.convert`,
+the allow-list and limits of `runtime.wire`), that the name is a plain file of its own directory
+owned by this user, that the message lies inside the ring and every array's bytes match its shape,
+copies the arrays out (`ShmSegments.arrays`; a parameter server in async mode reads them in place
+instead, `ShmSegments.views`, until it has applied the request) and publishes how far it has read in
+the segment's first 8 bytes, so the sender never overwrites what is unread (when the ring is full,
+or the message over half of it, the message goes as ZeroMQ frames instead: sends never block). The
+arrays themselves are not MAC'd: the segment is a 0600 file in a 0700 directory, so only this
+user's processes can write it, and they can read the run's key as well (so reading in place, while
+the sender could still write, trusts no one new; numpy bounds-checks every index it is given).
+Other hosts, and endpoints without the twin, use ZeroMQ frames.
 """
 
 from __future__ import annotations
@@ -40,14 +44,15 @@ import re
 import stat
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 import zmq
 
 from ops_registry import SparseRows
 
-from .wire import WireError, array_from, decode, encode, wire_array
+from .wire import Dims, Dtype, NonNegative, WireError, checked_view, decode, encode, wire_array
 
 SHM_ROOT = "/dev/shm"
 SHM_MIN_BYTES = 16 << 10   # a message's arrays together; smaller ones go as ZeroMQ frames
@@ -91,6 +96,18 @@ def _layout(arrays: list[np.ndarray]) -> tuple[list[int], int]:
         offsets.append(n)
         n += -(-a.nbytes // _ALIGN) * _ALIGN
     return offsets, n
+
+
+_Offset = Annotated[int, msgspec.Meta(ge=0, lt=1 << 62)]
+
+
+class _ShmDesc(msgspec.Struct, forbid_unknown_fields=True):
+    """A control message's `"shm"` descriptor, checked in one pass by `msgspec.convert`."""
+
+    seg: str
+    at: _Offset
+    n: _Offset
+    arrays: list[tuple[Dtype, Dims, NonNegative, NonNegative]]  # dtype, shape, offset, bytes
 
 
 class ShmRing:
@@ -189,30 +206,24 @@ class ShmSegments:
         and the function that hands their bytes back to the sender (publishes how far this end has
         read): the views stay valid until it is called, and must not be used after. Messages of one
         sender are read, and released, in order."""
-        ok = (isinstance(desc, dict) and isinstance(desc.get("arrays"), list)
-              and all(isinstance(desc.get(k), int) and not isinstance(desc.get(k), bool)
-                      and 0 <= desc[k] < 1 << 62 for k in ("at", "n")))
-        if not ok:
-            raise WireError(f"shared-memory descriptor {desc!r:.200} is not {{seg, at, n, arrays}}")
-        name = desc.get("seg")
-        _, consumed, data = self.maps.get(name) or self._open(name)
-        at, n = desc["at"] % data.size, desc["n"]
+        try:
+            d = msgspec.convert(desc, _ShmDesc)
+        except msgspec.ValidationError as e:
+            raise WireError(f"shared-memory descriptor {desc!r:.200} is not {{seg, at, n, arrays: [[dtype, "
+                            f"shape, offset, bytes], ...]}} with a dtype of the allow-list: {e}") from None
+        _, consumed, data = self.maps.get(d.seg) or self._open(d.seg)
+        at, n = d.at % data.size, d.n
         if at + n > data.size:
-            raise WireError(f"shared-memory message [{at}, {at + n}) lies outside segment {name!r} "
+            raise WireError(f"shared-memory message [{at}, {at + n}) lies outside segment {d.seg!r} "
                             f"of {data.size} bytes")
         out = []
-        for i, d in enumerate(desc["arrays"]):
-            if not (isinstance(d, list) and len(d) == 4 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                                 and x >= 0 for x in d[2:])):
-                raise WireError(f"array {i}: shared-memory descriptor {d!r:.200} is not "
-                                "[dtype, shape, offset, bytes]")
-            off, nbytes = d[2], d[3]
+        for i, (dtype, shape, off, nbytes) in enumerate(d.arrays):
             if off + nbytes > n:
                 raise WireError(f"array {i}: bytes [{off}, {off + nbytes}) lie outside its message of {n}")
-            view = array_from(i, d[:2], memoryview(data[at + off:at + off + nbytes]))
+            view = checked_view(i, dtype, shape, memoryview(data[at + off:at + off + nbytes]))
             view.flags.writeable = False
             out.append(view)
-        end = desc["at"] + n
+        end = d.at + n
 
         def release() -> None:
             consumed[0] = end

@@ -86,14 +86,16 @@ def _value_type(levels: int) -> Any:
     return t
 
 
-_Dims = Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=MAX_DIMS)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Dtype = Literal[tuple(sorted(DTYPES))]  # msgspec types of an array descriptor's dtype and shape
+Dims = Annotated[list[NonNegative], msgspec.Meta(max_length=MAX_DIMS)]
 
 
 class _Frame(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """The header frame: [header, [[dtype, shape], ...]], validated in one pass by `_DECODER`."""
 
     header: dict[str, _value_type(MAX_HEADER_DEPTH - 1)]
-    arrays: list[tuple[Literal[tuple(sorted(DTYPES))], _Dims]]
+    arrays: list[tuple[Dtype, Dims]]
 
 
 _DECODER = msgspec.msgpack.Decoder(_Frame)
@@ -264,7 +266,7 @@ def decode_signed(
         raise WireError(
             f"header describes {len(descs)} arrays but {len(bufs) - 1} buffer frames follow{extra}"
         )
-    arrays = [_view(i, *desc, b) for i, (desc, b) in enumerate(zip(descs, bufs[1:], strict=True))]
+    arrays = [checked_view(i, *desc, b) for i, (desc, b) in enumerate(zip(descs, bufs[1:], strict=True))]
     return Signed(frame.header, arrays, key)
 
 
@@ -283,29 +285,9 @@ def _invalid(why: str) -> str:
     )
 
 
-def array_from(i: int, desc: Any, buf: memoryview) -> np.ndarray:
-    """Array `i` of a message: a view of `buf` after checking its descriptor `[dtype, shape]`
-    against the allow-list and the limits, and `buf`'s length against the shape (WireError)."""
-    ok = (
-        isinstance(desc, list)
-        and len(desc) == 2
-        and isinstance(desc[0], str)
-        and isinstance(desc[1], list)
-        and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in desc[1])
-    )
-    if not ok:
-        raise WireError(f"array {i}: descriptor {desc!r:.200} is not [dtype string, [non-negative dims]]")
-    dtype, shape = desc
-    if dtype not in DTYPES:
-        raise WireError(f"array {i}: dtype {dtype!r:.40} not allowed; allowed: {sorted(DTYPES)}")
-    if len(shape) > MAX_DIMS:
-        raise WireError(f"array {i}: {len(shape)} dimensions, more than the limit of {MAX_DIMS}")
-    return _view(i, dtype, shape, buf)
-
-
-def _view(i: int, dtype: str, shape: list[int], buf: memoryview) -> np.ndarray:
+def checked_view(i: int, dtype: str, shape: list[int], buf: memoryview) -> np.ndarray:
     """Array `i` as a view of `buf`, for a descriptor already checked against the allow-list and the
-    limits: WireError unless `buf` holds exactly `shape` of `dtype`."""
+    limits (`Dtype`, `Dims`): WireError unless `buf` holds exactly `shape` of `dtype`."""
     dt = np.dtype(dtype)
     count = math.prod(shape)
     if count * dt.itemsize != len(buf):
