@@ -55,9 +55,9 @@ from ops_registry import SparseRows
 from .wire import Dims, Dtype, NonNegative, WireError, checked_view, decode, encode, wire_array
 
 SHM_ROOT = "/dev/shm"
-SHM_MIN_BYTES = 16 << 10   # a message's arrays together; smaller ones go as ZeroMQ frames
-SHM_RING_BYTES = 8 << 20   # per (sender, receiver) pair, mapped with its pages faulted in at once
-_HEAD = 64                 # segment = [bytes the receiver has consumed: uint64][padding] + the ring
+SHM_MIN_BYTES = 16 << 10  # a message's arrays together; smaller ones go as ZeroMQ frames
+SHM_RING_BYTES = 8 << 20  # per (sender, receiver) pair, mapped with its pages faulted in at once
+_HEAD = 64  # segment = [bytes the receiver has consumed: uint64][padding] + the ring
 _ALIGN = 64
 _SEGMENT = re.compile(r"[0-9]+-[0-9a-f]{8}-[A-Za-z0-9_.-]{1,100}")
 
@@ -71,7 +71,7 @@ def shm_dir(endpoint: str) -> str | None:
     """The private shm directory for an `ipc://` endpoint of a local run, when it exists; else None."""
     if not endpoint.startswith("ipc://"):
         return None
-    run_dir = os.path.dirname(endpoint[len("ipc://"):])
+    run_dir = os.path.dirname(endpoint[len("ipc://") :])
     if not os.path.basename(run_dir).startswith("hetps-run-"):
         return None
     path = shm_dir_for(run_dir)
@@ -140,11 +140,16 @@ class ShmRing:
         at = start % self.cap
         for a, off in zip(arrays, offsets, strict=True):
             if a.nbytes:
-                self.data[at + off:at + off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
+                self.data[at + off : at + off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
         self.head = start + n
-        return {"seg": self.name, "at": start, "n": n,
-                "arrays": [[a.dtype.str, list(a.shape), off, a.nbytes]
-                           for a, off in zip(arrays, offsets, strict=True)]}
+        return {
+            "seg": self.name,
+            "at": start,
+            "n": n,
+            "arrays": [
+                [a.dtype.str, list(a.shape), off, a.nbytes] for a, off in zip(arrays, offsets, strict=True)
+            ],
+        }
 
     def close(self) -> None:
         """Unmap; unlink the name too once the receiver has read everything. A message it has not
@@ -209,18 +214,21 @@ class ShmSegments:
         try:
             d = msgspec.convert(desc, _ShmDesc)
         except msgspec.ValidationError as e:
-            raise WireError(f"shared-memory descriptor {desc!r:.200} is not {{seg, at, n, arrays: [[dtype, "
-                            f"shape, offset, bytes], ...]}} with a dtype of the allow-list: {e}") from None
+            raise WireError(
+                f"shared-memory descriptor {desc!r:.200} is not {{seg, at, n, arrays: [[dtype, "
+                f"shape, offset, bytes], ...]}} with a dtype of the allow-list: {e}"
+            ) from None
         _, consumed, data = self.maps.get(d.seg) or self._open(d.seg)
         at, n = d.at % data.size, d.n
         if at + n > data.size:
-            raise WireError(f"shared-memory message [{at}, {at + n}) lies outside segment {d.seg!r} "
-                            f"of {data.size} bytes")
+            raise WireError(
+                f"shared-memory message [{at}, {at + n}) lies outside segment {d.seg!r} of {data.size} bytes"
+            )
         out = []
         for i, (dtype, shape, off, nbytes) in enumerate(d.arrays):
             if off + nbytes > n:
                 raise WireError(f"array {i}: bytes [{off}, {off + nbytes}) lie outside its message of {n}")
-            view = checked_view(i, dtype, shape, memoryview(data[at + off:at + off + nbytes]))
+            view = checked_view(i, dtype, shape, memoryview(data[at + off : at + off + nbytes]))
             view.flags.writeable = False
             out.append(view)
         end = d.at + n
@@ -237,8 +245,9 @@ class ShmSegments:
 class Inbox:
     """The bound receiving end of one process. `recv(timeout_ms)` -> (header, arrays) or None."""
 
-    def __init__(self, endpoint: str, secret: bytes | None = None,
-                 context: zmq.Context | None = None) -> None:
+    def __init__(
+        self, endpoint: str, secret: bytes | None = None, context: zmq.Context | None = None
+    ) -> None:
         self.secret = secret
         self.sock = (context or zmq.Context.instance()).socket(zmq.PULL)
         self.sock.linger = 0
@@ -255,8 +264,10 @@ class Inbox:
         header, arrays = decode(self.sock.recv_multipart(copy=False), self.secret)
         if "shm" in header:
             if self.segments is None or arrays:
-                raise WireError("a shared-memory message reached an endpoint without a shared-memory "
-                                "directory (or carried frames as well)")
+                raise WireError(
+                    "a shared-memory message reached an endpoint without a shared-memory "
+                    "directory (or carried frames as well)"
+                )
             arrays = self.segments.arrays(header.pop("shm"))
         return header, arrays
 
@@ -269,8 +280,13 @@ class Inbox:
 class Outbox:
     """PUSH sockets to named peers (connected lazily); `send(endpoint, header, arrays)`."""
 
-    def __init__(self, secret: bytes | None = None, context: zmq.Context | None = None,
-                 linger_ms: int = 2000, shm: bool = True) -> None:
+    def __init__(
+        self,
+        secret: bytes | None = None,
+        context: zmq.Context | None = None,
+        linger_ms: int = 2000,
+        shm: bool = True,
+    ) -> None:
         self.secret, self.linger_ms, self.shm = secret, linger_ms, shm
         self.ctx = context or zmq.Context.instance()
         self.socks: dict[str, zmq.Socket] = {}
