@@ -23,6 +23,7 @@ setup(
         "pyarrow>=14",
         "numba>=0.59",
         "cryptography>=41",
+        "msgspec>=0.18",
     ],
     extras_require={
         "test": [

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import zmq  # noqa: E402
 
 from runtime.ps import Limits, PSClient, PSError, Servers  # noqa: E402
-from runtime.wire import AuthError, decode, encode, sign  # noqa: E402
+from runtime.wire import AuthError, decode, encode, header_frame, sign  # noqa: E402
 from transpiler.tables import TableSpec  # noqa: E402
 
 STALL_S = 8.0  # the driver's stall_timeout in the process rows (SIGSTOP rows wait for it)
@@ -285,7 +285,8 @@ class Raw:
 
 
 def _push_hdr(arrays: list) -> bytes:
-    return json.dumps({"op": "push", "table": "w", "arrays": arrays}).encode()
+    """A raw header frame (runtime.wire's MessagePack [header, array descriptors]) of a push to "w"."""
+    return header_frame({"op": "push", "table": "w"}, arrays)
 
 
 def _flood_parked(r: Raw, limits: Limits) -> list:
@@ -326,13 +327,13 @@ def hostile_rows() -> list[Row]:
             optimizer=SGD,
         ),
     ]
-    nested = b'{"op":"hello","arrays":[],"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    nested = header_frame({"op": "hello", "x": None})[:-2] + b"\x91" * 100_000 + b"\xc0\x90"
     cases = {
-        "JSON nested 100 000 deep": lambda r: r.signed_raw(nested),
+        "header nested 100 000 deep": lambda r: r.signed_raw(nested),
         "65 dimensions": lambda r: r.signed_raw(_push_hdr([["<f4", [1] * 65]]), b"\0" * 4),
         "shape [0, 2**63]": lambda r: r.signed_raw(_push_hdr([["<f4", [0, 2**63]]]), b""),
         "17 MiB message": lambda r: r.sign({"op": "push", "table": "w"}, [np.zeros(17 << 18, np.float32)]),
-        "header over 1 MiB": lambda r: r.signed_raw(b" " * (1 << 20) + b"{}"),
+        "header over 1 MiB": lambda r: r.signed_raw(b"\xc0" * ((1 << 20) + 2)),
         f"{limits.max_new_rows + 1} new rows, vocab -1": lambda r: r.sign(
             {"op": "pull", "table": "emb"}, [np.arange(limits.max_new_rows + 1, dtype=np.int64)]
         ),

@@ -3,7 +3,7 @@
 Every process of a run (trainer or driver) binds one inbox (`Inbox`) at an address the engine gives
 it (`ipc://` on the local engine) and sends to others through an `Outbox`, which connects one PUSH
 socket per destination on first use. Messages use the data-plane frame format of `runtime.wire`
-(JSON header + raw array buffers, optional MAC; never pickle). Sends never block a trainer: a PUSH
+(MessagePack header + raw array buffers, optional MAC; never pickle). Sends never block a trainer: a PUSH
 socket queues up to its high-water mark, and a trainer never has more than `micro_batches`
 micro-batches in flight, so queues stay short. Arrays go out without a copy (`copy=False`): a sender
 must not write into an array after sending it (the executor makes fresh arrays for every op).
@@ -23,13 +23,17 @@ its janitor does when the driver dies), an `Outbox` writes a message's arrays (f
 together) into a ring segment it owns for that receiver, and sends over ZeroMQ only the signed
 control message: the header plus `"shm": {"seg", "at", "n", "arrays": [[dtype, shape, offset,
 bytes]]}`. The receiver maps the segment (once; it then unlinks its name, so the memory goes with the
-two processes), checks that the name is a plain file of its own directory owned by this user, that
-the message lies inside the ring, and every array's dtype, shape and bytes (`wire.array_from`),
-copies the arrays out and publishes how far it has read in the segment's first 8 bytes, so the
-sender never overwrites what is unread (when the ring is full, or the message over half of it, the
-message goes as ZeroMQ frames instead: sends never block). The arrays themselves are not MAC'd:
-the segment is a 0600 file in a 0700 directory, so only this user's processes can write it, and
-they can read the run's key as well. Other hosts, and endpoints without the twin, use ZeroMQ frames.
+two processes), checks the descriptor's types, dtypes and shapes in one pass (`msgspec.convert`,
+the allow-list and limits of `runtime.wire`), that the name is a plain file of its own directory
+owned by this user, that the message lies inside the ring and every array's bytes match its shape,
+copies the arrays out (`ShmSegments.arrays`; a parameter server in async mode reads them in place
+instead, `ShmSegments.views`, until it has applied the request) and publishes how far it has read in
+the segment's first 8 bytes, so the sender never overwrites what is unread (when the ring is full,
+or the message over half of it, the message goes as ZeroMQ frames instead: sends never block). The
+arrays themselves are not MAC'd: the segment is a 0600 file in a 0700 directory, so only this
+user's processes can write it, and they can read the run's key as well (so reading in place, while
+the sender could still write, trusts no one new; numpy bounds-checks every index it is given).
+Other hosts, and endpoints without the twin, use ZeroMQ frames.
 """
 
 from __future__ import annotations
@@ -39,19 +43,21 @@ import os
 import re
 import stat
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 import zmq
 
 from ops_registry import SparseRows
 
-from .wire import WireError, array_from, decode, encode, wire_array
+from .wire import Dims, Dtype, NonNegative, WireError, checked_view, decode, encode, wire_array
 
 SHM_ROOT = "/dev/shm"
-SHM_MIN_BYTES = 16 << 10   # a message's arrays together; smaller ones go as ZeroMQ frames
-SHM_RING_BYTES = 8 << 20   # per (sender, receiver) pair, mapped with its pages faulted in at once
-_HEAD = 64                 # segment = [bytes the receiver has consumed: uint64][padding] + the ring
+SHM_MIN_BYTES = 16 << 10  # a message's arrays together; smaller ones go as ZeroMQ frames
+SHM_RING_BYTES = 8 << 20  # per (sender, receiver) pair, mapped with its pages faulted in at once
+_HEAD = 64  # segment = [bytes the receiver has consumed: uint64][padding] + the ring
 _ALIGN = 64
 _SEGMENT = re.compile(r"[0-9]+-[0-9a-f]{8}-[A-Za-z0-9_.-]{1,100}")
 
@@ -65,7 +71,7 @@ def shm_dir(endpoint: str) -> str | None:
     """The private shm directory for an `ipc://` endpoint of a local run, when it exists; else None."""
     if not endpoint.startswith("ipc://"):
         return None
-    run_dir = os.path.dirname(endpoint[len("ipc://"):])
+    run_dir = os.path.dirname(endpoint[len("ipc://") :])
     if not os.path.basename(run_dir).startswith("hetps-run-"):
         return None
     path = shm_dir_for(run_dir)
@@ -90,6 +96,18 @@ def _layout(arrays: list[np.ndarray]) -> tuple[list[int], int]:
         offsets.append(n)
         n += -(-a.nbytes // _ALIGN) * _ALIGN
     return offsets, n
+
+
+_Offset = Annotated[int, msgspec.Meta(ge=0, lt=1 << 62)]
+
+
+class _ShmDesc(msgspec.Struct, forbid_unknown_fields=True):
+    """A control message's `"shm"` descriptor, checked in one pass by `msgspec.convert`."""
+
+    seg: str
+    at: _Offset
+    n: _Offset
+    arrays: list[tuple[Dtype, Dims, NonNegative, NonNegative]]  # dtype, shape, offset, bytes
 
 
 class ShmRing:
@@ -122,11 +140,16 @@ class ShmRing:
         at = start % self.cap
         for a, off in zip(arrays, offsets, strict=True):
             if a.nbytes:
-                self.data[at + off:at + off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
+                self.data[at + off : at + off + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
         self.head = start + n
-        return {"seg": self.name, "at": start, "n": n,
-                "arrays": [[a.dtype.str, list(a.shape), off, a.nbytes]
-                           for a, off in zip(arrays, offsets, strict=True)]}
+        return {
+            "seg": self.name,
+            "at": start,
+            "n": n,
+            "arrays": [
+                [a.dtype.str, list(a.shape), off, a.nbytes] for a, off in zip(arrays, offsets, strict=True)
+            ],
+        }
 
     def close(self) -> None:
         """Unmap; unlink the name too once the receiver has read everything. A message it has not
@@ -178,29 +201,42 @@ class ShmSegments:
 
     def arrays(self, desc: Any) -> list[np.ndarray]:
         """Copies of the arrays a control message describes, after bounds and shape checks."""
-        ok = (isinstance(desc, dict) and isinstance(desc.get("arrays"), list)
-              and all(isinstance(desc.get(k), int) and not isinstance(desc.get(k), bool)
-                      and 0 <= desc[k] < 1 << 62 for k in ("at", "n")))
-        if not ok:
-            raise WireError(f"shared-memory descriptor {desc!r:.200} is not {{seg, at, n, arrays}}")
-        name = desc.get("seg")
-        _, consumed, data = self.maps.get(name) or self._open(name)
-        at, n = desc["at"] % data.size, desc["n"]
+        views, release = self.views(desc)
+        out = [a.copy() for a in views]
+        release()
+        return out
+
+    def views(self, desc: Any) -> tuple[list[np.ndarray], Callable[[], None]]:
+        """Read-only views of the arrays a control message describes, after bounds and shape checks,
+        and the function that hands their bytes back to the sender (publishes how far this end has
+        read): the views stay valid until it is called, and must not be used after. Messages of one
+        sender are read, and released, in order."""
+        try:
+            d = msgspec.convert(desc, _ShmDesc)
+        except msgspec.ValidationError as e:
+            raise WireError(
+                f"shared-memory descriptor {desc!r:.200} is not {{seg, at, n, arrays: [[dtype, "
+                f"shape, offset, bytes], ...]}} with a dtype of the allow-list: {e}"
+            ) from None
+        _, consumed, data = self.maps.get(d.seg) or self._open(d.seg)
+        at, n = d.at % data.size, d.n
         if at + n > data.size:
-            raise WireError(f"shared-memory message [{at}, {at + n}) lies outside segment {name!r} "
-                            f"of {data.size} bytes")
+            raise WireError(
+                f"shared-memory message [{at}, {at + n}) lies outside segment {d.seg!r} of {data.size} bytes"
+            )
         out = []
-        for i, d in enumerate(desc["arrays"]):
-            if not (isinstance(d, list) and len(d) == 4 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                                 and x >= 0 for x in d[2:])):
-                raise WireError(f"array {i}: shared-memory descriptor {d!r:.200} is not "
-                                "[dtype, shape, offset, bytes]")
-            off, nbytes = d[2], d[3]
+        for i, (dtype, shape, off, nbytes) in enumerate(d.arrays):
             if off + nbytes > n:
                 raise WireError(f"array {i}: bytes [{off}, {off + nbytes}) lie outside its message of {n}")
-            out.append(array_from(i, d[:2], memoryview(data[at + off:at + off + nbytes])).copy())
-        consumed[0] = desc["at"] + n  # messages of one sender are read in order
-        return out
+            view = checked_view(i, dtype, shape, memoryview(data[at + off : at + off + nbytes]))
+            view.flags.writeable = False
+            out.append(view)
+        end = d.at + n
+
+        def release() -> None:
+            consumed[0] = end
+
+        return out, release
 
     def close(self) -> None:
         self.maps = {}  # (each map closes when the last array view of it is gone)
@@ -209,8 +245,9 @@ class ShmSegments:
 class Inbox:
     """The bound receiving end of one process. `recv(timeout_ms)` -> (header, arrays) or None."""
 
-    def __init__(self, endpoint: str, secret: bytes | None = None,
-                 context: zmq.Context | None = None) -> None:
+    def __init__(
+        self, endpoint: str, secret: bytes | None = None, context: zmq.Context | None = None
+    ) -> None:
         self.secret = secret
         self.sock = (context or zmq.Context.instance()).socket(zmq.PULL)
         self.sock.linger = 0
@@ -227,8 +264,10 @@ class Inbox:
         header, arrays = decode(self.sock.recv_multipart(copy=False), self.secret)
         if "shm" in header:
             if self.segments is None or arrays:
-                raise WireError("a shared-memory message reached an endpoint without a shared-memory "
-                                "directory (or carried frames as well)")
+                raise WireError(
+                    "a shared-memory message reached an endpoint without a shared-memory "
+                    "directory (or carried frames as well)"
+                )
             arrays = self.segments.arrays(header.pop("shm"))
         return header, arrays
 
@@ -241,8 +280,13 @@ class Inbox:
 class Outbox:
     """PUSH sockets to named peers (connected lazily); `send(endpoint, header, arrays)`."""
 
-    def __init__(self, secret: bytes | None = None, context: zmq.Context | None = None,
-                 linger_ms: int = 2000, shm: bool = True) -> None:
+    def __init__(
+        self,
+        secret: bytes | None = None,
+        context: zmq.Context | None = None,
+        linger_ms: int = 2000,
+        shm: bool = True,
+    ) -> None:
         self.secret, self.linger_ms, self.shm = secret, linger_ms, shm
         self.ctx = context or zmq.Context.instance()
         self.socks: dict[str, zmq.Socket] = {}

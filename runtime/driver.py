@@ -141,7 +141,7 @@ class Listener:
         score = label = None
         if st.scores:
             score, label = np.concatenate(st.scores), np.concatenate(st.labels)
-        binary = label is not None and bool(np.isin(label, (0.0, 1.0)).all())
+        binary = label is not None and bool(((label == 0) | (label == 1)).all())
         h.loss.append(loss)
         h.auc.append(auc(label, score) if binary else float("nan"))
         h.examples.append(st.examples)

@@ -1,6 +1,6 @@
 """The messages of a run, one small record per kind, and their compact wire headers.
 
-Every message travels as a `runtime.wire` frame: a JSON header plus raw array buffers (never
+Every message travels as a `runtime.wire` frame: a MessagePack header plus raw array buffers (never
 pickle). The header keeps the single-letter keys the runtime has always used, because tensor
 messages go out once per micro-batch and segment; each record names its kind (`KIND`, the header's
 `"k"`) and maps its fields to header keys (`KEYS`). `header(msg)` writes one, `parse(h, kinds)`

@@ -1,26 +1,37 @@
-"""The data-plane frame format: one message = a small JSON header + raw array buffers (+ a MAC).
+"""The data-plane frame format: one message = a small MessagePack header + raw array buffers (+ a MAC).
 
 A message is a list of ZeroMQ multipart frames:
 
-    [header JSON (utf-8), buffer 0, ..., buffer n-1, MAC frame (only with a shared secret)]
+    [header frame, buffer 0, ..., buffer n-1, MAC frame (only with a shared secret)]
 
-The header is a JSON object; `encode` adds the key `"arrays"`: one `[dtype, shape]` per buffer, dtype
-as numpy's explicit-byte-order string (`"<f4"`, `"<i8"`, `"|b1"`). Nothing is ever unpickled: a
-receiver rebuilds arrays with `np.frombuffer` after checking every dtype against a numeric allow-list
-and every buffer length against its shape, so a hostile peer can at worst earn an exception.
+The header frame is MessagePack (msgspec) of a two-element array `[header, arrays]`: `header` a map
+of string keys (values: nil, bool, int, float, string, arrays and maps of them), `arrays` one
+`[dtype, shape]` per buffer, dtype as numpy's explicit-byte-order string (`"<f4"`, `"<i8"`, `"|b1"`).
+Nothing is ever unpickled: the header frame is decoded by one typed msgspec decoder, which checks in
+the same pass (in C) that the header is a map of string keys nested at most `MAX_HEADER_DEPTH`
+levels, every dtype is on the numeric allow-list and every shape is a list of at most `MAX_DIMS`
+non-negative ints; a receiver then rebuilds arrays with `np.frombuffer` after checking every
+buffer's length against its shape, so a hostile peer can at worst earn an exception. (It was JSON
+plus Python-level depth and descriptor checks: 3-5x the CPU per message, measured in
+benchmarks/ps_messages.py.)
 
 With a secret, the MAC covers every other frame (each prefixed by its 8-byte length, so frames cannot
 be re-cut) and is checked before the header is parsed. The MAC frame is a random 16-byte nonce and a
-16-byte Poly1305 tag under a one-time key BLAKE2b(secret, nonce) (`cryptography`'s Poly1305, the MAC
-of ChaCha20-Poly1305 / NaCl, keyed per message as they do): ~6x faster than HMAC-SHA256 even with
-the CPU's SHA instructions, which made signing ~7% of a CTR step. The MAC authenticates the sender; on its own
+16-byte tag. Messages of up to `SMALL_MAC_BYTES` (every control message, header and small arrays)
+are tagged by keyed BLAKE2b (key: BLAKE2b of the secret; the nonce as its salt), which costs ~1 µs
+in the stdlib; larger ones by Poly1305 under a one-time key BLAKE2b(secret, nonce) (`cryptography`'s
+Poly1305, the MAC of ChaCha20-Poly1305 / NaCl, keyed per message as they do): ~6x faster than
+HMAC-SHA256 on large tensors even with the CPU's SHA instructions and ~10x faster than BLAKE2b, but
+it costs 2–12 µs to set up per message (an OpenSSL key object), 3-4x keyed BLAKE2b on a small one.
+Sender and receiver pick the same one from the frames' total length, which the MAC covers. The MAC
+authenticates the sender; on its own
 it does not stop a recorded message from being replayed: a receiver that must refuse replays (the
 parameter server does) also checks the header's sender id `cid` and sequence number `seq` with a
 `ReplayGuard`. Parameter servers and trainer-to-trainer channels share this format.
 
 Limits (each a WireError naming it): a message of more than `max_bytes` when the receiver gives one
-(the parameter server does: `MAX_MESSAGE_BYTES` by default), a header of more than
-`MAX_HEADER_BYTES` or nested deeper than `MAX_JSON_DEPTH`, an array of more than `MAX_DIMS`
+(the parameter server does: `MAX_MESSAGE_BYTES` by default), a header frame of more than
+`MAX_HEADER_BYTES` or nested deeper than `MAX_HEADER_DEPTH`, an array of more than `MAX_DIMS`
 dimensions or of more elements than memory can address.
 """
 
@@ -29,27 +40,75 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import json
 import math
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
+import msgspec
 import numpy as np
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
-MAX_MESSAGE_BYTES = 1 << 30   # all frames of one request to a parameter server together
+MAX_MESSAGE_BYTES = 1 << 30  # all frames of one request to a parameter server together
 MAX_HEADER_BYTES = 1 << 20
-MAX_JSON_DEPTH = 16           # nesting of the header's objects and lists
-MAX_DIMS = 32                 # dimensions of one array (numpy allows 64)
-MAX_SENDERS = 4096            # sender ids a ReplayGuard remembers (least recently seen forgotten first)
+MAX_HEADER_DEPTH = 16  # nesting of the header's maps and arrays (the header itself: 1)
+MAX_DIMS = 32  # dimensions of one array (numpy allows 64)
+MAX_SENDERS = 4096  # sender ids a ReplayGuard remembers (least recently seen forgotten first)
 NONCE_BYTES = 16
-TAG_BYTES = NONCE_BYTES + 16  # the MAC frame: nonce + Poly1305 tag
-DTYPES = frozenset(np.dtype(t).str for t in (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "<f2", "<f4", "<f8"))
+TAG_BYTES = NONCE_BYTES + 16  # the MAC frame: nonce + tag
+SMALL_MAC_BYTES = 64 << 10  # messages up to this many bytes (length prefixes included) get a BLAKE2b tag
+DTYPES = frozenset(
+    np.dtype(t).str
+    for t in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "<f2",
+        "<f4",
+        "<f8",
+    )
+)
+
+
+def _value_type(levels: int) -> Any:
+    """The type of a header value holding at most `levels` levels of arrays and maps."""
+    t: Any = Union[None, bool, int, float, str]  # noqa: UP007 (a runtime type for msgspec)
+    for _ in range(levels):
+        t = Union[None, bool, int, float, str, list[t], dict[str, t]]  # noqa: UP007
+    return t
+
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Dtype = Literal[tuple(sorted(DTYPES))]  # msgspec types of an array descriptor's dtype and shape
+Dims = Annotated[list[NonNegative], msgspec.Meta(max_length=MAX_DIMS)]
+
+
+class _Frame(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """The header frame: [header, [[dtype, shape], ...]], validated in one pass by `_DECODER`."""
+
+    header: dict[str, _value_type(MAX_HEADER_DEPTH - 1)]
+    arrays: list[tuple[Dtype, Dims]]
+
+
+_DECODER = msgspec.msgpack.Decoder(_Frame)
+
+
+def _numpy_scalar(obj: Any) -> Any:
+    """Header values that are numpy scalars travel as the Python number they hold."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"a message header cannot carry {type(obj).__name__} values")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_numpy_scalar)
 
 
 class WireError(ValueError):
@@ -71,13 +130,26 @@ def _mac_key(secret: bytes) -> bytes:
 
 
 def _tag(secret: bytes, frames: Sequence[Any], nonce: bytes) -> bytes:
-    """The MAC frame of `frames`: `nonce` + their Poly1305 tag under the one-time key of `nonce`."""
-    one_time = hashlib.blake2b(nonce, key=_mac_key(secret), digest_size=32, person=b"hetps-wire-mac").digest()
-    mac = Poly1305(one_time)
+    """The MAC frame of `frames`: `nonce` + their tag (keyed BLAKE2b for a small message, else
+    Poly1305 under the one-time key of `nonce`; see the module docstring)."""
+    key = _mac_key(secret)
+    if sum(len(f) for f in frames) + 8 * len(frames) <= SMALL_MAC_BYTES:
+        return (
+            nonce
+            + _feed(
+                hashlib.blake2b(key=key, salt=nonce, digest_size=16, person=b"hetps-wire-tag"), frames
+            ).digest()
+        )
+    one_time = hashlib.blake2b(nonce, key=key, digest_size=32, person=b"hetps-wire-mac").digest()
+    return nonce + _feed(Poly1305(one_time), frames).finalize()
+
+
+def _feed(mac: Any, frames: Sequence[Any]) -> Any:
+    """`mac` updated with every frame, each prefixed by its length (8 bytes, little-endian)."""
     for f in frames:
         mac.update(len(f).to_bytes(8, "little"))
         mac.update(f)
-    return nonce + mac.finalize()
+    return mac
 
 
 def _as_buffer(frame: Any) -> memoryview:
@@ -86,22 +158,31 @@ def _as_buffer(frame: Any) -> memoryview:
     return buf.cast("B") if buf.format != "B" or buf.ndim != 1 else buf
 
 
-def encode(header: dict[str, Any], arrays: Sequence[np.ndarray] = (),
-           secret: bytes | None = None) -> list[Any]:
+def encode(
+    header: dict[str, Any], arrays: Sequence[np.ndarray] = (), secret: bytes | None = None
+) -> list[Any]:
     """Frames for `header` and `arrays` (sent without copying when they are C-contiguous).
 
-    Arrays must be in little-endian numeric form; big-endian ones are converted.
+    Arrays must be in little-endian numeric form; big-endian ones are converted. WireError when the
+    header cannot travel (a value that is not nil, bool, int of 64 bits, float, string, list or map
+    with string keys).
     """
-    if "arrays" in header:
-        raise WireError("header key 'arrays' is reserved for the array descriptors")
     descs, bufs = [], []
     for i, a in enumerate(arrays):
         a = wire_array(i, a)
-        descs.append([a.dtype.str, list(a.shape)])
+        descs.append((a.dtype.str, a.shape))
         bufs.append(memoryview(a).cast("B") if a.size else b"")
-    frames: list[Any] = [json.dumps({**header, "arrays": descs}, separators=(",", ":")).encode()]
+    try:
+        frames: list[Any] = [_ENCODER.encode((header, descs))]
+    except (TypeError, OverflowError) as e:
+        raise WireError(f"message header cannot be encoded: {e}") from None
     frames += bufs
     return frames if secret is None else sign(frames, secret)
+
+
+def header_frame(header: Any, descs: Any = ()) -> bytes:
+    """A raw header frame of any content (tests and benchmarks build hostile messages with it)."""
+    return _ENCODER.encode((header, descs))
 
 
 def wire_array(i: int, a: Any) -> np.ndarray:
@@ -121,13 +202,15 @@ def sign(frames: Sequence[Any], secret: bytes) -> list[Any]:
     return [*frames, _tag(secret, frames, os.urandom(NONCE_BYTES))]
 
 
-def decode(frames: Sequence[Any], secret: bytes | None = None, *,
-           max_bytes: int | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
+def decode(
+    frames: Sequence[Any], secret: bytes | None = None, *, max_bytes: int | None = None
+) -> tuple[dict[str, Any], list[np.ndarray]]:
     """(header, arrays) from frames; arrays are read-only views of the frames.
 
     Raises AuthError when `secret` is set and the tag is missing or wrong, WireError when the
-    message is malformed (too few / many frames, bad JSON, a dtype off the allow-list, a buffer whose
-    length does not match its shape) or over a limit (see the module docstring).
+    message is malformed (too few / many frames, a header frame that is not a valid header, a dtype
+    off the allow-list, a buffer whose length does not match its shape) or over a limit (see the
+    module docstring).
     """
     signed = decode_signed(frames, () if secret is None else (secret,), max_bytes=max_bytes)
     return signed.header, signed.arrays
@@ -142,83 +225,75 @@ class Signed:
     key: int | None
 
 
-def decode_signed(frames: Sequence[Any], keys: Sequence[bytes] = (), *,
-                  max_bytes: int | None = None) -> Signed:
+def decode_signed(
+    frames: Sequence[Any], keys: Sequence[bytes] = (), *, max_bytes: int | None = None
+) -> Signed:
     """`decode` for an endpoint that accepts several keys (e.g. a data key and an admin key): the
     message must be signed by one of `keys` (none: unsigned), and `Signed.key` says which."""
     bufs = [_as_buffer(f) for f in frames]
-    total = sum(len(b) for b in bufs)
-    if max_bytes is not None and total > max_bytes:
-        raise WireError(f"message is {total} bytes, more than the limit of {max_bytes} "
-                        "(max_message_bytes)")
+    if max_bytes is not None and (total := sum(len(b) for b in bufs)) > max_bytes:
+        raise WireError(f"message is {total} bytes, more than the limit of {max_bytes} (max_message_bytes)")
     key = None
     if keys:
         if len(bufs) < 2 or len(bufs[-1]) != TAG_BYTES:
-            raise AuthError("message carries no MAC tag, but this endpoint requires one "
-                            "(is the sender configured with the shared secret?)")
+            raise AuthError(
+                "message carries no MAC tag, but this endpoint requires one "
+                "(is the sender configured with the shared secret?)"
+            )
         tag = bytes(bufs[-1])
         nonce = tag[:NONCE_BYTES]
-        key = next((i for i, k in enumerate(keys) if hmac.compare_digest(_tag(k, bufs[:-1], nonce), tag)),
-                   None)
+        key = next(
+            (i for i, k in enumerate(keys) if hmac.compare_digest(_tag(k, bufs[:-1], nonce), tag)), None
+        )
         if key is None:
-            raise AuthError("message MAC does not match: sender uses a different shared secret "
-                            "or the frames were altered")
+            raise AuthError(
+                "message MAC does not match: sender uses a different shared secret or the frames were altered"
+            )
         bufs = bufs[:-1]
     if not bufs:
-        raise WireError("empty message: expected a JSON header frame")
+        raise WireError("empty message: expected a header frame")
     if len(bufs[0]) > MAX_HEADER_BYTES:
         raise WireError(f"header frame is {len(bufs[0])} bytes, more than {MAX_HEADER_BYTES}")
     try:
-        header = json.loads(bytes(bufs[0]))
-    except RecursionError:
-        raise WireError(f"header JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise WireError(f"header frame is not JSON: {e}") from None
-    if _depth(header) > MAX_JSON_DEPTH:
-        raise WireError(f"header JSON is nested deeper than {MAX_JSON_DEPTH} levels")
-    if not isinstance(header, dict) or not isinstance(header.get("arrays"), list):
-        raise WireError("header must be a JSON object with an 'arrays' list")
-    descs = header.pop("arrays")
+        frame = _DECODER.decode(bufs[0])
+    except msgspec.ValidationError as e:
+        raise WireError(_invalid(str(e))) from None
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise WireError(f"header frame is not MessagePack: {e}") from None
+    descs = frame.arrays
     if len(descs) != len(bufs) - 1:
         extra = " (a MAC tag, but this endpoint has no secret?)" if len(bufs) - 1 == len(descs) + 1 else ""
-        raise WireError(f"header describes {len(descs)} arrays but {len(bufs) - 1} buffer frames "
-                        f"follow{extra}")
-    arrays = [array_from(i, d, b) for i, (d, b) in enumerate(zip(descs, bufs[1:], strict=True))]
-    return Signed(header, arrays, key)
+        raise WireError(
+            f"header describes {len(descs)} arrays but {len(bufs) - 1} buffer frames follow{extra}"
+        )
+    arrays = [checked_view(i, *desc, b) for i, (desc, b) in enumerate(zip(descs, bufs[1:], strict=True))]
+    return Signed(frame.header, arrays, key)
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of parsed JSON (a scalar: 0), without recursion."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        v, d = todo.pop()
-        items = v.values() if isinstance(v, dict) else v if isinstance(v, list) else None
-        if items is None:
-            continue
-        deepest = max(deepest, d)
-        if d <= MAX_JSON_DEPTH:
-            todo.extend((x, d + 1) for x in items)
-    return deepest
+def _invalid(why: str) -> str:
+    """The reason a header frame that is MessagePack failed `_DECODER`'s checks (msgspec's text)."""
+    if why.startswith("Expected `bool | int | float | str | null`, got `"):  # (only the deepest level)
+        return f"header is nested deeper than {MAX_HEADER_DEPTH} levels ({why})"
+    if "`$[1]" in why:
+        return (
+            f"array descriptor refused: {why}; each must be [dtype, shape], dtype one of "
+            f"{sorted(DTYPES)}, shape at most {MAX_DIMS} non-negative ints"
+        )
+    return (
+        f"header frame is not [header, array descriptors] with the header a map of string keys "
+        f"(values nil, bool, int, float, string, arrays, maps): {why}"
+    )
 
 
-def array_from(i: int, desc: Any, buf: memoryview) -> np.ndarray:
-    """Array `i` of a message: a view of `buf` after checking its descriptor `[dtype, shape]`
-    against the allow-list and the limits, and `buf`'s length against the shape (WireError)."""
-    ok = (isinstance(desc, list) and len(desc) == 2 and isinstance(desc[0], str)
-          and isinstance(desc[1], list)
-          and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in desc[1]))
-    if not ok:
-        raise WireError(f"array {i}: descriptor {desc!r:.200} is not [dtype string, [non-negative dims]]")
-    dtype, shape = desc
-    if dtype not in DTYPES:
-        raise WireError(f"array {i}: dtype {dtype!r:.40} not allowed; allowed: {sorted(DTYPES)}")
-    if len(shape) > MAX_DIMS:
-        raise WireError(f"array {i}: {len(shape)} dimensions, more than the limit of {MAX_DIMS}")
+def checked_view(i: int, dtype: str, shape: list[int], buf: memoryview) -> np.ndarray:
+    """Array `i` as a view of `buf`, for a descriptor already checked against the allow-list and the
+    limits (`Dtype`, `Dims`): WireError unless `buf` holds exactly `shape` of `dtype`."""
     dt = np.dtype(dtype)
     count = math.prod(shape)
     if count * dt.itemsize != len(buf):
-        raise WireError(f"array {i}: shape {shape} of {dtype} needs {count * dt.itemsize} bytes, "
-                        f"frame has {len(buf)}")
+        raise WireError(
+            f"array {i}: shape {shape} of {dtype} needs {count * dt.itemsize} bytes, frame has {len(buf)}"
+        )
     try:
         return np.frombuffer(buf, dtype=dt, count=count).reshape(shape)
     except (ValueError, OverflowError) as e:  # e.g. [0, 2**63]: no bytes, but no such numpy shape
@@ -238,12 +313,16 @@ class ReplayGuard:
     def check(self, header: dict[str, Any]) -> None:
         cid, seq = header.get("cid"), header.get("seq")
         if not isinstance(cid, str) or not isinstance(seq, int) or isinstance(seq, bool):
-            raise ReplayError(f"a signed message needs a sender id 'cid' (string) and sequence number "
-                              f"'seq' (int), got cid={cid!r:.80}, seq={seq!r:.80}")
+            raise ReplayError(
+                f"a signed message needs a sender id 'cid' (string) and sequence number "
+                f"'seq' (int), got cid={cid!r:.80}, seq={seq!r:.80}"
+            )
         last = self.last.get(cid)
         if last is not None and seq <= last:
-            raise ReplayError(f"sender {cid!r:.80} sent sequence number {seq} after {last}: a replayed "
-                              "or reordered message; refused")
+            raise ReplayError(
+                f"sender {cid!r:.80} sent sequence number {seq} after {last}: a replayed "
+                "or reordered message; refused"
+            )
         self.last[cid] = seq
         self.last.move_to_end(cid)
         while len(self.last) > self.max_senders:

@@ -134,10 +134,16 @@ def _control(ep, desc, secret=KEY):
         ({"at": (8 << 20) - 100, "n": 1 << 20}, "lies outside segment"),  # would wrap past the end
         ({"n": 16}, r"lie outside its message of 16"),
         ({"arrays": [["<f4", [1001], 0, 4000]], "n": 4000}, "needs 4004 bytes, frame has 4000"),
-        ({"arrays": [["|O", [1], 0, 8]]}, "dtype '|O' not allowed"),
+        ({"arrays": [["|O", [1], 0, 8]]}, "Invalid enum value '|O'"),
+        ({"arrays": [["<f4", [1] * 33, 0, 4]]}, r"length <= 32 - at `\$.arrays\[0\]\[1\]`"),
+        ({"arrays": [["<f4", [True], 0, 4]]}, "Expected `int`, got `bool`"),
+        ({"arrays": [["<f4", [4], 0, 16, 0]]}, "Expected `array` of length 4"),
+        ({"seg": 7}, "Expected `str`, got `int`"),
+        ({"extra": 1}, "unknown field `extra`"),
+        ({"at": 1 << 62}, r"Expected `int` <= 4611686018427387903 - at `\$.at`"),
         ({"arrays": [["<f4", [4], 0, 15]]}, "needs 16 bytes, frame has 15"),
-        ({"arrays": [["<f4", [4], -8, 16]]}, r"is not \[dtype, shape, offset, bytes\]"),
-        ({"at": -1}, "is not {seg, at, n, arrays}"),
+        ({"arrays": [["<f4", [4], -8, 16]]}, r"is not \{seg, at, n, arrays: \[\[dtype, shape, offset, bytes"),
+        ({"at": -1}, r"Expected `int` >= 0 - at `\$.at`"),
     ],
 )
 def test_hostile_control_messages_are_refused_without_reading_outside_the_segment(run_dir, change, message):

@@ -7,9 +7,9 @@ pull after one push of gradient g is 1.0 - lr * g exactly.
 
 from __future__ import annotations
 
-import json
 import os
 
+import msgspec
 import numpy as np
 import pytest
 import zmq
@@ -61,7 +61,7 @@ class Raw:
         return encode({**header, "cid": self.cid, "seq": self.seq, "to": 0}, arrays, self.key)
 
     def signed_raw(self, header_bytes: bytes, *buffers: bytes) -> list:
-        """Frames whose header is exactly `header_bytes` (e.g. not valid JSON), signed with the key."""
+        """Frames whose header is exactly `header_bytes` (e.g. not valid MessagePack), signed with the key."""
         frames = [header_bytes, *buffers]
         return sign(frames, self.key)
 
@@ -86,29 +86,43 @@ def _still_serves(servers: Servers) -> None:
 
 
 def _nested(depth: int) -> bytes:
-    return b'{"op":"hello","arrays":[],"x":' + b"[" * depth + b"]" * depth + b"}"
+    """A header frame [{"op": "hello", "x": [[...]]}, []] with `depth` arrays, as raw MessagePack."""
+    return msgspec.msgpack.encode([{"op": "hello", "x": None}, []])[:-2] + b"\x91" * depth + b"\xc0\x90"
 
 
 def _header(arrays: list) -> bytes:
-    return json.dumps({"op": "push", "table": "w", "arrays": arrays}).encode()
+    """A header frame (raw MessagePack) of a push to "w" with these array descriptors."""
+    return msgspec.msgpack.encode([{"op": "push", "table": "w"}, arrays])
 
 
 HOSTILE = {  # name: (frames for Raw, expected error text)
-    "deeply nested JSON (RecursionError before)": (lambda r: r.signed_raw(_nested(100_000)), "nested deeper"),
-    "JSON nested past MAX_JSON_DEPTH": (lambda r: r.signed_raw(_nested(40)), "nested deeper than 16"),
-    "65 dimensions": (lambda r: r.signed_raw(_header([["<f4", [1] * 65]]), b"\0" * 4), "65 dimensions"),
+    "a header nested 100 000 deep (RecursionError with JSON)": (
+        lambda r: r.signed_raw(_nested(100_000)),
+        "nested deeper",
+    ),
+    "a header nested past MAX_HEADER_DEPTH": (lambda r: r.signed_raw(_nested(40)), "nested deeper than 16"),
+    "65 dimensions": (lambda r: r.signed_raw(_header([["<f4", [1] * 65]]), b"\0" * 4), "of length <= 32"),
+    "a pickled array": (lambda r: r.signed_raw(_header([["|O", [1]]]), b"\x80\x04K\x01."), "'|O'"),
+    "a truncated header": (lambda r: r.signed_raw(_header([["<f4", [6]]])[:-2], b"\0" * 24), "truncated"),
     "shape [0, 2**63]": (lambda r: r.signed_raw(_header([["<f4", [0, 2**63]]]), b""), "not a valid array"),
     "shape [0, 2**62]": (lambda r: r.signed_raw(_header([["<f4", [0, 2**62]]]), b""), "not a valid array"),
     "message over max_message_bytes": (
         lambda r: r.sign({"op": "push", "table": "w"}, [np.zeros(300_000, np.float32)]),
         "more than the limit of 1048576",
     ),
-    "header over 1 MiB": (lambda r: r.signed_raw(b" " * (1 << 20) + b"{}"), "more than"),
-    "not JSON": (lambda r: r.signed_raw(b"\xff\xfe"), "not JSON"),
-    "a JSON list": (lambda r: r.signed_raw(b"[1]"), "JSON object"),
-    "huge integer": (
-        lambda r: r.signed_raw(b'{"arrays":[],"op":"pull","x":' + b"9" * 5000 + b"}"),
-        "not JSON",
+    "header over 1 MiB": (lambda r: r.signed_raw(b"\xc0" * ((1 << 20) + 2)), "more than"),
+    "not MessagePack": (lambda r: r.signed_raw(b"\xc1\xfe"), "not MessagePack"),
+    "the old JSON header": (lambda r: r.signed_raw(b'{"op":"hello","arrays":[]}'), "header frame is not"),
+    "a header that is a list": (lambda r: r.signed_raw(msgspec.msgpack.encode([[1], []])), "a map of string"),
+    "a header key that is not a string": (
+        lambda r: r.signed_raw(msgspec.msgpack.encode([{1: "hello"}, []])),
+        "Expected `str`",
+    ),
+    "an ext value (e.g. a timestamp)": (
+        lambda r: r.signed_raw(
+            msgspec.msgpack.encode([{"op": "pull", "x": msgspec.msgpack.Ext(1, b"")}, []])
+        ),
+        "got `ext`",
     ),
     "unknown op": (lambda r: r.sign({"op": "rm -rf"}), "unknown request op"),
     "table of the wrong type": (lambda r: r.sign({"op": "pull", "table": ["w"]}), "needs field 'table'"),

@@ -28,8 +28,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import zmq
 
 from transpiler.tables import tables_from_dicts, tables_to_dicts
@@ -65,6 +67,7 @@ class _Loop:
         self.parked: dict[str, list[tuple[Any, dict, list]]] = {}
         self.segments: ShmSegments | None = None  # requests' arrays in clients' shm segments
         self.rings: dict[bytes, ShmRing | None] = {}  # replies' arrays to clients that read shm
+        self.borrowed: list[Callable[[], None]] = []  # hands a request's shm bytes back (_shm_arrays)
 
     def attach_shm(self, endpoint: str) -> None:
         """Same-host clients may send and receive arrays through shared memory (runtime.channels)
@@ -75,12 +78,16 @@ class _Loop:
     def reply(self, ident: Any, rid: Any, header: dict, arrays: list = (), sign: bool = True,
               shm: bool = False) -> None:
         """Send a reply; its arrays through the client's shared-memory ring when `shm` (the
-        request said the client reads them) and they fit, else as ZeroMQ frames."""
+        request said the client reads them) and they fit, else as ZeroMQ frames. An array that does
+        not own its memory may be a view of a table (a dense pull: `Shard.pull(copy=False)`), which
+        the next push changes in place: it is copied into the ring, or copied before ZeroMQ sends it
+        without a copy of its own."""
         if shm and arrays and sign and self.segments is not None:
             ring = self._ring(bytes(ident))
             arrays = [wire_array(i, a) for i, a in enumerate(arrays)]
             if ring is not None and (desc := ring.put(arrays)):
                 header, arrays = {**header, "shm": desc}, ()
+        arrays = [a if a.flags.owndata else a.copy() for a in map(np.asarray, arrays)]
         frames = encode({"rid": rid, **header}, arrays, self.secret if sign else None)
         self.sock.send_multipart([ident, *frames], copy=False)
 
@@ -117,6 +124,17 @@ class _Loop:
             return False
 
     def _handle(self, ident: Any, frames: list) -> bool:
+        try:
+            return self._serve(ident, frames)
+        finally:
+            self._hand_back()
+
+    def _hand_back(self) -> None:
+        """Hand the shared-memory bytes of the request being served back to its client."""
+        while self.borrowed:
+            self.borrowed.pop()()
+
+    def _serve(self, ident: Any, frames: list) -> bool:
         try:
             msg = decode_signed(frames, self.keys, max_bytes=self.limits.max_message_bytes)
             if self.replays is not None:
@@ -168,11 +186,15 @@ class _Loop:
                     log.exception("shard %d: request %r failed", self.shard.shard, op)
                 self.reply(ident, rid, {"ok": False, "error": describe(e)})
                 return False
+            self._hand_back()  # (the request's arrays are used up; its client may reuse their bytes)
             self.reply(ident, rid, {"ok": True, **out}, out_arrays, shm=header.get("shm_reply") is True)
         return False
 
     def _shm_arrays(self, desc: Any, frames: list) -> list:
-        """The arrays a request left in its client's shared-memory segment (bounds-checked there)."""
+        """The arrays a request left in its client's shared-memory segment (bounds-checked there):
+        read-only views, their bytes handed back to the client (`_hand_back`) once the request is
+        applied, before its reply, except in sync mode, where pushes wait in the shard for their
+        step and pulls park, so a request's arrays outlive it: copies then."""
         if self.segments is None or frames or self.keys == ():
             raise WireError("a shared-memory request reached a server without a shared-memory directory "
                             "(or without a secret, or with frames as well)")
@@ -180,7 +202,11 @@ class _Loop:
         if isinstance(desc, dict) and isinstance(desc.get("n"), int) and desc["n"] > limit:
             raise WireError(f"message is {desc['n']} bytes, more than the limit of {limit} "
                             "(max_message_bytes)")
-        return self.segments.arrays(desc)
+        if self.shard.mode == "sync":
+            return self.segments.arrays(desc)
+        views, done = self.segments.views(desc)
+        self.borrowed.append(done)
+        return views
 
     def park(self, ident: Any, header: dict, arrays: list, table: str) -> None:
         """Hold a sync pull until `table` has applied its step, or refuse it when `max_parked` are held."""
@@ -214,7 +240,7 @@ class _Loop:
             if len(arrays) > 1:
                 raise PSError(f"pull takes at most one array (ids), got {len(arrays)}")
             rows = s.pull(field(h, "table", str), arrays[0] if arrays else None,
-                          field(h, "step", int, optional=True), peek=h.get("peek") is True)
+                          field(h, "step", int, optional=True), peek=h.get("peek") is True, copy=False)
             return {}, [rows]
         if op == "push":
             if len(arrays) not in (1, 2):
@@ -271,7 +297,7 @@ class _Loop:
                 self.release(table)
         pull_step, peek = field(h, "pull_step", int, optional=True), h.get("peek") is True
         try:
-            return {}, [s.pull(t, a[0] if a else None, pull_step, peek=peek) for t, a in pulls]
+            return {}, [s.pull(t, a[0] if a else None, pull_step, peek=peek, copy=False) for t, a in pulls]
         except NotReady as e:
             if not pushes:
                 raise ParkPulls(e.args[0], h, arrays) from None

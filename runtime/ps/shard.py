@@ -38,10 +38,10 @@ from .table import DenseTable, PSError, SparseTable, check_spec, make_table
 # What a shard serves: the plan's modes, and GEO deltas (GeoTable) for a client that keeps local copies and
 # pushes differences itself (hetps's trainers do not: TranspileConfig refuses mode='geo').
 MODES = (*PLAN_MODES, "geo")
-MAX_NEW_ROWS = 1 << 20       # rows one request may create in an unbounded sparse table
-MAX_STEPS_AHEAD = 64         # how far past the applied steps a sync push or pull may be
-MAX_BUFFERED = 1024          # sync pushes per table waiting for later steps
-MAX_PARKED = 4096            # sync pulls a server holds until their step is applied
+MAX_NEW_ROWS = 1 << 20  # rows one request may create in an unbounded sparse table
+MAX_STEPS_AHEAD = 64  # how far past the applied steps a sync push or pull may be
+MAX_BUFFERED = 1024  # sync pushes per table waiting for later steps
+MAX_PARKED = 4096  # sync pulls a server holds until their step is applied
 
 
 def check_ids_given(kind: str, table: str, ids: Any, what: str) -> None:
@@ -82,9 +82,17 @@ class NotReady(Exception):
 
 
 class Shard:
-    def __init__(self, specs: list[TableSpec], *, shard: int = 0, num_shards: int = 1,
-                 mode: str = "async", pushes_per_step: int | dict[str, int] = 1,
-                 check_finite: bool = True, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        specs: list[TableSpec],
+        *,
+        shard: int = 0,
+        num_shards: int = 1,
+        mode: str = "async",
+        pushes_per_step: int | dict[str, int] = 1,
+        check_finite: bool = True,
+        limits: Limits | None = None,
+    ) -> None:
         if mode not in MODES:
             raise PSError(f"mode {mode!r} is not one of {MODES}")
         if not 0 <= shard < num_shards:
@@ -96,10 +104,14 @@ class Shard:
         self.shard, self.num_shards, self.mode = shard, num_shards, mode
         self.check_finite, self.limits = check_finite, limits or Limits()
         self.tables: dict[str, DenseTable | SparseTable] = {
-            s.name: make_table(s, check_finite) for s in tables_of_shard(self.specs, shard, num_shards)}
+            s.name: make_table(s, check_finite) for s in tables_of_shard(self.specs, shard, num_shards)
+        }
         if isinstance(pushes_per_step, dict):
-            missing = sorted(n for n, t in self.tables.items()  # frozen tables are never pushed
-                             if n not in pushes_per_step and t.kernel is not None)
+            missing = sorted(
+                n
+                for n, t in self.tables.items()  # frozen tables are never pushed
+                if n not in pushes_per_step and t.kernel is not None
+            )
             if missing:
                 raise PSError(f"pushes_per_step names no count for tables {missing}")
             self.expected = {n: int(pushes_per_step.get(n, 0)) for n in self.tables}
@@ -115,8 +127,9 @@ class Shard:
         try:
             return self.tables[name]
         except KeyError:
-            raise PSError(f"unknown table {name!r} on shard {self.shard}; it holds "
-                          f"{sorted(self.tables)}") from None
+            raise PSError(
+                f"unknown table {name!r} on shard {self.shard}; it holds {sorted(self.tables)}"
+            ) from None
 
     # -- pull / push ------------------------------------------------------------------------
     def _ids_args(self, t: DenseTable | SparseTable, ids: np.ndarray | None, what: str) -> tuple:
@@ -132,33 +145,57 @@ class Shard:
         ids = t.check_ids(ids)
         missing = ids[t.index.find(ids) < 0]
         if missing.size > limit and (new := _count_distinct(missing)) > limit:
-            raise PSError(f"{what} of unbounded table {t.name!r} would create {new} rows in one request, "
-                          f"more than max_new_rows={limit}; send fewer new ids per request")
+            raise PSError(
+                f"{what} of unbounded table {t.name!r} would create {new} rows in one request, "
+                f"more than max_new_rows={limit}; send fewer new ids per request"
+            )
 
     def _check_step(self, t: DenseTable | SparseTable, step: int | None, what: str) -> None:
         ahead = self.limits.max_steps_ahead  # (a frozen table never counts steps: nothing to bound)
-        if self.mode == "sync" and step is not None and t.kernel is not None \
-                and step > self.version[t.name] + ahead:
-            raise PSError(f"sync {what} of {t.name!r} for step {step}: the table has applied "
-                          f"{self.version[t.name]} steps, and requests may be at most "
-                          f"max_steps_ahead={ahead} steps ahead")
+        if (
+            self.mode == "sync"
+            and step is not None
+            and t.kernel is not None
+            and step > self.version[t.name] + ahead
+        ):
+            raise PSError(
+                f"sync {what} of {t.name!r} for step {step}: the table has applied "
+                f"{self.version[t.name]} steps, and requests may be at most "
+                f"max_steps_ahead={ahead} steps ahead"
+            )
 
-    def pull(self, name: str, ids: np.ndarray | None = None, step: int | None = None,
-             peek: bool = False) -> np.ndarray:
+    def pull(
+        self,
+        name: str,
+        ids: np.ndarray | None = None,
+        step: int | None = None,
+        peek: bool = False,
+        copy: bool = True,
+    ) -> np.ndarray:
         """A dense table or sparse rows. `peek`: read without creating rows or touching counters
-        (evaluation; `SparseTable.peek`)."""
+        (evaluation; `SparseTable.peek`). `copy=False`: a dense table as a read-only view of its
+        parameter (`DenseTable.pull`), for a caller that copies it at once; sparse rows are always
+        fresh arrays."""
         t = self.table(name)
         args = self._ids_args(t, ids, "pull")
+        if isinstance(t, DenseTable):
+            args = (copy,)
         if peek:
-            return t.peek(*args) if isinstance(t, SparseTable) else t.pull()
+            return t.peek(*args) if isinstance(t, SparseTable) else t.pull(*args)
         self._check_step(t, step, "pull")
         if self.mode == "sync" and step is not None and self.version[name] < step and t.kernel is not None:
             raise NotReady(name, step)  # (a frozen table never changes: nothing to wait for)
         self._check_new_rows(t, ids, "pull")
         return t.pull(*args)
 
-    def push(self, name: str, grad: np.ndarray, ids: np.ndarray | None = None, step: int | None = None,
-             pusher: str = "0") -> bool:
+    def push(
+        self,
+        name: str,
+        grad: np.ndarray,
+        ids: np.ndarray | None = None,
+        step: int | None = None,
+        pusher: str = "0",
+    ) -> bool:
         """Apply or buffer one push; True when a step was applied (sync: parked pulls may go on)."""
         t = self.table(name)
         args = self._ids_args(t, ids, "push")
@@ -172,16 +209,22 @@ class Shard:
     def _sync_push(self, t, grad, ids, step, pusher) -> bool:
         name, v = t.name, self.version[t.name]
         if step is None or step < v:
-            raise PSError(f"sync push to {name!r}: step {step} is not a pending step (table has "
-                          f"applied {v} steps, so pushes for step >= {v} are expected)")
+            raise PSError(
+                f"sync push to {name!r}: step {step} is not a pending step (table has "
+                f"applied {v} steps, so pushes for step >= {v} are expected)"
+            )
         self._check_step(t, step, "push")
         if step == v and name in self.held:
-            raise PSError(f"sync push to {name!r}: every pusher's step {step} is in already (held for "
-                          "its global-norm clip scale); refused")
+            raise PSError(
+                f"sync push to {name!r}: every pusher's step {step} is in already (held for "
+                "its global-norm clip scale); refused"
+            )
         waiting = sum(len(got) for s, got in self.pending[name].items() if s != v)
         if step != v and waiting >= self.limits.max_buffered:
-            raise PSError(f"sync push to {name!r} for step {step}: {waiting} pushes already wait for "
-                          f"steps after {v}, the limit max_buffered={self.limits.max_buffered}")
+            raise PSError(
+                f"sync push to {name!r} for step {step}: {waiting} pushes already wait for "
+                f"steps after {v}, the limit max_buffered={self.limits.max_buffered}"
+            )
         if isinstance(t, SparseTable):
             ids = t.check_ids(ids)
             grad = t.check_grad(grad, (ids.size, t.dim), "gradient")
@@ -197,8 +240,10 @@ class Shard:
         """Apply table t's complete sync steps in order (a clipped table's next one is held for its
         scale instead: runtime/ps/clip.py); True when a step was applied or held."""
         name, applied = t.name, False
-        while name not in self.held and \
-                len(self.pending[name].get(self.version[name], ())) >= self.expected[name]:
+        while (
+            name not in self.held
+            and len(self.pending[name].get(self.version[name], ())) >= self.expected[name]
+        ):
             parts = [p for _, p in sorted(self.pending[name].pop(self.version[name]).items())]
             if name in self.clip_tables:
                 self.held[name] = clip.hold(t, parts)
@@ -207,8 +252,11 @@ class Shard:
                 if len(parts) == 1:
                     t.push(parts[0][0], parts[0][1], checked=True)
                 else:
-                    t.push(np.concatenate([g for g, _ in parts]), np.concatenate([i for _, i in parts]),
-                           checked=True)
+                    t.push(
+                        np.concatenate([g for g, _ in parts]),
+                        np.concatenate([i for _, i in parts]),
+                        checked=True,
+                    )
             else:
                 t.push(_sum_parts([g for g, _ in parts], t.dtype), checked=True)
             self.version[name] += 1
@@ -233,9 +281,15 @@ class Shard:
     def save(self, path: str | Path) -> list[dict]:
         """Write this shard's table files into `path`; their manifest entries."""
         index = {s.name: i for i, s in enumerate(self.specs)}
-        return [checkpoint.write_arrays(path, checkpoint.file_name(index[n], n, self.shard), n,
-                                        {**t.state_dict(), "version": np.array([self.version[n]])})
-                for n, t in self.tables.items()]
+        return [
+            checkpoint.write_arrays(
+                path,
+                checkpoint.file_name(index[n], n, self.shard),
+                n,
+                {**t.state_dict(), "version": np.array([self.version[n]])},
+            )
+            for n, t in self.tables.items()
+        ]
 
     def load(self, path: str | Path, step: int | None = None) -> None:
         """Replace every table of this shard by its rows in checkpoint `path` (any shard count).
@@ -246,10 +300,15 @@ class Shard:
         fresh = {}
         for name, t in self.tables.items():
             s = saved.get(name)
-            if s is None or s["kind"] != t.spec.kind or list(s["shape"]) != list(t.shape) \
-                    or (s["optimizer"] or {}).get("type") != (t.spec.optimizer and t.spec.optimizer.type):
+            if (
+                s is None
+                or s["kind"] != t.spec.kind
+                or list(s["shape"]) != list(t.shape)
+                or (s["optimizer"] or {}).get("type") != (t.spec.optimizer and t.spec.optimizer.type)
+            ):
                 raise checkpoint.CheckpointError(
-                    f"checkpoint {str(path)!r} has table {name!r} as {s}, this server has {t.spec}")
+                    f"checkpoint {str(path)!r} has table {name!r} as {s}, this server has {t.spec}"
+                )
             new = make_table(t.spec, self.check_finite)
             entries = [e for e in doc["files"] if e["table"] == name]
             if not entries:
@@ -273,8 +332,9 @@ class Shard:
             self.held.pop(name, None)
 
 
-def _check_shapes(path: str | Path, entry: dict, t: DenseTable | SparseTable,
-                  arrays: dict[str, np.ndarray]) -> None:
+def _check_shapes(
+    path: str | Path, entry: dict, t: DenseTable | SparseTable, arrays: dict[str, np.ndarray]
+) -> None:
     """CheckpointError unless the file holds exactly the arrays table `t` needs, in its shapes."""
     n = arrays["ids"].shape[0] if isinstance(t, SparseTable) and "ids" in arrays else 0
     want = {"version": (1,), **{s: (1,) for s in t.scalars}}
@@ -292,7 +352,8 @@ def _check_shapes(path: str | Path, entry: dict, t: DenseTable | SparseTable,
         shapes = lambda d: {k: list(v) for k, v in sorted(d.items())}
         raise checkpoint.CheckpointError(
             f"checkpoint {str(path)!r}: file {entry['file']!r} of table {t.name!r} holds arrays "
-            f"{shapes(got)}; the table's spec needs {shapes(want)}")
+            f"{shapes(got)}; the table's spec needs {shapes(want)}"
+        )
 
 
 def save_shards(shards: list[Shard], path: str | Path) -> None:

@@ -46,8 +46,9 @@ def _optimizer(name: str, spec: OptimizerSpec) -> Optimizer:
     hyper = spec.hyper
     cls = OPTIMIZERS.get(spec.type)
     if cls is None or "lr" not in hyper:
-        raise PSError(f"table {name!r}: optimizer {spec.to_dict()!r} needs 'type' in {sorted(OPTIMIZERS)} "
-                      "and 'lr'")
+        raise PSError(
+            f"table {name!r}: optimizer {spec.to_dict()!r} needs 'type' in {sorted(OPTIMIZERS)} and 'lr'"
+        )
     try:
         return cls(**hyper)
     except (TypeError, ValueError) as e:
@@ -57,17 +58,22 @@ def _optimizer(name: str, spec: OptimizerSpec) -> Optimizer:
 def check_spec(spec: TableSpec) -> TableSpec:
     """`spec` with its shape and dtype normalised; PSError naming the table and field when malformed."""
     if not isinstance(spec, TableSpec):
-        raise TypeError(f"a table spec must be a transpiler.tables.TableSpec (TableSpec.from_dict makes one "
-                        f"from a dict), got {type(spec).__name__}")
+        raise TypeError(
+            f"a table spec must be a transpiler.tables.TableSpec (TableSpec.from_dict makes one "
+            f"from a dict), got {type(spec).__name__}"
+        )
     name = spec.name
     if not isinstance(name, str) or not name:
         raise PSError(f"table spec {spec!r} needs a non-empty string 'name'")
     kind, shape = spec.kind, spec.shape
     if kind not in ("dense", "sparse"):
         raise PSError(f"table {name!r}: kind {kind!r} is not 'dense' or 'sparse'")
-    if (not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) for d in shape)
-            or (kind == "sparse" and (len(shape) != 2 or shape[1] <= 0 or shape[0] == 0 or shape[0] < -1))
-            or (kind == "dense" and any(d <= 0 for d in shape))):
+    if (
+        not isinstance(shape, (list, tuple))
+        or not all(isinstance(d, int) for d in shape)
+        or (kind == "sparse" and (len(shape) != 2 or shape[1] <= 0 or shape[0] == 0 or shape[0] < -1))
+        or (kind == "dense" and any(d <= 0 for d in shape))
+    ):
         want = "[vocab or -1, dim]" if kind == "sparse" else "positive ints"
         raise PSError(f"table {name!r}: shape {shape!r} must be {want}")
     dtype = np.dtype(spec.dtype)
@@ -79,10 +85,16 @@ def check_spec(spec: TableSpec) -> TableSpec:
     if spec.optimizer is not None:
         _optimizer(name, spec.optimizer)
     clip = spec.clip_norm
-    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
-                             or not 0 < clip < float("inf") or spec.optimizer is None):
-        raise PSError(f"table {name!r}: clip_norm {clip!r} must be a positive finite number, on a "
-                      "table with an optimizer")
+    if clip is not None and (
+        isinstance(clip, bool)
+        or not isinstance(clip, (int, float))
+        or not 0 < clip < float("inf")
+        or spec.optimizer is None
+    ):
+        raise PSError(
+            f"table {name!r}: clip_norm {clip!r} must be a positive finite number, on a "
+            "table with an optimizer"
+        )
     if spec.entry is not None or spec.evict_after is not None:
         if kind != "sparse":
             raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")
@@ -109,8 +121,10 @@ class Table:
             self.kernel, self.attrs = opdef.kernel, {**opdef.attrs, **opt.attrs()}
             slots = list(opt.state)
             given = self.spec.optimizer.state or {}
-            self.state_init = {s.name: float(given[s.name].init) if s.name in given
-                               else state_init(s, self.attrs) for s in slots}
+            self.state_init = {
+                s.name: float(given[s.name].init) if s.name in given else state_init(s, self.attrs)
+                for s in slots
+            }
             self.out_slot = {s.name: s.out for s in slots}
         self.state_slots = [s.name for s in slots if not s.scalar]
         self.scalars = {s.name: np.full((1,), self.state_init[s.name], self.dtype) for s in slots if s.scalar}
@@ -120,14 +134,18 @@ class Table:
         if grad.dtype.kind != "f":
             raise PSError(f"table {self.name!r}: {what} has dtype {grad.dtype}, expected a float type")
         if grad.shape != shape:
-            raise PSError(f"table {self.name!r} (shape {list(self.shape)}): {what} has shape "
-                          f"{list(grad.shape)}, expected {list(shape)}")
+            raise PSError(
+                f"table {self.name!r} (shape {list(self.shape)}): {what} has shape "
+                f"{list(grad.shape)}, expected {list(shape)}"
+            )
         with np.errstate(over="ignore"):  # a finite float64 beyond float32's range becomes inf here...
             grad = grad.astype(self.dtype, copy=False)
         if self.check_finite and not np.isfinite(grad).all():  # ...and is refused here
-            raise PSError(f"table {self.name!r}: {what} contains NaN or Inf; rejected (checked as "
-                          f"{self.dtype}, the table's dtype; start the server with check_finite=False "
-                          "to apply non-finite values)")
+            raise PSError(
+                f"table {self.name!r}: {what} contains NaN or Inf; rejected (checked as "
+                f"{self.dtype}, the table's dtype; start the server with check_finite=False "
+                "to apply non-finite values)"
+            )
         return grad
 
     def _apply(self, param: np.ndarray, grad: Any, state: dict[str, np.ndarray]) -> None:
@@ -143,27 +161,37 @@ class DenseTable(Table):
     def __init__(self, spec: TableSpec, check_finite: bool = True) -> None:
         super().__init__(spec, check_finite)
         init = self.spec.initializer
-        self.param = (np.zeros(self.shape, self.dtype) if init is None
-                      else init_rows(init, self.shape, self.dtype.name))
+        self.param = (
+            np.zeros(self.shape, self.dtype) if init is None else init_rows(init, self.shape, self.dtype.name)
+        )
         self.has_value = init is not None
         self.state = {s: np.full(self.shape, self.state_init[s], self.dtype) for s in self.state_slots}
 
     def _value(self) -> np.ndarray:
         if not self.has_value:
-            raise PSError(f"table {self.name!r} has no initializer and no value yet: assign its value "
-                          "(PSClient.assign) before reading or updating it")
+            raise PSError(
+                f"table {self.name!r} has no initializer and no value yet: assign its value "
+                "(PSClient.assign) before reading or updating it"
+            )
         return self.param
 
-    def pull(self) -> np.ndarray:
-        return self._value().copy()
+    def pull(self, copy: bool = True) -> np.ndarray:
+        """The parameter: a copy, or (`copy=False`) a read-only view of the table's own array, which
+        later pushes change in place (for a caller that copies it at once, e.g. into a reply)."""
+        if copy:
+            return self._value().copy()
+        view = self._value().view()
+        view.flags.writeable = False
+        return view
 
     def memory_bytes(self) -> int:
         return self.param.nbytes + sum(a.nbytes for a in self.state.values())
 
     def push(self, grad: np.ndarray, *, checked: bool = False) -> None:
         """One optimizer step with `grad` (`checked`: already through `check_grad`)."""
-        self._apply(self._value(), grad if checked else self.check_grad(grad, self.shape, "gradient"),
-                    self.state)
+        self._apply(
+            self._value(), grad if checked else self.check_grad(grad, self.shape, "gradient"), self.state
+        )
 
     def add(self, delta: np.ndarray) -> None:
         """param += delta (GEO merge)."""
@@ -199,8 +227,10 @@ class SparseTable(Table):
     def check_ids(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
-            raise PSError(f"table {self.name!r}: ids must be a 1-D integer array, got "
-                          f"{ids.dtype} of shape {list(ids.shape)}")
+            raise PSError(
+                f"table {self.name!r}: ids must be a 1-D integer array, got "
+                f"{ids.dtype} of shape {list(ids.shape)}"
+            )
         ids = ids.astype(np.int64, copy=False)
         error = id_range_error(ids, self.vocab)
         if error:
@@ -230,16 +260,17 @@ class SparseTable(Table):
         if init and self.spec.initializer is None:
             missing = ids[self.index.find(ids) < 0]
             if missing.size:
-                raise PSError(f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
-                              "were never assigned (PSClient.assign)")
+                raise PSError(
+                    f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
+                    "were never assigned (PSClient.assign)"
+                )
         old = len(self.index)
         slots, new_ids, _ = self.index.find_or_add(ids)
         if new_ids.size:
             new = len(self.index)
             self._reserve(new, old)
             if init:
-                self.rows[old:new] = init_rows(self.spec.initializer, self.shape, self.dtype.name,
-                                               new_ids)
+                self.rows[old:new] = init_rows(self.spec.initializer, self.shape, self.dtype.name, new_ids)
             for s, arr in self.row_state.items():
                 arr[old:new] = self.state_init[s]
         return slots
@@ -271,8 +302,10 @@ class SparseTable(Table):
         missing = ids[~have]
         if missing.size and not (self.entry is not None and self.entry.waiting is not None):
             if self.spec.initializer is None:
-                raise PSError(f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
-                              "were never assigned (PSClient.assign)")
+                raise PSError(
+                    f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
+                    "were never assigned (PSClient.assign)"
+                )
             out[~have] = init_rows(self.spec.initializer, self.shape, self.dtype.name, missing)
         return out
 
@@ -316,8 +349,12 @@ class SparseTable(Table):
     def memory_bytes(self) -> int:
         """Bytes held: rows and optimizer state (allocated capacity), the id index, admission and
         eviction bookkeeping."""
-        return (self.rows.nbytes + sum(a.nbytes for a in self.row_state.values()) + self.index.nbytes()
-                + (self.entry.nbytes() if self.entry is not None else 0))
+        return (
+            self.rows.nbytes
+            + sum(a.nbytes for a in self.row_state.values())
+            + self.index.nbytes()
+            + (self.entry.nbytes() if self.entry is not None else 0)
+        )
 
     def add(self, delta: np.ndarray, ids: np.ndarray) -> None:
         """rows[ids] += delta (GEO merge; repeated ids accumulate)."""
@@ -335,9 +372,13 @@ class SparseTable(Table):
 
     def state_dict(self) -> dict[str, np.ndarray]:
         n = len(self.index)
-        return {"ids": self.index.ids_by_slot(), "Param": self.rows[:n],
-                **{s: a[:n] for s, a in self.row_state.items()}, **self.scalars,
-                **(self.entry.state_dict(n) if self.entry is not None else {})}
+        return {
+            "ids": self.index.ids_by_slot(),
+            "Param": self.rows[:n],
+            **{s: a[:n] for s, a in self.row_state.items()},
+            **self.scalars,
+            **(self.entry.state_dict(n) if self.entry is not None else {}),
+        }
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Set rows `arrays["ids"]` (with their optimizer state) and the scalar state."""
@@ -354,4 +395,3 @@ class SparseTable(Table):
 def make_table(spec: TableSpec, check_finite: bool = True) -> DenseTable | SparseTable:
     """A table for `spec` (see the module docstring)."""
     return (SparseTable if getattr(spec, "kind", None) == "sparse" else DenseTable)(spec, check_finite)
-
