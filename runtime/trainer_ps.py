@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 
 from ops_registry import SparseRows, get_op
-from ops_registry.base import RowMerge
 from transpiler.ir import Program
 from transpiler.tables import TableSpec
 
 from .device import to_host as _host
 from .ps import PSClient
+from .step_sort import StepSort, feed_of_table, sparse_feeds
 from .telemetry import Recorder, timed
 from .trainer_steps import StepBook, StepState
 
@@ -107,39 +107,6 @@ class Prefetch:
         return self.fut.result()[self.at : self.at + n]
 
 
-@dataclass
-class StepSort:
-    """The one sort of a step's lookups of a feed (its items' ids, concatenated in `keys` order),
-    made for the step's row prefetch and reused to sum the step's row gradients for the push."""
-
-    merge: RowMerge
-    keys: list[tuple[int, int, int]]
-    rows: np.ndarray  # the items' ids, concatenated in `keys` order (what `merge` sorted)
-    spans: dict[tuple[int, int, int], tuple[int, int]]  # item key -> its ids' [lo, hi) in `rows`
-
-
-def _feed_of_table(sparse_feeds: list[tuple[str, str, str]]) -> dict[str, str]:
-    """table -> the feed whose unique ids its rows are pulled for (tables pulled for one feed only)."""
-    feeds: dict[str, set[str]] = {}
-    for table, _, x in sparse_feeds:
-        feeds.setdefault(table, set()).add(x)
-    return {table: xs.pop() for table, xs in feeds.items() if len(xs) == 1}
-
-
-def _sparse_feeds(program: Program, feeds: list[str]) -> list[tuple[str, str, str]]:
-    """(table, unique ids, feed) of each sparse pull of `unique_ids(feed)`: rows a reader prefetches."""
-    made = {n: op for op in program.ops for n in op.output_names()}
-    return [
-        (op.attrs["table"], u, made[u].inputs["Ids"][0])
-        for op in program.ops
-        if op.type == "pull_sparse"
-        and (u := op.inputs["Ids"][0]) in made
-        and made[u].type == "unique_ids"
-        and made[u].outputs["Unique"] == [u]
-        and made[u].inputs["Ids"][0] in feeds
-    ]
-
-
 class PSAccess:
     """The parameter-server side of one trainer (see the module docstring)."""
 
@@ -161,10 +128,10 @@ class PSAccess:
         self.dense_tables = list(
             dict.fromkeys(op.attrs["table"] for op in program.ops if op.type == "pull_dense")
         )
-        self.sparse_feeds = _sparse_feeds(program, program.attrs.get("feeds", []))
+        self.sparse_feeds = sparse_feeds(program, program.attrs.get("feeds", []))
         self.prefetch: dict[int, Prefetch] = {}  # step -> its dense tables' pull
         self.rows_prefetch: dict[tuple, tuple[Prefetch, np.ndarray]] = {}  # (item, table, ids) -> pull
-        self.feed_of = _feed_of_table(self.sparse_feeds)
+        self.feed_of = feed_of_table(self.sparse_feeds)
         self.step_sorts: dict[tuple[int, str], StepSort] = {}  # (step, feed) -> its ids' one sort
         self.pushing: list[tuple[Future, list[tuple[str, np.ndarray]]]] = []  # pushes in flight + buffers
         self.free_bufs: dict[str, list[np.ndarray]] = {}
@@ -202,12 +169,7 @@ class PSAccess:
         rows the items will look up and, later, to merge the step's row gradients for the push."""
         for x in {x for _, _, x in self.sparse_feeds}:
             if (t, x) not in self.step_sorts:
-                parts = [np.ravel(it.feed[x]) for it in items]
-                rows = np.concatenate(parts)
-                ends = np.cumsum([p.size for p in parts]).tolist()
-                spans = {it.key: (e - p.size, e) for it, p, e in zip(items, parts, ends, strict=True)}
-                keys = [it.key for it in items]
-                self.step_sorts[(t, x)] = StepSort(RowMerge.of(np, rows), keys, rows, spans)
+                self.step_sorts[(t, x)] = StepSort.of(items, x)
 
     def _row_pulls(self, t: int) -> list[tuple[str, np.ndarray]]:
         """For each lookup of `unique_ids(feed)`: its table and the union of step t's ids of the feed."""
@@ -242,11 +204,8 @@ class PSAccess:
         (`RowMerge.part`: no sort of its own; with one item per step, the step's sort itself);
         anything else: the registry's kernel."""
         sort = self.step_sorts.get((it.step, ids_name)) if self.xp is np else None
-        span = sort.spans.get(it.key) if sort is not None else None
-        if span is None or not np.array_equal(np.ravel(ids), sort.rows[span[0] : span[1]]):
-            return get_op("unique_ids").kernel(self.xp, {"Ids": ids}, {})
-        part = sort.merge.part(np, sort.rows, *span)
-        return {"Unique": part.unique_rows, "Index": part.inverse(np).reshape(np.shape(ids))}
+        got = sort.unique_ids(it.key, ids) if sort is not None else None
+        return got if got is not None else get_op("unique_ids").kernel(self.xp, {"Ids": ids}, {})
 
     def pull_dense(self, it: Any, table: str) -> Any:
         st = self.book.step(it.step)
