@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from runtime.ps import Limits, PSClient, PSError, Servers, Shard
-from runtime.wire import AuthError, decode, encode, sign
+from runtime.wire import MAX_HEADER_DEPTH, AuthError, decode, encode, sign
 from transpiler.tables import TableSpec
 
 LR, DIM = 0.5, 4
@@ -100,7 +100,10 @@ HOSTILE = {  # name: (frames for Raw, expected error text)
         lambda r: r.signed_raw(_nested(100_000)),
         "nested deeper",
     ),
-    "a header nested past MAX_HEADER_DEPTH": (lambda r: r.signed_raw(_nested(40)), "nested deeper than 16"),
+    "a header nested past MAX_HEADER_DEPTH": (
+        lambda r: r.signed_raw(_nested(40)),
+        f"nested deeper than {MAX_HEADER_DEPTH}",
+    ),
     "65 dimensions": (lambda r: r.signed_raw(_header([["<f4", [1] * 65]]), b"\0" * 4), "of length <= 32"),
     "a pickled array": (lambda r: r.signed_raw(_header([["|O", [1]]]), b"\x80\x04K\x01."), "'|O'"),
     "a truncated header": (lambda r: r.signed_raw(_header([["<f4", [6]]])[:-2], b"\0" * 24), "truncated"),

@@ -10,7 +10,17 @@ import pytest
 import zmq
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
-from runtime.wire import AuthError, ReplayError, ReplayGuard, WireError, decode, decode_signed, encode, sign
+from runtime.wire import (
+    MAX_HEADER_DEPTH,
+    AuthError,
+    ReplayError,
+    ReplayGuard,
+    WireError,
+    decode,
+    decode_signed,
+    encode,
+    sign,
+)
 
 KEY = b"shared-secret"
 
@@ -137,8 +147,8 @@ GOOD = _raw({"op": "push", "table": "w"}, [["<f4", [2]]], b"\0" * 8)[0]
         (_raw({}, [["<f4", [1]]]), "describes 1 arrays but 0 buffer frames"),
         (_raw({}, [], b"\0"), "describes 0 arrays but 1 buffer frames"),
         ([], "empty message"),
-        ([_nested(100_000)], "nested deeper than 16"),
-        ([_nested(16)], "nested deeper than 16"),
+        ([_nested(100_000)], f"nested deeper than {MAX_HEADER_DEPTH}"),
+        ([_nested(MAX_HEADER_DEPTH)], f"nested deeper than {MAX_HEADER_DEPTH}"),
         (_raw({}, [["<f4", [1] * 33]], b"\0" * 4), "descriptor refused: Expected `array` of length <= 32"),
         (_raw({}, [["<f4", [0, 2**63]]], b""), "not a valid array shape"),
         (_raw({}, [["<f4", [0, 2**62, 2**62]]], b""), "not a valid array shape"),
@@ -211,11 +221,11 @@ def test_a_message_over_max_bytes_is_refused_before_it_is_parsed():
 
 def test_a_header_just_inside_the_depth_limit_is_accepted():
     x = 1
-    for _ in range(15):
+    for _ in range(MAX_HEADER_DEPTH - 1):
         x = [x]
-    header = {"x": x}  # 16 levels with the object itself
+    header = {"x": x}  # MAX_HEADER_DEPTH levels with the object itself
     assert decode(encode(header))[0] == header
-    with pytest.raises(WireError, match="nested deeper than 16"):
+    with pytest.raises(WireError, match=f"nested deeper than {MAX_HEADER_DEPTH}"):
         decode(encode({"x": [x]}))
 
 
