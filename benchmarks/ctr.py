@@ -42,7 +42,7 @@ import numpy as np
 # an async reader keeps the next step's items in flight too, so one micro-batch (the MLP's GEMMs at
 # the whole batch, one message each way per step) leaves the gpu trainer no idle time; a sync step
 # must drain before the next starts, so sync needs micro-batches to overlap the two trainers.
-BEST_MICRO_BATCHES = {"async": 1, "sync": 4}
+BEST_MICRO_BATCHES = {"async": 1, "sync": 2}
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH, SLOTS, VOCAB, DIM, DENSE, HIDDEN, LR = 512, 26, 100_000, 16, 13, (400, 400, 400), 0.01
