@@ -69,8 +69,11 @@ def test_prediction_matches_arithmetic_by_hand():
     # the server: the gpu pulls and pushes w [4, 1] + b [1] (20 B) once per step: 2 requests
     ps = 2 * 5e-4 + 2 * 20 * 1e-6
     assert roles["ps"].busy_s == pytest.approx(ps)
-    assert p.step_s == pytest.approx(gpu) and p.bottleneck == "gpu"
-    assert p.examples_per_s == pytest.approx(64 / gpu)
+    # the gpu's PS calls (its client time: the same 2 round trips) run on its background thread,
+    # which takes turns with its main thread on one core: the step is its CPU work
+    assert roles["gpu"].ps_s == pytest.approx(ps)
+    assert p.step_s == pytest.approx(gpu + ps) and p.bottleneck == "gpu" and "CPU work" in p.limit
+    assert p.examples_per_s == pytest.approx(64 / (gpu + ps))
 
     # 1e-4 per table in a request: w and b, pulled and pushed
     prof.ps.table_s = 1e-4

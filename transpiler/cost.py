@@ -28,6 +28,8 @@ Dense tables sit whole on a shard (largest first onto the least loaded), sparse 
   its client time, which includes the shard's serving of it;
 - a reader's own work per id: gathering the pulled rows and merging the gradients (per id and
   sparse table), and the union of a step's ids for the rows' prefetch (per id of each id column);
+- a process's background thread (its PS calls) and its main thread take turns on one core (the
+  interpreter lock), so the step takes at least the CPU work of the busiest process;
 - when every process shares `cores` CPU cores (one machine), the step takes at least the CPU work
   of all processes / cores (all but a real GPU's kernels; an emulated GPU's kernels count).
 """
@@ -334,6 +336,9 @@ class PlanCost:
             way = sum(item_s.values()) * s.micro_batches / items_in_flight(s.mode, s.micro_batches)
             if way > step:
                 step, limit = way, "the items a reader has in flight (each takes a micro-batch's way)"
+        one = max(roles, key=lambda r: r.cpu_s)  # a process's threads share its interpreter: one core
+        if one.cpu_s > step:
+            step, limit = one.cpu_s, f"{one.role}'s CPU work (its threads take turns on one core)"
         if s.cores is not None:
             cpu_work = sum(r.count * r.cpu_s for r in roles if not r.server)
             ov = p.overhead_for(s.mode)
