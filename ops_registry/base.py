@@ -87,22 +87,22 @@ class RowMerge:
 
     @staticmethod
     def of(xp, rows) -> RowMerge:
-        order = xp.argsort(rows, kind="stable")
+        return RowMerge.sorted(xp, rows, xp.argsort(rows, kind="stable"))
+
+    @staticmethod
+    def sorted(xp, rows, order, lo: int = 0) -> RowMerge:
+        """The RowMerge of `rows` taken in the stable sorted `order` (positions relative to `lo`)."""
         sorted_rows = rows[order]
-        starts = xp.concatenate([xp.zeros(1, dtype=order.dtype),
+        starts = xp.concatenate([xp.zeros(min(1, order.size), dtype=order.dtype),
                                  xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
-        return RowMerge(order, starts, sorted_rows[starts])
+        return RowMerge(order - lo if lo else order, starts, sorted_rows[starts])
 
     def part(self, xp, rows, lo: int, hi: int) -> RowMerge:
         """The RowMerge of rows[lo:hi] alone (`rows`: what this one sorted), from this one's sort:
         one pass keeps, in sorted order, the positions inside [lo, hi), relative to lo."""
         if lo == 0 and hi == self.order.size:
             return self
-        order = self.order[(self.order >= lo) & (self.order < hi)]
-        sorted_rows = rows[order]
-        starts = xp.concatenate([xp.zeros(min(1, order.size), dtype=order.dtype),
-                                 xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
-        return RowMerge(order - lo, starts, sorted_rows[starts])
+        return RowMerge.sorted(xp, rows, self.order[(self.order >= lo) & (self.order < hi)], lo)
 
     def inverse(self, xp):
         """For each original row, the position of its value among `unique_rows`."""

@@ -15,12 +15,11 @@ from transpiler.ir import Program
 
 @dataclass
 class StepSort:
-    """The one sort of a step's lookups of a feed (its items' ids, concatenated in `keys` order),
+    """The one sort of a step's lookups of a feed (its items' ids, concatenated in `spans` order),
     made for the step's row prefetch and reused to sum the step's row gradients for the push."""
 
     merge: RowMerge
-    keys: list[tuple[int, int, int]]
-    rows: np.ndarray  # the items' ids, concatenated in `keys` order (what `merge` sorted)
+    rows: np.ndarray  # the items' ids, concatenated in `spans` order (what `merge` sorted)
     spans: dict[tuple[int, int, int], tuple[int, int]]  # item key -> its ids' [lo, hi) in `rows`
 
     @staticmethod
@@ -30,7 +29,7 @@ class StepSort:
         rows = np.concatenate(parts)
         ends = np.cumsum([p.size for p in parts]).tolist()
         spans = {it.key: (e - p.size, e) for it, p, e in zip(items, parts, ends, strict=True)}
-        return StepSort(RowMerge.of(np, rows), [it.key for it in items], rows, spans)
+        return StepSort(RowMerge.of(np, rows), rows, spans)
 
     def unique_ids(self, key: tuple[int, int, int], ids: Any) -> dict[str, Any] | None:
         """`unique_ids` of item `key`'s ids from this sort (`RowMerge.part`: no sort of its own; the

@@ -308,9 +308,9 @@ class PSAccess:
                 continue
             fed, parts = st.fed_rows.get(table, {}), st.rows.get(table, [])
             sort = sorts.get(self.feed_of.get(table))
-            if fed and not parts and sort is not None and set(fed) == set(sort.keys):
+            if fed and not parts and sort is not None and set(fed) == set(sort.spans):
                 # every lookup of the step's feed: sum with the sort made for its prefetch
-                rows = sort.merge.sum(np, np.concatenate([fed[k][1] for k in sort.keys]))
+                rows = sort.merge.sum(np, np.concatenate([fed[k][1] for k in sort.spans]))
                 grads.append((table, rows, sort.merge.unique_rows))
                 continue
             parts = list(fed.values()) + parts
