@@ -37,3 +37,21 @@ def ray_local():
     yield ray
     ray.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def run_dir():
+    """A local run directory and its private /dev/shm twin, as LocalEngine makes them."""
+    import shutil
+    import tempfile
+
+    from runtime import channels
+    from runtime.channels import shm_dir_for
+
+    if not os.path.isdir(channels.SHM_ROOT):
+        pytest.skip("no /dev/shm on this system: tensors always go as ZeroMQ frames")
+    path = tempfile.mkdtemp(prefix="hetps-run-")
+    os.mkdir(shm_dir_for(path), 0o700)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(shm_dir_for(path), ignore_errors=True)

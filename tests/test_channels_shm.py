@@ -2,8 +2,6 @@
 control, ZeroMQ fallback, refusal of hostile control messages, and clean-up of the segments."""
 
 import os
-import shutil
-import tempfile
 import time
 
 import numpy as np
@@ -16,18 +14,6 @@ from runtime.engines import LocalEngine
 from runtime.wire import AuthError, WireError, encode
 
 KEY = os.urandom(32)
-
-
-@pytest.fixture
-def run_dir():
-    """A local run directory and its private /dev/shm twin, as LocalEngine makes them."""
-    if not os.path.isdir(channels.SHM_ROOT):
-        pytest.skip("no /dev/shm on this system: tensors always go as ZeroMQ frames")
-    path = tempfile.mkdtemp(prefix="hetps-run-")
-    os.mkdir(shm_dir_for(path), 0o700)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-    shutil.rmtree(shm_dir_for(path), ignore_errors=True)
 
 
 def _pair(run_dir, shm=True):

@@ -5,14 +5,9 @@ change what was read. Values are checked against numpy by hand (SGD from constan
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-
 import numpy as np
 import pytest
 
-from runtime import channels
 from runtime.channels import ShmRing, ShmSegments, shm_dir_for
 from runtime.ps import Servers, Shard
 from runtime.ps.server import _Loop
@@ -43,14 +38,8 @@ SPECS = tables_from_dicts(
 
 
 @pytest.fixture
-def shm_dir():
-    if not os.path.isdir(channels.SHM_ROOT):
-        pytest.skip("no /dev/shm on this system")
-    run = tempfile.mkdtemp(prefix="hetps-run-")
-    os.mkdir(shm_dir_for(run), 0o700)
-    yield shm_dir_for(run)
-    shutil.rmtree(run, ignore_errors=True)
-    shutil.rmtree(shm_dir_for(run), ignore_errors=True)
+def shm_dir(run_dir):
+    return shm_dir_for(run_dir)
 
 
 def test_views_are_read_only_and_the_sender_gets_the_bytes_back_only_on_release(shm_dir):
