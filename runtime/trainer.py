@@ -180,8 +180,12 @@ class Trainer:
                 continue
             if self._read_ahead():
                 continue
-            with timed("wait", "wait", rec=self.rec, stats=self.stats, key="wait_s"):
+            if self.book.finished():  # `_drain` or `_announce` just ended the run: no poll to sleep out
+                return
+            with timed("wait", "wait", rec=self.rec, stats=self.stats, key="wait_s") as span:
                 msg = self.inbox.recv(timeout_ms=1000)
+                if msg is None and span.recording:
+                    span.args["timed_out"] = True
             if msg is not None:
                 self._handle(*msg)
                 last = time.perf_counter()
