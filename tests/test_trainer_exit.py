@@ -23,7 +23,9 @@ def last_spans(trace_path) -> dict[str, dict]:
     events = json.loads(trace_path.read_text())["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
     last: dict[str, dict] = {}
-    for e in sorted((e for e in events if e["ph"] == "X" and e["tid"] == 0), key=lambda e: e["ts"] + e["dur"]):
+    for e in sorted(
+        (e for e in events if e["ph"] == "X" and e["tid"] == 0), key=lambda e: e["ts"] + e["dur"]
+    ):
         if names[e["pid"]].startswith("trainer "):
             last[names[e["pid"]]] = e
     return last
