@@ -32,6 +32,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,8 +244,37 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def steady_time_use(trace: Path, first: int, last: int) -> dict[str, dict[str, float]]:
+    """Per trainer, the share of its wall time over steps `first`..`last` (from its first span of
+    step `first` to the end of its last span of step `last`, in the run's Chrome trace) that it
+    spent waiting for messages (`wait`) and for parameter-server pulls on its main lane (`ps`):
+    start-up and the end of the run left out, which the whole run's `History.time_use` counts."""
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    lanes: dict[str, list[dict]] = {}
+    for e in events:
+        if e["ph"] == "X" and e["tid"] == 0 and names[e["pid"]].startswith("trainer "):
+            lanes.setdefault(names[e["pid"]].split()[1], []).append(e)
+    out = {}
+    for name, spans in sorted(lanes.items()):
+        timed = [
+            e for e in spans if isinstance(e["args"].get("step"), int) and first <= e["args"]["step"] <= last
+        ]
+        t0, t1 = min(e["ts"] for e in timed), max(e["ts"] + e["dur"] for e in timed)
+
+        def within(cond, spans=spans, t0=t0, t1=t1) -> float:
+            return sum(max(0.0, min(e["ts"] + e["dur"], t1) - max(e["ts"], t0)) for e in spans if cond(e))
+
+        out[name] = {
+            "wait": within(lambda e: e["name"] == "wait") / (t1 - t0),
+            "ps": within(lambda e: e["cat"] == "ps") / (t1 - t0),
+        }
+    return out
+
+
 def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int, mode: str, servers: int):
-    """Train the model; also returns each process's CPU ms per timed step (driver included)."""
+    """Train the model; also returns each process's CPU ms per timed step (driver included) and
+    each trainer's waits over the timed steps (`steady_time_use`)."""
     from runtime import train
     from runtime.engines import LocalEngine
     from transpiler import transpile
@@ -264,13 +294,27 @@ def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int,
                     got[n] = cpu_seconds(p)
             marks.append(got)
 
-    hist = train(plan, bs, epochs=-(-total // NUM_BATCHES), steps=total, trainers=trainers,
-                 micro_batches=micro_batches, mode=mode, servers=servers, allow_emulation=True,
-                 engine=eng, callback=mark)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        hist = train(
+            plan,
+            bs,
+            epochs=-(-total // NUM_BATCHES),
+            steps=total,
+            trainers=trainers,
+            micro_batches=micro_batches,
+            mode=mode,
+            servers=servers,
+            allow_emulation=True,
+            engine=eng,
+            callback=mark,
+            trace=str(trace),
+        )
+        waits = steady_time_use(trace, warmup, total - 1) if steps > 1 else {}
     if len(marks) < 2:  # fewer than 2 timed steps: nothing between the marks
-        return hist, {}
+        return hist, {}, waits
     cpu_ms = {n: 1e3 * (marks[1][n] - marks[0][n]) / (steps - 1) for n in marks[0] if n in marks[1]}
-    return hist, cpu_ms
+    return hist, cpu_ms, waits
 
 
 @dataclass(frozen=True)
@@ -403,7 +447,7 @@ def main(argv: list[str] | None = None) -> dict:
             setting = (
                 f"{mode}, trainers {args.trainers}, {mbs} micro-batches, {args.servers} server(s), {gpu_kind}"
             )
-            hist, cpu_ms = hetps(args.steps, args.warmup, args.trainers, mbs, mode, args.servers)
+            hist, cpu_ms, waits = hetps(args.steps, args.warmup, args.trainers, mbs, mode, args.servers)
             rate = got[mode] = hist.examples_per_s(skip=args.warmup)
             ratio = f"{rate / got['paddle']:.2f}x Paddle, " if "paddle" in got else ""
             print(
@@ -412,8 +456,23 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{np.mean(hist.loss[-10:]):.4f}, start-up {hist.startup_s:.1f} s, load average "
                 f"{os.getloadavg()[0]:.1f}]"
             )
-            print("  where the time goes (share of each trainer's wall time; cpu = CPU time it got):")
+            print(
+                "  where the time goes (share of each trainer's wall time over the whole run, start-up and "
+                "end included; cpu = CPU time it got):"
+            )
             print("  " + hist.time_use().replace("\n", "\n  "))
+            print(
+                "  over the timed steps (from the run's trace): "
+                + "; ".join(
+                    f"{n} waits {100 * w['wait']:.1f}% for messages, {100 * w['ps']:.1f}% for PS calls"
+                    for n, w in waits.items()
+                )
+            )
+            for n, w in waits.items():
+                got[f"{n} waits {mode}"] = 100 * (w["wait"] + w["ps"])
+            if mode == "sync" and waits:
+                gpu_wait = max(100 * (w["wait"] + w["ps"]) for n, w in waits.items() if n.startswith("gpu"))
+                print(f"  sync: the gpu trainer waits {gpu_wait:.1f}% of the timed steps (goal <= 10)")
             print(
                 "  CPU ms per step: "
                 + ", ".join(f"{n} {ms:.1f}" for n, ms in cpu_ms.items())
@@ -452,7 +511,7 @@ def main(argv: list[str] | None = None) -> dict:
                     f"(range {min(ratios):.2f} - {max(ratios):.2f})"
                 )
             print(line)
-        for key in [k for k in rounds[0] if k.startswith(("tax ", "stage "))]:
+        for key in [k for k in rounds[0] if k.startswith(("tax ", "stage ", "gpu:0 waits "))]:
             vals = [r[key] for r in rounds]
             print(f"{key:>12}: median {float(np.median(vals)):.2f} (range {min(vals):.2f} - {max(vals):.2f})")
     print("(bar: 1.5x Paddle; goal: 3x Paddle and 50% of the bound)")
