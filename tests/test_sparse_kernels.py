@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ops_registry import SparseRows, get_op
-from ops_registry.base import RowMerge
+from ops_registry.base import RowMerge, stable_argsort
 
 
 @pytest.mark.parametrize(
@@ -69,3 +69,22 @@ def test_row_merge_part_equals_a_fresh_sort_of_the_slice():
         np.testing.assert_array_equal(part.inverse(np), inv)
         if hi > lo:
             np.testing.assert_array_equal(part.order, np.argsort(rows[lo:hi], kind="stable"))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda r: r.zipf(1.2, 13_312) % 2_600_000,  # a CTR step's ids: skewed, repeated (the radix sort)
+        lambda r: r.integers(0, 1 << 62, 5_000),  # hashed ids: every digit pass
+        lambda r: np.zeros(4_096, np.int64),  # all equal: no pass, the identity
+        lambda r: r.integers(0, 300, 9_000).astype(np.int32),
+        lambda r: r.integers(0, 1 << 40, 6_000).astype(np.uint64),
+        lambda r: r.integers(-50, 50, 5_000),  # negative: numpy's sort
+        lambda r: r.integers(0, 10, 100),  # small: numpy's sort
+    ],
+)
+def test_stable_argsort_equals_numpys_stable_argsort(make):
+    rows = make(np.random.default_rng(3))
+    got = stable_argsort(np, rows)
+    np.testing.assert_array_equal(got, np.argsort(rows, kind="stable"))
+    assert got.dtype == np.intp
