@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ops_registry import SparseRows, get_op
-from ops_registry.base import RowMerge, stable_argsort
+from ops_registry.base import COMPILED_FROM, RowMerge, scatter_add, stable_argsort
 
 
 @pytest.mark.parametrize(
@@ -88,3 +88,26 @@ def test_stable_argsort_equals_numpys_stable_argsort(make):
     got = stable_argsort(np, rows)
     np.testing.assert_array_equal(got, np.argsort(rows, kind="stable"))
     assert got.dtype == np.intp
+
+
+@pytest.mark.parametrize("unique", [True, False])
+@pytest.mark.parametrize("dtype, dim", [(np.float32, 16), (np.float64, 1)])
+def test_scatter_add_of_many_rows_equals_np_add_at(unique, dtype, dim):
+    # from COMPILED_FROM rows the compiled row loop: the same sums, in the same order, as np.add.at
+    rng = np.random.default_rng(4)
+    n = COMPILED_FROM + 1_000
+    index = np.sort(rng.choice(50_000, n, replace=False)) if unique else rng.integers(-50_000, 50_000, n)
+    values = rng.normal(size=(n, dim)).astype(dtype)
+    target = rng.normal(size=(50_000, dim)).astype(dtype)
+    want = target.copy()
+    np.add.at(want, index, values)
+    scatter_add(np, target, index, values, unique=unique)
+    np.testing.assert_array_equal(target, want)
+
+
+def test_scatter_add_of_many_rows_refuses_an_index_out_of_range():
+    target = np.zeros((10, 2), np.float32)
+    index = np.zeros(COMPILED_FROM, np.int64)
+    index[-1] = 10
+    with pytest.raises(IndexError):
+        scatter_add(np, target, index, np.ones((COMPILED_FROM, 2), np.float32))
