@@ -132,7 +132,9 @@ def measure(args: argparse.Namespace, rows: list[Row]) -> None:
         t0 = time.perf_counter()
         for row in rows:
             s = row.settings
-            hist, cpu_ms, _ = ctr.hetps(args.steps, args.warmup, s.trainers, s.micro_batches, s.mode, s.servers)
+            hist, cpu_ms, _ = ctr.hetps(
+                args.steps, args.warmup, s.trainers, s.micro_batches, s.mode, s.servers
+            )
             row.rates.append(hist.examples_per_s(skip=args.warmup))
             row.cpu_ms.append(cpu_ms)
         print(
