@@ -12,19 +12,16 @@ the methods used below, supplied by the backward pass) and emits ops through it.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from . import compiled
+from .compiled import COMPILED_FROM
+
 CATEGORIES = ("io", "sparse", "dense", "light", "loss", "optimizer", "comm", "init")
-
-# From this many rows the compiled (numba) kernels below pay: numba's import costs a process ~0.4 s
-# once, which small arrays never repay (tests, tutorials, small batches stay on plain numpy).
-COMPILED_FROM = 4096
-
 
 class UnknownOpError(KeyError):
     """An op type that the registry does not know."""
@@ -120,9 +117,9 @@ class RowMerge:
         """values[i] summed per unique row (sorted order)."""
         if self.starts.size == self.order.size:  # already unique: nothing to sum
             return values[self.order]
-        compiled = xp.__name__ == "numpy" and values.ndim == 2 and values.dtype.kind == "f"
-        if compiled and len(values) >= COMPILED_FROM:
-            return _segment_sum()(self.order, self.starts, np.ascontiguousarray(values))
+        floats = xp.__name__ == "numpy" and values.ndim == 2 and values.dtype.kind == "f"
+        if floats and len(values) >= COMPILED_FROM:
+            return compiled.segment_sum()(self.order, self.starts, np.ascontiguousarray(values))
         # a segmented sum over the sorted rows: far cheaper than np.add.at's unbuffered scatter
         return xp.add.reduceat(values[self.order], self.starts, axis=0)
 
@@ -141,77 +138,14 @@ def stable_argsort(xp, rows):
         or (rows.dtype.kind == "u" and rows.max() > np.iinfo(np.int64).max)
     ):
         return xp.argsort(rows, kind="stable")
-    return _radix_argsort()(rows.astype(np.int64, copy=False))
-
-
-@functools.cache
-def _radix_argsort():
-    """The compiled stable LSD radix argsort of non-negative int64 keys (numba, cached like
-    `_segment_sum`)."""
-    import numba
-
-    @numba.njit(cache=True, nogil=True)
-    def radix_argsort(keys):  # pragma: no cover - compiled
-        n = keys.shape[0]
-        order = np.arange(n)
-        if n == 0:
-            return order
-        hi = keys.max()
-        k, k2, o2 = keys.copy(), np.empty_like(keys), np.empty_like(order)
-        count = np.empty(2049, np.int64)
-        shift = 0
-        while shift < 64 and (hi >> shift) > 0:
-            count[:] = 0
-            for i in range(n):
-                count[((k[i] >> shift) & 2047) + 1] += 1
-            for b in range(2048):
-                count[b + 1] += count[b]
-            for i in range(n):  # stable: equal digits keep their order
-                d = (k[i] >> shift) & 2047
-                j = count[d]
-                k2[j], o2[j] = k[i], order[i]
-                count[d] = j + 1
-            k, k2 = k2, k
-            order, o2 = o2, order
-            shift += 11
-        return order
-
-    return radix_argsort
-
-
-@functools.cache
-def _segment_sum():
-    """The compiled segmented sum (numba, compiled on first use and cached beside this file): for
-    each run `starts[s]:starts[s+1]` of `order`, the sum of those rows of `values`, accumulated in
-    float64 in `order`'s order and rounded once. One pass, no `values[order]` copy: ~10x faster than
-    `np.add.reduceat` on a CTR step's row gradients (13 312 x 16 -> 3 640 rows: 72 vs 689 µs). Used
-    from `COMPILED_FROM` rows."""
-    import numba
-
-    @numba.njit(cache=True, nogil=True)
-    def segment_sum(order, starts, values):  # pragma: no cover - compiled
-        n, k, d = order.shape[0], starts.shape[0], values.shape[1]
-        out = np.empty((k, d), values.dtype)
-        acc = np.empty(d, np.float64)
-        for s in range(k):
-            acc[:] = 0.0
-            end = starts[s + 1] if s + 1 < k else n
-            for i in range(starts[s], end):
-                r = order[i]
-                for j in range(d):
-                    acc[j] += values[r, j]
-            for j in range(d):
-                out[s, j] = acc[j]
-        return out
-
-    return segment_sum
+    return compiled.radix_argsort()(rows.astype(np.int64, copy=False))
 
 
 def scatter_add(xp, target, index, values, unique: bool = False) -> None:
     """target[index] += values with repeated indices accumulated (np.add.at / cupyx.scatter_add).
     `unique`: the caller knows `index` does not repeat, so a plain indexed add is exact (and ~4x
     faster than numpy's unbuffered add.at). On numpy, rows of a 2-D float table from
-    `COMPILED_FROM` rows on: one compiled pass in index order (`_add_rows`), the same sums as
+    `COMPILED_FROM` rows on: one compiled pass in index order (`compiled.add_rows`), the same sums as
     np.add.at (5 900 rows of 16 into a 2.6M-row table: 44 µs against 218 for the indexed add)."""
     if (
         xp.__name__ == "numpy"
@@ -223,7 +157,7 @@ def scatter_add(xp, target, index, values, unique: bool = False) -> None:
         and len(index) >= COMPILED_FROM
         and values.shape == (len(index), target.shape[1])
     ):
-        _add_rows()(target, index, values)
+        compiled.add_rows()(target, index, values)
     elif unique:
         target[index] += values
     elif xp.__name__ == "numpy":
@@ -232,27 +166,6 @@ def scatter_add(xp, target, index, values, unique: bool = False) -> None:
         import cupyx
 
         cupyx.scatter_add(target, index, values)
-
-
-@functools.cache
-def _add_rows():
-    """The compiled target[index[i]] += values[i], row by row in index order (numba, cached like
-    `_segment_sum`); repeated rows accumulate, as np.add.at does."""
-    import numba
-
-    @numba.njit(cache=True, nogil=True)
-    def add_rows(target, index, values):  # pragma: no cover - compiled
-        n, d = target.shape
-        for i in range(index.shape[0]):
-            r = index[i]
-            if r < 0:
-                r += n
-            if r < 0 or r >= n:
-                raise IndexError("scatter_add: an index is out of the table's rows")
-            for j in range(d):
-                target[r, j] += values[i, j]
-
-    return add_rows
 
 
 class GradEmitter(Protocol):

@@ -178,14 +178,11 @@ class Trainer:
             if job is not None:
                 self._run_segment(job)
                 continue
-            if self._read_ahead():
+            if self._read_ahead() or self.book.finished():  # `_drain`/`_announce` may have ended the run
                 continue
-            if self.book.finished():  # `_drain` or `_announce` just ended the run: no poll to sleep out
-                return
             with timed("wait", "wait", rec=self.rec, stats=self.stats, key="wait_s") as span:
                 msg = self.inbox.recv(timeout_ms=1000)
-                if msg is None and span.recording:
-                    span.args["timed_out"] = True
+                span.args["timed_out"] = msg is None
             if msg is not None:
                 self._handle(*msg)
                 last = time.perf_counter()
