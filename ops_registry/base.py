@@ -152,6 +152,7 @@ def scatter_add(xp, target, index, values, unique: bool = False) -> None:
         and target.ndim == 2
         and target.dtype.kind == "f"
         and getattr(values, "dtype", None) == target.dtype
+        and isinstance(index, np.ndarray)  # (not a tuple of index arrays)
         and index.ndim == 1
         and index.dtype.kind in "iu"
         and len(index) >= COMPILED_FROM
