@@ -23,6 +23,7 @@ from .compiled import COMPILED_FROM
 
 CATEGORIES = ("io", "sparse", "dense", "light", "loss", "optimizer", "comm", "init")
 
+
 class UnknownOpError(KeyError):
     """An op type that the registry does not know."""
 
