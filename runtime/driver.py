@@ -12,7 +12,19 @@ import numpy as np
 from .channels import Inbox, Outbox
 from .engines import Engine
 from .history import History, TrainingError
-from .messages import TO_DRIVER, Done, Failed, Grant, Losses, ProtocolError, Ready, StepReport, header, parse
+from .messages import (
+    TO_DRIVER,
+    Done,
+    Failed,
+    Grant,
+    Losses,
+    ProtocolError,
+    Ready,
+    StepReport,
+    WriteBack,
+    header,
+    parse,
+)
 from .metrics import auc
 from .pauses import Pauses
 from .settings import RunSettings
@@ -170,6 +182,8 @@ class Listener:
 
     def _grant(self) -> None:
         if self.pauses.due(self.next):
+            for t in set(self.settings.held.values()):  # (their trainer writes held tables back first)
+                self.out.send(self.endpoints[f"{t}:0"], header(WriteBack(self.next)))
             try:
                 self.pauses.pause(self.next, self.history, self.tel)
             except Exception as e:

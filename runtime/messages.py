@@ -74,6 +74,16 @@ class Grant:
 
 
 @dataclass(slots=True)
+class WriteBack:
+    """To a trainer holding dense tables (runtime/ps/hold.py): write them back once steps < `step`
+    are applied (the driver pauses there for a checkpoint or an evaluation)."""
+
+    KIND: ClassVar[str] = "write_back"
+    KEYS: ClassVar[tuple[tuple[str, str], ...]] = (("step", "s"),)
+    step: int
+
+
+@dataclass(slots=True)
 class Ready:
     KIND: ClassVar[str] = "ready"
     KEYS: ClassVar[tuple[tuple[str, str], ...]] = (("who", "who"),)
@@ -139,9 +149,9 @@ class Scored:
     loss: float | None
 
 
-Message = Tensors | Announce | End | Grant | Ready | StepReport | Losses | Done | Failed | Scored
+Message = Tensors | Announce | End | Grant | WriteBack | Ready | StepReport | Losses | Done | Failed | Scored
 
-TO_TRAINER: dict[str, type] = {c.KIND: c for c in (Tensors, Announce, End, Grant)}
+TO_TRAINER: dict[str, type] = {c.KIND: c for c in (Tensors, Announce, End, Grant, WriteBack)}
 TO_DRIVER: dict[str, type] = {c.KIND: c for c in (Ready, StepReport, Losses, End, Done, Failed)}
 TO_EVALUATOR: dict[str, type] = {c.KIND: c for c in (Scored, Done, Failed)}
 

@@ -11,9 +11,10 @@ processes of one cluster) — never over the run's ZeroMQ channels, which carry 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from transpiler.held import held_dense
 from transpiler.plan import Plan
 from transpiler.tables import TableSpec, tables_from_dicts, tables_to_dicts
 
@@ -45,6 +46,7 @@ class RunSettings:
     loss_reduction: str  # "mean" or "sum": how the loss of a global batch is made of its items'
     pushes: dict[str, int]  # per table: trainers that push it each step
     return_params: bool = False
+    held: dict[str, str] = field(default_factory=dict)  # dense table -> the trainer type holding it
 
     @classmethod
     def make(
@@ -64,6 +66,7 @@ class RunSettings:
         allow_emulation: bool = False,
         stall_timeout: float = 60.0,
         return_params: bool = False,
+        dense_on_trainer: bool = True,
     ) -> RunSettings:
         """Check `train`'s arguments against `plan` (ValueError / TypeError saying what to change)."""
         _check_ends(steps, epochs, until_loss, micro_batches)
@@ -101,6 +104,7 @@ class RunSettings:
             loss_reduction(plan),
             _pushes(plan, counts),
             return_params,
+            held_dense(plan.programs, plan.tables, counts) if dense_on_trainer else {},
         )
 
     def trainer_names(self) -> list[str]:
@@ -221,6 +225,7 @@ class TrainerSpec:
     trace: bool = False
     start: int = 0  # the run's first step (a resumed run starts later)
     grant: int | None = None  # readers may start steps < grant (None: no limit from the driver)
+    held: list[str] = field(default_factory=list)  # the dense tables this trainer holds (ps/hold.py)
 
     @property
     def is_reader(self) -> bool:

@@ -73,6 +73,7 @@ def train(
     resume: str | None = None,
     eval_data: Any = None,
     eval_every: int | None = None,
+    dense_on_trainer: bool = True,
 ) -> History:
     """Train `plan_or_program` (a Program is transpiled with the default config) on `data`.
 
@@ -104,6 +105,10 @@ def train(
       bar with loss, AUC and examples/s (None: when stderr is a terminal); `tensorboard`: write the
       per-step loss, AUC and examples/s as TensorBoard event files in this directory. See
       runtime.telemetry.
+    - `dense_on_trainer`: a dense table only one trainer process uses (the gpu trainer's MLP, with
+      one gpu trainer) stays on that trainer, which applies its gradients itself and writes it back
+      to the servers before each checkpoint and evaluation and at the end (transpiler/held.py,
+      runtime/ps/hold.py); False: it goes to the servers and back every step, as every other table.
     """
     plan = _verified(plan_or_program)
     settings = RunSettings.make(
@@ -121,6 +126,7 @@ def train(
         allow_emulation=allow_emulation,
         stall_timeout=stall_timeout,
         return_params=return_params,
+        dense_on_trainer=dense_on_trainer,
     )
     sources.prepare(data, settings.counts[settings.reader], plan.programs[settings.reader])  # checks shards
     pauses, roots, start_from = _pauses(
@@ -322,6 +328,7 @@ def _trainer_spec(
         trace=s.tel.tracing,
         start=s.pauses.start,
         grant=grant,
+        held=[n for n, h in cfg.held.items() if h == t],
     )
 
 

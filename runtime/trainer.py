@@ -63,6 +63,7 @@ from .messages import (
     Ready,
     StepReport,
     Tensors,
+    WriteBack,
     header,
     parse,
 )
@@ -97,7 +98,9 @@ class Trainer:
         self.stats = {"busy_s": 0.0, "ps_s": 0.0, "wait_s": 0.0, "send_s": 0.0, "items": 0}
         self.rec = Recorder(spec.trace)  # timeline spans (runtime.telemetry), when asked
         self.book = StepBook(self.name, self.is_reader, self.counts[spec.reader], spec.start)
-        self.ps = PSAccess(self.program, spec.tables, spec.mode, self.xp, self.book, self.stats, self.rec)
+        self.ps = PSAccess(
+            self.program, spec.tables, spec.mode, self.xp, self.book, self.stats, self.rec, spec.held
+        )
         self.ps.clip_lead = self.name == next(iter(spec.endpoints))
         self.mail = Mail(self.xp)
         self.exe = Executor(
@@ -157,7 +160,7 @@ class Trainer:
         self._report(Ready(self.name))
         try:
             self._loop()
-            self.ps.bg.close()
+            self.ps.write_back()  # (closes the background thread first)
             self.stats["wall_s"] = time.perf_counter() - start
             self.stats["cpu_s"] = time.process_time() - cpu0
             spans = [pack_spans(self.rec.take())] if self.rec.on else []
@@ -228,6 +231,8 @@ class Trainer:
         elif isinstance(msg, End):
             self.book.ends[msg.origin] = msg.step
             self._maybe_flush()
+        elif isinstance(msg, WriteBack):
+            self.ps.write_back(msg.step)
         else:
             self.grant, self.grant_final = msg.upto, msg.final
 
@@ -350,15 +355,8 @@ class Trainer:
                 by_ep.setdefault(self._endpoint(dst, it), []).append((name, _host(value)))
             self.mail.outgoing = []
             for ep, values in by_ep.items():
-                with timed(
-                    "send",
-                    "comm",
-                    rec=self.rec,
-                    step=it.step,
-                    reader=it.origin,
-                    mb=it.mb,
-                    to=self.peer_of[ep],
-                ) as t:
+                where = {"step": it.step, "reader": it.origin, "mb": it.mb, "to": self.peer_of[ep]}
+                with timed("send", "comm", rec=self.rec, **where) as t:
                     descs, arrays = pack_tensors(values)
                     self.out.send(ep, header(Tensors(it.step, it.origin, it.mb, descs)), arrays)
                     if t.recording:

@@ -36,6 +36,7 @@ from transpiler.tables import TableSpec
 
 from .device import to_host as _host
 from .ps import PSClient
+from .ps.hold import HeldTables
 from .step_sort import StepSort, feed_of_table, sparse_feeds
 from .telemetry import Recorder, timed
 from .trainer_steps import StepBook, StepState
@@ -119,14 +120,22 @@ class PSAccess:
         book: StepBook,
         stats: dict[str, float],
         rec: Recorder,
+        held: list[str] = (),
     ) -> None:
         self.xp, self.mode, self.book, self.stats, self.rec = xp, mode, book, stats, rec
         self.tables = {t.name: t for t in tables}
+        self.held, self.kept = list(held), None  # dense tables this trainer keeps (ps/hold.py)
         self.pushed = {
-            op.attrs["table"]: op.type for op in program.ops if op.type in ("push_dense", "push_sparse")
+            op.attrs["table"]: op.type
+            for op in program.ops
+            if op.type in ("push_dense", "push_sparse") and op.attrs["table"] not in self.held
         }
         self.dense_tables = list(
-            dict.fromkeys(op.attrs["table"] for op in program.ops if op.type == "pull_dense")
+            dict.fromkeys(
+                op.attrs["table"]
+                for op in program.ops
+                if op.type == "pull_dense" and op.attrs["table"] not in self.held
+            )
         )
         self.sparse_feeds = sparse_feeds(program, program.attrs.get("feeds", []))
         self.prefetch: dict[int, Prefetch] = {}  # step -> its dense tables' pull
@@ -144,6 +153,21 @@ class PSAccess:
     def connect(self, make_client: Callable[[], PSClient]) -> None:
         self.client = make_client()
         self.bg = Background(make_client)
+        if self.held:
+            self.kept = HeldTables(self.client, self.held, self.book.flushed, self.mode == "sync")
+
+    def write_back(self, before: int | None = None) -> None:
+        """Write the held tables back once the steps < `before` are pushed (a pause, which the driver
+        waits for); None: now and for good (the run's end: after the background thread's last push)."""
+        if before is None:
+            self.bg.close()
+        if self.kept is not None:
+            self.kept.due = (self.book.flushed if before is None else before, before is None)
+            self.maybe_write_back()
+
+    def maybe_write_back(self) -> None:
+        if self.kept is not None:
+            self.kept.write_back_due(self.client, self.book.flushed, self.rec)
 
     def close(self) -> None:
         if self.client is not None:
@@ -209,13 +233,17 @@ class PSAccess:
 
     def pull_dense(self, it: Any, table: str) -> Any:
         st = self.book.step(it.step)
-        if not st.dense:
+        if table in st.dense:
+            return st.dense[table]
+        if table in self.held:  # this trainer's own copy, as it is after the steps it has pushed
+            got = {table: self.kept.pull(table, it.step)}
+        else:
             with timed("pull dense", "ps", rec=self.rec, stats=self.stats, key="ps_s", step=it.step) as t:
                 self.prefetch_dense(it.step)
                 tables = self.dense_tables
                 got = dict(zip(tables, self.prefetch[it.step].arrays(len(tables)), strict=True))
-                st.dense = got if self.xp is np else {k: self.xp.asarray(v) for k, v in got.items()}
                 t.args["tables"] = list(got)
+        st.dense.update(got if self.xp is np else {k: self.xp.asarray(v) for k, v in got.items()})
         return st.dense[table]
 
     def pull_sparse(self, it: Any, table: str, ids_name: str, ids: Any) -> Any:
@@ -294,6 +322,13 @@ class PSAccess:
         t + 1 (`PSClient.push_pull`: one request, answered once step t is applied): the dense tables
         and, for a reader that has made step t + 1's items (`ahead`), their rows."""
         self.prefetch.pop(t, None)
+        if self.kept is not None:  # the held tables' step, here and now (recycling their buffers)
+            with timed("apply", "compute", rec=self.rec, step=t):  # (busy: the trainer's own work)
+                self.kept.apply(st.grads)
+            self.kept.write_back_due(self.client, t + 1, self.rec)  # (a pause after step t)
+            for name in self.held:
+                if (buf := st.grads.pop(name, None)) is not None:
+                    self.free_bufs.setdefault(name, []).append(buf)
         sorts = {
             x: self.step_sorts.pop((t, x))
             for x in {x for _, _, x in self.sparse_feeds}

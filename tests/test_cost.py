@@ -8,6 +8,7 @@ No test here measures this machine beyond a kernel profile of a tiny plan (well 
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -20,6 +21,9 @@ from transpiler.cost import PlanCost, RunSettings, predict
 from transpiler.cost_profile import KernelCost, LinkCost, Overhead, Profile, PSCost, kernel_ops, op_signature
 from transpiler.models import wide_deep
 from transpiler.tune import Budget, tune
+
+# the hand arithmetic of the servers' path: every dense table pulled and pushed through a shard
+Served = functools.partial(RunSettings, dense_on_trainer=False)
 
 
 def dense_model() -> Program:
@@ -57,7 +61,7 @@ def test_prediction_matches_arithmetic_by_hand():
         return None
 
     prof = synthetic_profile(plan, price, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0), emulated=["gpu"])
-    s = RunSettings({"cpu": 1, "gpu": 1}, micro_batches=2, servers=1, mode="async", batch_size=64)
+    s = Served({"cpu": 1, "gpu": 1}, micro_batches=2, servers=1, mode="async", batch_size=64)
     p = predict(plan, prof, s)
     # by hand: items of m = 64 / 2 = 32 examples; the gpu runs both items of the step:
     # kernels (1e-3 + 32e-5) + (2e-3 + 64e-5) = 3.96e-3 per item; one message received per item
@@ -80,21 +84,45 @@ def test_prediction_matches_arithmetic_by_hand():
     assert {r.role: r for r in predict(plan, prof, s).roles}["ps"].busy_s == pytest.approx(ps + 4e-4)
     prof.ps.table_s = 0.0
     # sync: + one item through the other type (the cpu's 5.32e-5) + the gpu's PS round trip
-    sync = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
+    sync = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
     assert sync.step_s == pytest.approx(gpu + 5.32e-5 + ps)
     # a real gpu's kernels take no CPU core: on one shared core the cpu, the gpu's messages and PS
     # calls and the shard come in turn, and the gpu's kernels overlap them
     real = predict(
         plan,
         synthetic_profile(plan, price, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0)),
-        RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1),
+        Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1),
     )
     assert real.step_s == pytest.approx(gpu)  # (the CPU work, 2.3e-3, is less than the gpu busy time)
     assert {r.role: r for r in real.roles}["gpu"].cpu_s == pytest.approx(2 * 5.32e-5 + ps)
     # one shared core: every process's CPU work (the emulated gpu counts) in turn
-    one_core = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
+    one_core = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
     assert one_core.step_s == pytest.approx(2 * 5.32e-5 + gpu + ps + ps)
     assert "1 CPU core" in one_core.limit
+
+
+def test_a_held_dense_table_costs_its_trainer_one_pass_and_the_shard_nothing():
+    """With one gpu trainer it holds w and b (transpiler/held.py): no request, one optimizer step of
+    its own (one pass at dense_byte_s); two gpu trainers share them through the servers."""
+    plan = transpile(dense_model())
+
+    def price(kind, op):
+        if kind == "gpu" and op.type == "gemm":
+            return KernelCost(1e-3, 1e-5)
+        if kind == "gpu" and op.type == "gemm_grad":
+            return KernelCost(2e-3, 2e-5)
+        return None
+
+    prof = synthetic_profile(plan, price, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0), emulated=["gpu"])
+    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
+    gpu = 2 * 3.96e-3 + 2 * 5.32e-5  # as in test_prediction_matches_arithmetic_by_hand
+    roles = {r.role: r for r in p.roles}
+    assert roles["ps"].busy_s == 0.0
+    assert roles["gpu"].ps_s == pytest.approx(20 * 1e-6)  # w [4, 1] + b [1]: 20 B, one pass
+    assert p.step_s == pytest.approx(gpu + 20e-6)
+    two = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 2}, 2, 1, "async", 64))
+    per_gpu = 2 * 5e-4 + 2 * 20 * 1e-6  # each gpu trainer's pull + push, as on the servers' path
+    assert {r.role: r for r in two.roles}["ps"].busy_s == pytest.approx(2 * per_gpu)
 
 
 def test_runtime_overhead_by_hand():
@@ -104,33 +132,33 @@ def test_runtime_overhead_by_hand():
     prof = synthetic_profile(plan, lambda k, op: None)
     ov = Overhead(reader_item_s=1e-4, reader_step_s=2e-4, item_s=3e-4, step_s=4e-4, serve_trainer_s=5e-5)
     prof.overhead = {"async": ov, "sync": ov}
-    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
+    p = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
     roles = {r.role: r for r in p.roles}
     assert roles["cpu"].compute_s == pytest.approx(2 * 1e-4 + 2e-4)
     assert roles["gpu"].compute_s == pytest.approx(2 * 3e-4 + 4e-4)
     assert roles["ps"].busy_s == pytest.approx(5e-5)  # only the gpu talks to the shard (dense tables)
     # the driver (1e-4 per item, 1e-3 per step) counts only where processes share cores: one core
     ov.driver_item_s, ov.driver_step_s = 1e-4, 1e-3
-    assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64)).step_s == pytest.approx(
+    assert predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64)).step_s == pytest.approx(
         1e-3
     )
-    shared = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
+    shared = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
     # the gpu here is a real one: its kernels (free here) would not count, its own overhead does
     assert shared.step_s == pytest.approx(4e-4 + 1e-3 + 5e-5 + 2 * 1e-4 + 1e-3)
     ov.driver_item_s, ov.driver_step_s = 0.0, 0.0
     # sync: + the cpu's item (its share of the step overhead included: (2e-4 + 2 * 1e-4) / 2)
-    sync = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
+    sync = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
     assert sync.step_s == pytest.approx(1e-3 + 2e-4)
     # each mode has its own calibration; a mode without one has none
     prof.overhead = {"async": ov}
-    assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64)).step_s < 1e-9  # all free
+    assert predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64)).step_s < 1e-9  # all free
 
 
 def test_sparse_rows_and_shards_by_hand():
     model = wide_deep(num_slots=2, vocab=50, dim=4, num_dense=3, hidden=(8,), optimizer=builder.SGD(lr=0.1))
     plan = transpile(model.main)
     prof = synthetic_profile(plan, lambda k, op: None, ps=(1e-3, 0.0, 1e-6, 1e-5, 1e-6))
-    s = RunSettings({"cpu": 2, "gpu": 1}, 1, servers=2, mode="async", batch_size=100, unique_fraction=0.5)
+    s = Served({"cpu": 2, "gpu": 1}, 1, servers=2, mode="async", batch_size=100, unique_fraction=0.5)
     p = predict(plan, prof, s)
     # each reader: 50 examples x 2 slots x 0.5 = 50 unique rows, for two sparse tables (dim 4 and 1),
     # pulled and pushed: 2 * 50 * ((1e-5 + 16e-6) + (1e-5 + 4e-6)) = 4e-3, plus 2 requests per shard
@@ -156,7 +184,7 @@ def test_sync_step_waits_for_every_types_ps_round_trips_by_hand():
         return KernelCost(2e-2, 0.0) if kind == "gpu" and op.type == "gemm" and op.id == first.id else None
 
     prof = synthetic_profile(plan, price, ps=(1e-3, 0.0, 1e-6, 1e-5, 1e-6))
-    s = RunSettings({"cpu": 1, "gpu": 1}, 1, servers=1, mode="sync", batch_size=100, unique_fraction=0.5)
+    s = Served({"cpu": 1, "gpu": 1}, 1, servers=1, mode="sync", batch_size=100, unique_fraction=0.5)
     p = predict(plan, prof, s)
     # the reader (one item of 100 examples): its own work per id, 100 x 2 slots x 2 tables x 1e-6 =
     # 4e-4; its PS round trips: 50 unique rows per slot of both sparse tables (dim 4 and 1) pulled and
@@ -171,7 +199,7 @@ def test_sync_step_waits_for_every_types_ps_round_trips_by_hand():
     assert p.step_s == pytest.approx(gpu_item + reader_item + reader_ps + gpu_ps)
     # async: trainers' PS calls run on a background thread, off the step's chain; the reader's next
     # step overlaps this one (2 items in flight), so the busiest process, the gpu, sets the step
-    assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 100, None, 0.5)).step_s == (
+    assert predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 1, 1, "async", 100, None, 0.5)).step_s == (
         pytest.approx(gpu_item)
     )
 

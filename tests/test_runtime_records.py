@@ -116,6 +116,7 @@ def spec_dict() -> dict:
         trace=False,
         start=0,
         grant=None,
+        held=["fc_0.w_0"],
     )
 
 
@@ -147,6 +148,9 @@ def test_run_settings_are_derived_from_the_plan_and_checked_once():
     want = {"deep_emb.w_0": 2, "wide_emb.w_0": 2, **{f"fc_{i}.{p}_0": 1 for i in range(3) for p in "wb"}}
     assert (s.reader, s.loss_reduction, s.counts, s.pushes) == ("cpu", "mean", {"cpu": 2, "gpu": 1}, want)
     assert s.trainer_names() == ["cpu:0", "cpu:1", "gpu:0"]
+    # the one gpu trainer holds the MLP's tables (transpiler/held.py); the embeddings are shared
+    assert s.held == {f"fc_{i}.{p}_0": "gpu" for i in range(3) for p in "wb"}
+    assert RunSettings.make(plan, data, steps=5, allow_emulation=True, dense_on_trainer=False).held == {}
     with pytest.raises(ValueError, match="end condition"):
         RunSettings.make(plan, data, allow_emulation=True)
     with pytest.raises(ValueError, match=r"micro_batches must be a positive int, got 0"):

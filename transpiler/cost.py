@@ -12,7 +12,8 @@ an item (micro-batch) has m = B / (R M) examples; a trainer of type t runs R M /
 (n_t trainers of type t; readers run M each), each costing its kernels at m examples plus its sends
 and receives (one message per segment and peer, `latency_s + bytes * per_byte_s`). PS work per step:
 each trainer pulls and pushes the dense tables it uses once per step (one request per shard it
-touches), a reader pulls and pushes the unique rows of its step's ids (ids x `unique_fraction`).
+touches; a table it holds, `transpiler.held`: one optimizer step of its own instead), a reader
+pulls and pushes the unique rows of its step's ids (ids x `unique_fraction`).
 Dense tables sit whole on a shard (largest first onto the least loaded), sparse rows spread evenly.
 - async: the step takes as long as the busiest process (trainer or shard), and at least half of one
   item's way through every trainer type (its kernels, messages and own overhead on each): a reader
@@ -43,6 +44,7 @@ from typing import Any
 from .balance import balance
 from .config import items_in_flight, kind_of
 from .cost_profile import Profile, kernel_ops, op_signature
+from .held import held_dense
 from .passes.assign_devices import bytes_per_example
 from .schedule import segments
 
@@ -54,7 +56,8 @@ MOVABLE = frozenset({"dense", "light", "loss"})
 class RunSettings:
     """What `runtime.train` is given besides the plan; `cores`: CPU cores all processes share when
     they run on one machine (None: each process has a core of its own); `unique_fraction`: unique
-    ids / ids in a reader's step (the data's skew: 1.0 = every id distinct)."""
+    ids / ids in a reader's step (the data's skew: 1.0 = every id distinct); `dense_on_trainer`: as
+    `train`'s (a dense table one trainer alone uses stays on it: `transpiler.held`)."""
 
     trainers: dict[str, int]
     micro_batches: int = 4
@@ -63,6 +66,7 @@ class RunSettings:
     batch_size: int = 512
     cores: int | None = None
     unique_fraction: float = 1.0
+    dense_on_trainer: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in ("sync", "async"):
@@ -210,6 +214,17 @@ class PlanCost:
 
         for t, n in groups.items():
             self.types[t].messages += n
+        self._held: dict[tuple, set[str]] = {}  # trainer counts -> the dense tables trainers hold
+
+    def held(self, s: RunSettings) -> set[str]:
+        """The dense tables a trainer holds under settings `s` (`transpiler.held`)."""
+        if not s.dense_on_trainer:
+            return set()
+        trainers = s.trainers
+        key = tuple(sorted(trainers.items()))
+        if key not in self._held:
+            self._held[key] = set(held_dense(self.plan.programs, self.plan.tables, trainers))
+        return self._held[key]
 
     def _nbytes(self, table: str) -> int:
         t = self.tables[table]
@@ -290,7 +305,11 @@ class PlanCost:
         client, serve = 0.0, [0.0] * s.servers
         rounds = 2 if tc.pushes_dense else 1
         touched: set[int] = set()
+        held = self.held(s)
         for name in tc.dense_tables:
+            if name in held:  # its optimizer step on the trainer: about one pass of a transfer
+                client += self._nbytes(name) * ps.dense_byte_s
+                continue
             k = dense_home[name]
             touched.add(k)
             cost = rounds * (self._nbytes(name) * ps.dense_byte_s + ps.table_s)
@@ -308,7 +327,7 @@ class PlanCost:
             for k in range(s.servers):
                 serve[k] += sparse / s.servers
             client += sparse
-        requests = (rounds if tc.dense_tables else 0) + (2 if sparse else 0)
+        requests = (rounds if set(tc.dense_tables) - held else 0) + (2 if sparse else 0)
         for k in touched:
             serve[k] += requests * ps.request_s
         client += requests * ps.request_s * (len(touched) > 0)

@@ -308,6 +308,16 @@ class PSClient:
         self._call({k: ({"op": "apply", "step": step, "scale": scale}, []) for k in shards})
         return math.sqrt(total)
 
+    def hold(self, tables: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
+        """Hold dense `tables` (runtime/ps/hold.py): {table: its state (Param, optimizer slots)}."""
+        got = self._exchange([(self._dense[t], {"op": "hold", "table": t}, []) for t in tables])
+        return {t: dict(zip(h["keys"], a, strict=True)) for t, (h, a) in zip(tables, got, strict=True)}
+
+    def write_back(self, states: dict[str, dict[str, np.ndarray]], steps: int, final: bool) -> None:
+        """Write held tables' states back, `steps` steps applied since the hold (`final`: release them)."""
+        self._exchange([(self._dense[t], {"op": "write_back", "table": t, "keys": list(st), "steps": steps,
+                                          "final": final}, list(st.values())) for t, st in states.items()])
+
     def assign(self, table: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set a table's values: dense, the whole array; sparse, rows `ids` (e.g. imported weights,
         `ids=np.arange(vocab)`). Optimizer state is untouched."""

@@ -1,8 +1,9 @@
 """The parameter-server process: one Shard behind a ZeroMQ ROUTER socket.
 
 Requests and replies use the wire format (runtime/wire.py). A request header has `op` (hello, pull,
-push, push_pull, norm, apply, assign, save, load, stats, trace, shutdown; norm and apply: gradient
-clipping by global norm, runtime/ps/clip.py), `rid` (echoed in the reply) and the op's fields; a
+push, push_pull, norm, apply, hold, write_back, assign, save, load, stats, trace, shutdown; norm and
+apply: gradient clipping by global norm, runtime/ps/clip.py; hold and write_back: a dense table its
+only trainer keeps, runtime/ps/hold.py), `rid` (echoed in the reply) and the op's fields; a
 reply has `ok` and, when false, `error`. No request ends the server: a bad one (unknown table, wrong
 shape, NaN gradient, malformed, oversized or unauthenticated frames, a limit exceeded, even a server
 bug) gets an error reply and a log line, and the server goes on serving. In sync mode a pull that
@@ -39,14 +40,15 @@ from transpiler.tables import tables_from_dicts, tables_to_dicts
 from ..channels import ShmRing, ShmSegments, shm_dir
 from ..telemetry import Recorder, pack_spans, timed
 from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode, wire_array
+from . import hold
 from .clip import CLIP
 from .requests import ParkPulls, describe, field, parts, span_name
 from .shard import Limits, NotReady, Shard
 from .table import PSError, SparseTable
 
 log = logging.getLogger("hetps.ps")
-OPS = ("hello", "pull", "push", "push_pull", "norm", "apply", "assign", "save", "load", "stats", "trace",
-       "shutdown")
+OPS = ("hello", "pull", "push", "push_pull", "norm", "apply", "hold", "write_back", "assign", "save", "load",
+       "stats", "trace", "shutdown")
 ADMIN_OPS = frozenset({"assign", "save", "load", "shutdown"})
 PS_RING_BYTES = 8 << 20  # a reply ring per same-host client (runtime.channels.ShmRing)
 MAX_REPLY_RINGS = 64     # clients beyond these get their replies as ZeroMQ frames
@@ -257,6 +259,13 @@ class _Loop:
         if op == "apply":
             for table in s.clip_apply(field(h, "step", int), h.get("scale")):
                 self.release(table)
+            return {}, []
+        if op == "hold":
+            state = hold.hold(s, field(h, "table", str))
+            return {"keys": list(state)}, list(state.values())
+        if op == "write_back":
+            hold.write_back(s, field(h, "table", str), h.get("keys"), arrays, field(h, "steps", int),
+                            h.get("final") is True)
             return {}, []
         if op == "assign":
             if len(arrays) not in (1, 2):

@@ -30,7 +30,7 @@ from transpiler.config import MODES as PLAN_MODES
 from transpiler.tables import TableSpec
 
 from ..wire import MAX_MESSAGE_BYTES
-from . import checkpoint, clip
+from . import checkpoint, clip, hold
 from .entry import ENTRY_CLOCK, ENTRY_LAST, WAITING
 from .sharding import shard_of, tables_of_shard
 from .table import DenseTable, PSError, SparseTable, check_spec, make_table
@@ -122,6 +122,7 @@ class Shard:
         self.pending: dict[str, dict[int, dict[str, tuple]]] = {n: {} for n in self.tables}
         self.clip_tables = clip.clipped_tables(self)
         self.held: dict[str, clip.Held] = {}  # clipped table -> its step's gradient, awaiting the scale
+        self.holds: dict[str, tuple[int, int]] = {}  # held by a trainer -> (version, applied) (hold.py)
 
     def table(self, name: str) -> DenseTable | SparseTable:
         try:
@@ -182,6 +183,7 @@ class Shard:
             args = (copy,)
         if peek:
             return t.peek(*args) if isinstance(t, SparseTable) else t.pull(*args)
+        hold.check_not_held(self, name, "pull")
         self._check_step(t, step, "pull")
         if self.mode == "sync" and step is not None and self.version[name] < step and t.kernel is not None:
             raise NotReady(name, step)  # (a frozen table never changes: nothing to wait for)
@@ -198,6 +200,7 @@ class Shard:
     ) -> bool:
         """Apply or buffer one push; True when a step was applied (sync: parked pulls may go on)."""
         t = self.table(name)
+        hold.check_not_held(self, name, "push")
         args = self._ids_args(t, ids, "push")
         self._check_new_rows(t, ids, "push")
         if self.mode == "sync":
