@@ -272,7 +272,15 @@ def steady_time_use(trace: Path, first: int, last: int) -> dict[str, dict[str, f
     return out
 
 
-def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int, mode: str, servers: int):
+def hetps(
+    steps: int,
+    warmup: int,
+    trainers: dict[str, int],
+    micro_batches: int,
+    mode: str,
+    servers: int,
+    dense_on_trainer: bool = True,
+):
     """Train the model; also returns each process's CPU ms per timed step (driver included) and
     each trainer's waits over the timed steps (`steady_time_use`)."""
     from runtime import train
@@ -309,6 +317,7 @@ def hetps(steps: int, warmup: int, trainers: dict[str, int], micro_batches: int,
             engine=eng,
             callback=mark,
             trace=str(trace),
+            dense_on_trainer=dense_on_trainer,
         )
         waits = steady_time_use(trace, warmup, total - 1) if steps > 1 else {}
     if len(marks) < 2:  # fewer than 2 timed steps: nothing between the marks
@@ -384,6 +393,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--paddle-threads", type=int, default=2)
     ap.add_argument("--skip-paddle", action="store_true")
+    ap.add_argument(
+        "--dense-on-servers",
+        action="store_true",
+        help="pull and push the MLP's tables through the servers every step (train(dense_on_trainer=False))",
+    )
     ap.add_argument("--rounds", type=int, default=1, help="alternate Paddle and hetps this many times")
     ap.add_argument("--paddle-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -444,10 +458,14 @@ def main(argv: list[str] | None = None) -> dict:
             )
         for mode in modes:
             mbs = args.micro_batches or BEST_MICRO_BATCHES[mode]
+            held = "dense tables through the servers" if args.dense_on_servers else "dense tables held"
             setting = (
-                f"{mode}, trainers {args.trainers}, {mbs} micro-batches, {args.servers} server(s), {gpu_kind}"
+                f"{mode}, trainers {args.trainers}, {mbs} micro-batches, {args.servers} server(s), "
+                f"{gpu_kind}, {held}"
             )
-            hist, cpu_ms, waits = hetps(args.steps, args.warmup, args.trainers, mbs, mode, args.servers)
+            hist, cpu_ms, waits = hetps(
+                args.steps, args.warmup, args.trainers, mbs, mode, args.servers, not args.dense_on_servers
+            )
             rate = got[mode] = hist.examples_per_s(skip=args.warmup)
             ratio = f"{rate / got['paddle']:.2f}x Paddle, " if "paddle" in got else ""
             print(

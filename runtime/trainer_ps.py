@@ -345,7 +345,8 @@ class PSAccess:
             sort = sorts.get(self.feed_of.get(table))
             if fed and not parts and sort is not None and set(fed) == set(sort.spans):
                 # every lookup of the step's feed: sum with the sort made for its prefetch
-                rows = sort.merge.sum(np, np.concatenate([fed[k][1] for k in sort.spans]))
+                parts = [fed[k][1] for k in sort.spans]  # (one item per step: no copy)
+                rows = sort.merge.sum(np, parts[0] if len(parts) == 1 else np.concatenate(parts))
                 grads.append((table, rows, sort.merge.unique_rows))
                 continue
             parts = list(fed.values()) + parts
