@@ -147,7 +147,8 @@ def _fit_overhead(plan: Plan, cost: Any, data: Any, mode: str, steps: int, warmu
 
     reader_item, reader_step = fit("cpu")
     item, step = fit("gpu")
-    serve = max(min(resid["ps"].values()), 0.0) / 2  # two trainers talk to the shard
+    talking = cost.talking(RunSettings({"cpu": 1, "gpu": 1}, 1, 1, mode, 256))
+    serve = max(min(resid["ps"].values()), 0.0) / max(talking, 1)  # per trainer that talks to the shard
     driver_item = max((driver[8] - driver[1]) / 7, 0.0)
     return Overhead(
         reader_item, reader_step, item, step, serve, driver_item, max(driver[1] - driver_item, 0.0)

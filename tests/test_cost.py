@@ -83,9 +83,20 @@ def test_prediction_matches_arithmetic_by_hand():
     prof.ps.table_s = 1e-4
     assert {r.role: r for r in predict(plan, prof, s).roles}["ps"].busy_s == pytest.approx(ps + 4e-4)
     prof.ps.table_s = 0.0
-    # sync: + one item through the other type (the cpu's 5.32e-5) + the gpu's PS round trip
+    # sync: + one item through the other type (the cpu's 5.32e-5) + the gpu's PS round trip, less
+    # what the gpu computes after its sends: the weight half of an item's gemm_grad, (2e-3 + 32 *
+    # 2e-5) / 2 = 1.32e-3, which hides all of it (the step is then the gpu's CPU work: gpu + ps)...
     sync = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
-    assert sync.step_s == pytest.approx(gpu + 5.32e-5 + ps)
+    assert sync.step_s == pytest.approx(gpu + ps)
+    # ... a cheap one (5e-5 per item: 2.5e-5 after the sends) hides only that much of the boundary
+    def cheap(kind, op):
+        prices = {"gemm": KernelCost(1e-3, 1e-5), "gemm_grad": KernelCost(5e-5, 0.0)}
+        return prices.get(op.type) if kind == "gpu" else None
+
+    prof2 = synthetic_profile(plan, cheap, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0), emulated=["gpu"])
+    busy = 2 * (1.32e-3 + 5e-5) + 2 * 5.32e-5
+    got = predict(plan, prof2, Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64)).step_s
+    assert got == pytest.approx(busy + 5.32e-5 + ps - 2.5e-5)
     # a real gpu's kernels take no CPU core: on one shared core the cpu, the gpu's messages and PS
     # calls and the shard come in turn, and the gpu's kernels overlap them
     real = predict(

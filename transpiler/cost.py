@@ -26,7 +26,9 @@ Dense tables sit whole on a shard (largest first onto the least loaded), sparse 
   pull return. So the step is the busiest process, plus one item's way through the other trainer
   types (the pipeline fills and drains at each step boundary), plus the PS round trips (pull +
   push) of one trainer of each type in turn (a reader's sparse rows, the dense tables): each is
-  its client time, which includes the shard's serving of it;
+  its client time, which includes the shard's serving of it — less what the busiest (non-reader)
+  type computes after its last sends of the step: its weight gradients, half of each `gemm_grad`
+  (runtime/segment_order.py runs them after the input gradients are sent), overlap that chain;
 - a reader's own work per id: gathering the pulled rows and merging the gradients (per id and
   sparse table), and the union of a step's ids for the rows' prefetch (per id of each id column);
 - a process's background thread (its PS calls) and its main thread take turns on one core (the
@@ -165,6 +167,8 @@ class _TypeCost:
     pushes_dense: bool = False
     sparse_ids: dict[str, int] = field(default_factory=dict)  # sparse table -> ids per example
     feed_ids: int = 0  # ids per example of the distinct fed id columns that sparse lookups read
+    after_sends_fixed_s: float = 0.0  # kernels after an item's last sends (weight gradients), per item
+    after_sends_per_example_s: float = 0.0
 
 
 class PlanCost:
@@ -184,6 +188,9 @@ class PlanCost:
                 k = profile.kernel(tc.kind, op_signature(op, prog), op)
                 tc.fixed_s += k.fixed_s
                 tc.per_example_s += k.per_example_s
+                if op.type == "gemm_grad" and t != self.reader:  # its weight half runs after the sends
+                    tc.after_sends_fixed_s += k.fixed_s / 2
+                    tc.after_sends_per_example_s += k.per_example_s / 2
             for seg in segments(prog):  # a segment's sends go out as one message per destination
                 sends = [op for op in seg if op.type == "send"]
                 for dst in {op.attrs["dst"] for op in sends}:
@@ -214,31 +221,28 @@ class PlanCost:
 
         for t, n in groups.items():
             self.types[t].messages += n
-        self._held: dict[tuple, set[str]] = {}  # trainer counts -> the dense tables trainers hold
+        self._held: dict[tuple, set[str]] = {}  # (trainer counts, on?) -> the dense tables held
+
+    def talking(self, s: RunSettings) -> int:
+        """How many trainer types send requests to the shards under `s` (not holding all they use)."""
+        held = self.held(s)
+        return sum(1 for tc in self.types.values() if set(tc.dense_tables) - held or tc.sparse_ids)
 
     def held(self, s: RunSettings) -> set[str]:
         """The dense tables a trainer holds under settings `s` (`transpiler.held`)."""
-        if not s.dense_on_trainer:
-            return set()
-        trainers = s.trainers
-        key = tuple(sorted(trainers.items()))
+        key = (tuple(sorted(s.trainers.items())), s.dense_on_trainer)
         if key not in self._held:
-            self._held[key] = set(held_dense(self.plan.programs, self.plan.tables, trainers))
+            plan = self.plan
+            self._held[key] = set(held_dense(plan.programs, plan.tables, s.trainers)) if key[1] else set()
         return self._held[key]
 
     def _nbytes(self, table: str) -> int:
         t = self.tables[table]
-        n = 1
-        for d in t.shape:
-            n *= d
-        return n * _itemsize(t.dtype)
+        return math.prod(t.shape) * _itemsize(t.dtype)
 
     def _row_bytes(self, table: str) -> int:
         t = self.tables[table]
-        n = 1
-        for d in t.shape[1:]:
-            n *= d
-        return n * _itemsize(t.dtype)
+        return math.prod(t.shape[1:]) * _itemsize(t.dtype)
 
     def predict(self, s: RunSettings) -> Prediction:
         if set(s.trainers) != set(self.types):
@@ -293,6 +297,8 @@ class PlanCost:
             )
         roles.append(RoleLoad("ps", s.servers, ps_s=max(shard_s), server=True))
         busiest = max(roles, key=lambda r: r.busy_s)
+        tc = self.types.get(busiest.role)
+        boundary_s -= 0.0 if tc is None else tc.after_sends_fixed_s + tc.after_sends_per_example_s * m
         step, limit = self._step_s(s, busiest, roles, item_s, sum(shard_s), boundary_s, items)
         return Prediction(s.batch_size / step, step, busiest.role, limit, roles, s)
 
@@ -343,13 +349,13 @@ class PlanCost:
         boundary_s: float,
         items: int,
     ) -> tuple[float, str]:
-        """(seconds per step, what limits it) given each role's load; `boundary_s`: the PS round
-        trips a sync step boundary waits for (one trainer of each type's pulls + pushes in turn)."""
+        """(seconds per step, what limits it) given each role's load; `boundary_s`: what a sync step
+        boundary waits for (PS round trips of one trainer per type) less the busiest's after-sends work."""
         p = self.profile
         step, limit = busiest.busy_s, "the busiest process"
         if s.mode == "sync":
             fill = sum(item_s.values()) - max(item_s.values())
-            step += fill + boundary_s
+            step += max(fill + boundary_s, 0.0)
             limit = "the busiest process + the pipeline's fill and the PS round trips at each step boundary"
         else:  # async: each of a reader's items in flight comes back once per item's way at most
             way = sum(item_s.values()) * s.micro_batches / items_in_flight(s.mode, s.micro_batches)
