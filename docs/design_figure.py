@@ -250,7 +250,14 @@ def processes(ax: Axes) -> None:
     # gpu <-> shards
     arrow(ax, (10.82, 2.75), (12.28, 3.1), PS, style="<|-|>")
     arrow(ax, (10.82, 1.6), (12.28, 1.35), PS, style="<|-|>")
-    label(ax, 11.55, 2.2, "dense tables:\none gpu trainer\nholds them, writes\nback at pauses;\nseveral pull\nand push", PS, 7.5)
+    label(
+        ax,
+        11.55,
+        2.2,
+        "dense tables:\none gpu trainer\nholds them, writes\nback at pauses;\nseveral pull\nand push",
+        PS,
+        7.5,
+    )
     # readers <-> shards (below everything)
     arrow(ax, (4.8, 0.43), (14.05, 0.73), PS, style="<|-|>", rad=0.12)
     label(ax, 9.4, -0.12, "pull sparse rows / push row grads (every reader, every shard)", PS, 8.5)

@@ -50,8 +50,17 @@ def test_dense_tables_on_the_reader_type_are_held_by_a_single_reader():
     assert held_dense(plan.programs, plan.tables, {"cpu": 2}) == {}
     # the reader holds them: a sync run still equals one process (it starts step t + 1 after its push)
     data = SyntheticCTR(vocab=VOCAB, num_slots=4, seed=4)
-    hist = train(plan, data, steps=5, batch_size=32, trainers={"cpu": 1}, mode="sync", micro_batches=2,
-                 progress=False, return_params=True)
+    hist = train(
+        plan,
+        data,
+        steps=5,
+        batch_size=32,
+        trainers={"cpu": 1},
+        mode="sync",
+        micro_batches=2,
+        progress=False,
+        return_params=True,
+    )
     want = _single_process(model(), [data.batch(t, 32) for t in range(5)])
     for name in MLP:
         np.testing.assert_allclose(hist.params[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
@@ -59,14 +68,34 @@ def test_dense_tables_on_the_reader_type_are_held_by_a_single_reader():
 
 # -- the shard's side ------------------------------------------------------------------------------
 def _specs(optimizer):
-    return tables_from_dicts([
-        {"name": "w", "kind": "dense", "shape": [3, 2], "dtype": "float32",
-         "initializer": {"type": "constant", "value": 1.0}, "optimizer": optimizer},
-        {"name": "frozen", "kind": "dense", "shape": [2], "dtype": "float32",
-         "initializer": {"type": "constant", "value": 1.0}, "optimizer": None},
-        {"name": "emb", "kind": "sparse", "shape": [10, 2], "dtype": "float32",
-         "initializer": {"type": "constant", "value": 0.0}, "optimizer": {"type": "sgd", "lr": 0.1}},
-    ])
+    return tables_from_dicts(
+        [
+            {
+                "name": "w",
+                "kind": "dense",
+                "shape": [3, 2],
+                "dtype": "float32",
+                "initializer": {"type": "constant", "value": 1.0},
+                "optimizer": optimizer,
+            },
+            {
+                "name": "frozen",
+                "kind": "dense",
+                "shape": [2],
+                "dtype": "float32",
+                "initializer": {"type": "constant", "value": 1.0},
+                "optimizer": None,
+            },
+            {
+                "name": "emb",
+                "kind": "sparse",
+                "shape": [10, 2],
+                "dtype": "float32",
+                "initializer": {"type": "constant", "value": 0.0},
+                "optimizer": {"type": "sgd", "lr": 0.1},
+            },
+        ]
+    )
 
 
 def test_a_held_table_refuses_pushes_and_pulls_and_loads_checked_write_backs():
@@ -74,8 +103,10 @@ def test_a_held_table_refuses_pushes_and_pulls_and_loads_checked_write_backs():
     state = ps_hold.hold(shard, "w")
     assert sorted(state) == ["Beta1Pow", "Beta2Pow", "Moment1", "Moment2", "Param"]
     np.testing.assert_array_equal(state["Param"], np.ones((3, 2), np.float32))
-    for call in (lambda: shard.push("w", np.ones((3, 2), np.float32), step=0),
-                 lambda: shard.pull("w", step=0)):
+    for call in (
+        lambda: shard.push("w", np.ones((3, 2), np.float32), step=0),
+        lambda: shard.pull("w", step=0),
+    ):
         with pytest.raises(PSError, match="the trainer that updates it holds it"):
             call()
     np.testing.assert_array_equal(shard.pull("w", peek=True), np.ones((3, 2)))  # evaluation may read
@@ -118,15 +149,20 @@ def test_a_table_two_trainers_push_or_one_clipped_is_not_held():
     two = Shard(_specs({"type": "sgd", "lr": 0.1}), mode="sync", pushes_per_step=2)
     with pytest.raises(PSError, match="2 trainers push it each step"):
         ps_hold.hold(two, "w")
-    specs = [s if s.name != "w" else s.__class__(**{**s.__dict__, "clip_norm": 1.0})
-             for s in _specs({"type": "sgd", "lr": 0.1})]
+    specs = [
+        s if s.name != "w" else s.__class__(**{**s.__dict__, "clip_norm": 1.0})
+        for s in _specs({"type": "sgd", "lr": 0.1})
+    ]
     with pytest.raises(PSError, match="clipped by global norm"):
         ps_hold.hold(Shard(specs, mode="sync"), "w")
 
 
 def test_hold_and_write_back_through_a_server_refuse_a_second_client():
-    with Servers(_specs({"type": "sgd", "lr": 0.5}), mode="async", secret=b"k" * 32) as servers, \
-            servers.client() as holder, servers.client() as other:
+    with (
+        Servers(_specs({"type": "sgd", "lr": 0.5}), mode="async", secret=b"k" * 32) as servers,
+        servers.client() as holder,
+        servers.client() as other,
+    ):
         state = holder.hold(["w"])["w"]
         with pytest.raises(PSError, match="holds it"):
             other.push("w", np.ones((3, 2), np.float32))
@@ -159,9 +195,22 @@ def _checkpoint_params(path, names):
 def test_a_sync_run_with_held_tables_equals_one_process_at_every_checkpoint(tmp_path):
     m, data = model(), SyntheticCTR(vocab=VOCAB, num_slots=4, seed=5)
     trace = tmp_path / "trace.json"
-    hist = train(m.main, data, steps=12, batch_size=64, trainers={"cpu": 2, "gpu": 1}, mode="sync",
-                 micro_batches=2, allow_emulation=True, progress=False, return_params=True,
-                 checkpoint=str(tmp_path / "ckpt"), checkpoint_every=5, keep=5, trace=str(trace))
+    hist = train(
+        m.main,
+        data,
+        steps=12,
+        batch_size=64,
+        trainers={"cpu": 2, "gpu": 1},
+        mode="sync",
+        micro_batches=2,
+        allow_emulation=True,
+        progress=False,
+        return_params=True,
+        checkpoint=str(tmp_path / "ckpt"),
+        checkpoint_every=5,
+        keep=5,
+        trace=str(trace),
+    )
     batches = [data.batch(t, 64) for t in range(12)]
     for step, path in [(int(p.name.split("-")[1]), p) for p in checkpoints(tmp_path / "ckpt")]:
         want = _single_process(model(), batches[:step])
@@ -173,8 +222,11 @@ def test_a_sync_run_with_held_tables_equals_one_process_at_every_checkpoint(tmp_
         np.testing.assert_allclose(hist.params[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
     # the holder never asked the servers for its tables; it wrote them back before each save
     spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
-    gpu = {e["pid"] for e in json.loads(trace.read_text())["traceEvents"]
-           if e.get("ph") == "M" and e.get("args", {}).get("name") == "gpu:0"}
+    gpu = {
+        e["pid"]
+        for e in json.loads(trace.read_text())["traceEvents"]
+        if e.get("ph") == "M" and e.get("args", {}).get("name") == "gpu:0"
+    }
     names = [e["name"] for e in spans if e["pid"] in gpu]
     assert "pull dense" not in names and "push" not in names, sorted(set(names))
     assert names.count("apply") == 12
@@ -184,9 +236,19 @@ def test_a_sync_run_with_held_tables_equals_one_process_at_every_checkpoint(tmp_
 def test_the_servers_path_is_kept_on_request_and_trains_alike():
     m, data = model(nn.SGD(lr=0.2)), SyntheticCTR(vocab=VOCAB, num_slots=4, seed=6)
     runs = [
-        train(m.main, data, steps=6, batch_size=64, trainers={"cpu": 1, "gpu": 1}, mode="sync",
-              micro_batches=1, allow_emulation=True, progress=False, return_params=True,
-              dense_on_trainer=held)
+        train(
+            m.main,
+            data,
+            steps=6,
+            batch_size=64,
+            trainers={"cpu": 1, "gpu": 1},
+            mode="sync",
+            micro_batches=1,
+            allow_emulation=True,
+            progress=False,
+            return_params=True,
+            dense_on_trainer=held,
+        )
         for held in (True, False)
     ]
     assert runs[0].loss == runs[1].loss  # sync: the same arithmetic, to the bit
