@@ -1,10 +1,10 @@
 """A trainer's parameter-server access: prefetches, per-item pulls, gradient buffers, step pushes.
 
-Per step (see `runtime.trainer` for the whole picture):
+Per step (see `runtime.trainer` for the whole picture; a dense table the trainer holds, ps/hold.py:
+its own copy, to which `push_step` applies the step):
 - dense tables are pulled once per step, all at once, by a background thread as soon as the step is
   known (announced) or the previous one pushed, whichever comes first (prefetch; in sync mode the
-  reply waits until the server has applied the previous step, in async mode it does not, so a
-  step may miss the previous step's updates);
+  reply waits until the server has applied the previous step, in async mode it may miss it);
 - sparse rows are pulled for the item's unique ids: a reader pulls the rows of all of a step's items
   (the union of their ids) in one background round trip when it announces the step, when a
   lookup's ids come straight from a feed, as embedding lookups' do; other pulls happen per item
