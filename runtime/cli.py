@@ -79,7 +79,8 @@ def _run_options(p: argparse.ArgumentParser, defaults: RunDefaults) -> None:
     p.add_argument(
         "--micro-batches",
         type=int,
-        help=f"micro-batches per step and reader trainer (default {defaults.micro_batches})",
+        help="micro-batches per step and reader trainer (default: the fewest that give every trainer an "
+        "item each step, 1 unless a type has more trainers than readers)",
     )
     p.add_argument(
         "--engine",

@@ -179,7 +179,7 @@ class RunDefaults:
 
     trainers: str | None
     mode: str | None = "sync"
-    micro_batches: int = 4
+    micro_batches: int | None = None  # None: train's (transpiler.config.default_micro_batches)
     batch_size: int = 512
 
 

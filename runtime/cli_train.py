@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from transpiler.config import default_micro_batches
+
 from .cli_common import (
     EXIT_OK,
     UsageError,
@@ -39,15 +41,18 @@ def check_devices(plan, allow_emulation: bool) -> None:
             ) from None
 
 
-def check_fixed_batch(plan, batch_size: int, micro_batches: int, counts: dict[str, int]) -> None:
+def check_fixed_batch(plan, batch_size: int, micro_batches: int | None, counts: dict[str, int]) -> None:
     """A plan whose feeds have a fixed leading dimension F takes micro-batches of exactly F
-    examples: --batch-size must be F x readers x micro-batches. Raises UsageError naming it."""
+    examples: --batch-size must be F x readers x micro-batches (None: train's default). Raises
+    UsageError naming it."""
     readers = next((t for t, prog in plan.programs.items() if prog.attrs.get("feeds")), None)
     fixed = {v.shape[0] for v in feed_vars(plan).values() if v.shape and v.shape[0] > 0}
     if readers is None or len(fixed) != 1:
         return
     (f,) = fixed
     n = counts.get(readers, 1)
+    full = {t: counts.get(t, 1) for t in plan.programs}
+    micro_batches = micro_batches or default_micro_batches(full, readers)
     need = f * n * micro_batches
     if batch_size != need:
         raise UsageError(

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from transpiler.config import default_micro_batches
+
 from .cli_common import (
     EXIT_OK,
     RunDefaults,
@@ -120,9 +122,10 @@ def predicted_summary(args: argparse.Namespace, plan) -> str:
     sample = tune_sample(plan, args.batch_size)
     from .profile import unique_fraction
 
+    reader = next((t for t, p in plan.programs.items() if p.attrs.get("feeds")), None)
     settings = RunSettings(
         counts,
-        args.micro_batches,
+        args.micro_batches or (default_micro_batches(counts, reader) if reader else 1),
         args.servers or plan.config.num_servers,
         mode,
         args.batch_size,
@@ -175,7 +178,7 @@ def predict_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--trainers", help="for --predict: trainers per type (default one of each)")
     s.add_argument("--servers", type=int, help="for --predict: PS shards (default: the plan's)")
     s.add_argument("--mode", choices=("sync", "async"), help="for --predict: PS mode (default: the plan's)")
-    s.add_argument("--micro-batches", type=int, help=f"for --predict (default {defaults.micro_batches})")
+    s.add_argument("--micro-batches", type=int, help="for --predict (default: as train's)")
     s.add_argument("--batch-size", type=int, help=f"for --predict (default {defaults.batch_size})")
     s.add_argument("--cores", type=int, help="for --predict: all processes share this many CPU cores")
     settings_option(s, "for --predict: ")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from transpiler.config import default_micro_batches
 from transpiler.held import held_dense
 from transpiler.plan import Plan
 from transpiler.tables import TableSpec, tables_from_dicts, tables_to_dicts
@@ -61,7 +62,7 @@ class RunSettings:
         trainers: dict[str, int] | None = None,
         servers: int | None = None,
         mode: str | None = None,
-        micro_batches: int = 4,
+        micro_batches: int | None = None,
         device_map: dict[str, str] | None = None,
         allow_emulation: bool = False,
         stall_timeout: float = 60.0,
@@ -75,6 +76,7 @@ class RunSettings:
             raise ValueError("the plan has no loss: train needs a program with a loss (minimize(loss))")
         reader = _reader_type(plan)
         counts = _trainer_counts(plan.trainer_types, trainers)
+        micro_batches = micro_batches or default_micro_batches(counts, reader)
         for t in counts:  # refuses a gpu type without CUDA (unless emulated) before anything starts
             array_module(t, device_map, allow_emulation)
         mode = mode or plan.config.mode

@@ -54,7 +54,7 @@ def train(
     trainers: dict[str, int] | None = None,
     servers: int | None = None,
     mode: str | None = None,
-    micro_batches: int = 4,
+    micro_batches: int | None = None,
     engine: str | Engine = "local",
     device_map: dict[str, str] | None = None,
     allow_emulation: bool = False,
@@ -82,7 +82,8 @@ def train(
     - `trainers`: processes per trainer type, default {"cpu": 2, "gpu": 1} (1 for other types);
       the type owning the data ops reads data. `servers`, `mode`: default to the plan's config.
     - `micro_batches`: micro-batches per reader and step (and the most a reader has in flight;
-      twice that in async mode).
+      twice that in async mode); None: the fewest that give every trainer an item each step
+      (`transpiler.config.default_micro_batches`: 1 unless a type has more trainers than readers).
     - `device_map` / `allow_emulation`: see `runtime.device.array_module`; a gpu type without CUDA
       is refused before any process starts unless emulation is allowed.
     - `callback(record)` is called in step order with {"step", "loss", "auc", "examples", "time"}.
@@ -143,7 +144,7 @@ def train(
             "trainers": settings.counts,
             "servers": settings.servers,
             "mode": settings.mode,
-            "micro_batches": micro_batches,
+            "micro_batches": settings.micro_batches,
             "batch_size": batch_size,
             "engine": type(eng).__name__,
             "tables": len(plan.tables),

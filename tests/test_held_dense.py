@@ -254,3 +254,23 @@ def test_the_servers_path_is_kept_on_request_and_trains_alike():
     assert runs[0].loss == runs[1].loss  # sync: the same arithmetic, to the bit
     for name in MLP:
         np.testing.assert_array_equal(runs[0].params[name], runs[1].params[name])
+
+
+def test_two_gpu_trainers_share_the_mlp_through_the_servers_and_each_gets_items():
+    # not held (two trainers push each table); the default micro-batches (2 here: one per gpu trainer)
+    m, data = model(nn.SGD(lr=0.2)), SyntheticCTR(vocab=VOCAB, num_slots=4, seed=7)
+    hist = train(
+        m.main,
+        data,
+        steps=4,
+        batch_size=64,
+        trainers={"cpu": 1, "gpu": 2},
+        mode="sync",
+        allow_emulation=True,
+        progress=False,
+        return_params=True,
+    )
+    assert [hist.trainers[f"gpu:{i}"]["items"] for i in (0, 1)] == [4, 4]
+    want = _single_process(model(nn.SGD(lr=0.2)), [data.batch(t, 64) for t in range(4)])
+    for name in MLP:
+        np.testing.assert_allclose(hist.params[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)

@@ -151,6 +151,13 @@ def test_run_settings_are_derived_from_the_plan_and_checked_once():
     # the one gpu trainer holds the MLP's tables (transpiler/held.py); the embeddings are shared
     assert s.held == {f"fc_{i}.{p}_0": "gpu" for i in range(3) for p in "wb"}
     assert RunSettings.make(plan, data, steps=5, allow_emulation=True, dense_on_trainer=False).held == {}
+    # micro-batches by default: the fewest that give every trainer an item each step (items go round
+    # robin, reader i's micro-batch k to trainer (i * micro_batches + k) % count)
+    assert s.micro_batches == 1
+    for counts, want in (({"cpu": 1, "gpu": 2}, 2), ({"cpu": 2, "gpu": 3}, 2), ({"cpu": 3, "gpu": 3}, 1)):
+        got = RunSettings.make(plan, data, steps=5, trainers=counts, allow_emulation=True).micro_batches
+        assert got == want, (counts, got)
+    assert RunSettings.make(plan, data, steps=5, micro_batches=4, allow_emulation=True).micro_batches == 4
     with pytest.raises(ValueError, match="end condition"):
         RunSettings.make(plan, data, allow_emulation=True)
     with pytest.raises(ValueError, match=r"micro_batches must be a positive int, got 0"):

@@ -31,6 +31,17 @@ def items_in_flight(mode: str, micro_batches: int) -> int:
     (the next step cannot start before the previous one is applied in sync mode). The runtime's
     scheduler and the cost model both read it here."""
     return micro_batches * (2 if mode == "async" else 1)
+
+
+def default_micro_batches(counts: dict[str, int], reader: str) -> int:
+    """`train`'s micro-batches per reader and step when none are given: the fewest that give every
+    trainer of the other types an item each step (items go round robin over them): 1 unless another
+    type has more trainers than there are readers. More only add messages and smaller kernels: on
+    the CTR benchmark 1 was the fastest in every setting measured (benchmarks/README.md, tune.py)."""
+    readers = counts[reader]
+    return max([1, *(-(-n // readers) for t, n in counts.items() if t != reader)])
+
+
 OPTIMIZERS = tuple(STATE)  # the update ops ops_registry.optimizer defines
 
 

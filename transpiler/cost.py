@@ -62,7 +62,7 @@ class RunSettings:
     `train`'s (a dense table one trainer alone uses stays on it: `transpiler.held`)."""
 
     trainers: dict[str, int]
-    micro_batches: int = 4
+    micro_batches: int = 1
     servers: int = 1
     mode: str = "sync"
     batch_size: int = 512

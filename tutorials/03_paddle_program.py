@@ -45,7 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dim", type=int, default=8, help="embedding width of the deep part")
     ap.add_argument("--lr", type=float, default=0.003, help="Adam learning rate")
     ap.add_argument("--cpu-trainers", type=int, default=2)
-    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--micro-batches", type=int, default=None, help="default: train's (the fewest that "
+                    "give every trainer an item each step; tutorial 2 says more)")
     return ap.parse_args(argv)
 
 
