@@ -198,6 +198,9 @@ def test_cli_names_the_batch_size_a_fixed_batch_plan_needs(tmp_path, capsys):
     ]
     assert main(argv) == 2
     assert "--batch-size must be 4 x 2 cpu reader(s) x 4 micro-batch(es) = 32" in capsys.readouterr().err
+    # without --micro-batches: train's default, one per cpu reader here (2 readers feed 1 gpu trainer)
+    assert main(argv[:-2]) == 2
+    assert "--batch-size must be 4 x 2 cpu reader(s) x 1 micro-batch(es) = 8" in capsys.readouterr().err
 
 
 def test_train_optimizer_options_replace_the_plans_table_optimizers(tmp_path, capsys):
