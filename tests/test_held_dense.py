@@ -166,6 +166,8 @@ def test_hold_and_write_back_through_a_server_refuse_a_second_client():
         state = holder.hold(["w"])["w"]
         with pytest.raises(PSError, match="holds it"):
             other.push("w", np.ones((3, 2), np.float32))
+        with pytest.raises(PSError, match="another client holds it"):  # only the holder writes it back
+            other.write_back({"w": state}, 1, final=True)
         state["Param"] = state["Param"] - 0.5  # one SGD step of a gradient of ones, by hand
         holder.write_back({"w": state}, 1, final=True)
         np.testing.assert_allclose(other.pull("w"), np.full((3, 2), 0.5))

@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 
 
 # -- the shard's side -------------------------------------------------------------------------------
-def hold(shard: Shard, name: str) -> dict[str, np.ndarray]:
-    """Start holding `name` for one trainer: its state (copies), and the shard refuses its pushes and
-    pulls until `write_back(final=True)`."""
+def hold(shard: Shard, name: str, holder: str = "") -> dict[str, np.ndarray]:
+    """Start holding `name` for one trainer (`holder`: its client id; only it may write the table
+    back): the table's state (copies), and the shard refuses its pushes and pulls until
+    `write_back(final=True)`."""
     t = shard.table(name)
     refusals = (
         (not isinstance(t, DenseTable), "it is not a dense table"),
@@ -49,23 +50,27 @@ def hold(shard: Shard, name: str) -> dict[str, np.ndarray]:
     why = next((why for refused, why in refusals if refused), None)
     if why is not None:
         raise PSError(f"hold of table {name!r} refused: {why}")
-    shard.holds[name] = (shard.version[name], shard.applied[name])
+    shard.holds[name] = (shard.version[name], shard.applied[name], holder)
     return {k: np.array(a) for k, a in t.state_dict().items()}
 
 
-def write_back(shard: Shard, name: str, keys: Any, arrays: list, steps: int, final: bool) -> None:
+def write_back(
+    shard: Shard, name: str, keys: Any, arrays: list, steps: int, final: bool, holder: str = ""
+) -> None:
     """Load a held table's state (`arrays`, named by `keys`) from its holder, which has applied `steps`
     steps since the hold (all checked: the arrays and shapes are the table's, finite, and the count
     never goes back)."""
     if name not in shard.holds:
         raise PSError(f"write_back of table {name!r} refused: no trainer holds it")
+    if shard.holds[name][2] != holder:
+        raise PSError(f"write_back of table {name!r} refused: another client holds it")
     if not isinstance(keys, list) or len(keys) != len(arrays) or not all(isinstance(k, str) for k in keys):
         raise PSError(f"write_back needs field 'keys', one name per array, got {keys!r:.200}")
     t, state = shard.table(name), dict(zip(keys, arrays, strict=True))
     want = t.state_dict()
     if sorted(state) != sorted(want) or len(state) != len(keys):
         raise PSError(f"write_back of table {name!r}: arrays {sorted(state)}, the table has {sorted(want)}")
-    version, applied = shard.holds[name]
+    version, applied, _ = shard.holds[name]
     if steps < shard.applied[name] - applied:
         raise PSError(
             f"write_back of table {name!r}: {steps} steps since the hold, fewer than the "

@@ -261,11 +261,11 @@ class _Loop:
                 self.release(table)
             return {}, []
         if op == "hold":
-            state = hold.hold(s, field(h, "table", str))
+            state = hold.hold(s, field(h, "table", str), str(h.get("cid", "")))
             return {"keys": list(state)}, list(state.values())
         if op == "write_back":
             hold.write_back(s, field(h, "table", str), h.get("keys"), arrays, field(h, "steps", int),
-                            h.get("final") is True)
+                            h.get("final") is True, str(h.get("cid", "")))
             return {}, []
         if op == "assign":
             if len(arrays) not in (1, 2):

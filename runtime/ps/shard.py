@@ -122,7 +122,7 @@ class Shard:
         self.pending: dict[str, dict[int, dict[str, tuple]]] = {n: {} for n in self.tables}
         self.clip_tables = clip.clipped_tables(self)
         self.held: dict[str, clip.Held] = {}  # clipped table -> its step's gradient, awaiting the scale
-        self.holds: dict[str, tuple[int, int]] = {}  # held by a trainer -> (version, applied) (hold.py)
+        self.holds: dict[str, tuple[int, int, str]] = {}  # held -> (version, applied, holder) (hold.py)
 
     def table(self, name: str) -> DenseTable | SparseTable:
         try:
