@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from transpiler.config import default_micro_batches
-
 from .cli_common import (
     EXIT_OK,
     RunDefaults,
@@ -122,10 +120,9 @@ def predicted_summary(args: argparse.Namespace, plan) -> str:
     sample = tune_sample(plan, args.batch_size)
     from .profile import unique_fraction
 
-    reader = next((t for t, p in plan.programs.items() if p.attrs.get("feeds")), None)
     settings = RunSettings(
         counts,
-        args.micro_batches or (default_micro_batches(counts, reader) if reader else 1),
+        args.micro_batches,
         args.servers or plan.config.num_servers,
         mode,
         args.batch_size,

@@ -163,10 +163,6 @@ class PSAccess:
             self.bg.close()
         if self.kept is not None:
             self.kept.due = (self.book.flushed if before is None else before, before is None)
-            self.maybe_write_back()
-
-    def maybe_write_back(self) -> None:
-        if self.kept is not None:
             self.kept.write_back_due(self.client, self.book.flushed, self.rec)
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ the end, with no dense request from the holder to the servers in its trace."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -149,10 +150,7 @@ def test_a_table_two_trainers_push_or_one_clipped_is_not_held():
     two = Shard(_specs({"type": "sgd", "lr": 0.1}), mode="sync", pushes_per_step=2)
     with pytest.raises(PSError, match="2 trainers push it each step"):
         ps_hold.hold(two, "w")
-    specs = [
-        s if s.name != "w" else s.__class__(**{**s.__dict__, "clip_norm": 1.0})
-        for s in _specs({"type": "sgd", "lr": 0.1})
-    ]
+    specs = [s if s.name != "w" else replace(s, clip_norm=1.0) for s in _specs({"type": "sgd", "lr": 0.1})]
     with pytest.raises(PSError, match="clipped by global norm"):
         ps_hold.hold(Shard(specs, mode="sync"), "w")
 
@@ -223,12 +221,9 @@ def test_a_sync_run_with_held_tables_equals_one_process_at_every_checkpoint(tmp_
     for name in MLP + ["deep_emb.w_0"]:
         np.testing.assert_allclose(hist.params[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
     # the holder never asked the servers for its tables; it wrote them back before each save
-    spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X"]
-    gpu = {
-        e["pid"]
-        for e in json.loads(trace.read_text())["traceEvents"]
-        if e.get("ph") == "M" and e.get("args", {}).get("name") == "gpu:0"
-    }
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    gpu = {e["pid"] for e in events if e.get("ph") == "M" and e.get("args", {}).get("name") == "gpu:0"}
     names = [e["name"] for e in spans if e["pid"] in gpu]
     assert "pull dense" not in names and "push" not in names, sorted(set(names))
     assert names.count("apply") == 12

@@ -40,11 +40,11 @@ Dense tables sit whole on a shard (largest first onto the least loaded), sparse 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .balance import balance
-from .config import items_in_flight, kind_of
+from .config import default_micro_batches, items_in_flight, kind_of
 from .cost_profile import Profile, kernel_ops, op_signature
 from .held import held_dense
 from .passes.assign_devices import bytes_per_example
@@ -58,11 +58,11 @@ MOVABLE = frozenset({"dense", "light", "loss"})
 class RunSettings:
     """What `runtime.train` is given besides the plan; `cores`: CPU cores all processes share when
     they run on one machine (None: each process has a core of its own); `unique_fraction`: unique
-    ids / ids in a reader's step (the data's skew: 1.0 = every id distinct); `dense_on_trainer`: as
-    `train`'s (a dense table one trainer alone uses stays on it: `transpiler.held`)."""
+    ids / ids in a reader's step (the data's skew: 1.0 = every id distinct); `micro_batches` None and
+    `dense_on_trainer`: as `train`'s (`config.default_micro_batches`; `transpiler.held`)."""
 
     trainers: dict[str, int]
-    micro_batches: int = 1
+    micro_batches: int | None = None
     servers: int = 1
     mode: str = "sync"
     batch_size: int = 512
@@ -74,7 +74,7 @@ class RunSettings:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"RunSettings.mode {self.mode!r}: expected 'sync' or 'async'")
         for what, v in (
-            ("micro_batches", self.micro_batches),
+            *((("micro_batches", self.micro_batches),) if self.micro_batches is not None else ()),
             ("servers", self.servers),
             ("batch_size", self.batch_size),
             *((f"trainers[{t!r}]", n) for t, n in self.trainers.items()),
@@ -250,6 +250,8 @@ class PlanCost:
                 f"RunSettings.trainers {s.trainers} must give a count for exactly the plan's "
                 f"trainer types {sorted(self.types)}"
             )
+        if s.micro_batches is None:  # train's default for these trainer counts
+            s = replace(s, micro_batches=default_micro_batches(s.trainers, self.reader))
         p, ps = self.profile, self.profile.ps
         readers = s.trainers[self.reader]
         items = readers * s.micro_batches
