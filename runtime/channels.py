@@ -38,6 +38,7 @@ Other hosts, and endpoints without the twin, use ZeroMQ frames.
 
 from __future__ import annotations
 
+import collections
 import mmap
 import os
 import re
@@ -126,6 +127,7 @@ class ShmRing:
         self.consumed = np.frombuffer(self.map, np.uint64, 1)
         self.data = np.frombuffer(self.map, np.uint8, offset=_HEAD)
         self.head = 0  # bytes written since the start (the ring position is head % cap)
+        self.full = 0  # messages refused because the receiver had not read far enough
 
     def put(self, arrays: list[np.ndarray]) -> dict[str, Any] | None:
         """Write `arrays` (`wire.wire_array`s) as one message; its descriptor, or None when it is
@@ -136,6 +138,7 @@ class ShmRing:
         pos = self.head % self.cap
         start = self.head + (self.cap - pos if pos + n > self.cap else 0)  # a message never wraps
         if start + n - int(self.consumed[0]) > self.cap:
+            self.full += 1
             return None  # the receiver has not read that far yet
         at = start % self.cap
         for a, off in zip(arrays, offsets, strict=True):
@@ -176,6 +179,7 @@ class ShmSegments:
     def __init__(self, directory: str) -> None:
         self.dir = directory
         self.maps: dict[str, tuple[mmap.mmap, np.ndarray, np.ndarray]] = {}
+        self.open: dict[str, collections.deque] = {}  # per segment: [end, released] of unreleased reads
 
     def _open(self, name: str) -> tuple[mmap.mmap, np.ndarray, np.ndarray]:
         if not isinstance(name, str) or not _SEGMENT.fullmatch(name):
@@ -208,9 +212,10 @@ class ShmSegments:
 
     def views(self, desc: Any) -> tuple[list[np.ndarray], Callable[[], None]]:
         """Read-only views of the arrays a control message describes, after bounds and shape checks,
-        and the function that hands their bytes back to the sender (publishes how far this end has
-        read): the views stay valid until it is called, and must not be used after. Messages of one
-        sender are read, and released, in order."""
+        and the function that hands their bytes back to the sender: the views stay valid until it is
+        called, and must not be used after. Messages of one sender are read in order and may be
+        released in any order: the sender gets back the bytes of the messages released so far
+        without an unreleased one before them (published as how far this end has read)."""
         try:
             d = msgspec.convert(desc, _ShmDesc)
         except msgspec.ValidationError as e:
@@ -231,10 +236,14 @@ class ShmSegments:
             view = checked_view(i, dtype, shape, memoryview(data[at + off : at + off + nbytes]))
             view.flags.writeable = False
             out.append(view)
-        end = d.at + n
+        reads = self.open.setdefault(d.seg, collections.deque())
+        entry = [d.at + n, False]
+        reads.append(entry)
 
         def release() -> None:
-            consumed[0] = end
+            entry[1] = True
+            while reads and reads[0][1]:
+                consumed[0] = reads.popleft()[0]
 
         return out, release
 
@@ -259,17 +268,33 @@ class Inbox:
 
     def recv(self, timeout_ms: float = 0) -> tuple[dict, list[np.ndarray]] | None:
         """The next message, waiting at most `timeout_ms` (0: only if one is queued)."""
+        got = self.recv_leased(timeout_ms)
+        if got is None:
+            return None
+        header, arrays, release = got
+        if release is not None:
+            arrays = [a.copy() for a in arrays]
+            release()
+        return header, arrays
+
+    def recv_leased(
+        self, timeout_ms: float = 0
+    ) -> tuple[dict, list[np.ndarray], Callable[[], None] | None] | None:
+        """`recv`, without the copy out of shared memory: (header, arrays, release), where a
+        shared-memory message's arrays are read-only views that stay valid until `release()` (None
+        for a message of ZeroMQ frames; see `ShmSegments.views`)."""
         if not self.sock.poll(timeout_ms):
             return None
         header, arrays = decode(self.sock.recv_multipart(copy=False), self.secret)
-        if "shm" in header:
-            if self.segments is None or arrays:
-                raise WireError(
-                    "a shared-memory message reached an endpoint without a shared-memory "
-                    "directory (or carried frames as well)"
-                )
-            arrays = self.segments.arrays(header.pop("shm"))
-        return header, arrays
+        if "shm" not in header:
+            return header, arrays, None
+        if self.segments is None or arrays:
+            raise WireError(
+                "a shared-memory message reached an endpoint without a shared-memory "
+                "directory (or carried frames as well)"
+            )
+        views, release = self.segments.views(header.pop("shm"))
+        return header, views, release
 
     def close(self) -> None:
         self.sock.close()
@@ -307,6 +332,10 @@ class Outbox:
                     sock.send_multipart(encode({**header, "shm": desc}, (), self.secret))
                     return
         sock.send_multipart(encode(header, arrays, self.secret), copy=False)
+
+    def ring_full(self) -> int:
+        """Messages sent as ZeroMQ frames because a receiver had not yet read far enough in its ring."""
+        return sum(r.full for r in self.rings.values() if r is not None)
 
     def _ring(self, endpoint: str) -> ShmRing | None:
         if endpoint not in self.rings:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import reports
 from .channels import Inbox, Outbox
 from .engines import Engine
 from .history import History, TrainingError
@@ -18,8 +19,10 @@ from .messages import (
     Failed,
     Grant,
     Losses,
+    Message,
     ProtocolError,
     Ready,
+    Reports,
     StepReport,
     WriteBack,
     header,
@@ -100,8 +103,16 @@ class Listener:
     def _handle(self, h: dict, arrays: list) -> None:
         try:
             msg = parse(h, TO_DRIVER)
+            if isinstance(msg, Reports):  # a trainer's step reports together (runtime/reports.py)
+                for sub, sub_arrays in reports.unpack(msg, arrays):
+                    self._take(sub, sub_arrays)
+            else:
+                self._take(msg, arrays)
         except ProtocolError as e:
             raise TrainingError(h.get("who", "?"), f"sent an unknown report: {e}") from None
+        self._advance(time.perf_counter())
+
+    def _take(self, msg: Message, arrays: list) -> None:
         now = time.perf_counter()
         if isinstance(msg, Failed):
             raise TrainingError(msg.who, "\n" + msg.traceback)
@@ -124,7 +135,6 @@ class Listener:
             self.history.trainers[msg.who] = msg.stats
             if arrays:  # its trace spans
                 self.tel.spans(msg.who, unpack_spans(arrays[0]))
-        self._advance(now)
 
     def _tally_losses(self, msg: Losses, arrays: list) -> None:
         st = self.steps.setdefault(msg.step, _StepTally())

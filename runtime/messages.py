@@ -10,7 +10,8 @@ Between trainers: `Tensors` (one micro-batch's tensors for one destination; the 
 buffers, see `channels.pack_tensors`), `Announce` (a reader's items of a step, to the trainers of
 the other types), `End` (a reader's last step). From the driver to readers: `Grant`. From every
 process to the driver, each naming its sender (`who`): `Ready`, `StepReport`, `Losses` (scores and
-labels as buffers), `End`, `Done` (statistics; trace spans as a buffer) and `Failed` (a traceback).
+labels as buffers), `Reports` (a trainer's step reports together: runtime/reports.py), `End`,
+`Done` (statistics; trace spans as a buffer) and `Failed` (a traceback).
 From evaluation workers to the driver of a parallel `evaluate` / `predict`: `Scored`, `Done`, `Failed`.
 """
 
@@ -121,6 +122,17 @@ class Losses:
 
 
 @dataclass(slots=True)
+class Reports:
+    """A trainer's step reports (`StepReport`, `Losses`) in one message: [[header, number of its
+    arrays]], the arrays in that order (runtime/reports.py)."""
+
+    KIND: ClassVar[str] = "reports"
+    KEYS: ClassVar[tuple[tuple[str, str], ...]] = (("who", "who"), ("msgs", "r"))
+    who: str
+    msgs: list
+
+
+@dataclass(slots=True)
 class Done:
     KIND: ClassVar[str] = "done"
     KEYS: ClassVar[tuple[tuple[str, str], ...]] = (("who", "who"), ("stats", "stats"))
@@ -149,10 +161,23 @@ class Scored:
     loss: float | None
 
 
-Message = Tensors | Announce | End | Grant | WriteBack | Ready | StepReport | Losses | Done | Failed | Scored
+Message = (
+    Tensors
+    | Announce
+    | End
+    | Grant
+    | WriteBack
+    | Ready
+    | StepReport
+    | Losses
+    | Reports
+    | Done
+    | Failed
+    | Scored
+)
 
 TO_TRAINER: dict[str, type] = {c.KIND: c for c in (Tensors, Announce, End, Grant, WriteBack)}
-TO_DRIVER: dict[str, type] = {c.KIND: c for c in (Ready, StepReport, Losses, End, Done, Failed)}
+TO_DRIVER: dict[str, type] = {c.KIND: c for c in (Ready, StepReport, Losses, Reports, End, Done, Failed)}
 TO_EVALUATOR: dict[str, type] = {c.KIND: c for c in (Scored, Done, Failed)}
 
 

@@ -228,6 +228,7 @@ class TrainerSpec:
     start: int = 0  # the run's first step (a resumed run starts later)
     grant: int | None = None  # readers may start steps < grant (None: no limit from the driver)
     held: list[str] = field(default_factory=list)  # the dense tables this trainer holds (ps/hold.py)
+    report_s: float = 0.0  # how long it may keep its step reports to the driver (runtime/reports.py)
 
     @property
     def is_reader(self) -> bool:

@@ -27,7 +27,7 @@ from transpiler.config import kind_of
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
 
-from . import sources
+from . import reports, sources
 from .channels import Inbox, Outbox
 from .driver import LOOKAHEAD, Listener
 from .engines import Engine, make_engine
@@ -330,6 +330,7 @@ def _trainer_spec(
         start=s.pauses.start,
         grant=grant,
         held=[n for n, h in cfg.held.items() if h == t],
+        report_s=reports.EVERY_S if cfg.until_loss is None else 0.0,  # (until_loss: grants follow losses)
     )
 
 

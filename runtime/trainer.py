@@ -57,8 +57,6 @@ from .messages import (
     Announce,
     Done,
     End,
-    Losses,
-    Message,
     ProtocolError,
     Ready,
     StepReport,
@@ -68,6 +66,7 @@ from .messages import (
     parse,
 )
 from .ps import PSClient
+from .reports import ReportQueue
 from .segment_order import kept_outputs, sends_first
 from .settings import TrainerSpec
 from .telemetry import Recorder, pack_spans, timed
@@ -139,15 +138,13 @@ class Trainer:
         s = self.spec
         self.inbox = Inbox(s.endpoints[self.name], s.secret)
         self.out = Outbox(s.secret)
+        self.reports = ReportQueue(self.out, s.driver, self.name, s.report_s)
         self.ps.connect(lambda: PSClient(s.ps, secret=s.secret, timeout=s.stall_timeout, pusher=self.name))
         self.ps.prefetch_dense(self.book.flushed)
         if self.is_reader:
             self.batches = sources.reader_batches(
                 s.data, s.batch_size, s.epochs, self.index, self.counts[s.type], start=self.book.flushed
             )
-
-    def _report(self, msg: Message, arrays: list = ()) -> None:
-        self.out.send(self.spec.driver, header(msg), arrays)
 
     def _endpoint(self, dst_type: str, item: Item) -> str:
         idx = route(self.counts, self.spec.reader, dst_type, item.origin, item.mb, self.mb_count)
@@ -157,14 +154,15 @@ class Trainer:
     def run(self) -> None:
         self._connect()
         start, cpu0 = time.perf_counter(), time.process_time()
-        self._report(Ready(self.name))
+        self.reports.now(Ready(self.name))
         try:
             self._loop()
             self.ps.write_back()  # (closes the background thread first)
             self.stats["wall_s"] = time.perf_counter() - start
             self.stats["cpu_s"] = time.process_time() - cpu0
+            self.stats["ring_full"] = self.out.ring_full()  # (messages that found no room in shared memory)
             spans = [pack_spans(self.rec.take())] if self.rec.on else []
-            self._report(Done(self.name, self.stats), spans)
+            self.reports.now(Done(self.name, self.stats), spans)
         finally:
             self.out.close()
             self.ps.close()
@@ -183,12 +181,15 @@ class Trainer:
                 continue
             if self._read_ahead() or self.book.finished():  # `_drain`/`_announce` may have ended the run
                 continue
+            due = self.reports.due_in()  # (idle with step reports kept: they go when due)
             with timed("wait", "wait", rec=self.rec, stats=self.stats, key="wait_s") as span:
-                msg = self.inbox.recv(timeout_ms=1000)
-                span.args["timed_out"] = msg is None
+                msg = self.inbox.recv_leased(timeout_ms=1000 if due is None else due * 1000)
+                span.args["timed_out"] = msg is None and due is None
             if msg is not None:
                 self._handle(*msg)
                 last = time.perf_counter()
+            elif due is not None:
+                self.reports.flush()
             elif os.getppid() != parent:
                 raise SystemExit(f"{self.name}: the driver process is gone")
             elif time.perf_counter() - last > self.spec.stall_timeout:
@@ -206,15 +207,17 @@ class Trainer:
         return "; ".join(waits) or f"no item in progress (pushed {self.book.flushed} steps)"
 
     def _drain(self) -> None:
-        while (msg := self.inbox.recv(0)) is not None:
+        while (msg := self.inbox.recv_leased(0)) is not None:
             self._handle(*msg)
 
-    def _handle(self, h: dict, arrays: list) -> None:
+    def _handle(self, h: dict, arrays: list, release: Any = None) -> None:
         try:
             msg = parse(h, TO_TRAINER)
         except ProtocolError as e:
             raise RuntimeError(f"{self.name}: {e}") from None
         if isinstance(msg, Tensors):
+            if release is not None:  # in shared memory: read in place until the step is pushed
+                self.book.step(msg.step).leases.append(release)
             with timed("recv", "comm", rec=self.rec, step=msg.step, reader=msg.origin, mb=msg.mb) as t:
                 key = (msg.step, msg.origin, msg.mb)
                 self.mail.arrived.setdefault(key, {}).update(unpack_tensors(msg.descs, arrays))
@@ -235,6 +238,8 @@ class Trainer:
             self.ps.write_back(msg.step)
         else:
             self.grant, self.grant_final = msg.upto, msg.final
+        if release is not None and not isinstance(msg, Tensors):
+            release()
 
     # -- readers: steps and items ---------------------------------------------------------------
     def _announce(self) -> None:
@@ -266,7 +271,7 @@ class Trainer:
                 per_dst.setdefault(self._endpoint(dst, it), []).append([it.mb, it.size])
         for ep in self._peer_endpoints():
             self.out.send(ep, header(Announce(t, self.index, n, per_dst.get(ep, []))))
-        self._report(StepReport(self.name, t, len(made), hi - lo, n))
+        self.reports.step(StepReport(self.name, t, len(made), hi - lo, n))
         book.next_step = t + 1
         self._maybe_flush()
 
@@ -310,7 +315,7 @@ class Trainer:
         self.book.end = t
         for ep in self._peer_endpoints():
             self.out.send(ep, header(End(t, self.index)))
-        self._report(End(t, self.index, self.name))
+        self.reports.now(End(t, self.index, self.name))
 
     # -- scheduling -----------------------------------------------------------------------------
     def _runnable(self) -> Item | None:
@@ -373,13 +378,6 @@ class Trainer:
         st.done += 1
         self._maybe_flush()
 
-    def _report_losses(self, t: int, reports: list) -> None:
-        """The loss (and scores, labels) of each of a step's items, in one message to the driver."""
-        arrays = []
-        if self.score is not None:
-            arrays = [np.concatenate([r[2][0] for r in reports]), np.concatenate([r[2][1] for r in reports])]
-        self._report(Losses(self.name, t, [[n, loss] for n, loss, _ in reports]), arrays)
-
     def _maybe_flush(self) -> None:
         """Push the gradients of every completed step, in step order (on the background thread)."""
         book = self.book
@@ -387,8 +385,10 @@ class Trainer:
             st = book.steps.pop(book.flushed)
             ahead = self.ahead.items if self.ahead and self.ahead.step == book.flushed + 1 else []
             self.ps.push_step(book.flushed, st, ahead)
+            for release in st.leases:  # (the push is made: nothing reads the step's messages now)
+                release()
             if st.reports:
-                self._report_losses(book.flushed, st.reports)
+                self.reports.losses(book.flushed, st.reports)
             book.flushed += 1
             self.ps.prefetch_dense(book.flushed)
 

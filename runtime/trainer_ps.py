@@ -272,7 +272,9 @@ class PSAccess:
         grad = _host(grad.to_dense(self.xp) if isinstance(grad, SparseRows) else grad)
         st = self.book.step(it.step)
         acc = st.grads.get(table)
-        if acc is None:
+        if table in self.held:  # applied here, never sent: no buffer (and no sum into the op's output)
+            st.grads[table] = grad if acc is None else acc + grad
+        elif acc is None:
             st.grads[table] = self._buffer(table, grad)
         else:
             acc += grad
@@ -318,13 +320,12 @@ class PSAccess:
         t + 1 (`PSClient.push_pull`: one request, answered once step t is applied): the dense tables
         and, for a reader that has made step t + 1's items (`ahead`), their rows."""
         self.prefetch.pop(t, None)
-        if self.kept is not None:  # the held tables' step, here and now (recycling their buffers)
+        if self.kept is not None:  # the held tables' step, here and now
             with timed("apply", "compute", rec=self.rec, step=t):  # (busy: the trainer's own work)
-                self.kept.apply(st.grads)
+                self.kept.apply(st.grads, t)
             self.kept.write_back_due(self.client, t + 1, self.rec)  # (a pause after step t)
             for name in self.held:
-                if (buf := st.grads.pop(name, None)) is not None:
-                    self.free_bufs.setdefault(name, []).append(buf)
+                st.grads.pop(name, None)
         sorts = {
             x: self.step_sorts.pop((t, x))
             for x in {x for _, _, x in self.sparse_feeds}

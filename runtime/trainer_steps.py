@@ -20,6 +20,7 @@ class StepState:
     # sparse, per item: (ids, rows) with one row per lookup of the item's prefetched feed, in order
     fed_rows: dict[str, dict[tuple, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     reports: list[tuple[int, float, list]] = field(default_factory=list)  # (size, loss, [score, label])
+    leases: list[Any] = field(default_factory=list)  # release() of its messages read in place
 
 
 @dataclass

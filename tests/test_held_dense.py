@@ -146,6 +146,36 @@ def test_a_held_table_refuses_pushes_and_pulls_and_loads_checked_write_backs():
         ps_hold.write_back(shard, "w", keys, arrays, 6, True)
 
 
+class _ShardClient:
+    """The two calls HeldTables makes of a PSClient, answered by a Shard in this process."""
+
+    def __init__(self, shard):
+        self.shard, self.specs = shard, {s.name: s for s in shard.specs}
+
+    def hold(self, names):
+        return {n: ps_hold.hold(self.shard, n) for n in names}
+
+
+def test_the_holder_reads_its_table_without_a_copy_and_copies_it_only_for_a_later_step():
+    shard = Shard(_specs({"type": "sgd", "lr": 0.5}), mode="async")
+    held = ps_hold.HeldTables(_ShardClient(shard), ["w"], start=0, sync=False)
+    g = np.arange(6, dtype=np.float32).reshape(3, 2)
+    v0 = held.pull("w", 0)
+    assert not v0.flags.writeable
+    held.apply({"w": g}, 0)  # step 0 is done with its view: updated in place, no copy
+    want = 1.0 - 0.5 * g
+    np.testing.assert_array_equal(held.tables["w"].param, want)
+    assert np.shares_memory(v0, held.tables["w"].param)
+    v2 = held.pull("w", 2)  # (async: step 2 started before step 1 was applied)
+    held.apply({"w": g}, 1)
+    np.testing.assert_array_equal(v2, want)  # step 2 keeps the value it was given...
+    np.testing.assert_array_equal(held.tables["w"].param, want - 0.5 * g)  # ...the table moves on
+    assert not np.shares_memory(v2, held.tables["w"].param)
+    held.apply({}, 2)  # no gradient: a zero step
+    np.testing.assert_array_equal(held.tables["w"].param, want - 0.5 * g)
+    assert held.steps == 3
+
+
 def test_a_table_two_trainers_push_or_one_clipped_is_not_held():
     two = Shard(_specs({"type": "sgd", "lr": 0.1}), mode="sync", pushes_per_step=2)
     with pytest.raises(PSError, match="2 trainers push it each step"):

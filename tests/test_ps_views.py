@@ -60,6 +60,25 @@ def test_views_are_read_only_and_the_sender_gets_the_bytes_back_only_on_release(
     ring.close()
 
 
+def test_views_released_out_of_order_give_the_sender_back_only_the_released_prefix(shm_dir):
+    """A trainer releases a step's messages once the step is pushed, in any order: the sender may
+    reuse bytes only up to the first message still read."""
+    ring, segments = ShmRing(shm_dir, "x", 1 << 20), ShmSegments(shm_dir)
+    msgs = [[wire_array(0, np.full(5000, k, np.float32))] for k in range(3)]
+    leases, ends = [], []
+    for m in msgs:
+        leases.append(segments.views(ring.put(m)))
+        ends.append(ring.head)
+    leases[1][1]()  # the second first: the first still holds the bytes before it
+    assert int(ring.consumed[0]) == 0
+    np.testing.assert_array_equal(leases[0][0][0], msgs[0][0])
+    leases[0][1]()  # now the first two
+    assert int(ring.consumed[0]) == ends[1]
+    leases[2][1]()
+    assert int(ring.consumed[0]) == ends[2] == ring.head
+    ring.close()
+
+
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_every_request_read_from_shared_memory_is_handed_back_and_applied_exactly(mode):
     """Many more bytes than the ring holds: each push must be handed back (else the client would

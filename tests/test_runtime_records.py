@@ -117,6 +117,7 @@ def spec_dict() -> dict:
         start=0,
         grant=None,
         held=["fc_0.w_0"],
+        report_s=0.1,
     )
 
 

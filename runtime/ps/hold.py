@@ -105,20 +105,26 @@ class HeldTables:
             t.load_state(state)
         self.start, self.sync, self.steps = start, sync, 0
         self.due: tuple[int, bool] | None = None
+        self.lent: dict[str, int] = {}  # table -> the latest step given a view of its value
 
     def pull(self, name: str, step: int) -> np.ndarray:
-        """The table's value for `step` (a copy: the step reads one value throughout, whatever the
-        later steps do to the table)."""
+        """The table's value for `step`: a read-only view, no copy. The step reads that one value
+        throughout: `apply` copies the table before it updates it while a later step holds a view."""
         if self.sync and self.start + self.steps != step:
             raise RuntimeError(
                 f"held table {name!r} read for sync step {step} after the steps up to "
                 f"{self.start + self.steps - 1} were applied: a sync step must see every step before it"
             )
-        return self.tables[name].pull()
+        self.lent[name] = max(step, self.lent.get(name, step))
+        return self.tables[name].pull(copy=False)
 
-    def apply(self, grads: dict[str, np.ndarray]) -> None:
-        """One step: every held table's optimizer step with its gradient (zeros when none)."""
+    def apply(self, grads: dict[str, np.ndarray], step: int) -> None:
+        """Step `step` (every step before it is done with the tables): every held table's optimizer
+        step with its gradient (zeros when none), in place unless a later step still reads the value
+        it was given (copy on write: that step keeps the old array)."""
         for name, t in self.tables.items():
+            if self.lent.pop(name, step) > step:
+                t.param = t.param.copy()
             grad = grads.get(name)
             t.push(np.zeros(t.shape, t.dtype) if grad is None else grad)
         self.steps += 1

@@ -138,8 +138,9 @@ class Table:
                 f"table {self.name!r} (shape {list(self.shape)}): {what} has shape "
                 f"{list(grad.shape)}, expected {list(shape)}"
             )
-        with np.errstate(over="ignore"):  # a finite float64 beyond float32's range becomes inf here...
-            grad = grad.astype(self.dtype, copy=False)
+        if grad.dtype != self.dtype:
+            with np.errstate(over="ignore"):  # a finite float64 beyond float32's range becomes inf here...
+                grad = grad.astype(self.dtype)
         if self.check_finite and not np.isfinite(grad).all():  # ...and is refused here
             raise PSError(
                 f"table {self.name!r}: {what} contains NaN or Inf; rejected (checked as "
