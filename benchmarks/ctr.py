@@ -50,6 +50,7 @@ BEST_MICRO_BATCHES = {"async": 1, "sync": 1}
 REPO = Path(__file__).resolve().parents[1]
 BATCH, SLOTS, VOCAB, DIM, DENSE, HIDDEN, LR = 512, 26, 100_000, 16, 13, (400, 400, 400), 0.01
 NUM_BATCHES = 20
+END_MARGIN = 20  # steps before the end of a run where its CPU times are taken (see `hetps`)
 
 
 def batches() -> list[dict[str, np.ndarray]]:
@@ -292,11 +293,14 @@ def hetps(
     total = warmup + steps
     eng, marks = LocalEngine(), []
 
-    # CPU times of every process when warm-up ends and one step before the end (by the last step
-    # a trainer may have exited: its /proc entry is gone; one that is gone is left out)
+    # CPU times of every process when the driver records the end of warm-up and the step END_MARGIN
+    # steps before the end (by the last steps a trainer may have exited: its /proc entry gone; one
+    # that is gone is left out), with the time: the driver gets the trainers' step reports up to
+    # runtime.reports.EVERY_S late, so what the processes did between the marks is counted in steps
+    # done between those times (from the steps' own times, History.time)
     def mark(record: dict) -> None:
-        if record["step"] in (warmup - 1, total - 2):
-            got = {"driver": time.process_time()}
+        if record["step"] in (warmup - 1, total - 1 - END_MARGIN):
+            got = {"at": time.perf_counter(), "driver": time.process_time()}
             for n, p in eng.pids().items():
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError):
                     got[n] = cpu_seconds(p)
@@ -320,9 +324,12 @@ def hetps(
             dense_on_trainer=dense_on_trainer,
         )
         waits = steady_time_use(trace, warmup, total - 1) if steps > 1 else {}
-    if len(marks) < 2:  # fewer than 2 timed steps: nothing between the marks
+    if len(marks) < 2:  # too few timed steps: nothing between the marks
         return hist, {}, waits
-    cpu_ms = {n: 1e3 * (marks[1][n] - marks[0][n]) / (steps - 1) for n in marks[0] if n in marks[1]}
+    done = np.interp(  # steps done by each mark, interpolated between the steps' end times
+        [m.pop("at") - hist.started_at for m in marks], hist.time, np.arange(1, hist.steps + 1)
+    )
+    cpu_ms = {n: 1e3 * (marks[1][n] - marks[0][n]) / (done[1] - done[0]) for n in marks[0] if n in marks[1]}
     return hist, cpu_ms, waits
 
 
@@ -380,7 +387,7 @@ def parse_trainers(text: str) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=200, help="timed steps (after warm-up)")
+    ap.add_argument("--steps", type=int, default=400, help="timed steps (after warm-up)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--trainers", type=parse_trainers, default=parse_trainers("cpu=1,gpu=1"))
     ap.add_argument(

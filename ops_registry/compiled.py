@@ -54,14 +54,22 @@ def segment_sum():
     """The compiled segmented sum (numba, compiled on first use and cached beside this file): for
     each run `starts[s]:starts[s+1]` of `order`, the sum of those rows of `values`, accumulated in
     float64 in `order`'s order and rounded once. One pass, no `values[order]` copy: ~10x faster than
-    `np.add.reduceat` on a CTR step's row gradients (13 312 x 16 -> 3 640 rows: 72 vs 689 µs). Used
-    from `COMPILED_FROM` rows."""
+    `np.add.reduceat` on a CTR step's row gradients (13 312 x 16 -> 3 640 rows: 72 vs 689 µs; x 1:
+    18 µs). Used from `COMPILED_FROM` rows."""
     import numba
 
     @numba.njit(cache=True, nogil=True)
     def segment_sum(order, starts, values):  # pragma: no cover - compiled
         n, k, d = order.shape[0], starts.shape[0], values.shape[1]
         out = np.empty((k, d), values.dtype)
+        if d == 1:  # (a wide table's rows: a scalar sum per run, 5x faster than the loop below)
+            for s in range(k):
+                end = starts[s + 1] if s + 1 < k else n
+                a = 0.0
+                for i in range(starts[s], end):
+                    a += values[order[i], 0]
+                out[s, 0] = a
+            return out
         acc = np.empty(d, np.float64)
         for s in range(k):
             acc[:] = 0.0

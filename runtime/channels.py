@@ -130,8 +130,9 @@ class ShmRing:
         self.full = 0  # messages refused because the receiver had not read far enough
 
     def put(self, arrays: list[np.ndarray]) -> dict[str, Any] | None:
-        """Write `arrays` (`wire.wire_array`s) as one message; its descriptor, or None when it is
-        under `SHM_MIN_BYTES` or does not fit now (send it as ZeroMQ frames then)."""
+        """Write `arrays` (`wire.wire_array`s, contiguous or not: each is copied into the ring in C
+        order) as one message; its descriptor, or None when it is under `SHM_MIN_BYTES` or does
+        not fit now (send it as ZeroMQ frames then)."""
         offsets, n = _layout(arrays)
         if sum(a.nbytes for a in arrays) < SHM_MIN_BYTES or n > self.cap // 2:
             return None
@@ -327,8 +328,8 @@ class Outbox:
         if self.shm and arrays:
             ring = self._ring(endpoint)
             if ring is not None:
-                arrays = [wire_array(i, a) for i, a in enumerate(arrays)]
-                if desc := ring.put(arrays):
+                laid = [wire_array(i, a, contiguous=False) for i, a in enumerate(arrays)]  # (put copies)
+                if desc := ring.put(laid):
                     sock.send_multipart(encode({**header, "shm": desc}, (), self.secret))
                     return
         sock.send_multipart(encode(header, arrays, self.secret), copy=False)

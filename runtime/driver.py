@@ -47,6 +47,7 @@ class _StepTally:
     items: int = 0
     examples: int = 0
     got: int = 0
+    at: float = 0.0  # when its last report was made (the driver's clock)
     loss: float = 0.0
     scores: list = field(default_factory=list)
     labels: list = field(default_factory=list)
@@ -80,6 +81,7 @@ class Listener:
         self.done: set[str] = set()
         self.stopped: dict[str, float] = {}  # name -> when the engine first saw it stopped
         self.t0, self.t_start = t0, time.perf_counter()
+        history.started_at = self.t_start
 
     def run(self) -> None:
         last = checked = time.perf_counter()
@@ -103,23 +105,24 @@ class Listener:
     def _handle(self, h: dict, arrays: list) -> None:
         try:
             msg = parse(h, TO_DRIVER)
+            now = time.perf_counter()
             if isinstance(msg, Reports):  # a trainer's step reports together (runtime/reports.py)
-                for sub, sub_arrays in reports.unpack(msg, arrays):
-                    self._take(sub, sub_arrays)
+                for sub, sub_arrays, age in reports.unpack(msg, arrays):
+                    self._take(sub, sub_arrays, now - age)
             else:
-                self._take(msg, arrays)
+                self._take(msg, arrays, now)
         except ProtocolError as e:
             raise TrainingError(h.get("who", "?"), f"sent an unknown report: {e}") from None
-        self._advance(time.perf_counter())
+        self._advance()
 
-    def _take(self, msg: Message, arrays: list) -> None:
-        now = time.perf_counter()
+    def _take(self, msg: Message, arrays: list, now: float) -> None:
+        """Take one report, made at `now` (the driver's clock)."""
         if isinstance(msg, Failed):
             raise TrainingError(msg.who, "\n" + msg.traceback)
         if isinstance(msg, Ready):
             self.ready.add(msg.who)
             if len(self.ready) == len(self.names):
-                self.t_start = now
+                self.t_start = self.history.started_at = now
                 self.history.startup_s = now - self.t0
         elif isinstance(msg, StepReport):
             st = self.steps.setdefault(msg.step, _StepTally())
@@ -128,8 +131,10 @@ class Listener:
                 st.items + msg.items,
                 st.examples + msg.examples,
             )
+            st.at = max(st.at, now)
         elif isinstance(msg, Losses):
             self._tally_losses(msg, arrays)
+            self.steps[msg.step].at = max(self.steps[msg.step].at, now)
         elif isinstance(msg, Done):
             self.done.add(msg.who)
             self.history.trainers[msg.who] = msg.stats
@@ -145,7 +150,7 @@ class Listener:
             st.scores.append(arrays[0])
             st.labels.append(arrays[1])
 
-    def _advance(self, now: float) -> None:
+    def _advance(self) -> None:
         """Hand completed steps to the history in order; grant more steps (until_loss)."""
         while (
             (st := self.steps.get(self.next)) is not None
@@ -153,11 +158,11 @@ class Listener:
             and st.got == st.items
         ):
             del self.steps[self.next]
-            self._record(st, now)
+            self._record(st)
             self.next += 1
             self._grant()
 
-    def _record(self, st: _StepTally, now: float) -> None:
+    def _record(self, st: _StepTally) -> None:
         h = self.history
         loss = st.loss / max(st.examples, 1) if self.settings.loss_reduction == "mean" else st.loss
         score = label = None
@@ -167,7 +172,7 @@ class Listener:
         h.loss.append(loss)
         h.auc.append(auc(label, score) if binary else float("nan"))
         h.examples.append(st.examples)
-        h.time.append(now - self.t_start)
+        h.time.append(max(st.at - self.t_start, h.time[-1] if h.time else 0.0))  # (in step order)
         if binary:
             h.scores.append((score, label))
             del h.scores[:-100]

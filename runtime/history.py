@@ -45,7 +45,8 @@ class History:
     servers (summed over shards; see runtime/ps/entry.py for admission and eviction);
     `first_step`: the step the run started at (a resumed run: its checkpoint's), so the lists hold
     steps first_step, first_step + 1, ...; `eval`: the held-out evaluations (`eval_data=`), each
-    {"step", "loss", "auc", "examples"}.
+    {"step", "loss", "auc", "examples"}; `started_at`: the origin of `time` on the driver
+    process's `time.perf_counter()` clock (to relate other measurements made there to the steps).
     """
 
     loss: list[float] = field(default_factory=list)
@@ -60,6 +61,7 @@ class History:
     scores: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list, repr=False)
     first_step: int = 0
     eval: list[dict[str, float]] = field(default_factory=list)
+    started_at: float = 0.0
 
     @property
     def steps(self) -> int:

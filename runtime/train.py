@@ -86,7 +86,8 @@ def train(
       (`transpiler.config.default_micro_batches`: 1 unless a type has more trainers than readers).
     - `device_map` / `allow_emulation`: see `runtime.device.array_module`; a gpu type without CUDA
       is refused before any process starts unless emulation is allowed.
-    - `callback(record)` is called in step order with {"step", "loss", "auc", "examples", "time"}.
+    - `callback(record)` is called in step order with {"step", "loss", "auc", "examples", "time"},
+      up to 0.1 s after the step ended (trainers report steps together: runtime/reports.py).
     - `return_params`: put the final table values in `History.params` (sparse tables need a known
       vocab); `checkpoint`: a directory that gets a checkpoint `step-NNNNNNNN` every
       `checkpoint_every` steps and at the end, the `keep` newest kept (tables with their optimizer

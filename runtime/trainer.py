@@ -181,6 +181,7 @@ class Trainer:
                 continue
             if self._read_ahead() or self.book.finished():  # `_drain`/`_announce` may have ended the run
                 continue
+            self.ps.send_deferred()  # (a push kept for the next row pull: the trainer waits now)
             due = self.reports.due_in()  # (idle with step reports kept: they go when due)
             with timed("wait", "wait", rec=self.rec, stats=self.stats, key="wait_s") as span:
                 msg = self.inbox.recv_leased(timeout_ms=1000 if due is None else due * 1000)

@@ -15,7 +15,8 @@ its own copy, to which `push_step` applies the step):
 - in sync mode step t's push and step t + 1's pulls are one request (`PSClient.push_pull`; the
   server answers once step t is applied): the dense tables and, when a reader has already made
   step t + 1's items (it reads ahead while step t runs elsewhere), their rows — so a sync step
-  boundary costs one round trip;
+  boundary costs one round trip; in async mode a reader keeps step t's push until it pulls the
+  rows of its next step (`send_deferred`: at once when it is about to wait), one request too;
 - with gradient clipping by global norm (tables with `clip_norm`), the run's first trainer then
   asks the servers for the step's norm and has them apply the scaled gradients (runtime/ps/clip.py).
 `PSAccess` implements the parameter-server methods of a `comm_ops.CommBackend` (ctx = the item).
@@ -24,8 +25,7 @@ its own copy, to which `push_step` applies the step):
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -39,73 +39,8 @@ from .ps import PSClient
 from .ps.hold import HeldTables
 from .step_sort import StepSort, feed_of_table, sparse_feeds
 from .telemetry import Recorder, timed
+from .trainer_bg import Background, Prefetch, pull_task
 from .trainer_steps import StepBook, StepState
-
-
-class Background:
-    """Parameter-server calls on a thread of their own (ZeroMQ sockets are not thread-safe, so the
-    thread owns its own PSClient): pushes and dense prefetches leave the trainer's critical path.
-    Tasks run in submission order; `check` raises the error of a failed one in the trainer.
-
-    Once a task has failed, every later task fails at once with that same error, without calling
-    the servers: a rejected push (e.g. a NaN gradient) means the step is never applied, so a sync
-    pull queued behind it would wait for its whole timeout and then blame the server; whoever waits
-    on any later future gets the first cause instead."""
-
-    def __init__(self, make_client: Callable[[], PSClient]) -> None:
-        self.make, self.client = make_client, None
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="hetps-ps")
-        self.pending: list[Future] = []
-        self.failed: BaseException | None = None
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
-        f = self.pool.submit(self._call, fn, args)
-        self.pending.append(f)
-        return f
-
-    def _call(self, fn, args):
-        if self.failed is not None:
-            raise self.failed
-        try:
-            if self.client is None:
-                self.client = self.make()
-            return fn(self.client, *args)
-        except BaseException as e:
-            self.failed = e
-            raise
-
-    def check(self) -> None:
-        for f in [f for f in self.pending if f.done()]:
-            self.pending.remove(f)
-            f.result()
-
-    def settle(self) -> None:
-        """Wait for every task submitted so far, in order; raise the first failure."""
-        for f in list(self.pending):
-            f.result()
-        self.check()
-
-    def close(self) -> None:
-        """Wait for every task; then close the thread's client."""
-        self.pool.submit(lambda: self.client and self.client.close())
-        self.pool.shutdown(wait=True)
-        self.check()
-
-
-def _pull(client: PSClient, pulls: list[tuple[str, np.ndarray | None]], step: int | None) -> list:
-    return client.pull_many(pulls, step=step)
-
-
-@dataclass
-class Prefetch:
-    """Pulls in flight on the background thread: `fut` gives a list of arrays (`PSClient.pull_many`'s
-    or `push_pull`'s result), of which this prefetch's begin at `at`."""
-
-    fut: Future
-    at: int = 0
-
-    def arrays(self, n: int) -> list[np.ndarray]:
-        return self.fut.result()[self.at : self.at + n]
 
 
 class PSAccess:
@@ -144,6 +79,9 @@ class PSAccess:
         self.step_sorts: dict[tuple[int, str], StepSort] = {}  # (step, feed) -> its ids' one sort
         self.pushing: list[tuple[Future, list[tuple[str, np.ndarray]]]] = []  # pushes in flight + buffers
         self.free_bufs: dict[str, list[np.ndarray]] = {}
+        # an async reader's step push, kept to go with its next row pull: (step, grads, buffers)
+        self.deferred: tuple[int, list, list] | None = None
+        self.defer_push = mode == "async" and bool(self.sparse_feeds)
         self.client: PSClient | None = None
         self.bg: Background | None = None
         clipped = [t for t in tables if t.clip_norm is not None]
@@ -159,6 +97,7 @@ class PSAccess:
     def write_back(self, before: int | None = None) -> None:
         """Write the held tables back once the steps < `before` are pushed (a pause, which the driver
         waits for); None: now and for good (the run's end: after the background thread's last push)."""
+        self.send_deferred()
         if before is None:
             self.bg.close()
         if self.kept is not None:
@@ -179,7 +118,7 @@ class PSAccess:
         pushed: the pull waits for that push, which must not queue behind it on the same thread
         (`push_step` fuses the two into one request)."""
         if self.dense_tables and t not in self.prefetch and (self.mode != "sync" or t <= self.book.flushed):
-            self.prefetch[t] = Prefetch(self.bg.submit(_pull, self._dense_pulls(), self.ps_step(t)))
+            self.prefetch[t] = Prefetch(self.bg.submit(pull_task, self._dense_pulls(), self.ps_step(t)))
 
     def _dense_pulls(self) -> list[tuple[str, None]]:
         return [(table, None) for table in self.dense_tables]
@@ -212,7 +151,21 @@ class PSAccess:
             return
         self.sort_rows(t, items)
         pulls = self._row_pulls(t)
-        self._expect_rows(items, pulls, self.bg.submit(_pull, pulls, self.ps_step(t)), 0)
+        if self.deferred is not None:  # async: the last step's push and these rows, one request
+            step, grads, bufs = self.deferred
+            self.deferred = None
+            fut = self.bg.submit(self._push_and_pull, grads, pulls, step)
+            self.pushing.append((fut, bufs))
+        else:
+            fut = self.bg.submit(pull_task, pulls, self.ps_step(t))
+        self._expect_rows(items, pulls, fut, 0)
+
+    def send_deferred(self) -> None:
+        """Push the step kept for the next row pull now (the trainer is about to wait, or ends)."""
+        if self.deferred is not None:
+            _, grads, bufs = self.deferred
+            self.deferred = None
+            self.pushing.append((self.bg.submit(self._push, grads, None), bufs))
 
     def _rows_asked(self, items: list[Any]) -> bool:
         table, u, _ = self.sparse_feeds[0]
@@ -354,6 +307,10 @@ class PSAccess:
             grads.append((table, rows, ids))
         if grads and self.mode == "sync" and not self.leads_clip():
             fut = self._push_pull(t, grads, list(ahead))
+        elif grads and self.defer_push:  # with the next step's row pull (`prefetch_rows`)
+            self.send_deferred()
+            self.deferred = (t, grads, list(st.grads.items()))
+            return
         elif grads or self.leads_clip():
             fut = self.bg.submit(self._push, grads, self.ps_step(t))
         else:
@@ -376,12 +333,14 @@ class PSAccess:
         return fut
 
     def _push_and_pull(self, client: PSClient, grads: list, pulls: list, step: int) -> list[np.ndarray]:
-        """Sync step `step`'s push and step + 1's pulls, fused (on the background thread); its span
+        """Step `step`'s push and pulls, fused (on the background thread): in sync mode of step
+        + 1, answered once step `step` is applied; in async mode the rows of a later step. Its span
         is the step's push, with the pulled tables in `pulls`."""
         with timed(
             "push", "ps", rec=self.rec, step=step, tables=[g[0] for g in grads], pulls=[p[0] for p in pulls]
         ):
-            return client.push_pull(grads, pulls, step=step) if pulls else client.push_many(grads, step=step)
+            s = self.ps_step(step)
+            return client.push_pull(grads, pulls, step=s) if pulls else client.push_many(grads, step=s)
 
     def _push(self, client: PSClient, grads: list, step: int | None) -> None:
         """A step's gradients, pushed on the background thread (its span lands on lane 1)."""

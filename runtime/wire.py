@@ -188,15 +188,16 @@ def header_frame(header: Any, descs: Any = ()) -> bytes:
     return _ENCODER.encode((header, descs))
 
 
-def wire_array(i: int, a: Any) -> np.ndarray:
-    """Array `i` of a message as the wire carries it: C-contiguous, little-endian, an allowed dtype
+def wire_array(i: int, a: Any, contiguous: bool = True) -> np.ndarray:
+    """Array `i` of a message as the wire carries it: C-contiguous (unless `contiguous` is False:
+    for a copy into shared memory, which lays it out itself), little-endian, an allowed dtype
     (WireError otherwise); no copy when it already is."""
     a = np.asarray(a)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     if a.dtype.str not in DTYPES:
         raise WireError(f"array {i} has dtype {a.dtype}; the wire carries only {sorted(DTYPES)}")
-    return a if a.flags.c_contiguous else a.copy(order="C")
+    return a if a.flags.c_contiguous or not contiguous else a.copy(order="C")
 
 
 def sign(frames: Sequence[Any], secret: bytes) -> list[Any]:

@@ -230,3 +230,22 @@ def test_trainers_read_tensors_in_place_and_hand_every_message_back():
     )
     assert hist.steps == 40
     assert {n: s["ring_full"] for n, s in hist.trainers.items()} == {"cpu:0": 0, "gpu:0": 0}
+
+
+def test_a_strided_array_goes_through_the_segment_as_it_would_as_frames(run_dir):
+    """A column slice (what a concat's gradient sends) is laid out in C order by the ring's copy,
+    not by a copy of its own first; what arrives equals the slice, through shared memory and not."""
+    inbox, out, ep = _pair(run_dir)
+    full = np.random.default_rng(0).normal(size=(512, 429)).astype(np.float32)
+    part = full[:, :416]
+    assert not part.flags.c_contiguous
+    try:
+        out.send(ep, {"i": 0}, [part, full[:, 416:].T])
+        assert out.rings[ep].head > 0  # through the segment
+        header, (a, b) = _recv(inbox)
+        np.testing.assert_array_equal(a, part)
+        np.testing.assert_array_equal(b, full[:, 416:].T)
+        assert a.flags.c_contiguous and b.shape == (13, 512)
+    finally:
+        out.close()
+        inbox.close()

@@ -4,10 +4,13 @@ goes, in what order, and what the driver refuses to unpack."""
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from runtime.driver import Listener
+from runtime.history import History
 from runtime.messages import TO_DRIVER, Done, ProtocolError, Reports, StepReport, header, parse
 from runtime.reports import ReportQueue, unpack
 
@@ -27,7 +30,7 @@ def _messages(sent):
     out = []
     for _, h, arrays in sent:
         msg = parse(h, TO_DRIVER)
-        out += list(unpack(msg, arrays)) if isinstance(msg, Reports) else [(msg, arrays)]
+        out += [m[:2] for m in unpack(msg, arrays)] if isinstance(msg, Reports) else [(msg, arrays)]
     return out
 
 
@@ -61,19 +64,43 @@ def test_a_queue_goes_once_its_oldest_report_is_due_and_at_once_without_a_delay(
     assert len(out.sent) == 1 and [m.step for m, _ in _messages(out.sent)] == [0, 1]
     now = ReportQueue(_Out(), "drv", "gpu:0", every_s=0.0)
     now.losses(0, [(4, 1.0, [])])
-    assert len(now.out.sent) == 1 and now.out.sent[0][1]["k"] == "losses"  # alone: no wrapper
+    assert len(now.out.sent) == 1 and now.out.sent[0][1]["k"] == "losses"  # at once: no wrapper
+
+
+def test_each_report_carries_its_age_and_the_driver_dates_the_step_by_it():
+    out = _Out()
+    q = ReportQueue(out, "drv", "cpu:0", every_s=60.0)
+    q.step(StepReport("cpu:0", 0, 1, 4, 4))
+    time.sleep(0.2)
+    q.losses(0, [(4, 0.5, [])])
+    made = time.perf_counter()  # step 0 is done; its reports wait 0.3 s more in the queue
+    time.sleep(0.3)
+    q.flush()
+    ages = [age for _, _, age in unpack(parse(out.sent[0][1], TO_DRIVER), [])]
+    assert 0.5 <= ages[0] < 0.5 + 0.1 and 0.3 <= ages[1] < 0.3 + 0.1
+    # the driver dates step 0 when its last report was made, not when the reports arrived
+    settings = SimpleNamespace(reader="cpu", loss_reduction="mean", until_loss=None, held={})
+    pauses = SimpleNamespace(start=0, next_pause=lambda step: None, due=lambda step: False)
+    hist = History()
+    drv = Listener(settings, None, None, _Out(), {"cpu:0": "a"}, hist, None, None, pauses, t0=0.0)
+    drv.t_start = made - 10.0
+    drv._handle(out.sent[0][1], [])
+    assert hist.steps == 1 and hist.loss == [0.5] and hist.examples == [4]
+    assert abs(hist.time[0] - 10.0) < 0.02, hist.time  # not 10.3 s: when it arrived
 
 
 def test_the_driver_refuses_a_malformed_reports_message():
     step = header(StepReport("cpu:0", 0, 1, 2, 2))
     bad = [
-        ([[header(Done("cpu:0", {})), 0]], [], "unexpected message kind"),  # only step reports ride along
-        ([[step, 1]], [], "claims 1"),
-        ([[step, -1]], [], "claims -1"),
-        ([[step, 0]], [np.zeros(2)], "carries 1 arrays"),
-        ([step], [], "not \\[header"),
+        ([[header(Done("cpu:0", {})), 0, 0.0]], [], "unexpected message kind"),  # only step reports
+        ([[step, 1, 0.0]], [], "claims 1"),
+        ([[step, -1, 0.0]], [], "claims -1"),
+        ([[step, 0, 0.0]], [np.zeros(2)], "carries 1 arrays"),
+        ([[step, 0, -1.0]], [], "age -1.0"),
+        ([[step, 0, "old"]], [], "age 'old'"),
+        ([[step, 0]], [], "not \\[header"),
         ({"x": 1}, [], "needs a list"),
-        ([[{"k": "step", "who": "cpu:0"}, 0]], [], "lacks its field"),
+        ([[{"k": "step", "who": "cpu:0"}, 0, 0.0]], [], "lacks its field"),
     ]
     for msgs, arrays, why in bad:
         with pytest.raises(ProtocolError, match=why):

@@ -23,7 +23,7 @@ from runtime.cli import main as cli_main
 from runtime.data import SyntheticCTR
 from runtime.engines import LocalEngine
 from runtime.ps.table import PSError
-from runtime.trainer_ps import Background
+from runtime.trainer_bg import Background
 from transpiler import builder as nn
 from transpiler import transpile
 from transpiler.config import TranspileConfig

@@ -35,23 +35,24 @@ def test_row_merge_sums_repeated_rows_like_np_add_at_and_is_reused_across_tables
     np.testing.assert_array_equal(merge.unique_rows[merge.inverse(np)], rows)
 
 
+@pytest.mark.parametrize("dim", [16, 1])  # (1: a wide table's rows, a loop of its own)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_row_merge_of_a_ctr_steps_rows_sums_in_float64_like_np_add_at(dtype):
+def test_row_merge_of_a_ctr_steps_rows_sums_in_float64_like_np_add_at(dtype, dim):
     # a CTR step's lookups (512 x 26 ids, skewed: ~3 600 distinct) take the compiled segmented sum
     # (>= 4 096 rows); it accumulates in float64, so it is within one float32 rounding of the exact
     # sum however many times a hot id repeats (np.add.at in float32 drifts by ~1e-4 here)
     rng = np.random.default_rng(2)
     rows = (rng.zipf(1.2, 512 * 26) % 100_000).astype(np.int64)
-    values = rng.standard_normal((rows.size, 16)).astype(dtype)
+    values = rng.standard_normal((rows.size, dim)).astype(dtype)
     merge = RowMerge.of(np, rows)
-    exact = np.zeros((100_000, 16), np.float64)
+    exact = np.zeros((100_000, dim), np.float64)
     np.add.at(exact, rows, values.astype(np.float64))
     got = merge.sum(np, values)
-    assert got.dtype == dtype and got.shape == (np.unique(rows).size, 16)
+    assert got.dtype == dtype and got.shape == (np.unique(rows).size, dim)
     want = exact[np.unique(rows)].astype(dtype)
     np.testing.assert_allclose(got, want, rtol=np.finfo(dtype).eps, atol=np.finfo(dtype).tiny)
     # a non-contiguous view of the values sums the same
-    wide = np.zeros((rows.size, 32), dtype)
+    wide = np.zeros((rows.size, 2 * dim), dtype)
     wide[:, ::2] = values
     np.testing.assert_array_equal(merge.sum(np, wide[:, ::2]), got)
 

@@ -58,6 +58,8 @@ def pushed_sparse(ps: PSAccess, bg: FakeBackground, t: int) -> dict[str, tuple]:
     """Per sparse table of step t's push: (ids, rows) as pushed, and the distinct ids with their
     rows summed (float64) by hand, which is what the client's merge must make of them."""
     ps.push_step(t, ps.book.step(t))
+    assert ps.deferred is not None and ps.deferred[0] == t  # (async: kept for the next row pull)
+    ps.send_deferred()  # (the trainer is about to wait: alone)
     (grads, _step) = bg.calls[-1][1]
     out = {}
     for table, rows, ids in grads:
@@ -175,3 +177,31 @@ def test_unique_ids_of_a_prefetched_feed_equal_np_unique_of_the_items_own_ids(si
     later = items_of_step(1, np.random.default_rng(6), sizes)[0]
     np.testing.assert_array_equal(ps.unique_ids(later, "sparse", later.feed["sparse"])["Unique"],
                                   np.unique(later.feed["sparse"]))
+
+
+def test_an_async_readers_push_goes_with_its_next_row_pull_in_one_request():
+    ps, bg = reader_access()
+    rng = np.random.default_rng(1)
+    items = items_of_step(0, rng, sizes=(4,))
+    ps.prefetch_rows(0, items)
+    it = items[0]
+    uniq, index = np.unique(it.feed["sparse"], return_inverse=True)
+    g = rng.normal(size=(index.size, DIM)).astype(np.float32)
+    ps.push_sparse(it, "deep_emb.w_0", uniq, SparseRows(index.reshape(-1), g, uniq.size))
+    calls = len(bg.calls)
+    ps.push_step(0, ps.book.step(0))
+    assert len(bg.calls) == calls  # kept...
+    later = items_of_step(1, rng, sizes=(4,))
+    ps.prefetch_rows(1, later)  # ...until step 1's rows are pulled: one request for both
+    assert len(bg.calls) == calls + 1 and ps.deferred is None
+    fn, (grads, pulls, step) = bg.calls[-1]
+    assert fn == ps._push_and_pull and step == 0
+    assert [t for t, _, _ in grads] == ["deep_emb.w_0", "wide_emb.w_0"]  # (zeros for the wide one)
+    np.testing.assert_array_equal(grads[0][2], uniq)
+    want = np.zeros((uniq.size, DIM))
+    np.add.at(want, index.reshape(-1), g)
+    np.testing.assert_allclose(grads[0][1], want, rtol=1e-6)
+    step1 = np.unique(later[0].feed["sparse"])
+    assert sorted(t for t, _ in pulls) == ["deep_emb.w_0", "wide_emb.w_0"]
+    for _, ids in pulls:
+        np.testing.assert_array_equal(ids, step1)

@@ -35,7 +35,7 @@ from ..telemetry import unpack_spans
 from ..wire import AuthError, WireError, decode, encode, wire_array
 from . import checkpoint
 from .index import strictly_increasing
-from .pulls import assemble, one_pull_per_table
+from .pulls import ALL, assemble, one_pull_per_table
 from .server import ADMIN_OPS, PS_RING_BYTES
 from .shard import check_ids_given
 from .sharding import place_dense, shard_of
@@ -175,10 +175,10 @@ class PSClient:
         check_ids_given(spec.kind, table, ids, what)
         return spec
 
-    def _split(self, ids: np.ndarray) -> list[np.ndarray]:
-        """Per shard, the positions in `ids` of the ids it holds."""
+    def _split(self, ids: np.ndarray) -> list[np.ndarray | slice]:
+        """Per shard, the positions in `ids` of the ids it holds (one shard: `ALL`, no copy)."""
         if len(self._socks) == 1:
-            return [np.arange(ids.size)]
+            return [ALL]
         owner = shard_of(ids, len(self._socks))
         return [np.flatnonzero(owner == k) for k in range(len(self._socks))]
 
@@ -240,7 +240,7 @@ class PSClient:
             uniq, inv = (flat, None) if strictly_increasing(flat) else np.unique(flat, return_inverse=True)
             where = []
             for k, p in enumerate(self._split(uniq)):
-                if p.size:
+                if p is ALL or p.size:
                     where.append((len(parts), p))
                     parts.append((k, table, [uniq[p]]))
             plans.append((spec, ids.shape, uniq.size, inv, where))
@@ -326,7 +326,7 @@ class PSClient:
             return
         ids, values = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(values)
         self._call({k: ({"op": "assign", "table": table}, [ids[p], values[p]])
-                    for k, p in enumerate(self._split(ids)) if p.size})
+                    for k, p in enumerate(self._split(ids)) if p is ALL or p.size})
 
     # -- admin --------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, **meta: Any) -> None:

@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+ALL = slice(None)  # a shard's positions when one shard holds every id (`PSClient._split`)
+
 
 def assemble(plans: list, got: list[np.ndarray]) -> list[np.ndarray]:
     """The pulls' results from their parts' reply arrays (`PSClient._pull_parts`' plans)."""
@@ -16,9 +18,12 @@ def assemble(plans: list, got: list[np.ndarray]) -> list[np.ndarray]:
         if shape is None:
             out.append(got[where[0][0]])
             continue
-        rows = np.empty((n, spec.shape[1]), spec.dtype)
-        for i, p in where:
-            rows[p] = got[i]
+        if len(where) == 1 and where[0][1] is ALL and got[where[0][0]].flags.writeable:
+            rows = got[where[0][0]]  # one shard's reply, already a fresh array: no copy
+        else:
+            rows = np.empty((n, spec.shape[1]), spec.dtype)
+            for i, p in where:
+                rows[p] = got[i]
         out.append((rows if inv is None else rows[inv]).reshape(*shape, spec.shape[1]))
     return out
 
