@@ -442,12 +442,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         line += "; no CUDA device here: no gpu figure"
     print(line)
-    out["single"], single_ms = single_process(args.steps, args.warmup)
     gemm_ms = stage["cpu"]
-    print(
-        f"hetps single process (no distribution, 1 BLAS thread):  {out['single']:8,.0f} examples/s, "
-        f"{single_ms:.1f} CPU ms per step"
-    )
     modes = args.modes.split(",")
     rounds: list[dict[str, float]] = []
     for r in range(args.rounds):
@@ -463,6 +458,13 @@ def main(argv: list[str] | None = None) -> dict:
                 f"examples/s (loss {pd['first_loss']:.4f} -> {pd['last_loss']:.4f}; load average "
                 f"{os.getloadavg()[0]:.1f})"
             )
+        # the reference of the tax and of "x one process", measured in each round like the others
+        got["single"], single_ms = single_process(args.steps, args.warmup)
+        out["single"] = got["single"]
+        print(
+            f"hetps single process (no distribution, 1 BLAS thread):  {got['single']:8,.0f} examples/s, "
+            f"{single_ms:.1f} CPU ms per step"
+        )
         for mode in modes:
             mbs = args.micro_batches or BEST_MICRO_BATCHES[mode]
             held = "dense tables through the servers" if args.dense_on_servers else "dense tables held"
@@ -475,6 +477,7 @@ def main(argv: list[str] | None = None) -> dict:
             )
             rate = got[mode] = hist.examples_per_s(skip=args.warmup)
             ratio = f"{rate / got['paddle']:.2f}x Paddle, " if "paddle" in got else ""
+            ratio += f"{rate / got['single']:.2f}x one process, "
             print(
                 f"hetps {mode:>5}:  {rate:8,.0f} examples/s = {ratio}{100 * rate / out['bound']:.0f}% of "
                 f"the bound  [{setting}; loss {np.mean(hist.loss[:10]):.4f} -> "
@@ -523,18 +526,19 @@ def main(argv: list[str] | None = None) -> dict:
     out["rounds"] = rounds
     if args.rounds > 1:
         print(f"-- medians over {args.rounds} rounds")
-        for key in [k for k in ("paddle", *modes) if k in rounds[0]]:
+        for key in [k for k in ("paddle", "single", *modes) if k in rounds[0]]:
             rates = [r[key] for r in rounds]
             line = (
                 f"{key:>6}: {float(np.median(rates)):8,.0f} examples/s "
                 f"(range {min(rates):,.0f} - {max(rates):,.0f})"
             )
-            if key != "paddle" and "paddle" in rounds[0]:
-                ratios = [r[key] / r["paddle"] for r in rounds]
-                line += (
-                    f"; x Paddle of its round: median {float(np.median(ratios)):.2f} "
-                    f"(range {min(ratios):.2f} - {max(ratios):.2f})"
-                )
+            for ref in ("paddle", "single"):
+                if key not in ("paddle", "single") and ref in rounds[0]:
+                    ratios = [r[key] / r[ref] for r in rounds]
+                    line += (
+                        f"; x {'Paddle' if ref == 'paddle' else 'one process'} of its round: median "
+                        f"{float(np.median(ratios)):.2f} (range {min(ratios):.2f} - {max(ratios):.2f})"
+                    )
             print(line)
         for key in [k for k in rounds[0] if k.startswith(("tax ", "stage ", "gpu"))]:
             vals = [r[key] for r in rounds]
