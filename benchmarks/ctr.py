@@ -326,9 +326,7 @@ def hetps(
         waits = steady_time_use(trace, warmup, total - 1) if steps > 1 else {}
     if len(marks) < 2:  # too few timed steps: nothing between the marks
         return hist, {}, waits
-    done = np.interp(  # steps done by each mark, interpolated between the steps' end times
-        [m.pop("at") - hist.started_at for m in marks], hist.time, np.arange(1, hist.steps + 1)
-    )
+    done = [hist.steps_done(m.pop("at")) for m in marks]
     cpu_ms = {n: 1e3 * (marks[1][n] - marks[0][n]) / (done[1] - done[0]) for n in marks[0] if n in marks[1]}
     return hist, cpu_ms, waits
 

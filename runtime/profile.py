@@ -69,6 +69,9 @@ def machine_key() -> str:
 
 
 # -- the runtime's own overhead -------------------------------------------------------------------
+MARGIN = 60  # steps a calibration run goes on after its last mark (> 0.1 s of this small model's)
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -78,7 +81,9 @@ def cpu_seconds(pid: int) -> float:
 def _cpu_per_step(
     plan: Plan, data: Any, mode: str, micro_batches: int, steps: int, warmup: int
 ) -> dict[str, float]:
-    """CPU seconds per step of every process of a short run (cpu=1, gpu=1, one shard)."""
+    """CPU seconds per step of every process of a short run (cpu=1, gpu=1, one shard), counted in
+    steps done between the marks (`History.steps_done`: a step callback runs up to 0.1 s late); the
+    run goes on `MARGIN` steps after the last mark, so every process is still there to be read."""
     from .engines import LocalEngine
     from .train import train
 
@@ -87,13 +92,17 @@ def _cpu_per_step(
     def mark(record: dict) -> None:
         if record["step"] in (warmup - 1, warmup + steps - 1):
             marks.append(
-                {**{n: cpu_seconds(p) for n, p in eng.pids().items() if p}, "driver": time.process_time()}
+                {
+                    **{n: cpu_seconds(p) for n, p in eng.pids().items() if p},
+                    "driver": time.process_time(),
+                    "at": time.perf_counter(),
+                }
             )
 
-    train(
+    hist = train(
         plan,
         data,
-        steps=warmup + steps,
+        steps=warmup + steps + MARGIN,
         batch_size=256,
         trainers={"cpu": 1, "gpu": 1},
         servers=1,
@@ -104,7 +113,8 @@ def _cpu_per_step(
         callback=mark,
         progress=False,
     )
-    return {n: (marks[1][n] - marks[0][n]) / steps for n in marks[0]}
+    done = hist.steps_done(marks[1].pop("at")) - hist.steps_done(marks[0].pop("at"))
+    return {n: (marks[1][n] - marks[0][n]) / done for n in marks[0]}
 
 
 def measure_overhead(link: LinkCost, ps: PSCost, steps: int = 40, warmup: int = 5) -> dict[str, Overhead]:

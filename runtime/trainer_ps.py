@@ -225,8 +225,12 @@ class PSAccess:
         grad = _host(grad.to_dense(self.xp) if isinstance(grad, SparseRows) else grad)
         st = self.book.step(it.step)
         acc = st.grads.get(table)
-        if table in self.held:  # applied here, never sent: no buffer (and no sum into the op's output)
-            st.grads[table] = grad if acc is None else acc + grad
+        if table in self.held and acc is None:  # applied here, never sent: the op's own output
+            st.grads[table] = grad
+        elif table in self.held and table not in st.summed:  # a second one: sum in a buffer of ours
+            st.grads[table] = self._buffer(table, acc)
+            st.grads[table] += grad
+            st.summed.add(table)
         elif acc is None:
             st.grads[table] = self._buffer(table, grad)
         else:
@@ -278,7 +282,8 @@ class PSAccess:
                 self.kept.apply(st.grads, t)
             self.kept.write_back_due(self.client, t + 1, self.rec)  # (a pause after step t)
             for name in self.held:
-                st.grads.pop(name, None)
+                if (buf := st.grads.pop(name, None)) is not None and name in st.summed:
+                    self.free_bufs.setdefault(name, []).append(buf)
         sorts = {
             x: self.step_sorts.pop((t, x))
             for x in {x for _, _, x in self.sparse_feeds}
