@@ -239,12 +239,6 @@ def build():
     )
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def steady_time_use(trace: Path, first: int, last: int) -> dict[str, dict[str, float]]:
     """Per trainer, the share of its wall time over steps `first`..`last` (from its first span of
     step `first` to the end of its last span of step `last`, in the run's Chrome trace) that it
@@ -286,6 +280,7 @@ def hetps(
     each trainer's waits over the timed steps (`steady_time_use`)."""
     from runtime import train
     from runtime.engines import LocalEngine
+    from runtime.profile import cpu_seconds
     from transpiler import transpile
 
     plan = transpile(build().main)

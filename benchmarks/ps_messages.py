@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.data import SyntheticCTR  # noqa: E402
+from runtime.profile import cpu_seconds  # noqa: E402
 from runtime.ps import Servers  # noqa: E402
 from runtime.ps.shard import Shard  # noqa: E402
 from transpiler.tables import TableSpec  # noqa: E402
@@ -78,12 +79,6 @@ def steps() -> list[tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]]
             )
         )
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far, all its threads (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def client_step(client, step) -> None:
