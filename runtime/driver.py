@@ -131,15 +131,16 @@ class Listener:
                 st.items + msg.items,
                 st.examples + msg.examples,
             )
-            st.at = max(st.at, now)
         elif isinstance(msg, Losses):
             self._tally_losses(msg, arrays)
-            self.steps[msg.step].at = max(self.steps[msg.step].at, now)
         elif isinstance(msg, Done):
             self.done.add(msg.who)
             self.history.trainers[msg.who] = msg.stats
             if arrays:  # its trace spans
                 self.tel.spans(msg.who, unpack_spans(arrays[0]))
+        if isinstance(msg, (StepReport, Losses)):  # a step ends with its last report
+            st = self.steps[msg.step]
+            st.at = max(st.at, now)
 
     def _tally_losses(self, msg: Losses, arrays: list) -> None:
         st = self.steps.setdefault(msg.step, _StepTally())

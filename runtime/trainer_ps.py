@@ -225,14 +225,12 @@ class PSAccess:
         grad = _host(grad.to_dense(self.xp) if isinstance(grad, SparseRows) else grad)
         st = self.book.step(it.step)
         acc = st.grads.get(table)
-        if table in self.held and acc is None:  # applied here, never sent: the op's own output
+        if acc is None:  # the op's own output (fresh; nothing writes it again): no copy
             st.grads[table] = grad
-        elif table in self.held and table not in st.summed:  # a second one: sum in a buffer of ours
+        elif table not in st.summed:  # a second one: sum in a buffer of ours
             st.grads[table] = self._buffer(table, acc)
             st.grads[table] += grad
             st.summed.add(table)
-        elif acc is None:
-            st.grads[table] = self._buffer(table, grad)
         else:
             acc += grad
 
@@ -255,11 +253,17 @@ class PSAccess:
         else:
             st.rows.setdefault(table, []).append((ids, grad))
 
+    @staticmethod
+    def _buffers(st: StepState) -> list[tuple[str, np.ndarray]]:
+        """The step's gradient buffers of ours (sums), reusable once its push is answered."""
+        return [(name, st.grads[name]) for name in st.summed if name in st.grads]
+
     def _buffer(self, table: str, grad: np.ndarray) -> np.ndarray:
-        """A copy of `grad` in a reused buffer: a step's dense gradients are summed in place into
-        buffers that go back to a free list once their push has been answered (zmq no longer
-        reads them), so steady training allocates no fresh multi-MB arrays (first-touch page
-        faults cost more than the copy)."""
+        """A copy of `grad` in a reused buffer: a step's dense gradients of a table from several
+        items are summed in place into a buffer that goes back to a free list once its push has
+        been answered (zmq no longer reads it), so steady training allocates no fresh multi-MB
+        arrays (first-touch page faults cost more than the copy). One item's gradient is pushed
+        (or applied, when held) as its op made it."""
         done = [p for p in self.pushing if p[0].done()]
         for p in done:
             self.pushing.remove(p)
@@ -283,7 +287,7 @@ class PSAccess:
             self.kept.write_back_due(self.client, t + 1, self.rec)  # (a pause after step t)
             for name in self.held:
                 if (buf := st.grads.pop(name, None)) is not None and name in st.summed:
-                    self.free_bufs.setdefault(name, []).append(buf)
+                    self.free_bufs.setdefault(name, []).append(buf)  # (a buffer of ours: reuse it)
         sorts = {
             x: self.step_sorts.pop((t, x))
             for x in {x for _, _, x in self.sparse_feeds}
@@ -314,13 +318,13 @@ class PSAccess:
             fut = self._push_pull(t, grads, list(ahead))
         elif grads and self.defer_push:  # with the next step's row pull (`prefetch_rows`)
             self.send_deferred()
-            self.deferred = (t, grads, list(st.grads.items()))
+            self.deferred = (t, grads, self._buffers(st))
             return
         elif grads or self.leads_clip():
             fut = self.bg.submit(self._push, grads, self.ps_step(t))
         else:
             return
-        self.pushing.append((fut, list(st.grads.items())))
+        self.pushing.append((fut, self._buffers(st)))
 
     def _push_pull(self, t: int, grads: list, ahead: list[Any]) -> Future:
         """Sync: step t's push and step t + 1's pulls (dense tables; rows of the `ahead` items) in one

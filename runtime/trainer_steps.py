@@ -16,7 +16,7 @@ class StepState:
     announced: set[int] = field(default_factory=set)  # readers whose announcement arrived
     dense: dict[str, Any] = field(default_factory=dict)  # pulled dense tables
     grads: dict[str, Any] = field(default_factory=dict)  # accumulated dense gradients
-    summed: set[str] = field(default_factory=set)  # held tables whose gradient is in a buffer of ours
+    summed: set[str] = field(default_factory=set)  # dense tables whose gradient is a buffer of ours
     rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)  # sparse
     # sparse, per item: (ids, rows) with one row per lookup of the item's prefetched feed, in order
     fed_rows: dict[str, dict[tuple, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
