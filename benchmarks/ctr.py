@@ -9,7 +9,8 @@ In one run this measures, on the same 20 pre-generated synthetic batches (cycled
    see what the cores give together, the same GEMMs run back to back by 1 and by `cores` processes;
 2. PaddlePaddle 3.3.1, single process, legacy static IR (FLAGS_enable_pir_api=0), sparse embedding
    gradients, FLAGS_paddle_num_threads=2 (a subprocess, so its flags and threads are its own);
-3. for reference, the untranspiled program in one process with hetps's own Executor;
+3. for reference, the untranspiled program in one process with hetps's own Executor (1 kernel
+   thread; and with the hetps run's kernel threads, when it has more than 1);
 4. hetps: the program transpiled by type (embeddings on cpu trainers, MLP on the emulated gpu
    trainer, tables on parameter-server shards), trained with `runtime.train` on the local engine,
    in each of `--modes` (async first: the best setting measured on this 2-core machine);
@@ -46,6 +47,9 @@ import numpy as np
 # (the fewest messages and executor runs) is fastest too (quiet machine: 21 226 / 20 950 examples/s
 # against 19 233 / 18 947 with 2 and 17 440-18 669 with 4).
 BEST_MICRO_BATCHES = {"async": 1, "sync": 1}
+# The gpu trainer's products over 2 threads (train(kernel_threads=...), ops_registry.parallel): the MLP
+# uses the core that the cpu trainer and the shard leave idle (benchmarks/README.md, issue 18 round 6).
+BEST_KERNEL_THREADS = "gpu=2"
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH, SLOTS, VOCAB, DIM, DENSE, HIDDEN, LR = 512, 26, 100_000, 16, 13, (400, 400, 400), 0.01
@@ -210,18 +214,22 @@ def paddle(steps: int, warmup: int, threads: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def single_process(steps: int, warmup: int) -> tuple[float, float]:
+def single_process(steps: int, warmup: int, kernel_threads: int = 1) -> tuple[float, float]:
     """(examples/s, CPU ms per step) of the untranspiled program in this process (hetps's Executor,
-    one BLAS thread): the same kernels as the trainers, without any distribution."""
+    one BLAS thread, its products over `kernel_threads` threads): the same kernels as the trainers,
+    without any distribution."""
     from threadpoolctl import threadpool_limits
 
+    from ops_registry import parallel
     from runtime import Executor
 
     model = build()
     bs = batches()
     exe = Executor()
     exe.run(model.startup)
-    with threadpool_limits(1):
+    parallel.set_threads(kernel_threads)
+    with threadpool_limits(1), contextlib.ExitStack() as undo:
+        undo.callback(parallel.set_threads, 1)
         for i in range(warmup):
             exe.run(model.main, feed=bs[i % NUM_BATCHES])
         t0, c0 = time.perf_counter(), time.process_time()
@@ -275,6 +283,7 @@ def hetps(
     mode: str,
     servers: int,
     dense_on_trainer: bool = True,
+    kernel_threads: dict[str, int] | None = None,
 ):
     """Train the model; also returns each process's CPU ms per timed step (driver included) and
     each trainer's waits over the timed steps (`steady_time_use`)."""
@@ -317,6 +326,7 @@ def hetps(
             callback=mark,
             trace=str(trace),
             dense_on_trainer=dense_on_trainer,
+            kernel_threads=kernel_threads,
         )
         waits = steady_time_use(trace, warmup, total - 1) if steps > 1 else {}
     if len(marks) < 2:  # too few timed steps: nothing between the marks
@@ -391,6 +401,13 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--modes", default="async,sync", help="hetps modes to measure, the best first")
     ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument(
+        "--kernel-threads",
+        type=parse_trainers,
+        default=parse_trainers(BEST_KERNEL_THREADS),
+        help=f"threads per trainer type for the large products (train(kernel_threads=...)); default "
+        f"{BEST_KERNEL_THREADS}, the best measured here; gpu=1: every product on the trainer's own thread",
+    )
     ap.add_argument("--paddle-threads", type=int, default=2)
     ap.add_argument("--skip-paddle", action="store_true")
     ap.add_argument(
@@ -458,19 +475,34 @@ def main(argv: list[str] | None = None) -> dict:
             f"hetps single process (no distribution, 1 BLAS thread):  {got['single']:8,.0f} examples/s, "
             f"{single_ms:.1f} CPU ms per step"
         )
+        # the same kernels as the run's gpu trainer (its products over k threads): the reference of
+        # the distribution tax, so that the tax counts what distribution costs, not what threads cost
+        k = max(args.kernel_threads.values(), default=1)
+        ref_ms = single_ms
+        if k > 1:
+            got["single_k"], ref_ms = single_process(args.steps, args.warmup, k)
+            print(
+                f"hetps single process, its products over {k} kernel threads:  {got['single_k']:8,.0f} "
+                f"examples/s, {ref_ms:.1f} CPU ms per step"
+            )
         for mode in modes:
             mbs = args.micro_batches or BEST_MICRO_BATCHES[mode]
             held = "dense tables through the servers" if args.dense_on_servers else "dense tables held"
+            if args.trainers.get("gpu", 1) > 1:
+                held = "dense tables through the servers (more than one gpu trainer)"
             setting = (
                 f"{mode}, trainers {args.trainers}, {mbs} micro-batches, {args.servers} server(s), "
-                f"{gpu_kind}, {held}"
+                f"{gpu_kind}, {held}, kernel threads {args.kernel_threads}"
             )
             hist, cpu_ms, waits = hetps(
-                args.steps, args.warmup, args.trainers, mbs, mode, args.servers, not args.dense_on_servers
+                args.steps, args.warmup, args.trainers, mbs, mode, args.servers, not args.dense_on_servers,
+                args.kernel_threads,
             )
             rate = got[mode] = hist.examples_per_s(skip=args.warmup)
             ratio = f"{rate / got['paddle']:.2f}x Paddle, " if "paddle" in got else ""
             ratio += f"{rate / got['single']:.2f}x one process, "
+            if "single_k" in got:
+                ratio += f"{rate / got['single_k']:.2f}x one process on {k} kernel threads, "
             print(
                 f"hetps {mode:>5}:  {rate:8,.0f} examples/s = {ratio}{100 * rate / out['bound']:.0f}% of "
                 f"the bound  [{setting}; loss {np.mean(hist.loss[:10]):.4f} -> "
@@ -500,11 +532,14 @@ def main(argv: list[str] | None = None) -> dict:
                 + f"; total {sum(cpu_ms.values()):.1f} (the MLP's GEMMs alone: {gemm_ms:.1f} CPU ms "
                 "on one core)"
             )
-            costs = out[f"costs_{mode}"] = Costs(cpu_ms, single_ms, gemm_ms)
+            costs = out[f"costs_{mode}"] = Costs(cpu_ms, ref_ms, gemm_ms)
             got[f"tax {mode}"], got[f"stage {mode}"] = costs.tax, costs.cpu_stage_us
+            same = f" with the same {k} kernel threads" if k > 1 else ""
+            also = f"; against the 1-thread single process {single_ms:.1f}: " if k > 1 else ""
+            also += f"{sum(cpu_ms.values()) / single_ms:.2f}" if k > 1 else ""
             print(
                 f"  distribution tax: {costs.tax:.2f}  (CPU ms per step of all processes "
-                f"{sum(cpu_ms.values()):.1f} / single process {single_ms:.1f}; goal <= 1.25)"
+                f"{sum(cpu_ms.values()):.1f} / single process{same} {ref_ms:.1f}{also}; goal <= 1.25)"
             )
             print(
                 f"  cpu stage: {costs.cpu_stage_us:.1f} µs/example  (cpu trainers + shards, CPU time "
@@ -519,14 +554,14 @@ def main(argv: list[str] | None = None) -> dict:
     out["rounds"] = rounds
     if args.rounds > 1:
         print(f"-- medians over {args.rounds} rounds")
-        for key in [k for k in ("paddle", "single", *modes) if k in rounds[0]]:
+        for key in [k for k in ("paddle", "single", "single_k", *modes) if k in rounds[0]]:
             rates = [r[key] for r in rounds]
             line = (
                 f"{key:>6}: {float(np.median(rates)):8,.0f} examples/s "
                 f"(range {min(rates):,.0f} - {max(rates):,.0f})"
             )
             for ref in ("paddle", "single"):
-                if key not in ("paddle", "single") and ref in rounds[0]:
+                if key not in ("paddle", "single", "single_k") and ref in rounds[0]:
                     ratios = [r[key] / r[ref] for r in rounds]
                     line += (
                         f"; x {'Paddle' if ref == 'paddle' else 'one process'} of its round: median "

@@ -7,6 +7,7 @@ from collections import Counter
 
 from .base import OpDef, SparseRows, register, static_arg, unbroadcast
 from .nn import _unary
+from .parallel import matmul as _pmm  # (2-D numpy products over the kernel threads)
 from .shapes import binary, broadcast, same_as
 
 
@@ -122,7 +123,7 @@ register(OpDef("where", "light", ("condition", "X", "Y"), ("output",), _where, _
 
 def _matmul(xp, ins, attrs):
     """Y = A @ B with numpy.matmul semantics (batched, 1-D promotion)."""
-    return {"Y": xp.matmul(ins["A"], ins["B"])}
+    return {"Y": _pmm(ins["A"], ins["B"])}
 
 
 def _matmul_vjp(xp, ins, outs, douts, attrs):
@@ -132,8 +133,8 @@ def _matmul_vjp(xp, ins, outs, douts, attrs):
     g2 = xp.expand_dims(g, -1) if b.ndim == 1 else g  # restore the dims 1-D promotion removed
     if a.ndim == 1:
         g2 = xp.expand_dims(g2, -2)
-    ga = xp.matmul(g2, xp.swapaxes(b2, -1, -2))
-    gb = xp.matmul(xp.swapaxes(a2, -1, -2), g2)
+    ga = _pmm(g2, xp.swapaxes(b2, -1, -2))
+    gb = _pmm(xp.swapaxes(a2, -1, -2), g2)
     ga = unbroadcast(xp, ga, a2.shape).reshape(a.shape)
     gb = unbroadcast(xp, gb, b2.shape).reshape(b.shape)
     return {"A": ga, "B": gb}
@@ -165,7 +166,7 @@ def _gemm(xp, ins, attrs):
     """Y = alpha * op(A) @ op(B) + beta * C, op = transpose when transA / transB (ONNX Gemm)."""
     a = ins["A"].T if attrs["transA"] else ins["A"]
     b = ins["B"].T if attrs["transB"] else ins["B"]
-    y = a @ b
+    y = _pmm(a, b)
     if attrs["alpha"] != 1.0:
         y = y * attrs["alpha"]
     if "C" in ins:
@@ -181,12 +182,12 @@ def _gemm_vjp(xp, ins, outs, douts, attrs):
     out = {}
     if "A" in want:
         b_ = b.T if attrs["transB"] else b
-        ga_ = g @ b_.T
+        ga_ = _pmm(g, b_.T)
         ga = ga_.T if attrs["transA"] else ga_
         out["A"] = ga * alpha if alpha != 1.0 else ga
     if "B" in want:
         a_ = a.T if attrs["transA"] else a
-        gb_ = a_.T @ g
+        gb_ = _pmm(a_.T, g)
         gb = gb_.T if attrs["transB"] else gb_
         out["B"] = gb * alpha if alpha != 1.0 else gb
     if "C" in ins and "C" in want:

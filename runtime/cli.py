@@ -83,6 +83,12 @@ def _run_options(p: argparse.ArgumentParser, defaults: RunDefaults) -> None:
         "item each step, 1 unless a type has more trainers than readers)",
     )
     p.add_argument(
+        "--kernel-threads",
+        metavar="TYPE=N,...",
+        help="threads per trainer process of a type for its large matrix products, e.g. gpu=2 for a "
+        "gpu trainer emulated on CPU cores the others leave idle (default 1)",
+    )
+    p.add_argument(
         "--engine",
         choices=("local", "ray"),
         default="local",

@@ -80,19 +80,24 @@ def load_plan(path: str):
     return Plan.load(path)
 
 
-def parse_counts(text: str) -> dict[str, int]:
-    """'cpu=2,gpu=1' -> {"cpu": 2, "gpu": 1}."""
+def parse_counts(text: str, option: str = "--trainers") -> dict[str, int]:
+    """'cpu=2,gpu=1' -> {"cpu": 2, "gpu": 1} (`option`: the flag it came from, for the error)."""
     out = {}
     for part in filter(None, text.split(",")):
         name, eq, n = part.partition("=")
         if not eq or not name or not n.isdigit() or int(n) < 1:
             raise UsageError(
-                f"--trainers {text!r}: expected TYPE=N[,TYPE=N...] with N >= 1, e.g. cpu=2,gpu=1"
+                f"{option} {text!r}: expected TYPE=N[,TYPE=N...] with N >= 1, e.g. cpu=2,gpu=1"
             )
         out[name.strip()] = int(n)
     if not out:
-        raise UsageError("--trainers is empty; e.g. --trainers cpu=2,gpu=1")
+        raise UsageError(f"{option} is empty; e.g. {option} cpu=2,gpu=1")
     return out
+
+
+def kernel_threads(args: argparse.Namespace) -> dict[str, int] | None:
+    """train()'s `kernel_threads` from --kernel-threads (None: 1 thread for every type)."""
+    return parse_counts(args.kernel_threads, "--kernel-threads") if args.kernel_threads else None
 
 
 def parse_feeds(text: str | None) -> dict[str, str]:

@@ -90,14 +90,15 @@ class History:
     def time_use(self) -> str:
         """One line per trainer, as % of its wall time: computing (`busy`), in parameter-server calls
         (`ps`), waiting for messages (`wait`), sending; and `cpu`, the CPU time it got (less than
-        busy + ps + send when other processes held the cores)."""
+        busy + ps + send when other processes held the cores, more than 100% with kernel threads)."""
         lines = []
         for name, s in sorted(self.trainers.items()):
             wall = max(s.get("wall_s", 0.0), 1e-9)
             pct = {k: 100 * s.get(k, 0.0) / wall for k in ("busy_s", "ps_s", "wait_s", "send_s", "cpu_s")}
+            threads = f", {k} kernel threads" if (k := s.get("kernel_threads", 1)) > 1 else ""
             lines.append(
                 f"{name:>6}: busy {pct['busy_s']:5.1f}%  ps {pct['ps_s']:5.1f}%  "
                 f"wait {pct['wait_s']:5.1f}%  send {pct['send_s']:4.1f}%  cpu {pct['cpu_s']:5.1f}%  "
-                f"({s['items']} micro-batches, {wall:.1f} s)"
+                f"({s['items']} micro-batches, {wall:.1f} s{threads})"
             )
         return "\n".join(lines)

@@ -48,6 +48,7 @@ class RunSettings:
     pushes: dict[str, int]  # per table: trainers that push it each step
     return_params: bool = False
     held: dict[str, str] = field(default_factory=dict)  # dense table -> the trainer type holding it
+    kernel_threads: dict[str, int] = field(default_factory=dict)  # per type, if not 1 (ops_registry.parallel)
 
     @classmethod
     def make(
@@ -68,6 +69,7 @@ class RunSettings:
         stall_timeout: float = 60.0,
         return_params: bool = False,
         dense_on_trainer: bool = True,
+        kernel_threads: dict[str, int] | None = None,
     ) -> RunSettings:
         """Check `train`'s arguments against `plan` (ValueError / TypeError saying what to change)."""
         _check_ends(steps, epochs, until_loss, micro_batches)
@@ -107,6 +109,7 @@ class RunSettings:
             _pushes(plan, counts),
             return_params,
             held_dense(plan.programs, plan.tables, counts) if dense_on_trainer else {},
+            _kernel_threads(kernel_threads or {}, counts),
         )
 
     def trainer_names(self) -> list[str]:
@@ -130,6 +133,16 @@ def _check_ends(steps: Any, epochs: Any, until_loss: Any, micro_batches: Any) ->
     for what, v in (("steps", steps), ("epochs", epochs), ("micro_batches", micro_batches)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise ValueError(f"{what} must be a positive int, got {v!r}")
+
+
+def _kernel_threads(threads: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
+    """`train`'s kernel_threads, checked against the run's trainer types."""
+    for t, n in threads.items():
+        if t not in counts:
+            raise ValueError(f"kernel_threads names trainer type {t!r}; the run's types are {sorted(counts)}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"kernel_threads[{t!r}] must be a positive int, got {n!r}")
+    return dict(threads)
 
 
 def _reader_type(plan: Plan) -> str:
@@ -229,6 +242,7 @@ class TrainerSpec:
     grant: int | None = None  # readers may start steps < grant (None: no limit from the driver)
     held: list[str] = field(default_factory=list)  # the dense tables this trainer holds (ps/hold.py)
     report_s: float = 0.0  # how long it may keep its step reports to the driver (runtime/reports.py)
+    kernel_threads: int = 1  # threads for its large matrix products (ops_registry.parallel)
 
     @property
     def is_reader(self) -> bool:

@@ -74,6 +74,7 @@ def train(
     eval_data: Any = None,
     eval_every: int | None = None,
     dense_on_trainer: bool = True,
+    kernel_threads: dict[str, int] | None = None,
 ) -> History:
     """Train `plan_or_program` (a Program is transpiled with the default config) on `data`.
 
@@ -111,6 +112,9 @@ def train(
       one gpu trainer) stays on that trainer, which applies its gradients itself and writes it back
       to the servers before each checkpoint and evaluation and at the end (transpiler/held.py,
       runtime/ps/hold.py); False: it goes to the servers and back every step, as every other table.
+    - `kernel_threads`: threads per trainer process of a type for its large matrix products
+      (ops_registry.parallel; default 1), e.g. {"gpu": 2} lets an emulated gpu trainer use a core
+      the other processes leave idle. A CUDA gpu trainer's products run on the device regardless.
     """
     plan = _verified(plan_or_program)
     settings = RunSettings.make(
@@ -129,6 +133,7 @@ def train(
         stall_timeout=stall_timeout,
         return_params=return_params,
         dense_on_trainer=dense_on_trainer,
+        kernel_threads=kernel_threads,
     )
     sources.prepare(data, settings.counts[settings.reader], plan.programs[settings.reader])  # checks shards
     pauses, roots, start_from = _pauses(
@@ -332,6 +337,7 @@ def _trainer_spec(
         grant=grant,
         held=[n for n, h in cfg.held.items() if h == t],
         report_s=reports.EVERY_S if cfg.until_loss is None else 0.0,  # (until_loss: grants follow losses)
+        kernel_threads=cfg.kernel_threads.get(t, 1),
     )
 
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ops_registry import parallel
 from transpiler.config import items_in_flight
 from transpiler.inference import score_names
 from transpiler.ir import Program
@@ -102,14 +103,9 @@ class Trainer:
         )
         self.ps.clip_lead = self.name == next(iter(spec.endpoints))
         self.mail = Mail(self.xp)
-        self.exe = Executor(
-            self.xp,
-            handlers={
-                **comm_handlers(self.mail),
-                **comm_handlers(self.ps),
-                "fill_constant": self._seed_fill(spec),
-            },
-        )
+        handlers = {**comm_handlers(self.mail), **comm_handlers(self.ps)}
+        self.exe = Executor(self.xp, handlers={**handlers, "fill_constant": self._seed_fill(spec)})
+        parallel.set_threads(spec.kernel_threads)  # its large matrix products over this many threads
         self.items: dict[tuple[int, int, int], Item] = {}
         self.batches: Iterator | None = None  # a reader's share of the data
         self.ahead: Ahead | None = None  # sync reader: the next step, read while this one runs
@@ -161,6 +157,7 @@ class Trainer:
             self.stats["wall_s"] = time.perf_counter() - start
             self.stats["cpu_s"] = time.process_time() - cpu0
             self.stats["ring_full"] = self.out.ring_full()  # (messages that found no room in shared memory)
+            self.stats["kernel_threads"] = parallel.threads()
             spans = [pack_spans(self.rec.take())] if self.rec.on else []
             self.reports.now(Done(self.name, self.stats), spans)
         finally:

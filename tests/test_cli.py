@@ -193,6 +193,18 @@ def test_bench_reports_throughput(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "3 steps in" in out and "examples/s" in out and "gpu:0: busy" in out
+    assert "kernel threads" not in out
+
+
+def test_bench_passes_kernel_threads_to_the_trainers(capsys):
+    argv = ["bench", "--steps", "2", "--warmup", "1", "--vocab", "200", "--dim", "4", "--hidden", "8",
+            "--batch-size", "32", "--trainers", "cpu=1,gpu=1", "--kernel-threads", "gpu=2"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(ln.strip().startswith("gpu:0:") and ln.endswith("2 kernel threads)") for ln in lines), lines
+    assert not any(ln.strip().startswith("cpu:0:") and "kernel threads" in ln for ln in lines), lines
+    assert main([*argv[:-1], "gpu=0"]) == 2
+    assert "--kernel-threads 'gpu=0': expected TYPE=N" in capsys.readouterr().err
 
 
 def test_a_failing_command_exits_1_with_one_line(tmp_path, capsys):

@@ -118,6 +118,7 @@ def spec_dict() -> dict:
         grant=None,
         held=["fc_0.w_0"],
         report_s=0.1,
+        kernel_threads=2,
     )
 
 
