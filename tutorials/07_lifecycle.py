@@ -82,9 +82,11 @@ def interrupted_run(plan_dir: Path, ckpt: Path, steps: int, every: int, log: Pat
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError(f"the run ended before its first checkpoint:\n{log.read_text()}")
-            time.sleep(0.05)
+            time.sleep(0.01)
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         rc = proc.wait(120)
+    if rc == 0:  # (a run of a few steps can finish before Ctrl-C reaches it)
+        raise RuntimeError(f"the run finished before Ctrl-C reached it; try more --steps:\n{log.read_text()}")
     print(f"^C  (hetps exited with {rc}: {log.read_text().strip().splitlines()[-1]})")
     step = int(latest(ckpt).name.split("-")[1])
     print(f"left checkpoint {latest(ckpt)} (step {step})")
