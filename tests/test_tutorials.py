@@ -76,8 +76,7 @@ def test_06_csv_click_log_trains_through_the_cli_and_scores_held_out_rows(tmp_pa
 
 def test_07_lifecycle_is_interrupted_resumes_and_serves_its_export(tmp_path, capsys):
     pytest.importorskip("onnxruntime")
-    # 120 steps: Ctrl-C must reach the first run before it ends; 20 steps (0.3 s here) were too few for a
-    # loaded machine, 110 leave it about 1.7 s
+    # 120 steps: 110 after the first checkpoint (about 1.7 s here) for Ctrl-C to reach the first run
     out = tutorial("07_lifecycle.py").main(["--steps", "120", "--every", "10", "--held-out", "4",
                                             "--out", str(tmp_path)])
     printed = capsys.readouterr().out

@@ -23,6 +23,7 @@ What it does:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -45,6 +46,22 @@ from transpiler import transpile  # noqa: E402
 from transpiler.models import wide_deep  # noqa: E402
 
 VOCAB, SLOTS, BATCH = 2000, 8, 256
+
+
+@contextlib.contextmanager
+def ctrl_c_enabled():
+    """Let the processes started inside take Ctrl-C (SIGINT), as a run started from a terminal does.
+    A program that a shell started in the background (`python ... &`, some CI runners) ignores SIGINT,
+    and so would every process it starts; a handler, unlike "ignore", is reset to the default in the
+    started process."""
+    before = signal.getsignal(signal.SIGINT)
+    if before == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if before == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, before)
 
 
 def interrupted_run(plan_dir: Path, ckpt: Path, steps: int, every: int, log: Path) -> int:
@@ -75,7 +92,7 @@ def interrupted_run(plan_dir: Path, ckpt: Path, steps: int, every: int, log: Pat
     ]
     print("$ hetps " + " ".join(cmd[3:]))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with open(log, "w") as out:
+    with open(log, "w") as out, ctrl_c_enabled():
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 600
         while not checkpoints(ckpt) or not (checkpoints(ckpt)[0] / "manifest.json").exists():
@@ -85,8 +102,8 @@ def interrupted_run(plan_dir: Path, ckpt: Path, steps: int, every: int, log: Pat
             time.sleep(0.01)
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         rc = proc.wait(120)
-    if rc == 0:  # (a run of a few steps can finish before Ctrl-C reaches it)
-        raise RuntimeError(f"the run finished before Ctrl-C reached it; try more --steps:\n{log.read_text()}")
+    if rc == 0:
+        raise RuntimeError(f"the run finished before Ctrl-C stopped it; try more --steps:\n{log.read_text()}")
     print(f"^C  (hetps exited with {rc}: {log.read_text().strip().splitlines()[-1]})")
     step = int(latest(ckpt).name.split("-")[1])
     print(f"left checkpoint {latest(ckpt)} (step {step})")
