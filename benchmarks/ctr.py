@@ -534,9 +534,11 @@ def main(argv: list[str] | None = None) -> dict:
             )
             costs = out[f"costs_{mode}"] = Costs(cpu_ms, ref_ms, gemm_ms)
             got[f"tax {mode}"], got[f"stage {mode}"] = costs.tax, costs.cpu_stage_us
-            same = f" with the same {k} kernel threads" if k > 1 else ""
-            also = f"; against the 1-thread single process {single_ms:.1f}: " if k > 1 else ""
-            also += f"{sum(cpu_ms.values()) / single_ms:.2f}" if k > 1 else ""
+            same = also = ""
+            if k > 1:
+                same = f" with the same {k} kernel threads"
+                total = sum(cpu_ms.values())
+                also = f"; against the 1-thread single process {single_ms:.1f}: {total / single_ms:.2f}"
             print(
                 f"  distribution tax: {costs.tax:.2f}  (CPU ms per step of all processes "
                 f"{sum(cpu_ms.values()):.1f} / single process{same} {ref_ms:.1f}{also}; goal <= 1.25)"

@@ -172,6 +172,13 @@ class ShmRing:
             pass  # a view is still alive somewhere: the map closes with it
 
 
+def copied(views: list[np.ndarray], release: Callable[[], None]) -> list[np.ndarray]:
+    """Copies of a shared-memory message's views (`ShmSegments.views`), its bytes then handed back."""
+    out = [a.copy() for a in views]
+    release()
+    return out
+
+
 class ShmSegments:
     """The receiving end: the segments peers wrote into, mapped on first use."""
 
@@ -206,10 +213,7 @@ class ShmSegments:
 
     def arrays(self, desc: Any) -> list[np.ndarray]:
         """Copies of the arrays a control message describes, after bounds and shape checks."""
-        views, release = self.views(desc)
-        out = [a.copy() for a in views]
-        release()
-        return out
+        return copied(*self.views(desc))
 
     def views(self, desc: Any) -> tuple[list[np.ndarray], Callable[[], None]]:
         """Read-only views of the arrays a control message describes, after bounds and shape checks,
@@ -273,10 +277,7 @@ class Inbox:
         if got is None:
             return None
         header, arrays, release = got
-        if release is not None:
-            arrays = [a.copy() for a in arrays]
-            release()
-        return header, arrays
+        return header, arrays if release is None else copied(arrays, release)
 
     def recv_leased(
         self, timeout_ms: float = 0
