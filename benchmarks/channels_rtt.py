@@ -27,7 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.channels import Inbox, Outbox, shm_dir_for  # noqa: E402
+from runtime.channels import Inbox, Outbox  # noqa: E402
+from runtime.shm import shm_dir_for  # noqa: E402
 
 
 def _echo(run_dir: str, secret: bytes, shm: bool, trips: int) -> None:

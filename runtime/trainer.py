@@ -158,6 +158,7 @@ class Trainer:
             self.stats["cpu_s"] = time.process_time() - cpu0
             self.stats["ring_full"] = self.out.ring_full()  # (messages that found no room in shared memory)
             self.stats["kernel_threads"] = parallel.threads()
+            self.stats["refused_messages"] = self.inbox.refused  # (unsigned or replayed: skipped)
             spans = [pack_spans(self.rec.take())] if self.rec.on else []
             self.reports.now(Done(self.name, self.stats), spans)
         finally:
@@ -202,6 +203,8 @@ class Trainer:
         ]
         if not self.is_reader:
             waits.append(self.book.describe())
+        if self.inbox.refused:
+            waits.append(f"{self.inbox.refused} message(s) refused, the last: {self.inbox.last_refused}")
         return "; ".join(waits) or f"no item in progress (pushed {self.book.flushed} steps)"
 
     def _drain(self) -> None:

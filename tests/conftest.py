@@ -45,10 +45,10 @@ def run_dir():
     import shutil
     import tempfile
 
-    from runtime import channels
-    from runtime.channels import shm_dir_for
+    from runtime import shm
+    from runtime.shm import shm_dir_for
 
-    if not os.path.isdir(channels.SHM_ROOT):
+    if not os.path.isdir(shm.SHM_ROOT):
         pytest.skip("no /dev/shm on this system: tensors always go as ZeroMQ frames")
     path = tempfile.mkdtemp(prefix="hetps-run-")
     os.mkdir(shm_dir_for(path), 0o700)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.channels import ShmRing, ShmSegments, shm_dir_for
 from runtime.ps import Servers, Shard
 from runtime.ps.server import _Loop
+from runtime.shm import ShmRing, ShmSegments, shm_dir_for
 from runtime.wire import decode, encode, wire_array
 from transpiler.tables import tables_from_dicts
 

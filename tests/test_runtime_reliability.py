@@ -18,11 +18,12 @@ import pytest
 from procs import alive, children, wait_dead
 
 from runtime import TrainingError, train
-from runtime.channels import Inbox, Outbox, shm_dir_for
+from runtime.channels import Inbox, Outbox
 from runtime.cli import main as cli_main
 from runtime.data import SyntheticCTR
 from runtime.engines import LocalEngine
 from runtime.ps.table import PSError
+from runtime.shm import shm_dir_for
 from runtime.trainer_bg import Background
 from transpiler import builder as nn
 from transpiler import transpile

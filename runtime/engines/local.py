@@ -8,7 +8,7 @@ every child asks the kernel for SIGKILL when its parent dies (Linux: `prctl(PR_S
 so a child blocked anywhere, even stopped, dies at once) and runs a watcher thread that ends it
 within 0.1 s of seeing its parent gone (other systems); a tiny janitor process (plain Python, no
 imports of hetps) waits for the driver's death and then removes the run directory and its
-shared-memory twin in /dev/shm (`runtime.channels.shm_dir_for`: same-host tensors' segments). A child ends
+shared-memory twin in /dev/shm (`runtime.shm.shm_dir_for`: same-host tensors' segments). A child ends
 with `os._exit` once its last messages are delivered, so no interpreter clean-up (pyzmq's
 zero-copy buffers, a thread still blocked in a call) can crash or delay its exit. (Linux sends that
 SIGKILL when the *thread* that started a child ends: start processes from the thread that lives for
@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from ..channels import shm_dir_for
+from ..shm import shm_dir_for
 from .base import Engine, ProcessFailure, child_main
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from ops_registry.base import RowMerge
 from ops_registry.optimizer import global_norm_scale
 from transpiler.tables import TableSpec, tables_from_dicts
 
-from ..channels import ShmRing, ShmSegments, shm_dir
+from ..shm import ShmRing, ShmSegments, shm_dir
 from ..telemetry import unpack_spans
 from ..wire import AuthError, WireError, decode, encode, wire_array
 from . import checkpoint

@@ -37,7 +37,7 @@ import zmq
 
 from transpiler.tables import tables_from_dicts, tables_to_dicts
 
-from ..channels import ShmRing, ShmSegments, shm_dir
+from ..shm import ShmRing, ShmSegments, shm_dir
 from ..telemetry import Recorder, pack_spans, timed
 from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode, wire_array
 from . import hold
@@ -50,7 +50,7 @@ log = logging.getLogger("hetps.ps")
 OPS = ("hello", "pull", "push", "push_pull", "norm", "apply", "hold", "write_back", "assign", "save", "load",
        "stats", "trace", "shutdown")
 ADMIN_OPS = frozenset({"assign", "save", "load", "shutdown"})
-PS_RING_BYTES = 8 << 20  # a reply ring per same-host client (runtime.channels.ShmRing)
+PS_RING_BYTES = 8 << 20  # a reply ring per same-host client (runtime.shm.ShmRing)
 MAX_REPLY_RINGS = 64     # clients beyond these get their replies as ZeroMQ frames
 
 

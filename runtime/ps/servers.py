@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from transpiler.tables import TableSpec, tables_to_dicts
 
-from ..channels import shm_dir_for
+from ..shm import shm_dir_for
 from .server import serve
 from .shard import Limits
 from .table import PSError
