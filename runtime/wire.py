@@ -25,9 +25,9 @@ HMAC-SHA256 on large tensors even with the CPU's SHA instructions and ~10x faste
 it costs 2–12 µs to set up per message (an OpenSSL key object), 3-4x keyed BLAKE2b on a small one.
 Sender and receiver pick the same one from the frames' total length, which the MAC covers. The MAC
 authenticates the sender; on its own
-it does not stop a recorded message from being replayed: a receiver that must refuse replays (the
-parameter server does) also checks the header's sender id `cid` and sequence number `seq` with a
-`ReplayGuard`. Parameter servers and trainer-to-trainer channels share this format.
+it does not stop a recorded message from being replayed: a receiver that must refuse replays (a
+parameter server, and every trainer's and driver's `channels.Inbox`) also checks the header's sender
+id `cid` and sequence number `seq` with a `ReplayGuard`. Parameter servers and trainer-to-trainer channels share this format.
 
 Limits (each a WireError naming it): a message of more than `max_bytes` when the receiver gives one
 (the parameter server does: `MAX_MESSAGE_BYTES` by default), a header frame of more than
