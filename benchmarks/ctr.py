@@ -18,8 +18,9 @@ and prints examples/s, the ratios and where hetps's time goes (each trainer's ti
 milliseconds every process spends per step). Each side trains `--warmup` steps, then is timed over
 `--steps` steps. Also (issue 18), from the same run: the dense stage's ms per step (CPU; GPU when
 there is a CUDA device), and per mode the lines `distribution tax: X.XX` (CPU ms per step of all
-processes / the single process's) and `cpu stage: N µs/example` (cpu trainers + shards), and, for
-the first mode, a labelled prediction for a 16-core host with one accelerator.
+processes / the single process's), `cpu stage: N µs/example` (cpu trainers + shards) and `ceiling`
+(examples/s with every core of this machine busy at that CPU per step: what no scheduling can pass),
+and, for the first mode, a labelled prediction for a 16-core host with one accelerator.
 
     python benchmarks/ctr.py                       # the default, best setting for a 2-core machine
     python benchmarks/ctr.py --trainers cpu=2,gpu=1 --micro-batches 8 --modes sync --skip-paddle
@@ -353,6 +354,11 @@ class Costs:
         """CPU ms per step of all processes / the single process's CPU ms per step."""
         return sum(self.cpu_ms.values()) / self.single_ms
 
+    def ceiling(self, cores: int) -> float:
+        """examples/s with all `cores` busy at this CPU per step: no run of these processes on this
+        machine can be faster, whatever its scheduling (a ceiling measured, not a prediction)."""
+        return cores * 1e3 * BATCH / sum(self.cpu_ms.values())
+
     @property
     def cpu_stage_us(self) -> float:
         """CPU µs per example of the cpu trainers and the parameter-server shards."""
@@ -547,6 +553,14 @@ def main(argv: list[str] | None = None) -> dict:
                 f"  cpu stage: {costs.cpu_stage_us:.1f} µs/example  (cpu trainers + shards, CPU time "
                 "per example; goal <= 10)"
             )
+            cores = os.cpu_count() or 1
+            top = costs.ceiling(cores)
+            got[f"ceiling x one process {mode}"] = top / got["single"]
+            vs = f", {top / got['paddle']:.2f}x Paddle" if "paddle" in got else ""
+            print(
+                f"  ceiling: {top:,.0f} examples/s = {top / got['single']:.2f}x one process{vs}  (all "
+                f"{cores} cores busy at this CPU per step; this run used {100 * rate / top:.0f}% of it)"
+            )
             if r == args.rounds - 1 and mode == modes[0]:
                 print(
                     "  "
@@ -570,7 +584,7 @@ def main(argv: list[str] | None = None) -> dict:
                         f"{float(np.median(ratios)):.2f} (range {min(ratios):.2f} - {max(ratios):.2f})"
                     )
             print(line)
-        for key in [k for k in rounds[0] if k.startswith(("tax ", "stage ", "gpu"))]:
+        for key in [k for k in rounds[0] if k.startswith(("tax ", "stage ", "gpu", "ceiling "))]:
             vals = [r[key] for r in rounds]
             print(f"{key:>12}: median {float(np.median(vals)):.2f} (range {min(vals):.2f} - {max(vals):.2f})")
     print("(bar: 1.5x Paddle; goal: 3x Paddle and 50% of the bound)")
