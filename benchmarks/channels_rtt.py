@@ -8,8 +8,8 @@ with shared memory (the default), and their ratio, measured in the same run.
 
     python benchmarks/channels_rtt.py [--trips 300] [--sizes 1024,218112,1048576,4194304]
 
-Messages over half the ring (`runtime.shm.SHM_RING_BYTES`, 8 MiB: 4 MiB) and under `SHM_MIN_BYTES` (16 KiB) go as
-ZeroMQ frames in both columns.
+Messages over half the ring (`runtime.shm.SHM_RING_BYTES`, 8 MiB: 4 MiB) and under `SHM_MIN_BYTES`
+(16 KiB) go as ZeroMQ frames in both columns.
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ Rows (issue 11):
 - hostile messages, each sent through a raw ZeroMQ socket to a running sync shard (default limits,
   but max_message_bytes=16 MiB to spare memory): time to its error reply; afterwards the shard must
   be alive and a pull must give the exact expected values.
+- hostile messages to a run's trainers and driver: junk, unsigned and wrongly signed messages, sent
+  to every trainer's and the driver's inbox while a sync run trains; it must finish with the losses
+  of the same run undisturbed (replays are refused too: tests/test_channels_hostile.py).
 - load: 16 client threads pull and push for `--load-seconds` against one async shard; the final
   values must equal the count of pushes, exactly (gradients are powers of two).
 
@@ -406,6 +409,49 @@ def replay_row(servers: Servers, c: PSClient) -> Row:
     return row
 
 
+def trainer_hostile_row() -> Row:
+    """A sync run whose trainers and driver get junk, unsigned and wrongly signed messages (twice
+    each, at steps 1 and 3) from a process without the run's key: it must finish with the losses
+    of the same run undisturbed, each trainer counting what it refused."""
+    from runtime import train
+    from runtime.data import SyntheticCTR
+    from runtime.engines import LocalEngine
+    from transpiler import builder as nn
+    from transpiler import transpile
+    from transpiler.models import wide_deep
+
+    plan = transpile(wide_deep(vocab=300, dim=8, hidden=(16,), optimizer=nn.SGD(lr=0.05)).main)
+    kw = dict(steps=60, batch_size=64, trainers={"cpu": 1, "gpu": 1}, servers=1, mode="sync",
+              allow_emulation=True, progress=False)
+    clean = train(plan, SyntheticCTR(vocab=300, seed=1), engine=LocalEngine(), **kw)
+    eng, other = LocalEngine(), os.urandom(32)
+
+    def attack(rec: dict) -> None:
+        if rec["step"] not in (1, 3):
+            return
+        for name in ("cpu:0", "gpu:0", "driver"):
+            sock = zmq.Context.instance().socket(zmq.PUSH)
+            sock.linger = 1000
+            sock.connect(eng.endpoint(name))
+            sock.send_multipart([b"junk"])
+            sock.send_multipart(encode({"k": "e", "s": 0, "o": 0, "cid": "x", "seq": 1}, []))
+            sock.send_multipart(encode({"k": "e", "s": 0, "o": 0, "cid": "x", "seq": rec["step"]}, [], other))
+            sock.close()
+
+    row = Row("junk, unsigned, other-key msgs to trainers + driver")
+    try:
+        hist = train(plan, SyntheticCTR(vocab=300, seed=1), engine=eng, callback=attack, **kw)
+    except Exception as e:  # noqa: BLE001 - the row reports it
+        row.named, row.left = f"RUN FAILED: {e}"[:90], "?"
+        return row
+    row.named = "refused " + ", ".join(f"{n} {s['refused_messages']}" for n, s in hist.trainers.items())
+    row.left = "run finished"
+    exact = hist.steps == clean.steps and np.allclose(hist.loss, clean.loss, rtol=1e-6, atol=0)
+    row.exact = "yes (losses as undisturbed)" if exact else "no"
+    row.lost = "none" if exact else "?"
+    return row
+
+
 # -- load --------------------------------------------------------------------------------------------
 def load_row(clients: int, seconds: float) -> Row:
     vocab = 1000
@@ -521,6 +567,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             rows.append(disk_row(tmp))
         if "hostile" in groups:
             rows += hostile_rows()
+            rows.append(trainer_hostile_row())
         if "load" in groups:
             rows.append(load_row(args.clients, args.load_seconds))
     finally:

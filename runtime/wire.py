@@ -27,7 +27,8 @@ Sender and receiver pick the same one from the frames' total length, which the M
 authenticates the sender; on its own
 it does not stop a recorded message from being replayed: a receiver that must refuse replays (a
 parameter server, and every trainer's and driver's `channels.Inbox`) also checks the header's sender
-id `cid` and sequence number `seq` with a `ReplayGuard`. Parameter servers and trainer-to-trainer channels share this format.
+id `cid` and sequence number `seq` with a `ReplayGuard`. Parameter servers and trainer-to-trainer
+channels share this format.
 
 Limits (each a WireError naming it): a message of more than `max_bytes` when the receiver gives one
 (the parameter server does: `MAX_MESSAGE_BYTES` by default), a header frame of more than
