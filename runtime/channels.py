@@ -39,6 +39,7 @@ from .shm import ShmRing, ShmSegments, copied, shm_dir
 from .wire import AuthError, ReplayGuard, WireError, decode, encode, wire_array
 
 log = logging.getLogger("hetps.channels")
+REFUSALS_PER_CALL = 100  # refused messages one `Inbox.recv` skips before it returns None
 
 
 class Inbox:
@@ -47,7 +48,8 @@ class Inbox:
     With a secret, a message that is not signed with it, or that repeats or reorders its sender's
     numbering (`Outbox` stamps `cid` / `seq`; a captured message sent again), is refused: logged,
     counted in `refused` (the last reason in `last_refused`) and skipped, so that no one without the
-    key can stop a run. A signed message that is malformed (a peer's bug) raises WireError."""
+    key can stop a run (a call returns None after `REFUSALS_PER_CALL` of them, so that a flood does
+    not hold its caller either). A signed message that is malformed (a peer's bug) raises WireError."""
 
     def __init__(
         self, endpoint: str, secret: bytes | None = None, context: zmq.Context | None = None
@@ -78,7 +80,7 @@ class Inbox:
         shared-memory message's arrays are read-only views that stay valid until `release()` (None
         for a message of ZeroMQ frames; see `ShmSegments.views`)."""
         deadline = time.monotonic() + timeout_ms / 1e3
-        while True:
+        for _ in range(REFUSALS_PER_CALL):  # (so a flood of refused messages cannot hold the caller)
             if not self.sock.poll(max(0.0, deadline - time.monotonic()) * 1e3):
                 return None
             frames = self.sock.recv_multipart(copy=False)
@@ -92,6 +94,8 @@ class Inbox:
                 self.refused, self.last_refused = self.refused + 1, str(e)
                 if self.refused == 1 or self.refused % 1000 == 0:
                     log.warning("%s: refused %d message(s): %s", self.endpoint, self.refused, e)
+        else:
+            return None
         if "shm" not in header:
             return header, arrays, None
         if self.segments is None or arrays:

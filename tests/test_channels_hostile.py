@@ -11,18 +11,21 @@ import numpy as np
 import pytest
 import zmq
 
-from runtime.channels import Inbox, Outbox
+from runtime.channels import REFUSALS_PER_CALL, Inbox, Outbox
 from runtime.engines import LocalEngine
 from runtime.wire import WireError, encode
 
 KEY = os.urandom(32)
 
 
-def _raw_push(ep: str, frames: list) -> None:
+def _raw_push(ep: str, *messages: list) -> None:
+    """Send `messages` (lists of frames) in order through one raw socket (ZeroMQ keeps the order of
+    one connection only)."""
     sock = zmq.Context.instance().socket(zmq.PUSH)
     sock.linger = 1000
     sock.connect(ep)
-    sock.send_multipart(frames)
+    for frames in messages:
+        sock.send_multipart(frames)
     sock.close()
 
 
@@ -58,8 +61,7 @@ def test_a_replayed_or_reordered_message_is_refused_and_the_channel_keeps_workin
     inbox = Inbox(f"ipc://{run_dir}/b", KEY)
     try:
         ep = inbox.endpoint
-        for frames in (first, first, third, second):  # again; then the 2nd after the 3rd: reordered
-            _raw_push(ep, frames)
+        _raw_push(ep, first, first, third, second)  # again; then the 2nd after the 3rd: reordered
         header, (arr,) = inbox.recv(5000)
         assert header == {"k": "t", "s": 0} and arr[0] == 0  # the original, cid / seq taken off
         header, (arr,) = inbox.recv(5000)
@@ -111,12 +113,13 @@ def test_messages_without_the_key_are_refused_and_skipped(run_dir):
     inbox = Inbox(f"ipc://{run_dir}/b", KEY)
     try:
         ep = inbox.endpoint
-        _raw_push(ep, [b"\x00garbage"])  # no MAC frame at all
-        _raw_push(ep, encode({"k": "t", "cid": "x", "seq": 1}, [np.zeros(3)], None))  # unsigned
-        _raw_push(ep, encode({"k": "t", "cid": "x", "seq": 2}, [np.zeros(3)], os.urandom(32)))  # other key
-        out = Outbox(KEY)
-        out.send(ep, {"k": "good"}, [np.arange(3.0)])
-        out.close()
+        _raw_push(
+            ep,
+            [b"\x00garbage"],  # no MAC frame at all
+            encode({"k": "t", "cid": "x", "seq": 1}, [np.zeros(3)], None),  # unsigned
+            encode({"k": "t", "cid": "x", "seq": 2}, [np.zeros(3)], os.urandom(32)),  # another key
+            encode({"k": "good", "cid": "peer", "seq": 1}, [np.arange(3.0)], KEY),
+        )
         header, (arr,) = inbox.recv(5000)  # the three are skipped, the good one arrives
         assert header == {"k": "good"} and arr.tolist() == [0.0, 1.0, 2.0]
         assert inbox.refused == 3 and "MAC does not match" in inbox.last_refused
@@ -185,3 +188,20 @@ def test_a_run_under_hostile_traffic_trains_exactly_as_without_it():
     refused = {n: s["refused_messages"] for n, s in hostile.trainers.items()}
     assert all(v >= 3 for v in refused.values()), refused  # the first attack at least reached each
     assert all(s["refused_messages"] == 0 for s in clean.trainers.values())
+
+
+def test_a_flood_of_refused_messages_does_not_hold_the_receiver(run_dir):
+    """Each call skips at most REFUSALS_PER_CALL refused messages, then returns to its caller (a
+    trainer runs its work between calls); the good message behind the flood still arrives."""
+    inbox = Inbox(f"ipc://{run_dir}/b", KEY)
+    try:
+        flood = 2 * REFUSALS_PER_CALL + 7
+        _raw_push(inbox.endpoint, *[[b"junk"]] * flood, encode({"k": "good", "cid": "p", "seq": 1}, [], KEY))
+        calls, got = 0, None
+        while got is None and calls < 10:
+            got = inbox.recv(5000)
+            calls += 1
+            assert inbox.refused == min(flood, calls * REFUSALS_PER_CALL)  # at most that many a call
+        assert got == ({"k": "good"}, []) and calls == 3
+    finally:
+        inbox.close()
