@@ -46,7 +46,9 @@ class History:
     `first_step`: the step the run started at (a resumed run: its checkpoint's), so the lists hold
     steps first_step, first_step + 1, ...; `eval`: the held-out evaluations (`eval_data=`), each
     {"step", "loss", "auc", "examples"}; `started_at`: the origin of `time` on the driver
-    process's `time.perf_counter()` clock (to relate other measurements made there to the steps).
+    process's `time.perf_counter()` clock (to relate other measurements made there to the steps);
+    `refused_messages`: messages to the driver's inbox without the run's key, or replayed, skipped
+    (each trainer's own count is in `trainers[name]["refused_messages"]`).
     """
 
     loss: list[float] = field(default_factory=list)
@@ -62,6 +64,7 @@ class History:
     first_step: int = 0
     eval: list[dict[str, float]] = field(default_factory=list)
     started_at: float = 0.0
+    refused_messages: int = 0
 
     @property
     def steps(self) -> int:

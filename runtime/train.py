@@ -301,6 +301,7 @@ def _run(s: _Session) -> None:
         if s.pauses.client is not None:
             s.pauses.client.close()
         out.close()
+        s.history.refused_messages = inbox.refused
         inbox.close()
 
 
