@@ -1,4 +1,4 @@
-"""Trainer-to-trainer round trip on one host: shared memory (runtime.channels) vs ZeroMQ frames.
+"""Trainer-to-trainer round trip on one host: shared memory (runtime.transport.channels) vs ZeroMQ frames.
 
 Two processes, each with an `Inbox` in a local run directory (as the local engine makes them) and
 an `Outbox`: one sends a tensor message, the other sends the same arrays back, `--trips` times per
@@ -8,7 +8,7 @@ with shared memory (the default), and their ratio, measured in the same run.
 
     python benchmarks/channels_rtt.py [--trips 300] [--sizes 1024,218112,1048576,4194304]
 
-Messages over half the ring (`runtime.shm.SHM_RING_BYTES`, 8 MiB: 4 MiB) and under `SHM_MIN_BYTES`
+Messages over half the ring (`runtime.transport.shm.SHM_RING_BYTES`, 8 MiB: 4 MiB) and under `SHM_MIN_BYTES`
 (16 KiB) go as ZeroMQ frames in both columns.
 """
 
@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.channels import Inbox, Outbox  # noqa: E402
-from runtime.shm import shm_dir_for  # noqa: E402
+from runtime.transport.channels import Inbox, Outbox  # noqa: E402
+from runtime.transport.shm import shm_dir_for  # noqa: E402
 
 
 def _echo(run_dir: str, secret: bytes, shm: bool, trips: int) -> None:

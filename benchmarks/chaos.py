@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import zmq  # noqa: E402
 
 from runtime.ps import Limits, PSClient, PSError, Servers  # noqa: E402
-from runtime.wire import AuthError, decode, encode, header_frame, sign  # noqa: E402
+from runtime.transport.wire import AuthError, decode, encode, header_frame, sign  # noqa: E402
 from transpiler.tables import TableSpec  # noqa: E402
 
 STALL_S = 8.0  # the driver's stall_timeout in the process rows (SIGSTOP rows wait for it)
@@ -288,7 +288,7 @@ class Raw:
 
 
 def _push_hdr(arrays: list) -> bytes:
-    """A raw header frame (runtime.wire's MessagePack [header, array descriptors]) of a push to "w"."""
+    """A raw header frame (wire's MessagePack [header, array descriptors]) of a push to "w"."""
     return header_frame({"op": "push", "table": "w"}, arrays)
 
 
@@ -421,8 +421,15 @@ def trainer_hostile_row() -> Row:
     from transpiler.models import wide_deep
 
     plan = transpile(wide_deep(vocab=300, dim=8, hidden=(16,), optimizer=nn.SGD(lr=0.05)).main)
-    kw = dict(steps=60, batch_size=64, trainers={"cpu": 1, "gpu": 1}, servers=1, mode="sync",
-              allow_emulation=True, progress=False)
+    kw = dict(
+        steps=60,
+        batch_size=64,
+        trainers={"cpu": 1, "gpu": 1},
+        servers=1,
+        mode="sync",
+        allow_emulation=True,
+        progress=False,
+    )
     clean = train(plan, SyntheticCTR(vocab=300, seed=1), engine=LocalEngine(), **kw)
     eng, other = LocalEngine(), os.urandom(32)
 

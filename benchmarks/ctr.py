@@ -12,7 +12,7 @@ In one run this measures, on the same 20 pre-generated synthetic batches (cycled
 3. for reference, the untranspiled program in one process with hetps's own Executor (1 kernel
    thread; and with the hetps run's kernel threads, when it has more than 1);
 4. hetps: the program transpiled by type (embeddings on cpu trainers, MLP on the emulated gpu
-   trainer, tables on parameter-server shards), trained with `runtime.train` on the local engine,
+   trainer, tables on parameter-server shards), trained with `runtime.driver.train` on the local engine,
    in each of `--modes` (async first: the best setting measured on this 2-core machine);
 and prints examples/s, the ratios and where hetps's time goes (each trainer's time use, and the CPU
 milliseconds every process spends per step). Each side trains `--warmup` steps, then is timed over
@@ -91,7 +91,7 @@ def dense_stage_ms(repeats: int = 50) -> dict[str, float]:
     wall time on the CUDA device with a device sync, when there is one (cupy)."""
     from threadpoolctl import threadpool_limits
 
-    from runtime.device import cuda_available
+    from runtime.exec.device import cuda_available
 
     def median_ms(step, clock, sync=lambda: None) -> float:
         step()
@@ -290,7 +290,7 @@ def hetps(
     each trainer's waits over the timed steps (`steady_time_use`)."""
     from runtime import train
     from runtime.engines import LocalEngine
-    from runtime.profile import cpu_seconds
+    from runtime.profile.machine import cpu_seconds
     from transpiler import transpile
 
     plan = transpile(build().main)
@@ -301,7 +301,7 @@ def hetps(
     # CPU times of every process when the driver records the end of warm-up and the step END_MARGIN
     # steps before the end (by the last steps a trainer may have exited: its /proc entry gone; one
     # that is gone is left out), with the time: the driver gets the trainers' step reports up to
-    # runtime.reports.EVERY_S late, so what the processes did between the marks is counted in steps
+    # runtime.transport.reports.EVERY_S late, so what the processes did between the marks is counted in steps
     # done between those times (from the steps' own times, History.time)
     def mark(record: dict) -> None:
         if record["step"] in (warmup - 1, total - 1 - END_MARGIN):
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"  the same GEMMs back to back for 4 s: 1 process {one:,.0f} examples/s, {cores} processes at "
         f"once {out['parallel']:,.0f} in all ({out['parallel'] / one:.2f}x one)"
     )
-    from runtime.device import cuda_available
+    from runtime.exec.device import cuda_available
 
     gpu_kind = "gpu on CUDA (cupy)" if cuda_available() else "gpu EMULATED on cpu"
     stage = out["dense_stage_ms"] = dense_stage_ms()
@@ -501,7 +501,13 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{gpu_kind}, {held}, kernel threads {args.kernel_threads}"
             )
             hist, cpu_ms, waits = hetps(
-                args.steps, args.warmup, args.trainers, mbs, mode, args.servers, not args.dense_on_servers,
+                args.steps,
+                args.warmup,
+                args.trainers,
+                mbs,
+                mode,
+                args.servers,
+                not args.dense_on_servers,
                 args.kernel_threads,
             )
             rate = got[mode] = hist.examples_per_s(skip=args.warmup)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from ingest import SCHEMA, write_criteo  # noqa: E402  (benchmarks/ingest.py: the Criteo file and schema)
 
 from runtime.data import open_dataset  # noqa: E402
-from runtime.evaluation import evaluate  # noqa: E402
+from runtime.evaluation.evaluate import evaluate  # noqa: E402
 from transpiler import builder as nn  # noqa: E402
 from transpiler import transpile  # noqa: E402
 from transpiler.models import wide_deep  # noqa: E402

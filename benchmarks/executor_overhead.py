@@ -62,8 +62,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     gemm, relu = get_op("gemm"), get_op("relu")
     gemm_attrs = dict(gemm.attrs)
-    weights = [(exe.scope[op.inputs["B"][0]], exe.scope[op.inputs["C"][0]])
-               for op in main_prog.ops if op.type == "gemm"]
+    weights = [
+        (exe.scope[op.inputs["B"][0]], exe.scope[op.inputs["C"][0]])
+        for op in main_prog.ops
+        if op.type == "gemm"
+    ]
 
     def direct():
         h = feed["x"]
@@ -75,17 +78,27 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     (via_exe,) = exe.run(main_prog, feed=feed, fetch_list=[out])
     assert np.array_equal(via_exe, direct()), "executor and direct kernel calls disagree"
     (exe_med, exe_min), (dir_med, dir_min) = time_us(
-        [lambda: exe.run(main_prog, feed=feed, fetch_list=[out]), direct], args.repeats)
-    res = {"ops": n_ops, "executor_us_per_op": exe_med / n_ops, "direct_us_per_op": dir_med / n_ops,
-           "overhead_us_per_op": (exe_med - dir_med) / n_ops,
-           "overhead_us_per_op_min": (exe_min - dir_min) / n_ops}
+        [lambda: exe.run(main_prog, feed=feed, fetch_list=[out]), direct], args.repeats
+    )
+    res = {
+        "ops": n_ops,
+        "executor_us_per_op": exe_med / n_ops,
+        "direct_us_per_op": dir_med / n_ops,
+        "overhead_us_per_op": (exe_med - dir_med) / n_ops,
+        "overhead_us_per_op_min": (exe_min - dir_min) / n_ops,
+    }
     print(f"{n_ops} ops, batch {args.batch}, width {args.width}, {args.repeats} runs: median (min) per op")
-    print(f"  Executor.run      : {exe_med / n_ops:6.2f} us/op ({exe_min / n_ops:.2f})  "
-          f"= {exe_med / 1e3:.2f} ms/run")
-    print(f"  direct kernel call: {dir_med / n_ops:6.2f} us/op ({dir_min / n_ops:.2f})  "
-          f"= {dir_med / 1e3:.2f} ms/run")
-    print(f"  executor overhead : {res['overhead_us_per_op']:6.2f} us/op "
-          f"({res['overhead_us_per_op_min']:.2f})")
+    print(
+        f"  Executor.run      : {exe_med / n_ops:6.2f} us/op ({exe_min / n_ops:.2f})  "
+        f"= {exe_med / 1e3:.2f} ms/run"
+    )
+    print(
+        f"  direct kernel call: {dir_med / n_ops:6.2f} us/op ({dir_min / n_ops:.2f})  "
+        f"= {dir_med / 1e3:.2f} ms/run"
+    )
+    print(
+        f"  executor overhead : {res['overhead_us_per_op']:6.2f} us/op ({res['overhead_us_per_op_min']:.2f})"
+    )
     return res
 
 

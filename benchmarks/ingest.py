@@ -164,7 +164,7 @@ def startup(out) -> None:
     """What a freshly spawned reader process does once before its first line: import the data
     stack and load the compiled hash (numba: from its on-disk cache after the first run)."""
     t, c = time.perf_counter(), time.process_time()
-    from runtime.ingest import fnv
+    from runtime.data.files import fnv
 
     fnv.ids(pa.array(["x"]), b"", 1, 2)
     out.put((time.perf_counter() - t, time.process_time() - c))

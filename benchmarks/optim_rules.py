@@ -33,9 +33,14 @@ SETTINGS = {
 
 
 def time_push(opt: dict, rows: int, dim: int, ids_per_push: int, repeats: int) -> tuple[float, float]:
-    spec = TableSpec(name="emb", kind="sparse", shape=[-1, dim], dtype="float32",
-            initializer={"type": "uniform", "low": -0.01, "high": 0.01, "seed": 1},
-            optimizer={"type": "adam", "lr": 0.001, **opt})
+    spec = TableSpec(
+        name="emb",
+        kind="sparse",
+        shape=[-1, dim],
+        dtype="float32",
+        initializer={"type": "uniform", "low": -0.01, "high": 0.01, "seed": 1},
+        optimizer={"type": "adam", "lr": 0.001, **opt},
+    )
     table = make_table(spec)
     table.pull(np.arange(rows, dtype=np.int64))  # the rows the server holds
     rng = np.random.default_rng(0)

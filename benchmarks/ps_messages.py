@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.data import SyntheticCTR  # noqa: E402
-from runtime.profile import cpu_seconds  # noqa: E402
+from runtime.profile.machine import cpu_seconds  # noqa: E402
 from runtime.ps import Servers  # noqa: E402
 from runtime.ps.shard import Shard  # noqa: E402
 from transpiler.tables import TableSpec  # noqa: E402

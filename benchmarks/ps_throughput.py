@@ -36,9 +36,14 @@ VOCAB, DIM = 100_000, 16
 
 
 def spec(opt: str = "sgd", vocab: int = VOCAB) -> TableSpec:
-    return TableSpec(name="emb", kind="sparse", shape=[vocab, DIM], dtype="float32",
-            initializer={"type": "uniform", "low": -0.05, "high": 0.05, "seed": 1},
-            optimizer={"type": opt, "lr": 0.01})
+    return TableSpec(
+        name="emb",
+        kind="sparse",
+        shape=[vocab, DIM],
+        dtype="float32",
+        initializer={"type": "uniform", "low": -0.05, "high": 0.05, "seed": 1},
+        optimizer={"type": opt, "lr": 0.01},
+    )
 
 
 def throughput(n_steps: int, rounds: int) -> None:
@@ -49,8 +54,10 @@ def throughput(n_steps: int, rounds: int) -> None:
         ids = np.unique(data.batch(i, 512)["sparse"])
         steps.append((ids, rng.normal(0, 1e-3, (ids.size, DIM)).astype(np.float32)))
     rows = sum(ids.size for ids, _ in steps)
-    print(f"{n_steps} steps, {rows / n_steps:.0f} unique ids per step (of 512 x 26), dim {DIM}; "
-          f"{rounds} interleaved rounds")
+    print(
+        f"{n_steps} steps, {rows / n_steps:.0f} unique ids per step (of 512 x 26), dim {DIM}; "
+        f"{rounds} interleaved rounds"
+    )
 
     dense = np.random.default_rng(1).uniform(-0.05, 0.05, (VOCAB, DIM)).astype(np.float32)
 
@@ -67,21 +74,29 @@ def throughput(n_steps: int, rounds: int) -> None:
         def run(ids, g):
             table.pull(ids)
             table.push(g, ids)
+
         return warm(run)
 
     def client_step(client):
         def run(ids, g):
             client.pull("emb", ids)
             client.push("emb", g, ids)
+
         return warm(run)
 
-    with Servers([spec()], transport="tcp") as tcp, Servers([spec()], transport="ipc") as ipc, \
-            tcp.client() as c_tcp, ipc.client() as c_ipc:
-        cases = {"bound: take + np.add.at": bound,
-                 "in-process table (sgd)": table_step(make_table(spec("sgd"))),
-                 "in-process table (adagrad)": table_step(make_table(spec("adagrad"))),
-                 "over the wire, 1 server, tcp (sgd)": client_step(c_tcp),
-                 "over the wire, 1 server, ipc (sgd)": client_step(c_ipc)}
+    with (
+        Servers([spec()], transport="tcp") as tcp,
+        Servers([spec()], transport="ipc") as ipc,
+        tcp.client() as c_tcp,
+        ipc.client() as c_ipc,
+    ):
+        cases = {
+            "bound: take + np.add.at": bound,
+            "in-process table (sgd)": table_step(make_table(spec("sgd"))),
+            "in-process table (adagrad)": table_step(make_table(spec("adagrad"))),
+            "over the wire, 1 server, tcp (sgd)": client_step(c_tcp),
+            "over the wire, 1 server, ipc (sgd)": client_step(c_ipc),
+        }
         times: dict[str, list[float]] = {name: [] for name in cases}
         for _ in range(rounds):  # interleaved, so that load from other processes hits every case
             for name, fn in cases.items():
@@ -92,12 +107,16 @@ def throughput(n_steps: int, rounds: int) -> None:
     best = {name: min(ts) for name, ts in times.items()}
     mid = {name: float(np.median(ts)) for name, ts in times.items()}
     bound_name = "bound: take + np.add.at"
-    print(f"{'pull + push of one step':40s} {'ms/step':>8s} {'M rows/s':>9s} {'vs bound':>9s}   "
-          f"(min over rounds; median)")
+    print(
+        f"{'pull + push of one step':40s} {'ms/step':>8s} {'M rows/s':>9s} {'vs bound':>9s}   "
+        f"(min over rounds; median)"
+    )
     for name in times:
-        print(f"{name:40s} {1e3 * best[name] / n_steps:8.3f} {rows / best[name] / 1e6:9.2f} "
-              f"{best[bound_name] / best[name]:8.0%}    median: {1e3 * mid[name] / n_steps:7.3f} ms, "
-              f"{mid[bound_name] / mid[name]:4.0%} of bound")
+        print(
+            f"{name:40s} {1e3 * best[name] / n_steps:8.3f} {rows / best[name] / 1e6:9.2f} "
+            f"{best[bound_name] / best[name]:8.0%}    median: {1e3 * mid[name] / n_steps:7.3f} ms, "
+            f"{mid[bound_name] / mid[name]:4.0%} of bound"
+        )
 
 
 def _rss_kib(field: str = "VmRSS") -> int:
@@ -122,13 +141,18 @@ def memory_child(n_rows: int, batch: int) -> None:
     fill_s = time.perf_counter() - t
     raw = n_rows * (8 + 2 * DIM * 4)  # key + row + Adagrad moment
     index = table.index
-    alloc = table.rows.nbytes + sum(a.nbytes for a in table.row_state.values()) + sum(
-        a.nbytes for a in (index.main_keys, index.main_slots, index.delta_keys, index.delta_slots))
+    alloc = (
+        table.rows.nbytes
+        + sum(a.nbytes for a in table.row_state.values())
+        + sum(a.nbytes for a in (index.main_keys, index.main_slots, index.delta_keys, index.delta_slots))
+    )
     used = (_rss_kib() - base) * 1024
     ctypes.CDLL(None).malloc_trim(0)  # glibc: hand freed heap pages (temporaries) back to the OS
     trimmed = (_rss_kib() - base) * 1024
-    print(f"{len(table):,} rows x {DIM} float32 + Adagrad moment, pushed {batch:,} new ids at a "
-          f"time in {fill_s:.1f} s")
+    print(
+        f"{len(table):,} rows x {DIM} float32 + Adagrad moment, pushed {batch:,} new ids at a "
+        f"time in {fill_s:.1f} s"
+    )
     print(f"raw bytes (int64 keys + rows + state):   {raw / 2**20:7.0f} MiB")
     print(f"resident memory added (VmRSS):            {used / 2**20:7.0f} MiB = {used / raw:.2f}x raw")
     print(f"  after malloc_trim (freed temporaries):  {trimmed / 2**20:7.0f} MiB = {trimmed / raw:.2f}x raw")
@@ -152,8 +176,18 @@ def main() -> None:
     throughput(a.steps, a.rounds)
     if not a.skip_memory:
         print()
-        subprocess.run([sys.executable, __file__, "--memory-child", "--rows", str(a.rows),
-                        "--push-rows", str(a.push_rows)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--memory-child",
+                "--rows",
+                str(a.rows),
+                "--push-rows",
+                str(a.push_rows),
+            ],
+            check=True,
+        )
 
 
 if __name__ == "__main__":

@@ -59,12 +59,17 @@ def main() -> None:
             wall[n] = min(wall.get(n, float("inf")), time.perf_counter() - t)
             cpu[n] = min(cpu.get(n, float("inf")), time.process_time() - c)
         ops = len(prog.ops)
-        print(f"{ops:>7} ops: {wall[n]:7.3f} s wall ({ops / wall[n]:>7,.0f} ops/s), {cpu[n]:7.3f} s cpu "
-              f"({ops / cpu[n]:>7,.0f} ops/s); {sum(len(p.ops) for p in plan.programs.values())} ops in "
-              f"{len(plan.programs)} sub-programs, {len(plan.channels)} boundary tensors", flush=True)
+        print(
+            f"{ops:>7} ops: {wall[n]:7.3f} s wall ({ops / wall[n]:>7,.0f} ops/s), {cpu[n]:7.3f} s cpu "
+            f"({ops / cpu[n]:>7,.0f} ops/s); {sum(len(p.ops) for p in plan.programs.values())} ops in "
+            f"{len(plan.programs)} sub-programs, {len(plan.channels)} boundary tensors",
+            flush=True,
+        )
     if 10000 in wall and 100000 in wall:
-        print(f"10k: {wall[10000]:.3f} s wall, {cpu[10000]:.3f} s cpu (goal <= 1 s); 100k / 10k: "
-              f"{wall[100000] / wall[10000]:.1f}x wall, {cpu[100000] / cpu[10000]:.1f}x cpu (goal <= 12x)")
+        print(
+            f"10k: {wall[10000]:.3f} s wall, {cpu[10000]:.3f} s cpu (goal <= 1 s); 100k / 10k: "
+            f"{wall[100000] / wall[10000]:.1f}x wall, {cpu[100000] / cpu[10000]:.1f}x cpu (goal <= 12x)"
+        )
 
 
 if __name__ == "__main__":

@@ -97,9 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def prepare(args: argparse.Namespace) -> tuple[Any, list[Row]]:
     """The cost model of the CTR plan from this machine's profile, and one Row per grid setting."""
     from benchmarks import ctr
-    from runtime.profile import machine_profile, unique_fraction
+    from runtime.profile.machine import machine_profile, unique_fraction
     from transpiler import transpile
-    from transpiler.cost import PlanCost, RunSettings
+    from transpiler.cost.model import PlanCost, RunSettings
 
     plan = transpile(ctr.build().main)
     t0 = time.perf_counter()
@@ -145,7 +145,7 @@ def measure(args: argparse.Namespace, rows: list[Row]) -> None:
 
 
 def report(cost: Any, rows: list[Row]) -> None:
-    from transpiler.tune import best_setting
+    from transpiler.cost.tune import best_setting
 
     print(
         f"{'mode':>5} {'cpu':>3} {'mb':>3} {'shards':>6} {'predicted':>10} {'measured':>10} {'spread':>9} "

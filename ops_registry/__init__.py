@@ -3,8 +3,8 @@
 Importing the package registers every op family.
 """
 
-from . import comm, embedding, indexing, loss, math, math_exported, nn, optimizer, reduce, tensor  # noqa: F401
-from .base import (
+from ops_registry import comm, embedding, indexing, logic, loss, math, nn, optimizer, reduce, tensor  # noqa: F401
+from ops_registry.base import (
     CATEGORIES,
     OpDef,
     SparseRows,
@@ -17,9 +17,19 @@ from .base import (
     scatter_add,
     unbroadcast,
 )
-from .initializers import init_rows
+from ops_registry.initializers import init_rows
 
 __all__ = [
-    "CATEGORIES", "OpDef", "SparseRows", "UnknownOpError", "by_onnx", "get_op", "has_op",
-    "init_rows", "list_ops", "register", "scatter_add", "unbroadcast",
+    "CATEGORIES",
+    "OpDef",
+    "SparseRows",
+    "UnknownOpError",
+    "by_onnx",
+    "get_op",
+    "has_op",
+    "init_rows",
+    "list_ops",
+    "register",
+    "scatter_add",
+    "unbroadcast",
 ]

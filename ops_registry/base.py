@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import compiled
-from .compiled import COMPILED_FROM
+from ops_registry import compiled
+from ops_registry.compiled import COMPILED_FROM
 
 CATEGORIES = ("io", "sparse", "dense", "light", "loss", "optimizer", "comm", "init")
 
@@ -31,9 +31,8 @@ class UnknownOpError(KeyError):
         self.op_type = op_type
         self.where = where
         at = f" (from {where})" if where else ""
-        msg = (
-            f"unknown op type {op_type!r}{at}; supported op types: "
-            + ", ".join(sorted(n for n in _REGISTRY if not n.endswith("_grad")))
+        msg = f"unknown op type {op_type!r}{at}; supported op types: " + ", ".join(
+            sorted(n for n in _REGISTRY if not n.endswith("_grad"))
         )
         super().__init__(msg)
 
@@ -83,8 +82,8 @@ class RowMerge:
     """One stable sort of a row index, reusable for every array of values over those rows: the
     sorted unique rows and the segmented sum that merges repeated rows' values."""
 
-    order: Any        # positions of the rows in sorted order (stable)
-    starts: Any       # where each unique row's run begins in that order
+    order: Any  # positions of the rows in sorted order (stable)
+    starts: Any  # where each unique row's run begins in that order
     unique_rows: Any  # the sorted unique rows
 
     @staticmethod
@@ -95,8 +94,12 @@ class RowMerge:
     def sorted(xp, rows, order, lo: int = 0) -> RowMerge:
         """The RowMerge of `rows` taken in the stable sorted `order` (positions relative to `lo`)."""
         sorted_rows = rows[order]
-        starts = xp.concatenate([xp.zeros(min(1, order.size), dtype=order.dtype),
-                                 xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1])
+        starts = xp.concatenate(
+            [
+                xp.zeros(min(1, order.size), dtype=order.dtype),
+                xp.flatnonzero(sorted_rows[1:] != sorted_rows[:-1]) + 1,
+            ]
+        )
         return RowMerge(order - lo if lo else order, starts, sorted_rows[starts])
 
     def part(self, xp, rows, lo: int, hi: int) -> RowMerge:
@@ -171,7 +174,7 @@ def scatter_add(xp, target, index, values, unique: bool = False) -> None:
 
 
 class GradEmitter(Protocol):
-    """What a gradient rule may call; implemented by `transpiler.backward`."""
+    """What a gradient rule may call; implemented by `transpiler.passes.backward`."""
 
     def input(self, slot: str) -> list[str]: ...
     def output(self, slot: str) -> list[str]: ...
@@ -284,6 +287,7 @@ def register(opdef: OpDef) -> OpDef:
     if opdef.onnx:
         _BY_ONNX[opdef.onnx] = opdef
     if opdef.vjp is not None:
+
         def mark(slot: str, suffix: str) -> str:  # keep variadic slots variadic, others optional
             return f"{slot}{suffix}" + ("*" if opdef.is_variadic(slot) else "?")
 

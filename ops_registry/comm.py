@@ -1,7 +1,7 @@
 """Communication and parameter-server ops: what the transpiler inserts between and around trainers.
 
 `send`, `recv`, `pull_dense`, `push_dense`, `pull_sparse`, `push_sparse` (category `comm`) have no
-kernels: the runtime implements them as `Executor` handlers (`runtime.simulate` is the reference).
+kernels: the runtime implements them as `Executor` handlers (`runtime.exec.simulate` is the reference).
 Their attrs say everything a runtime needs, so a sub-program is self-describing:
 
 - `send(X)` attrs `tensor`, `dst`: hand X to trainer type `dst`; never blocks.
@@ -21,7 +21,7 @@ gathers from the pulled local rows with `Index`, so its gradient is row-sparse o
 
 from __future__ import annotations
 
-from .base import OpDef, RowMerge, register
+from ops_registry.base import OpDef, RowMerge, register
 
 
 def _unique_ids(xp, ins, attrs):
@@ -35,8 +35,16 @@ def _unique_ids(xp, ins, attrs):
     return {"Unique": merge.unique_rows, "Index": merge.inverse(xp).reshape(ids.shape)}
 
 
-register(OpDef("unique_ids", "sparse", ("Ids",), ("Unique", "Index"), _unique_ids,
-               infer_shape=lambda s, a: {"Unique": (-1,), "Index": tuple(s["Ids"])}))
+register(
+    OpDef(
+        "unique_ids",
+        "sparse",
+        ("Ids",),
+        ("Unique", "Index"),
+        _unique_ids,
+        infer_shape=lambda s, a: {"Unique": (-1,), "Index": tuple(s["Ids"])},
+    )
+)
 
 
 def _attr_shape(slot: str):
@@ -44,18 +52,36 @@ def _attr_shape(slot: str):
 
 
 _COMM = (
-    ("send", ("X",), (), None,
-     "Hand X to trainer type `dst` under key (tensor, micro-batch); never blocks."),
-    ("recv", (), ("Out",), _attr_shape("Out"),
-     "Out = the message (tensor, micro-batch) from trainer type `src`; blocks until it arrives."),
-    ("pull_dense", (), ("Out",), _attr_shape("Out"),
-     "Out = the current value of dense table `table` from the parameter server."),
-    ("push_dense", ("Grad",), (), None,
-     "Send the gradient of dense table `table` to the parameter server."),
-    ("pull_sparse", ("Ids",), ("Out",), lambda s, a: {"Out": (s["Ids"][0], a["dim"])},
-     "Out[i] = row Ids[i] of sparse table `table` (Ids unique)."),
-    ("push_sparse", ("Ids", "Grad"), (), None,
-     "Send row gradients Grad (one summed row per unique id of Ids) of sparse table `table`."),
+    ("send", ("X",), (), None, "Hand X to trainer type `dst` under key (tensor, micro-batch); never blocks."),
+    (
+        "recv",
+        (),
+        ("Out",),
+        _attr_shape("Out"),
+        "Out = the message (tensor, micro-batch) from trainer type `src`; blocks until it arrives.",
+    ),
+    (
+        "pull_dense",
+        (),
+        ("Out",),
+        _attr_shape("Out"),
+        "Out = the current value of dense table `table` from the parameter server.",
+    ),
+    ("push_dense", ("Grad",), (), None, "Send the gradient of dense table `table` to the parameter server."),
+    (
+        "pull_sparse",
+        ("Ids",),
+        ("Out",),
+        lambda s, a: {"Out": (s["Ids"][0], a["dim"])},
+        "Out[i] = row Ids[i] of sparse table `table` (Ids unique).",
+    ),
+    (
+        "push_sparse",
+        ("Ids", "Grad"),
+        (),
+        None,
+        "Send row gradients Grad (one summed row per unique id of Ids) of sparse table `table`.",
+    ),
 )
 
 for _name, _ins, _outs, _shape, _doc in _COMM:

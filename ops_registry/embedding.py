@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import OpDef, SparseRows, register, scatter_add
+from ops_registry.base import OpDef, SparseRows, register, scatter_add
 
 
 def id_range_error(ids, height: int) -> str | None:

@@ -4,8 +4,8 @@ models: GatherND for index ops, ScatterND / ScatterElements, TopK, ArgMax, OneHo
 
 from __future__ import annotations
 
-from .base import OpDef, register, scatter_add, static_arg
-from .tensor import element_index
+from ops_registry.base import OpDef, register, scatter_add, static_arg
+from ops_registry.tensor import element_index
 
 
 def _scalar(v) -> int:
@@ -216,9 +216,7 @@ def _size(xp, ins, attrs):
 
 
 register(
-    OpDef(
-        "size", "light", ("data",), ("size",), _size, onnx="Size", infer_shape=lambda s, a: {"size": ()}
-    )
+    OpDef("size", "light", ("data",), ("size",), _size, onnx="Size", infer_shape=lambda s, a: {"size": ()})
 )
 
 

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from .base import OpDef, register, unbroadcast
-from .nn import _sigmoid, log_softmax, softmax
-from .shapes import broadcast, same_as
+from ops_registry.base import OpDef, register, unbroadcast
+from ops_registry.nn import _sigmoid, log_softmax, softmax
+from ops_registry.shapes import broadcast, same_as
 
 
 def _sce(xp, ins, attrs):
@@ -17,9 +17,18 @@ def _sce(xp, ins, attrs):
     return {"Out": (xp.maximum(x, 0) - x * y + xp.log1p(xp.exp(-xp.abs(x)))).astype(x.dtype)}
 
 
-register(OpDef("sigmoid_cross_entropy_with_logits", "loss", ("X", "Label"), ("Out",), _sce,
-               lambda xp, i, o, d, a: {"X": d["Out"] * (_sigmoid(xp, i["X"]) - i["Label"])},
-               no_grad=("Label",), infer_shape=same_as("X", "Out")))
+register(
+    OpDef(
+        "sigmoid_cross_entropy_with_logits",
+        "loss",
+        ("X", "Label"),
+        ("Out",),
+        _sce,
+        lambda xp, i, o, d, a: {"X": d["Out"] * (_sigmoid(xp, i["X"]) - i["Label"])},
+        no_grad=("Label",),
+        infer_shape=same_as("X", "Out"),
+    )
+)
 
 
 def _log_loss(xp, ins, attrs):
@@ -35,8 +44,19 @@ def _log_loss_vjp(xp, ins, outs, douts, attrs):
     return {"Predicted": g.astype(p.dtype, copy=False)}
 
 
-register(OpDef("log_loss", "loss", ("Predicted", "Labels"), ("Loss",), _log_loss, _log_loss_vjp,
-               no_grad=("Labels",), infer_shape=same_as("Predicted", "Loss"), attrs={"epsilon": 1e-4}))
+register(
+    OpDef(
+        "log_loss",
+        "loss",
+        ("Predicted", "Labels"),
+        ("Loss",),
+        _log_loss,
+        _log_loss_vjp,
+        no_grad=("Labels",),
+        infer_shape=same_as("Predicted", "Loss"),
+        attrs={"epsilon": 1e-4},
+    )
+)
 
 
 def _softmax_ce(xp, ins, attrs):
@@ -70,11 +90,19 @@ def _softmax_ce_vjp(xp, ins, outs, douts, attrs):
     return {"Logits": ((sm - target) * g).astype(x.dtype)}
 
 
-register(OpDef("softmax_cross_entropy", "loss", ("Logits", "Label"), ("Softmax", "Loss"),
-               _softmax_ce, _softmax_ce_vjp, no_grad=("Label",),
-               infer_shape=lambda s, a: {"Softmax": s["Logits"],
-                                         "Loss": _kept(s["Logits"], a.get("axis", -1))},
-               attrs={"axis": -1, "soft_label": 0}))
+register(
+    OpDef(
+        "softmax_cross_entropy",
+        "loss",
+        ("Logits", "Label"),
+        ("Softmax", "Loss"),
+        _softmax_ce,
+        _softmax_ce_vjp,
+        no_grad=("Label",),
+        infer_shape=lambda s, a: {"Softmax": s["Logits"], "Loss": _kept(s["Logits"], a.get("axis", -1))},
+        attrs={"axis": -1, "soft_label": 0},
+    )
+)
 
 
 def _square_error(xp, ins, attrs):
@@ -88,8 +116,17 @@ def _square_error_vjp(xp, ins, outs, douts, attrs):
     return {"X": unbroadcast(xp, d, ins["X"].shape), "Y": unbroadcast(xp, -d, ins["Y"].shape)}
 
 
-register(OpDef("square_error", "loss", ("X", "Y"), ("Out",), _square_error, _square_error_vjp,
-               infer_shape=lambda s, a: {"Out": broadcast(s["X"], s["Y"])}))
+register(
+    OpDef(
+        "square_error",
+        "loss",
+        ("X", "Y"),
+        ("Out",),
+        _square_error,
+        _square_error_vjp,
+        infer_shape=lambda s, a: {"Out": broadcast(s["X"], s["Y"])},
+    )
+)
 
 
 def _log_clamped(xp, p):
@@ -112,8 +149,18 @@ def _bce_vjp(xp, ins, outs, douts, attrs):
     return {"X": unbroadcast(xp, -g * d, x.shape).astype(x.dtype)}
 
 
-register(OpDef("bce_loss", "loss", ("X", "Label"), ("Out",), _bce, _bce_vjp, no_grad=("Label",),
-               infer_shape=lambda s, a: {"Out": broadcast(s["X"], s["Label"])}))
+register(
+    OpDef(
+        "bce_loss",
+        "loss",
+        ("X", "Label"),
+        ("Out",),
+        _bce,
+        _bce_vjp,
+        no_grad=("Label",),
+        infer_shape=lambda s, a: {"Out": broadcast(s["X"], s["Label"])},
+    )
+)
 
 
 def _class_weights(xp, target, weight, ignore_index, dtype):
@@ -159,11 +206,21 @@ def _nll_kernel(xp, ins, attrs):
     return {"loss": xp.asarray(_nll(xp, x, ins["target"], ins.get("weight"), attrs)).astype(x.dtype)}
 
 
-register(OpDef("nll_loss", "loss", ("input", "target", "weight?"), ("loss",), _nll_kernel,
-               lambda xp, i, o, d, a: {"input": _nll_vjp(xp, i["input"], i["target"], i.get("weight"),
-                                                         d["loss"], a)},
-               no_grad=("target", "weight"), onnx="NegativeLogLikelihoodLoss",
-               attrs={"ignore_index": None, "reduction": "mean"}))
+register(
+    OpDef(
+        "nll_loss",
+        "loss",
+        ("input", "target", "weight?"),
+        ("loss",),
+        _nll_kernel,
+        lambda xp, i, o, d, a: {
+            "input": _nll_vjp(xp, i["input"], i["target"], i.get("weight"), d["loss"], a)
+        },
+        no_grad=("target", "weight"),
+        onnx="NegativeLogLikelihoodLoss",
+        attrs={"ignore_index": None, "reduction": "mean"},
+    )
+)
 
 
 def _sce_loss(xp, ins, attrs):
@@ -186,6 +243,16 @@ def _sce_loss_vjp(xp, ins, outs, douts, attrs):
     return {"scores": g - xp.exp(logp) * g.sum(axis=1, keepdims=True)}
 
 
-register(OpDef("softmax_cross_entropy_loss", "loss", ("scores", "labels", "weights?"),
-               ("output", "log_prob"), _sce_loss, _sce_loss_vjp, no_grad=("labels", "weights"),
-               onnx="SoftmaxCrossEntropyLoss", attrs={"ignore_index": None, "reduction": "mean"}))
+register(
+    OpDef(
+        "softmax_cross_entropy_loss",
+        "loss",
+        ("scores", "labels", "weights?"),
+        ("output", "log_prob"),
+        _sce_loss,
+        _sce_loss_vjp,
+        no_grad=("labels", "weights"),
+        onnx="SoftmaxCrossEntropyLoss",
+        attrs={"ignore_index": None, "reduction": "mean"},
+    )
+)

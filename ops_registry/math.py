@@ -5,10 +5,10 @@ from __future__ import annotations
 import string
 from collections import Counter
 
-from .base import OpDef, SparseRows, register, static_arg, unbroadcast
-from .nn import _unary
-from .parallel import matmul as _pmm  # (2-D numpy products over the kernel threads)
-from .shapes import binary, broadcast, same_as
+from ops_registry.base import OpDef, SparseRows, register, static_arg, unbroadcast
+from ops_registry.nn import _unary
+from ops_registry.parallel import matmul as _pmm  # (2-D numpy products over the kernel threads)
+from ops_registry.shapes import binary, broadcast, same_as
 
 
 def _binary(name, onnx, fwd, vjp, doc):
@@ -25,8 +25,18 @@ def _binary(name, onnx, fwd, vjp, doc):
         ga, gb = vjp(xp, a, b, g)
         return {"A": unbroadcast(xp, ga, a.shape), "B": unbroadcast(xp, gb, b.shape)}
 
-    register(OpDef(name, "light", ("A", "B"), ("C",), kernel, grad if vjp else None,
-                   infer_shape=binary("C"), onnx=onnx))
+    register(
+        OpDef(
+            name,
+            "light",
+            ("A", "B"),
+            ("C",),
+            kernel,
+            grad if vjp else None,
+            infer_shape=binary("C"),
+            onnx=onnx,
+        )
+    )
 
 
 def _div(xp, a, b):
@@ -39,10 +49,20 @@ def _div(xp, a, b):
 
 _binary("add", "Add", lambda xp, a, b: a + b, lambda xp, a, b, g: (g, g), "C = A + B (broadcasting).")
 _binary("sub", "Sub", lambda xp, a, b: a - b, lambda xp, a, b, g: (g, -g), "C = A - B (broadcasting).")
-_binary("mul", "Mul", lambda xp, a, b: a * b, lambda xp, a, b, g: (g * b, g * a),
-        "C = A * B elementwise (broadcasting).")
-_binary("div", "Div", _div, lambda xp, a, b, g: (g / b, -g * a / (b * b)),
-        "C = A / B elementwise (broadcasting; integers truncate toward zero).")
+_binary(
+    "mul",
+    "Mul",
+    lambda xp, a, b: a * b,
+    lambda xp, a, b, g: (g * b, g * a),
+    "C = A * B elementwise (broadcasting).",
+)
+_binary(
+    "div",
+    "Div",
+    _div,
+    lambda xp, a, b, g: (g / b, -g * a / (b * b)),
+    "C = A / B elementwise (broadcasting; integers truncate toward zero).",
+)
 _binary("equal", "Equal", lambda xp, a, b: a == b, None, "C = (A == B), bool (broadcasting).")
 _binary("less", "Less", lambda xp, a, b: a < b, None, "C = (A < B), bool (broadcasting).")
 _binary("greater", "Greater", lambda xp, a, b: a > b, None, "C = (A > B), bool (broadcasting).")
@@ -50,10 +70,22 @@ _binary("greater", "Greater", lambda xp, a, b: a > b, None, "C = (A > B), bool (
 _unary("neg", "Neg", lambda xp, x, a: -x, lambda xp, x, y, g, a: -g, "Y = -X.")
 _unary("abs", "Abs", lambda xp, x, a: xp.abs(x), lambda xp, x, y, g, a: g * xp.sign(x), "Y = |X|.")
 _unary("sqrt", "Sqrt", lambda xp, x, a: xp.sqrt(x), lambda xp, x, y, g, a: g / (2 * y), "Y = sqrt(X).")
-_unary("exp", "Exp", lambda xp, x, a: xp.exp(x), lambda xp, x, y, g, a: g * y,
-       "output = exp(input).", slots=("input", "output"))
-_unary("log", "Log", lambda xp, x, a: xp.log(x), lambda xp, x, y, g, a: g / x,
-       "output = log(input).", slots=("input", "output"))
+_unary(
+    "exp",
+    "Exp",
+    lambda xp, x, a: xp.exp(x),
+    lambda xp, x, y, g, a: g * y,
+    "output = exp(input).",
+    slots=("input", "output"),
+)
+_unary(
+    "log",
+    "Log",
+    lambda xp, x, a: xp.log(x),
+    lambda xp, x, y, g, a: g / x,
+    "output = log(input).",
+    slots=("input", "output"),
+)
 
 
 def _pow(xp, ins, attrs):
@@ -69,12 +101,24 @@ def _pow_vjp(xp, ins, outs, douts, attrs):
     x, y, z, g = ins["X"], ins["Y"], outs["Z"], douts["Z"]
     gx = g * y * xp.power(x, y - 1)
     gy = g * z * xp.log(xp.where(x > 0, x, 1))
-    return {"X": unbroadcast(xp, gx, x.shape).astype(x.dtype),
-            "Y": unbroadcast(xp, gy, y.shape).astype(y.dtype)}
+    return {
+        "X": unbroadcast(xp, gx, x.shape).astype(x.dtype),
+        "Y": unbroadcast(xp, gy, y.shape).astype(y.dtype),
+    }
 
 
-register(OpDef("pow", "light", ("X", "Y"), ("Z",), _pow, _pow_vjp, onnx="Pow",
-               infer_shape=lambda s, a: {"Z": broadcast(s["X"], s["Y"])}))
+register(
+    OpDef(
+        "pow",
+        "light",
+        ("X", "Y"),
+        ("Z",),
+        _pow,
+        _pow_vjp,
+        onnx="Pow",
+        infer_shape=lambda s, a: {"Z": broadcast(s["X"], s["Y"])},
+    )
+)
 
 
 def _clip(xp, ins, attrs):
@@ -99,9 +143,20 @@ def _clip_vjp(xp, ins, outs, douts, attrs):
     return {"input": douts["output"] * inside}
 
 
-register(OpDef("clip", "light", ("input", "min?", "max?"), ("output",), _clip, _clip_vjp,
-               no_grad=("min", "max"), onnx="Clip", infer_shape=same_as("input", "output"),
-               attrs={"min": None, "max": None}))
+register(
+    OpDef(
+        "clip",
+        "light",
+        ("input", "min?", "max?"),
+        ("output",),
+        _clip,
+        _clip_vjp,
+        no_grad=("min", "max"),
+        onnx="Clip",
+        infer_shape=same_as("input", "output"),
+        attrs={"min": None, "max": None},
+    )
+)
 
 
 def _where(xp, ins, attrs):
@@ -112,13 +167,25 @@ def _where(xp, ins, attrs):
 def _where_vjp(xp, ins, outs, douts, attrs):
     c, g = ins["condition"], douts["output"]
     zero = xp.zeros((), dtype=g.dtype)
-    return {"X": unbroadcast(xp, xp.where(c, g, zero), ins["X"].shape),
-            "Y": unbroadcast(xp, xp.where(c, zero, g), ins["Y"].shape)}
+    return {
+        "X": unbroadcast(xp, xp.where(c, g, zero), ins["X"].shape),
+        "Y": unbroadcast(xp, xp.where(c, zero, g), ins["Y"].shape),
+    }
 
 
-register(OpDef("where", "light", ("condition", "X", "Y"), ("output",), _where, _where_vjp,
-               no_grad=("condition",), onnx="Where",
-               infer_shape=lambda s, a: {"output": broadcast(s["condition"], broadcast(s["X"], s["Y"]))}))
+register(
+    OpDef(
+        "where",
+        "light",
+        ("condition", "X", "Y"),
+        ("output",),
+        _where,
+        _where_vjp,
+        no_grad=("condition",),
+        onnx="Where",
+        infer_shape=lambda s, a: {"output": broadcast(s["condition"], broadcast(s["X"], s["Y"]))},
+    )
+)
 
 
 def _matmul(xp, ins, attrs):
@@ -158,8 +225,11 @@ def _matmul_shape(s, attrs):
     return {"Y": y}
 
 
-register(OpDef("matmul", "dense", ("A", "B"), ("Y",), _matmul, _matmul_vjp,
-               infer_shape=_matmul_shape, onnx="MatMul"))
+register(
+    OpDef(
+        "matmul", "dense", ("A", "B"), ("Y",), _matmul, _matmul_vjp, infer_shape=_matmul_shape, onnx="MatMul"
+    )
+)
 
 
 def _gemm(xp, ins, attrs):
@@ -206,9 +276,19 @@ def _gemm_shape(s, attrs):
     return {"Y": (m, n)}
 
 
-register(OpDef("gemm", "dense", ("A", "B", "C?"), ("Y",), _gemm, _gemm_vjp,
-               infer_shape=_gemm_shape, onnx="Gemm",
-               attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}))
+register(
+    OpDef(
+        "gemm",
+        "dense",
+        ("A", "B", "C?"),
+        ("Y",),
+        _gemm,
+        _gemm_vjp,
+        infer_shape=_gemm_shape,
+        onnx="Gemm",
+        attrs={"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0},
+    )
+)
 
 
 def _sum(xp, ins, attrs):
@@ -216,8 +296,11 @@ def _sum(xp, ins, attrs):
     xs = ins["data_0"]
     sparse = [x for x in xs if isinstance(x, SparseRows)]
     if sparse and len(sparse) == len(xs):
-        return {"sum": SparseRows(xp.concatenate([x.rows for x in xs]),
-                                  xp.concatenate([x.values for x in xs]), xs[0].height)}
+        return {
+            "sum": SparseRows(
+                xp.concatenate([x.rows for x in xs]), xp.concatenate([x.values for x in xs]), xs[0].height
+            )
+        }
     dense = [x.to_dense(xp) if isinstance(x, SparseRows) else x for x in xs]
     out = dense[0]
     for x in dense[1:]:
@@ -237,8 +320,7 @@ def _sum_shape(s, attrs):
     return {"sum": out}
 
 
-register(OpDef("sum", "light", ("data_0*",), ("sum",), _sum, _sum_vjp,
-               infer_shape=_sum_shape, onnx="Sum"))
+register(OpDef("sum", "light", ("data_0*",), ("sum",), _sum, _sum_vjp, infer_shape=_sum_shape, onnx="Sum"))
 
 
 def _mean(xp, ins, attrs):
@@ -252,8 +334,18 @@ def _mean_vjp(xp, ins, outs, douts, attrs):
     return {"data_0": [unbroadcast(xp, g, x.shape) for x in ins["data_0"]]}
 
 
-register(OpDef("mean", "light", ("data_0*",), ("mean",), _mean, _mean_vjp,
-               infer_shape=lambda s, a: {"mean": _sum_shape(s, a)["sum"]}, onnx="Mean"))
+register(
+    OpDef(
+        "mean",
+        "light",
+        ("data_0*",),
+        ("mean",),
+        _mean,
+        _mean_vjp,
+        infer_shape=lambda s, a: {"mean": _sum_shape(s, a)["sum"]},
+        onnx="Mean",
+    )
+)
 
 
 def einsum_subscripts(equation: str, shapes: list[tuple[int, ...]]) -> tuple[list[str], str]:
@@ -263,11 +355,12 @@ def einsum_subscripts(equation: str, shapes: list[tuple[int, ...]]) -> tuple[lis
     lhs, rhs = eq.split("->") if "->" in eq else (eq, None)
     ins = lhs.split(",")
     free = [c for c in string.ascii_letters if c not in eq]
-    n_ell = max((len(sh) - len(s) + 3 for s, sh in zip(ins, shapes, strict=True) if "..." in s),
-                default=0)
+    n_ell = max((len(sh) - len(s) + 3 for s, sh in zip(ins, shapes, strict=True) if "..." in s), default=0)
     ell = "".join(free[:n_ell])
-    subs = [s.replace("...", ell[n_ell - (len(sh) - len(s) + 3):]) if "..." in s else s
-            for s, sh in zip(ins, shapes, strict=True)]
+    subs = [
+        s.replace("...", ell[n_ell - (len(sh) - len(s) + 3) :]) if "..." in s else s
+        for s, sh in zip(ins, shapes, strict=True)
+    ]
     if rhs is None:  # numpy's implicit mode: broadcast dims, then letters seen once, sorted
         counts = Counter(lhs.replace(".", "").replace(",", ""))
         rhs = ell + "".join(sorted(c for c, k in counts.items() if k == 1))
@@ -288,8 +381,10 @@ def _einsum_vjp(xp, ins, outs, douts, attrs):
     grads = []
     for i, (s, x) in enumerate(zip(subs, xs, strict=True)):
         if len(set(s)) != len(s):
-            raise NotImplementedError(f"einsum {attrs['equation']!r}: no gradient for the repeated "
-                                      f"subscript (diagonal) in operand {i} {s!r}")
+            raise NotImplementedError(
+                f"einsum {attrs['equation']!r}: no gradient for the repeated "
+                f"subscript (diagonal) in operand {i} {s!r}"
+            )
         others = [(subs[j], xs[j]) for j in range(len(xs)) if j != i]
         seen = set(out).union(*(set(sj) for sj, _ in others))
         keep = "".join(c for c in s if c in seen)
@@ -300,8 +395,18 @@ def _einsum_vjp(xp, ins, outs, douts, attrs):
     return {"Inputs": grads}
 
 
-register(OpDef("einsum", "dense", ("Inputs*",), ("Output",), _einsum, _einsum_vjp, onnx="Einsum",
-               attrs={"equation": ""}))
+register(
+    OpDef(
+        "einsum",
+        "dense",
+        ("Inputs*",),
+        ("Output",),
+        _einsum,
+        _einsum_vjp,
+        onnx="Einsum",
+        attrs={"equation": ""},
+    )
+)
 
 
 def _scale(xp, ins, attrs):
@@ -310,6 +415,15 @@ def _scale(xp, ins, attrs):
     return {"Out": (x * attrs["scale"] + attrs["bias"]).astype(x.dtype, copy=False)}
 
 
-register(OpDef("scale", "light", ("X",), ("Out",), _scale,
-               lambda xp, i, o, d, a: {"X": d["Out"] * a["scale"]},
-               infer_shape=same_as("X", "Out"), attrs={"scale": 1.0, "bias": 0.0}))
+register(
+    OpDef(
+        "scale",
+        "light",
+        ("X",),
+        ("Out",),
+        _scale,
+        lambda xp, i, o, d, a: {"X": d["Out"] * a["scale"]},
+        infer_shape=same_as("X", "Out"),
+        attrs={"scale": 1.0, "bias": 0.0},
+    )
+)

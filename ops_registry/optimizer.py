@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import OpDef, SparseRows, register, scatter_add
+from ops_registry.base import OpDef, SparseRows, register, scatter_add
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,12 @@ class Slot:
     init: float | str = 0.0
 
 
-_ADAM_STATE = (Slot("Moment1", "Moment1Out"), Slot("Moment2", "Moment2Out"),
-               Slot("Beta1Pow", "Beta1PowOut", True, "beta1"), Slot("Beta2Pow", "Beta2PowOut", True, "beta2"))
+_ADAM_STATE = (
+    Slot("Moment1", "Moment1Out"),
+    Slot("Moment2", "Moment2Out"),
+    Slot("Beta1Pow", "Beta1PowOut", True, "beta1"),
+    Slot("Beta2Pow", "Beta2PowOut", True, "beta2"),
+)
 STATE: dict[str, tuple[Slot, ...]] = {
     "sgd": (),
     "adagrad": (Slot("Moment", "MomentOut", False, "initial_accumulator_value"),),
@@ -71,8 +75,12 @@ def check_schedule(spec: dict[str, Any] | None) -> None:
     """ValueError naming what is wrong with an `lr_schedule` spec (None: no schedule)."""
     if spec is None:
         return
-    need = {"step": ("step_size", "gamma"), "exponential": ("gamma",), "cosine": ("T_max",),
-            "linear_warmup": ("warmup_steps", "start_lr", "end_lr")}
+    need = {
+        "step": ("step_size", "gamma"),
+        "exponential": ("gamma",),
+        "cosine": ("T_max",),
+        "linear_warmup": ("warmup_steps", "start_lr", "end_lr"),
+    }
     kind = spec.get("type") if isinstance(spec, dict) else None
     if kind not in need:
         raise ValueError(f"lr_schedule {spec!r}: 'type' must be one of {list(need)}")
@@ -139,9 +147,16 @@ def _with_rules(update):
 
 def _register(type: str, update, defaults: dict[str, Any]) -> None:
     slots = STATE[type]
-    register(OpDef(type, "optimizer", ("Param", "Grad", *(s.name for s in slots), "Step?"),
-                   ("ParamOut", *(s.out for s in slots), "StepOut?"), _with_rules(update),
-                   attrs={**defaults, "l2_decay": 0.0, "lr_schedule": None}))
+    register(
+        OpDef(
+            type,
+            "optimizer",
+            ("Param", "Grad", *(s.name for s in slots), "Step?"),
+            ("ParamOut", *(s.out for s in slots), "StepOut?"),
+            _with_rules(update),
+            attrs={**defaults, "l2_decay": 0.0, "lr_schedule": None},
+        )
+    )
 
 
 def _sgd(xp, ins, attrs):
@@ -204,8 +219,13 @@ def _adam(xp, ins, attrs):
         m2 *= b2
         m2 += (1 - b2) * g * g
         p -= (lr * m1 / (xp.sqrt(m2) + eps_hat)).astype(p.dtype, copy=False)
-    return {"ParamOut": p, "Moment1Out": m1, "Moment2Out": m2,
-            "Beta1PowOut": b1p * b1, "Beta2PowOut": b2p * b2}
+    return {
+        "ParamOut": p,
+        "Moment1Out": m1,
+        "Moment2Out": m2,
+        "Beta1PowOut": b1p * b1,
+        "Beta2PowOut": b2p * b2,
+    }
 
 
 def _paddle_sparse_adam(xp, p, g: SparseRows, m1, m2, b1p, b2p, attrs):
@@ -238,8 +258,14 @@ def _paddle_sparse_adam(xp, p, g: SparseRows, m1, m2, b1p, b2p, attrs):
     return {"ParamOut": p, "Moment1Out": m1, "Moment2Out": m2, "Beta1PowOut": b1p, "Beta2PowOut": b2p}
 
 
-ADAM_DEFAULTS = {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "lazy_mode": 0,
-                 "paddle_sparse": 0}
+ADAM_DEFAULTS = {
+    "lr": 0.001,
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "epsilon": 1e-8,
+    "lazy_mode": 0,
+    "paddle_sparse": 0,
+}
 _register("adam", _adam, ADAM_DEFAULTS)
 
 
@@ -278,10 +304,17 @@ def _clip_by_global_norm(xp, ins, attrs):
     merged = [g.merged(xp) if isinstance(g, SparseRows) else g for g in ins["X"]]
     dtype = (merged[0].values if isinstance(merged[0], SparseRows) else merged[0]).dtype
     scale = global_norm_scale(sum(sum_squares(xp, g) for g in merged), attrs["clip_norm"], dtype)
-    out = [SparseRows(g.rows, (g.values * scale).astype(dtype, copy=False), g.height, g.unique)
-           if isinstance(g, SparseRows) else (g * scale).astype(g.dtype, copy=False) for g in merged]
+    out = [
+        SparseRows(g.rows, (g.values * scale).astype(dtype, copy=False), g.height, g.unique)
+        if isinstance(g, SparseRows)
+        else (g * scale).astype(g.dtype, copy=False)
+        for g in merged
+    ]
     return {"Out": out}
 
 
-register(OpDef("clip_by_global_norm", "optimizer", ("X*",), ("Out*",), _clip_by_global_norm,
-               attrs={"clip_norm": 1.0}))
+register(
+    OpDef(
+        "clip_by_global_norm", "optimizer", ("X*",), ("Out*",), _clip_by_global_norm, attrs={"clip_norm": 1.0}
+    )
+)

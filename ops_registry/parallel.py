@@ -64,8 +64,10 @@ class Pool:
         self._job: _Job | None = None
         self._posted = 0  # how many jobs were posted (a helper takes each it has not seen)
         self._closed = False
-        self._helpers = [threading.Thread(target=self._helper, daemon=True, name=f"hetps-kernel-{i}")
-                         for i in range(threads - 1)]
+        self._helpers = [
+            threading.Thread(target=self._helper, daemon=True, name=f"hetps-kernel-{i}")
+            for i in range(threads - 1)
+        ]
         for t in self._helpers:
             t.start()
 

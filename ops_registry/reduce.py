@@ -3,8 +3,8 @@ an input, `keepdims`, `noop_with_empty_axes`."""
 
 from __future__ import annotations
 
-from .base import OpDef, register, static_arg
-from .shapes import reduce
+from ops_registry.base import OpDef, register, static_arg
+from ops_registry.shapes import reduce
 
 
 def _axes(attrs, ins=None):

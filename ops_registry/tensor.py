@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .base import OpDef, register, scatter_add, static_arg, unbroadcast
-from .shapes import same_as
+from ops_registry.base import OpDef, register, scatter_add, static_arg, unbroadcast
+from ops_registry.shapes import same_as
 
 
 def _concat(xp, ins, attrs):
@@ -25,16 +25,28 @@ def _concat_shape(s, attrs):
     xs = s["inputs"]
     axis = attrs["axis"] % len(xs[0])
     for i, x in enumerate(xs[1:], 1):
-        if len(x) != len(xs[0]) or any(a != b and -1 not in (a, b)
-                                       for j, (a, b) in enumerate(zip(x, xs[0], strict=True)) if j != axis):
+        if len(x) != len(xs[0]) or any(
+            a != b and -1 not in (a, b) for j, (a, b) in enumerate(zip(x, xs[0], strict=True)) if j != axis
+        ):
             raise ValueError(f"input {i} has shape {list(x)}, expected {list(xs[0])} except on axis {axis}")
     sizes = [x[axis] for x in xs]
     total = -1 if -1 in sizes else sum(sizes)
     return {"concat_result": tuple(total if i == axis else d for i, d in enumerate(xs[0]))}
 
 
-register(OpDef("concat", "light", ("inputs*",), ("concat_result",), _concat, _concat_vjp,
-               infer_shape=_concat_shape, onnx="Concat", attrs={"axis": 0}))
+register(
+    OpDef(
+        "concat",
+        "light",
+        ("inputs*",),
+        ("concat_result",),
+        _concat,
+        _concat_vjp,
+        infer_shape=_concat_shape,
+        onnx="Concat",
+        attrs={"axis": 0},
+    )
+)
 
 
 def _target_shape(in_shape, shape, allowzero=0):
@@ -65,10 +77,20 @@ def _reshape_shape(s, attrs):
     return {"reshaped": tuple(total // rest if d == -1 else d for d in t)}
 
 
-register(OpDef("reshape", "light", ("data", "shape?"), ("reshaped",), _reshape,
-               lambda xp, i, o, d, a: {"data": d["reshaped"].reshape(i["data"].shape)},
-               no_grad=("shape",), infer_shape=_reshape_shape, onnx="Reshape",
-               attrs={"shape": None, "allowzero": 0}))
+register(
+    OpDef(
+        "reshape",
+        "light",
+        ("data", "shape?"),
+        ("reshaped",),
+        _reshape,
+        lambda xp, i, o, d, a: {"data": d["reshaped"].reshape(i["data"].shape)},
+        no_grad=("shape",),
+        infer_shape=_reshape_shape,
+        onnx="Reshape",
+        attrs={"shape": None, "allowzero": 0},
+    )
+)
 
 
 def _cast(xp, ins, attrs):
@@ -77,9 +99,19 @@ def _cast(xp, ins, attrs):
     return {"output": ins["input"].astype(attrs["to"], copy=False)}
 
 
-register(OpDef("cast", "light", ("input",), ("output",), _cast,
-               lambda xp, i, o, d, a: {"input": d["output"].astype(i["input"].dtype, copy=False)},
-               infer_shape=same_as("input", "output"), onnx="Cast", attrs={"to": "float32"}))
+register(
+    OpDef(
+        "cast",
+        "light",
+        ("input",),
+        ("output",),
+        _cast,
+        lambda xp, i, o, d, a: {"input": d["output"].astype(i["input"].dtype, copy=False)},
+        infer_shape=same_as("input", "output"),
+        onnx="Cast",
+        attrs={"to": "float32"},
+    )
+)
 
 
 def _data(xp, ins, attrs):
@@ -87,8 +119,7 @@ def _data(xp, ins, attrs):
     raise RuntimeError("data ops are executed by the executor's feed handling")
 
 
-register(OpDef("data", "io", (), ("Out",), _data,
-               infer_shape=lambda s, a: {"Out": tuple(a["shape"])}))
+register(OpDef("data", "io", (), ("Out",), _data, infer_shape=lambda s, a: {"Out": tuple(a["shape"])}))
 
 
 def _fill_constant(xp, ins, attrs):
@@ -100,8 +131,16 @@ def _fill_constant(xp, ins, attrs):
     return {"Out": xp.full(shape, attrs["value"], dtype=dtype)}
 
 
-register(OpDef("fill_constant", "light", ("Like?",), ("Out",), _fill_constant,
-               attrs={"value": 0.0, "shape": (), "dtype": "float32"}))
+register(
+    OpDef(
+        "fill_constant",
+        "light",
+        ("Like?",),
+        ("Out",),
+        _fill_constant,
+        attrs={"value": 0.0, "shape": (), "dtype": "float32"},
+    )
+)
 
 
 def _constant(xp, ins, attrs):
@@ -118,19 +157,27 @@ def _constant_shape(s, attrs):
     return {"output": np.shape(attrs["value"])}
 
 
-register(OpDef("constant", "light", (), ("output",), _constant, infer_shape=_constant_shape,
-               attrs={"value": 0.0, "dtype": "float32"}))
+register(
+    OpDef(
+        "constant",
+        "light",
+        (),
+        ("output",),
+        _constant,
+        infer_shape=_constant_shape,
+        attrs={"value": 0.0, "dtype": "float32"},
+    )
+)
 
 
 def _init(xp, ins, attrs):
     """Out = a parameter initialised from `initializer` (deterministic per row; see initializers)."""
-    from .initializers import init_rows
+    from ops_registry.initializers import init_rows
 
     return {"Out": xp.asarray(init_rows(attrs["initializer"], attrs["shape"], attrs["dtype"]))}
 
 
-register(OpDef("init", "init", (), ("Out",), _init,
-               infer_shape=lambda s, a: {"Out": tuple(a["shape"])}))
+register(OpDef("init", "init", (), ("Out",), _init, infer_shape=lambda s, a: {"Out": tuple(a["shape"])}))
 
 
 def _layout(name, onnx, fwd, doc, slots, args=(), attrs=None, infer=None):
@@ -143,9 +190,20 @@ def _layout(name, onnx, fwd, doc, slots, args=(), attrs=None, infer=None):
         return {y_: fwd(xp, ins[x_], {**a, **{k: static_arg(ins, a, k) for k in args}})}
 
     kernel.__doc__ = doc
-    register(OpDef(name, "light", (x_, *(f"{k}?" for k in args)), (y_,), kernel,
-                   lambda xp, i, o, d, a: {x_: d[y_].reshape(i[x_].shape)}, no_grad=args,
-                   infer_shape=infer, onnx=onnx, attrs={**{k: None for k in args}, **(attrs or {})}))
+    register(
+        OpDef(
+            name,
+            "light",
+            (x_, *(f"{k}?" for k in args)),
+            (y_,),
+            kernel,
+            lambda xp, i, o, d, a: {x_: d[y_].reshape(i[x_].shape)},
+            no_grad=args,
+            infer_shape=infer,
+            onnx=onnx,
+            attrs={**{k: None for k in args}, **(attrs or {})},
+        )
+    )
 
 
 def _norm_axes(axes, ndim: int) -> tuple[int, ...]:
@@ -174,16 +232,38 @@ def _unsqueeze(xp, x, a):
     return x.reshape(shape)
 
 
-_layout("identity", "Identity", lambda xp, x, a: x, "output = input.", ("input", "output"),
-        infer=same_as("input", "output"))
-_layout("flatten", "Flatten", _flatten,
-        "output = input as a matrix [prod(shape[:axis]), prod(shape[axis:])].", ("input", "output"),
-        attrs={"axis": 1})
-_layout("squeeze", "Squeeze", _squeeze, "squeezed = data without the size-1 `axes` (all when absent).",
-        ("data", "squeezed"), args=("axes",))
-_layout("unsqueeze", "Unsqueeze", _unsqueeze,
-        "expanded = data with size-1 dims inserted at `axes` (positions in the output).",
-        ("data", "expanded"), args=("axes",))
+_layout(
+    "identity",
+    "Identity",
+    lambda xp, x, a: x,
+    "output = input.",
+    ("input", "output"),
+    infer=same_as("input", "output"),
+)
+_layout(
+    "flatten",
+    "Flatten",
+    _flatten,
+    "output = input as a matrix [prod(shape[:axis]), prod(shape[axis:])].",
+    ("input", "output"),
+    attrs={"axis": 1},
+)
+_layout(
+    "squeeze",
+    "Squeeze",
+    _squeeze,
+    "squeezed = data without the size-1 `axes` (all when absent).",
+    ("data", "squeezed"),
+    args=("axes",),
+)
+_layout(
+    "unsqueeze",
+    "Unsqueeze",
+    _unsqueeze,
+    "expanded = data with size-1 dims inserted at `axes` (positions in the output).",
+    ("data", "expanded"),
+    args=("axes",),
+)
 
 
 def _transpose(xp, ins, attrs):
@@ -199,21 +279,35 @@ def _transpose_vjp(xp, ins, outs, douts, attrs):
     return {"data": xp.transpose(douts["transposed"], inverse)}
 
 
-register(OpDef("transpose", "light", ("data",), ("transposed",), _transpose, _transpose_vjp,
-               onnx="Transpose", attrs={"perm": None},
-               infer_shape=lambda s, a: {"transposed": tuple(s["data"][p] for p in a["perm"])
-                                         if a.get("perm") else tuple(reversed(s["data"]))}))
+register(
+    OpDef(
+        "transpose",
+        "light",
+        ("data",),
+        ("transposed",),
+        _transpose,
+        _transpose_vjp,
+        onnx="Transpose",
+        attrs={"perm": None},
+        infer_shape=lambda s, a: {
+            "transposed": tuple(s["data"][p] for p in a["perm"])
+            if a.get("perm")
+            else tuple(reversed(s["data"]))
+        },
+    )
+)
 
 
 def _shape(xp, ins, attrs):
     """shape = data's shape as int64, dims [start, end) (Python slice clamping, as ONNX Shape)."""
     import numpy as np
 
-    return {"shape": xp.asarray(np.array(ins["data"].shape[attrs["start"]:attrs["end"]], dtype=np.int64))}
+    return {"shape": xp.asarray(np.array(ins["data"].shape[attrs["start"] : attrs["end"]], dtype=np.int64))}
 
 
-register(OpDef("shape", "light", ("data",), ("shape",), _shape, onnx="Shape",
-               attrs={"start": 0, "end": None}))
+register(
+    OpDef("shape", "light", ("data",), ("shape",), _shape, onnx="Shape", attrs={"start": 0, "end": None})
+)
 
 
 def _constant_of_shape(xp, ins, attrs):
@@ -223,8 +317,17 @@ def _constant_of_shape(xp, ins, attrs):
     return {"output": xp.full(shape, attrs["value"], dtype=attrs["dtype"])}
 
 
-register(OpDef("constant_of_shape", "light", ("input?",), ("output",), _constant_of_shape,
-               onnx="ConstantOfShape", attrs={"input": None, "value": 0.0, "dtype": "float32"}))
+register(
+    OpDef(
+        "constant_of_shape",
+        "light",
+        ("input?",),
+        ("output",),
+        _constant_of_shape,
+        onnx="ConstantOfShape",
+        attrs={"input": None, "value": 0.0, "dtype": "float32"},
+    )
+)
 
 
 def _slices(shape, attrs, ins) -> tuple[slice, ...]:
@@ -258,8 +361,19 @@ def _slice_vjp(xp, ins, outs, douts, attrs):
 
 
 _SLICE_ARGS = ("starts", "ends", "axes", "steps")
-register(OpDef("slice", "light", ("data", *(f"{k}?" for k in _SLICE_ARGS)), ("output",), _slice,
-               _slice_vjp, no_grad=_SLICE_ARGS, onnx="Slice", attrs={k: None for k in _SLICE_ARGS}))
+register(
+    OpDef(
+        "slice",
+        "light",
+        ("data", *(f"{k}?" for k in _SLICE_ARGS)),
+        ("output",),
+        _slice,
+        _slice_vjp,
+        no_grad=_SLICE_ARGS,
+        onnx="Slice",
+        attrs={k: None for k in _SLICE_ARGS},
+    )
+)
 
 
 def _expand(xp, ins, attrs):
@@ -271,9 +385,19 @@ def _expand(xp, ins, attrs):
     return {"output": xp.broadcast_to(x, shape).copy()}
 
 
-register(OpDef("expand", "light", ("input", "shape?"), ("output",), _expand,
-               lambda xp, i, o, d, a: {"input": unbroadcast(xp, d["output"], i["input"].shape)},
-               no_grad=("shape",), onnx="Expand", attrs={"shape": None}))
+register(
+    OpDef(
+        "expand",
+        "light",
+        ("input", "shape?"),
+        ("output",),
+        _expand,
+        lambda xp, i, o, d, a: {"input": unbroadcast(xp, d["output"], i["input"].shape)},
+        no_grad=("shape",),
+        onnx="Expand",
+        attrs={"shape": None},
+    )
+)
 
 
 def _tile(xp, ins, attrs):
@@ -288,8 +412,19 @@ def _tile_vjp(xp, ins, outs, douts, attrs):
     return {"input": g.reshape(split).sum(axis=tuple(range(0, 2 * x.ndim, 2)))}
 
 
-register(OpDef("tile", "light", ("input", "repeats?"), ("output",), _tile, _tile_vjp,
-               no_grad=("repeats",), onnx="Tile", attrs={"repeats": None}))
+register(
+    OpDef(
+        "tile",
+        "light",
+        ("input", "repeats?"),
+        ("output",),
+        _tile,
+        _tile_vjp,
+        no_grad=("repeats",),
+        onnx="Tile",
+        attrs={"repeats": None},
+    )
+)
 
 
 def _split_bounds(n: int, attrs, ins) -> list[int]:
@@ -317,13 +452,26 @@ def _split(xp, ins, attrs):
 
 
 def _split_vjp(xp, ins, outs, douts, attrs):
-    parts = [g if g is not None else xp.zeros_like(o) for g, o in zip(douts["outputs"], outs["outputs"],
-                                                                     strict=True)]
+    parts = [
+        g if g is not None else xp.zeros_like(o)
+        for g, o in zip(douts["outputs"], outs["outputs"], strict=True)
+    ]
     return {"input": xp.concatenate(parts, axis=attrs["axis"])}
 
 
-register(OpDef("split", "light", ("input", "split?"), ("outputs*",), _split, _split_vjp,
-               no_grad=("split",), onnx="Split", attrs={"axis": 0, "split": None, "num_outputs": None}))
+register(
+    OpDef(
+        "split",
+        "light",
+        ("input", "split?"),
+        ("outputs*",),
+        _split,
+        _split_vjp,
+        no_grad=("split",),
+        onnx="Split",
+        attrs={"axis": 0, "split": None, "num_outputs": None},
+    )
+)
 
 
 def _gather(xp, ins, attrs):
@@ -339,7 +487,8 @@ def _gather_vjp(xp, ins, outs, douts, attrs):
     k = ins["indices"].ndim
     # g: data.shape[:axis] + indices.shape + data.shape[axis+1:] -> indices dims first, flattened
     g = xp.moveaxis(g, tuple(range(axis, axis + k)), tuple(range(k))).reshape(
-        (-1, *x.shape[:axis], *x.shape[axis + 1:]))
+        (-1, *x.shape[:axis], *x.shape[axis + 1 :])
+    )
     out = xp.zeros(x.shape, dtype=g.dtype)
     scatter_add(xp, xp.moveaxis(out, axis, 0), idx, g)
     return {"data": out}
@@ -347,11 +496,23 @@ def _gather_vjp(xp, ins, outs, douts, attrs):
 
 def _gather_shape(s, attrs):
     data, axis = s["data"], attrs["axis"] % len(s["data"])
-    return {"output": data[:axis] + tuple(s["indices"]) + data[axis + 1:]}
+    return {"output": data[:axis] + tuple(s["indices"]) + data[axis + 1 :]}
 
 
-register(OpDef("gather", "light", ("data", "indices"), ("output",), _gather, _gather_vjp,
-               no_grad=("indices",), onnx="Gather", attrs={"axis": 0}, infer_shape=_gather_shape))
+register(
+    OpDef(
+        "gather",
+        "light",
+        ("data", "indices"),
+        ("output",),
+        _gather,
+        _gather_vjp,
+        no_grad=("indices",),
+        onnx="Gather",
+        attrs={"axis": 0},
+        infer_shape=_gather_shape,
+    )
+)
 
 
 def element_index(xp, x, idx, axis):
@@ -376,6 +537,17 @@ def _gather_elements_vjp(xp, ins, outs, douts, attrs):
     return {"data": out}
 
 
-register(OpDef("gather_elements", "light", ("data", "indices"), ("output",), _gather_elements,
-               _gather_elements_vjp, no_grad=("indices",), onnx="GatherElements", attrs={"axis": 0},
-               infer_shape=lambda s, a: {"output": s["indices"]}))
+register(
+    OpDef(
+        "gather_elements",
+        "light",
+        ("data", "indices"),
+        ("output",),
+        _gather_elements,
+        _gather_elements_vjp,
+        no_grad=("indices",),
+        onnx="GatherElements",
+        attrs={"axis": 0},
+        infer_shape=lambda s, a: {"output": s["indices"]},
+    )
+)

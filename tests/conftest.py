@@ -8,16 +8,22 @@ test runs, two OpenBLAS threads per process made a 256x221 @ 221x64 GEMM 30x slo
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import numpy  # noqa: F401  (loads OpenBLAS: threadpoolctl limits only libraries already loaded)
 import pytest
 from threadpoolctl import threadpool_limits
 
 threadpool_limits(1)
+# Tests mirror the packages (tests/runtime/ps/... for runtime/ps/...); some share helpers across folders
+# (`from test_runtime_train import single_process`), so every test folder is importable whatever the
+# collection order.
+sys.path[1:1] = sorted(
+    str(d) for d in Path(__file__).resolve().parent.rglob("*") if d.is_dir() and any(d.glob("test_*.py"))
+)
 # Ray is imported by tests and tutorials: keep every local Ray on loopback (see runtime/engines/ray.py).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-
-
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +38,14 @@ def ray_local():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     tmp = tempfile.mkdtemp(prefix="hetps-ray-test-")
-    ray.init(num_cpus=4, resources={"gpu_trainer": 1}, object_store_memory=100 << 20, _temp_dir=tmp,
-             include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=4,
+        resources={"gpu_trainer": 1},
+        object_store_memory=100 << 20,
+        _temp_dir=tmp,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     yield ray
     ray.shutdown()
     shutil.rmtree(tmp, ignore_errors=True)
@@ -45,8 +57,8 @@ def run_dir():
     import shutil
     import tempfile
 
-    from runtime import shm
-    from runtime.shm import shm_dir_for
+    from runtime.transport import shm
+    from runtime.transport.shm import shm_dir_for
 
     if not os.path.isdir(shm.SHM_ROOT):
         pytest.skip("no /dev/shm on this system: tensors always go as ZeroMQ frames")

@@ -52,5 +52,7 @@ def agreed(fn: Callable[..., Any], *args: Any, compare: Callable[[Any], Any] = l
         if any(_same(compare(got), compare(old)) for old in seen):
             return got
         seen.append(got)
-    raise AssertionError(f"Paddle's {fn.__name__}{args} gave a different result in each of {TRIES} fresh "
-                         "processes: no reference to compare with")
+    raise AssertionError(
+        f"Paddle's {fn.__name__}{args} gave a different result in each of {TRIES} fresh "
+        "processes: no reference to compare with"
+    )

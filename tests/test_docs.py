@@ -3,13 +3,13 @@
 - `python` blocks run as written; only step counts are made small (`steps=300` -> `steps=N`).
   The README's tour runs as a script in a fresh directory (trainers are spawned processes) and its
   outputs are checked: the plan picture, the metrics JSONL and the Perfetto trace.
-- `bash` blocks run command by command: `hetps ...` through the CLI (`runtime.cli.main`, step
+- `bash` blocks run command by command: `hetps ...` through the CLI (`runtime.cli.main.main`, step
   counts made small, in a scratch directory holding what the commands read), `python tutorials/...`
   as a subprocess with `--steps` small, `pip install -e ".[X]"` checks that X is an extra of
   setup.py, `pytest -q` checks that the default run leaves out slow tests.
 - `yaml` blocks are TranspileConfig files: loaded and applied to the model their page uses; the
   tuning page's sample of a run.yaml is read as RunSettings.
-- `hetps tune`, `inspect --predict` and `runtime.profile.tune` profile this machine for real, once
+- `hetps tune`, `inspect --predict` and `runtime.profile.machine.tune` profile this machine for real, once
   per test session, into a cache of the session's own (`XDG_CACHE_HOME`; about 15 s), as a
   newcomer's first run does.
 - Blocks for a multi-node Ray cluster (`ray start ...`, `address="auto"` / `--address auto`) cannot
@@ -37,8 +37,8 @@ import pytest
 import yaml
 from assets import MODELS, ROOT
 
-from runtime.cli import build_parser, main
-from runtime.telemetry import read_metrics
+from runtime.cli.main import build_parser, main
+from runtime.telemetry.outputs import read_metrics
 
 STEPS = 4
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -195,7 +195,7 @@ def test_tuning_run_yaml_sample_reads_as_run_settings():
     fits the budget of the page's own `hetps tune` command."""
     import yaml
 
-    from transpiler.cost import RunSettings
+    from transpiler.cost.model import RunSettings
 
     (b,) = [b for b in blocks("yaml") if b.page == "docs/tuning.md"]
     sample = yaml.safe_load(b.text)
@@ -247,7 +247,7 @@ def test_cluster_python_blocks(ray_local):
         if is_cluster(b):  # a two-node cluster: the call's arguments must be train's
             call = re.search(r"train\((.*)\)", code, re.S).group(1)
             args = eval(f"(lambda *a, **k: (a, k))({call})", {**ns})
-            inspect.signature(runtime.train).bind(*args[0], **args[1])
+            inspect.signature(runtime.driver.train).bind(*args[0], **args[1])
             continue
         exec(compile(code if "import" in code else "from runtime import train\n" + code, str(b), "exec"), ns)
         assert ns["hist"].steps == STEPS, b

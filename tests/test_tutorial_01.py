@@ -14,9 +14,24 @@ REPO = Path(__file__).resolve().parents[1]
 def test_tutorial_reaches_auc_070_on_held_out_data():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
-        [sys.executable, str(REPO / "tutorials" / "01_wide_deep.py"), "--steps", "150", "--batch", "128",
-         "--eval-every", "50", "--eval-size", "4096"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            str(REPO / "tutorials" / "01_wide_deep.py"),
+            "--steps",
+            "150",
+            "--batch",
+            "128",
+            "--eval-every",
+            "50",
+            "--eval-size",
+            "4096",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = re.findall(r"step +(\d+) +loss ([\d.]+) +held-out AUC ([\d.]+)", proc.stdout)
     assert [int(r[0]) for r in rows] == [50, 100, 150], proc.stdout

@@ -15,8 +15,22 @@ REPO = Path(__file__).resolve().parents[1]
 def test_tutorial_02_trains_heterogeneously_and_learns():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
-        [sys.executable, str(REPO / "tutorials" / "02_heter_training.py"), "--steps", "150", "--log-every",
-         "50", "--eval-size", "4096"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            str(REPO / "tutorials" / "02_heter_training.py"),
+            "--steps",
+            "150",
+            "--log-every",
+            "50",
+            "--eval-size",
+            "4096",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "trainer cpu:" in out and "trainer gpu:" in out and "boundary tensors" in out  # the plan

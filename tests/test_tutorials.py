@@ -55,8 +55,9 @@ def test_04_onnx_model_trains_and_exports_its_split(tmp_path):
 
 
 def test_05_ray_cluster_trains_on_ray_actors(ray_local, tmp_path, capsys):
-    out = tutorial("05_ray_cluster.py").main(["--steps", "30", "--batch", "128",
-                                              "--trace", str(tmp_path / "trace.json")])
+    out = tutorial("05_ray_cluster.py").main(
+        ["--steps", "30", "--batch", "128", "--trace", str(tmp_path / "trace.json")]
+    )
     printed = capsys.readouterr().out
     for name in ("ps:0", "cpu:0", "cpu:1", "gpu:0"):
         assert f"{name} ran at tcp://" in printed
@@ -77,8 +78,9 @@ def test_06_csv_click_log_trains_through_the_cli_and_scores_held_out_rows(tmp_pa
 def test_07_lifecycle_is_interrupted_resumes_and_serves_its_export(tmp_path, capsys):
     pytest.importorskip("onnxruntime")
     # 120 steps: 110 after the first checkpoint (about 1.7 s here) for Ctrl-C to reach the first run
-    out = tutorial("07_lifecycle.py").main(["--steps", "120", "--every", "10", "--held-out", "4",
-                                            "--out", str(tmp_path)])
+    out = tutorial("07_lifecycle.py").main(
+        ["--steps", "120", "--every", "10", "--held-out", "4", "--out", str(tmp_path)]
+    )
     printed = capsys.readouterr().out
     assert "$ hetps train" in printed and "--checkpoint-every 10" in printed
     assert "hetps exited with 130" in printed  # Ctrl-C ended the first run

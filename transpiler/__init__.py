@@ -1,18 +1,43 @@
 """hetps transpiler: the IR, frontends (builder, ONNX, Paddle), passes, and the Plan."""
 
-from .backward import append_backward
-from .config import TranspileConfig
-from .errors import DeadlockError, PlanError
-from .inference import inference_program
-from .ir import Block, LintError, Op, Program, Var, grad_name
-from .onnx_export import to_onnx
-from .onnx_import import OnnxImportError, OnnxShapeWarning, UnsupportedOnnxOpsError, from_onnx
-from .paddle_import import PaddleImportError, from_paddle
-from .plan import Plan, transpile
-from .tables import TableSpec
+from transpiler.config import TranspileConfig
+from transpiler.errors import DeadlockError, PlanError
+from transpiler.exporters.forward import inference_program
+from transpiler.exporters.onnx import to_onnx
+from transpiler.frontends import builder
+from transpiler.frontends.onnx.importer import (
+    OnnxImportError,
+    OnnxShapeWarning,
+    UnsupportedOnnxOpsError,
+    from_onnx,
+)
+from transpiler.frontends.paddle.importer import PaddleImportError, from_paddle
+from transpiler.ir import Block, LintError, Op, Program, Var, grad_name
+from transpiler.passes.backward import append_backward
+from transpiler.plan import Plan, transpile
+from transpiler.tables import TableSpec
 
-__all__ = ["Block", "DeadlockError", "LintError", "Op", "OnnxImportError", "OnnxShapeWarning",
-           "PaddleImportError", "Plan", "PlanError", "Program", "TableSpec",
-           "TranspileConfig", "UnsupportedOnnxOpsError",
-           "Var", "append_backward", "from_onnx", "from_paddle", "grad_name", "inference_program", "to_onnx",
-           "transpile"]
+__all__ = [
+    "Block",
+    "builder",
+    "DeadlockError",
+    "LintError",
+    "Op",
+    "OnnxImportError",
+    "OnnxShapeWarning",
+    "PaddleImportError",
+    "Plan",
+    "PlanError",
+    "Program",
+    "TableSpec",
+    "TranspileConfig",
+    "UnsupportedOnnxOpsError",
+    "Var",
+    "append_backward",
+    "from_onnx",
+    "from_paddle",
+    "grad_name",
+    "inference_program",
+    "to_onnx",
+    "transpile",
+]

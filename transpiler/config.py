@@ -1,14 +1,14 @@
 """TranspileConfig: what the user decides about a transpile (a dataclass, loadable from YAML or JSON).
 
-    # plan.yaml
-    trainer_types: [cpu, gpu]
-    category_map: {io: cpu, sparse: cpu, dense: gpu, loss: gpu}
-    op_type_devices: {sigmoid_cross_entropy_with_logits: cpu}   # by op type
-    name_devices: {"gemm_2*": cpu}                                 # by output var name (glob)
-    sparse_tables: null                                            # null = every embedding table
-    mode: sync
-    optimizer: {type: adam, lr: 0.01}                              # for programs without optimize ops
-    num_servers: 1
+# plan.yaml
+trainer_types: [cpu, gpu]
+category_map: {io: cpu, sparse: cpu, dense: gpu, loss: gpu}
+op_type_devices: {sigmoid_cross_entropy_with_logits: cpu}   # by op type
+name_devices: {"gemm_2*": cpu}                                 # by output var name (glob)
+sparse_tables: null                                            # null = every embedding table
+mode: sync
+optimizer: {type: adam, lr: 0.01}                              # for programs without optimize ops
+num_servers: 1
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ class TranspileConfig:
 
     trainer_types: list[str] = field(default_factory=lambda: ["cpu", "gpu"])
     category_map: dict[str, str] = field(
-        default_factory=lambda: {"io": "cpu", "sparse": "cpu", "dense": "gpu", "loss": "gpu"})
+        default_factory=lambda: {"io": "cpu", "sparse": "cpu", "dense": "gpu", "loss": "gpu"}
+    )
     op_type_devices: dict[str, str] = field(default_factory=dict)
     name_devices: dict[str, str] = field(default_factory=dict)
     sparse_tables: list[str] | None = None
@@ -82,31 +83,42 @@ class TranspileConfig:
     def __post_init__(self) -> None:
         self.trainer_types = list(self.trainer_types)
         if "elementwise" in self.category_map:
-            warnings.warn("TranspileConfig.category_map: the category 'elementwise' is now called "
-                          "'light' (it covers reshape, concat, gather and reductions too); rename the key",
-                          DeprecationWarning, stacklevel=3)
-            self.category_map = {("light" if k == "elementwise" else k): v
-                                 for k, v in self.category_map.items()}
+            warnings.warn(
+                "TranspileConfig.category_map: the category 'elementwise' is now called "
+                "'light' (it covers reshape, concat, gather and reductions too); rename the key",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            self.category_map = {
+                ("light" if k == "elementwise" else k): v for k, v in self.category_map.items()
+            }
         if not self.trainer_types:
             raise ValueError("TranspileConfig.trainer_types is empty; name at least one trainer type")
         if "ps" in self.trainer_types:
             raise ValueError("'ps' is reserved for the parameter server; pick another trainer type name")
-        for what, mapping in (("category_map", self.category_map),
-                              ("op_type_devices", self.op_type_devices),
-                              ("name_devices", self.name_devices)):
+        for what, mapping in (
+            ("category_map", self.category_map),
+            ("op_type_devices", self.op_type_devices),
+            ("name_devices", self.name_devices),
+        ):
             for key, dev in mapping.items():
                 if dev not in self.trainer_types:
-                    raise ValueError(f"TranspileConfig.{what}[{key!r}] = {dev!r} is not a trainer type; "
-                                     f"trainer_types = {self.trainer_types}")
+                    raise ValueError(
+                        f"TranspileConfig.{what}[{key!r}] = {dev!r} is not a trainer type; "
+                        f"trainer_types = {self.trainer_types}"
+                    )
         if self.mode == "geo":
-            raise ValueError("TranspileConfig.mode 'geo' is not supported: hetps's trainers do not run "
-                             "GEO-SGD (local steps + delta pushes); use mode 'sync' (single-process "
-                             "results) or 'async'")
+            raise ValueError(
+                "TranspileConfig.mode 'geo' is not supported: hetps's trainers do not run "
+                "GEO-SGD (local steps + delta pushes); use mode 'sync' (single-process "
+                "results) or 'async'"
+            )
         if self.mode not in MODES:
             raise ValueError(f"TranspileConfig.mode {self.mode!r} is not one of {MODES}")
         if self.optimizer.get("type") not in OPTIMIZERS:
-            raise ValueError(f"TranspileConfig.optimizer type {self.optimizer.get('type')!r} is not one "
-                             f"of {OPTIMIZERS}")
+            raise ValueError(
+                f"TranspileConfig.optimizer type {self.optimizer.get('type')!r} is not one of {OPTIMIZERS}"
+            )
         try:
             check_schedule(self.optimizer.get("lr_schedule"))
         except ValueError as e:

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from ops_registry import get_op, has_op
-
-from .values import copy_json, json_default, load_params, save_params
+from transpiler.values import copy_json, json_default, load_params, save_params
 
 OP_ROLES = ("forward", "loss", "backward", "optimize", "comm", "ps")
 
@@ -88,13 +87,23 @@ class Op:
         return [n for names in self.outputs.values() for n in names if n]
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "type": self.type, "inputs": self.inputs, "outputs": self.outputs,
-                "attrs": self.attrs}
+        return {
+            "id": self.id,
+            "type": self.type,
+            "inputs": self.inputs,
+            "outputs": self.outputs,
+            "attrs": self.attrs,
+        }
 
     def copy(self) -> Op:
         """An independent copy with the same id."""
-        return Op(self.type, {k: list(v) for k, v in self.inputs.items()},
-                  {k: list(v) for k, v in self.outputs.items()}, copy_json(self.attrs), self.id)
+        return Op(
+            self.type,
+            {k: list(v) for k, v in self.inputs.items()},
+            {k: list(v) for k, v in self.outputs.items()},
+            copy_json(self.attrs),
+            self.id,
+        )
 
     def __str__(self) -> str:
         outs = ", ".join(f"{s}={v}" for s, v in self.outputs.items())
@@ -130,8 +139,9 @@ class Block:
     """Vars by name and ops in run order. `ops` is read-only: `append_op`, `insert_op`, `set_ops`
     and `update_op` change them and bump `version`."""
 
-    def __init__(self, idx: int = 0, parent_idx: int = -1, vars: dict[str, Var] | None = None,
-                 ops: Iterable[Op] = ()) -> None:
+    def __init__(
+        self, idx: int = 0, parent_idx: int = -1, vars: dict[str, Var] | None = None, ops: Iterable[Op] = ()
+    ) -> None:
         self.idx, self.parent_idx = idx, parent_idx
         self.vars: dict[str, Var] = vars if vars is not None else {}
         self._ops: list[Op] = list(ops)
@@ -157,8 +167,14 @@ class Block:
         self._ops[:] = list(ops)
         self.version += 1
 
-    def update_op(self, op: Op, *, inputs: dict[str, list[str]] | None = None,
-                  outputs: dict[str, list[str]] | None = None, attrs: dict[str, Any] | None = None) -> Op:
+    def update_op(
+        self,
+        op: Op,
+        *,
+        inputs: dict[str, list[str]] | None = None,
+        outputs: dict[str, list[str]] | None = None,
+        attrs: dict[str, Any] | None = None,
+    ) -> Op:
         """Merge `inputs` / `outputs` slots and `attrs` into `op` (one of this block's ops)."""
         if inputs:
             op.inputs = {**op.inputs, **inputs}
@@ -229,8 +245,14 @@ class Program:
         self._next_id += 1
         return self._next_id - 1
 
-    def append_op(self, type: str, inputs: dict | None = None, outputs: dict | None = None,
-                  attrs: dict | None = None, index: int | None = None) -> Op:
+    def append_op(
+        self,
+        type: str,
+        inputs: dict | None = None,
+        outputs: dict | None = None,
+        attrs: dict | None = None,
+        index: int | None = None,
+    ) -> Op:
         """Append (or insert at `index`) an op with a fresh id; slot values may be a name or a list."""
         attrs = json.loads(json.dumps(attrs or {}, default=json_default))  # as JSON will hold them
         op = Op(type, _slots(inputs), _slots(outputs), attrs, self.new_id())
@@ -249,8 +271,10 @@ class Program:
         p = Program()
         p.attrs = copy_json(self.attrs)
         p._next_id = self._next_id
-        p.blocks = [Block(b.idx, b.parent_idx, {n: v.copy() for n, v in b.vars.items()},
-                          [op.copy() for op in b.ops]) for b in self.blocks]
+        p.blocks = [
+            Block(b.idx, b.parent_idx, {n: v.copy() for n, v in b.vars.items()}, [op.copy() for op in b.ops])
+            for b in self.blocks
+        ]
         p.params = {k: v.copy() for k, v in self.params.items()}
         return p
 
@@ -261,9 +285,12 @@ class Program:
             "attrs": copy.deepcopy(self.attrs),
             "next_id": self._next_id,
             "blocks": [
-                {"idx": b.idx, "parent_idx": b.parent_idx,
-                 "vars": [v.to_dict() for v in b.vars.values()],
-                 "ops": [op.to_dict() for op in b.ops]}
+                {
+                    "idx": b.idx,
+                    "parent_idx": b.parent_idx,
+                    "vars": [v.to_dict() for v in b.vars.values()],
+                    "ops": [op.to_dict() for op in b.ops],
+                }
                 for b in self.blocks
             ],
         }
@@ -281,9 +308,16 @@ class Program:
             b = Block(bd["idx"], bd["parent_idx"])
             for vd in bd["vars"]:
                 b.vars[vd["name"]] = Var(**vd)
-            b.set_ops(Op(od["type"], {k: list(v) for k, v in od["inputs"].items()},
-                         {k: list(v) for k, v in od["outputs"].items()},
-                         copy.deepcopy(od["attrs"]), od["id"]) for od in bd["ops"])
+            b.set_ops(
+                Op(
+                    od["type"],
+                    {k: list(v) for k, v in od["inputs"].items()},
+                    {k: list(v) for k, v in od["outputs"].items()},
+                    copy.deepcopy(od["attrs"]),
+                    od["id"],
+                )
+                for od in bd["ops"]
+            )
             p.blocks.append(b)
         return p
 
@@ -311,10 +345,13 @@ class Program:
         for b in self.blocks:
             lines.append(f"block {b.idx}:")
             for v in b.vars.values():
-                flags = [f for f in ("persistable", "is_parameter", "is_sparse", "stop_gradient")
-                         if getattr(v, f)]
-                lines.append(f"  var {v.name}: {v.dtype}{list(v.shape) if v.shape is not None else '?'}"
-                             + (f" ({', '.join(flags)})" if flags else ""))
+                flags = [
+                    f for f in ("persistable", "is_parameter", "is_sparse", "stop_gradient") if getattr(v, f)
+                ]
+                lines.append(
+                    f"  var {v.name}: {v.dtype}{list(v.shape) if v.shape is not None else '?'}"
+                    + (f" ({', '.join(flags)})" if flags else "")
+                )
             lines.extend(f"  {op}" for op in b.ops)
         return "\n".join(lines)
 
@@ -351,23 +388,31 @@ def lint(program: Program) -> None:
                 raise LintError(_id_problem(program, b, i, op, seen))
             seen[op.id] = op
             if not known[0].issuperset(op.inputs) or not known[1].issuperset(op.outputs):
-                raise LintError(f"{_where(b, i, op)}: slot "
-                                f"{sorted(set(op.inputs) - known[0] | set(op.outputs) - known[1])[0]!r} "
-                                f"is not one of {op.type!r}'s slots (inputs {sorted(known[0])}, "
-                                f"outputs {sorted(known[1])})")
+                raise LintError(
+                    f"{_where(b, i, op)}: slot "
+                    f"{sorted(set(op.inputs) - known[0] | set(op.outputs) - known[1])[0]!r} "
+                    f"is not one of {op.type!r}'s slots (inputs {sorted(known[0])}, "
+                    f"outputs {sorted(known[1])})"
+                )
             if op.attrs.get("op_role", "forward") not in roles:
                 raise LintError(f"{_where(b, i, op)}: op_role {op.role!r} is not one of {OP_ROLES}")
             for vs in op.inputs.values():
                 for n in vs:
                     if n and n not in defined:
-                        raise LintError(f"{_where(b, i, op)}: " + (
-                            f"names var {n!r}, which block {b.idx} does not have" if n not in names
-                            else f"reads {n!r} before anything defines it"))
+                        raise LintError(
+                            f"{_where(b, i, op)}: "
+                            + (
+                                f"names var {n!r}, which block {b.idx} does not have"
+                                if n not in names
+                                else f"reads {n!r} before anything defines it"
+                            )
+                        )
             for vs in op.outputs.values():
                 for n in vs:
                     if n and n not in names:
-                        raise LintError(f"{_where(b, i, op)}: names var {n!r}, which block {b.idx} does "
-                                        "not have")
+                        raise LintError(
+                            f"{_where(b, i, op)}: names var {n!r}, which block {b.idx} does not have"
+                        )
                     defined.add(n)
 
 
@@ -386,5 +431,7 @@ def _slots_of(type: str, where: Any, cache: dict) -> tuple[frozenset[str], froze
 def _id_problem(program: Program, b: Block, i: int, op: Op, seen: dict[int, Op]) -> str:
     if op.id in seen:
         return f"{_where(b, i, op)}: id {op.id} is also the id of op {seen[op.id].type!r}"
-    return (f"{_where(b, i, op)}: id outside [0, {program._next_id}); make ops with Program.append_op "
-            "or ids with Program.new_id")
+    return (
+        f"{_where(b, i, op)}: id outside [0, {program._next_id}); make ops with Program.append_op "
+        "or ids with Program.new_id"
+    )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import builder as nn
-from .ir import Program, Var
+from transpiler import builder as nn
+from transpiler.ir import Program, Var
 
 
 @dataclass
@@ -19,9 +19,16 @@ class Model:
     pred: Var
 
 
-def wide_deep(num_slots: int = 26, vocab: int = 1000, dim: int = 8, num_dense: int = 13,
-              hidden: tuple[int, ...] = (64, 32), optimizer: nn.Optimizer | None = None,
-              seed: int = 0, dtype: str = "float32") -> Model:
+def wide_deep(
+    num_slots: int = 26,
+    vocab: int = 1000,
+    dim: int = 8,
+    num_dense: int = 13,
+    hidden: tuple[int, ...] = (64, 32),
+    optimizer: nn.Optimizer | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+) -> Model:
     """Wide&Deep: wide = sum of per-id scalar weights; deep = MLP over [embeddings, dense];
     logit = wide + deep; loss = mean log loss. `optimizer=None` leaves it forward-only."""
     main, startup = Program(), Program()
@@ -31,8 +38,9 @@ def wide_deep(num_slots: int = 26, vocab: int = 1000, dim: int = 8, num_dense: i
         dense = nn.data("dense", [-1, num_dense], dtype)
         label = nn.data("label", [-1, 1], dtype)
         small = {"type": "uniform", "low": -0.01, "high": 0.01}
-        wide = nn.reduce_sum(nn.embedding(ids, vocab, 1, name="wide_emb", initializer=small,
-                                          dtype=dtype), axes=[1])
+        wide = nn.reduce_sum(
+            nn.embedding(ids, vocab, 1, name="wide_emb", initializer=small, dtype=dtype), axes=[1]
+        )
         emb = nn.embedding(ids, vocab, dim, name="deep_emb", dtype=dtype)
         h = nn.concat([nn.reshape(emb, [-1, num_slots * dim]), dense], axis=1)
         for size in hidden:
@@ -45,9 +53,19 @@ def wide_deep(num_slots: int = 26, vocab: int = 1000, dim: int = 8, num_dense: i
     return Model(main, startup, ["sparse", "dense", "label"], loss, pred)
 
 
-def dlrm(num_slots: int = 8, vocab: int = 1000, dim: int = 8, bag: int = 4, num_dense: int = 13,
-         bottom: tuple[int, ...] = (32,), top: tuple[int, ...] = (32, 16), pooling: str = "sum",
-         optimizer: nn.Optimizer | None = None, seed: int = 0, dtype: str = "float32") -> Model:
+def dlrm(
+    num_slots: int = 8,
+    vocab: int = 1000,
+    dim: int = 8,
+    bag: int = 4,
+    num_dense: int = 13,
+    bottom: tuple[int, ...] = (32,),
+    top: tuple[int, ...] = (32, 16),
+    pooling: str = "sum",
+    optimizer: nn.Optimizer | None = None,
+    seed: int = 0,
+    dtype: str = "float32",
+) -> Model:
     """DLRM-like: slot i feeds a bag of `bag` ids (`slot_i`, int64 [-1, bag]) into its own
     [vocab, dim] table, pooled by `pooling` (sum | mean); `dense` goes through the bottom MLP to
     `dim`; the F = num_slots + 1 feature vectors interact by dot products, Z @ Z^T with Z the
@@ -62,8 +80,10 @@ def dlrm(num_slots: int = 8, vocab: int = 1000, dim: int = 8, bag: int = 4, num_
         slots = [nn.data(f"slot_{i}", [-1, bag], "int64") for i in range(num_slots)]
         dense = nn.data("dense", [-1, num_dense], dtype)
         label = nn.data("label", [-1, 1], dtype)
-        pooled = [pool(nn.embedding(ids, vocab, dim, name=f"emb_{i}", dtype=dtype), axes=[1])
-                  for i, ids in enumerate(slots)]
+        pooled = [
+            pool(nn.embedding(ids, vocab, dim, name=f"emb_{i}", dtype=dtype), axes=[1])
+            for i, ids in enumerate(slots)
+        ]
         x = dense
         for size in bottom:
             x = nn.fc(x, size, act="relu")

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from .backward import append_backward
-from .config import TranspileConfig
-from .errors import PlanError
-from .ir import LintError, Op, Program
-from .passes import assign_devices, insert_comm, insert_ps, split, verify
-from .tables import OptimizerSpec, TableSpec, tables_from_dicts, tables_to_dicts
-from .values import load_params, save_params
+from transpiler.config import TranspileConfig
+from transpiler.errors import PlanError
+from transpiler.ir import LintError, Op, Program
+from transpiler.passes import assign_devices, insert_comm, insert_ps, split, verify
+from transpiler.passes.backward import append_backward
+from transpiler.tables import OptimizerSpec, TableSpec, tables_from_dicts, tables_to_dicts
+from transpiler.values import load_params, save_params
 
 
 @dataclass
@@ -82,9 +82,15 @@ class Plan:
         (path / "programs").mkdir(parents=True, exist_ok=True)
         for dev, prog in self.programs.items():
             (path / "programs" / f"{dev}.json").write_text(prog.to_json(indent=1))
-        meta = {"version": 1, "trainer_types": self.trainer_types, "loss_name": self.loss_name,
-                "config": self.config.to_dict(), "tables": tables_to_dicts(self.tables),
-                "channels": self.channels, "placement": self.placement}
+        meta = {
+            "version": 1,
+            "trainer_types": self.trainer_types,
+            "loss_name": self.loss_name,
+            "config": self.config.to_dict(),
+            "tables": tables_to_dicts(self.tables),
+            "channels": self.channels,
+            "placement": self.placement,
+        }
         (path / "plan.json").write_text(json.dumps(meta, indent=1))
         if self.params:
             save_params(self.params, path / "params.npz")
@@ -106,16 +112,25 @@ class Plan:
             raise PlanError(f"{path / 'plan.json'}: 'trainer_types' must be a list of names, got {types!r}")
         for t in types:
             if t in ("", ".", "..") or Path(t).name != t or "\\" in t:
-                raise PlanError(f"{path / 'plan.json'}: trainer type {t!r} is not a plain name (like "
-                                "'cpu'); a plan reads only its own files, programs/<type>.json")
+                raise PlanError(
+                    f"{path / 'plan.json'}: trainer type {t!r} is not a plain name (like "
+                    "'cpu'); a plan reads only its own files, programs/<type>.json"
+                )
         programs = {t: Program.from_json(_inside(path, "programs", f"{t}.json").read_text()) for t in types}
         params = load_params(_inside(path, "params.npz")) if (path / "params.npz").exists() else {}
         try:
             tables = tables_from_dicts(meta.get("tables"))
         except ValueError as e:
             raise PlanError(f"{path / 'plan.json'}: {e}") from None
-        plan = cls(programs, tables, meta["channels"], TranspileConfig.from_dict(meta["config"]),
-                   meta["placement"], params, meta["loss_name"])
+        plan = cls(
+            programs,
+            tables,
+            meta["channels"],
+            TranspileConfig.from_dict(meta["config"]),
+            meta["placement"],
+            params,
+            meta["loss_name"],
+        )
         if check:
             plan.verify()
         return plan
@@ -123,23 +138,30 @@ class Plan:
     # -- views ----------------------------------------------------------------------------
     def summary(self, profile: Any = None, settings: Any = None) -> str:
         """Ops per trainer type, each boundary tensor with bytes per example, each table; given a
-        `transpiler.cost_profile.Profile`, also the predicted examples/s and bottleneck role for `settings`
-        (a `transpiler.cost.RunSettings`; default one trainer per type, the config's servers and mode)."""
-        lines = [f"plan: {len(self.programs)} trainer types, {len(self.tables)} tables, "
-                 f"{len(self.channels)} boundary tensors; ps mode {self.config.mode}, "
-                 f"{self.config.num_servers} server(s)"]
+        `transpiler.cost.profile.Profile`, also the predicted examples/s and bottleneck role for `settings`
+        (a `cost.model.RunSettings`; default one trainer per type, the config's servers and mode)."""
+        lines = [
+            f"plan: {len(self.programs)} trainer types, {len(self.tables)} tables, "
+            f"{len(self.channels)} boundary tensors; ps mode {self.config.mode}, "
+            f"{self.config.num_servers} server(s)"
+        ]
         for dev, prog in self.programs.items():
             roles: dict[str, int] = {}
             for op in prog.ops:
                 roles[op.role] = roles.get(op.role, 0) + 1
-            lines.append(f"trainer {dev}: {len(prog.ops)} ops ("
-                         + ", ".join(f"{n} {r}" for r, n in roles.items()) + ")")
+            lines.append(
+                f"trainer {dev}: {len(prog.ops)} ops ("
+                + ", ".join(f"{n} {r}" for r, n in roles.items())
+                + ")"
+            )
         lines.append("boundary tensors (bytes per example):")
         totals: dict[tuple[str, str], int] = {}
         for c in self.channels:
             shape = c["shape"] if c["shape"] is not None else "?"
-            lines.append(f"  {c['src']:>4} -> {c['dst']:<4} {c['direction']:<8} {c['tensor']:<32} "
-                         f"{c['dtype']}{shape}  {c['bytes_per_example']} B")
+            lines.append(
+                f"  {c['src']:>4} -> {c['dst']:<4} {c['direction']:<8} {c['tensor']:<32} "
+                f"{c['dtype']}{shape}  {c['bytes_per_example']} B"
+            )
             k = (c["src"], c["dst"])
             totals[k] = totals.get(k, 0) + c["bytes_per_example"]
         lines += [f"  total {s} -> {d}: {n} B per example" for (s, d), n in totals.items()]
@@ -148,14 +170,17 @@ class Plan:
             opt_s = "frozen" if not t.optimizer else _describe_optimizer(t.optimizer)
             shape = " x ".join(map(str, t.shape))
             shard = t.sharding.shard if t.sharding is not None else None
-            lines.append(f"  {t.name:<24} {t.kind:<6} {shape} {t.dtype}  {opt_s}  "
-                         f"shard {'by id hash' if shard is None else shard}")
+            lines.append(
+                f"  {t.name:<24} {t.kind:<6} {shape} {t.dtype}  {opt_s}  "
+                f"shard {'by id hash' if shard is None else shard}"
+            )
         if profile is not None:
-            from .cost import RunSettings, predict
+            from transpiler.cost.model import RunSettings, predict
 
             mode = self.config.mode if self.config.mode in ("sync", "async") else "sync"
-            settings = settings or RunSettings({t: 1 for t in self.programs}, servers=self.config.num_servers,
-                                               mode=mode)
+            settings = settings or RunSettings(
+                {t: 1 for t in self.programs}, servers=self.config.num_servers, mode=mode
+            )
             lines.append(predict(self, profile, settings).describe())
         return "\n".join(lines)
 
@@ -163,7 +188,7 @@ class Plan:
         """One `<trainer type>.onnx` per sub-program (comm and PS ops as custom-domain nodes)."""
         import onnx
 
-        from .onnx_export import to_onnx
+        from transpiler.exporters.onnx import to_onnx
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -174,12 +199,17 @@ class Plan:
             out.append(f)
         return out
 
-    def export_inference(self, path: str | Path, tables: dict[str, np.ndarray],
-                         output: str | None = None, opset: int | None = None) -> Path:
+    def export_inference(
+        self,
+        path: str | Path,
+        tables: dict[str, np.ndarray],
+        output: str | None = None,
+        opset: int | None = None,
+    ) -> Path:
         """One servable ONNX model at `path`: the forward graph predicting `output`, with `tables`
         (full arrays by table name) as initializers (see transpiler/export_inference.py). With a
         checkpoint: `runtime.export(plan, path, checkpoint=DIR)` (or `hetps export --inference`)."""
-        from .export_inference import export_inference
+        from transpiler.exporters.servable import export_inference
 
         return export_inference(self, path, tables, output, opset)
 
@@ -187,7 +217,7 @@ class Plan:
         """A picture of the op graph laid out by Graphviz `dot` (`.png`, `.svg` for big graphs, `.pdf`):
         ops in one box per trainer type, data feeds and boundary tensors labelled with their names,
         dtype[shape] and bytes per example, a legend (see transpiler/draw.py)."""
-        from .draw import draw_plan
+        from transpiler.exporters.draw import draw_plan
 
         return draw_plan(self, Path(path))
 
@@ -196,8 +226,10 @@ def _inside(root: Path, *parts: str) -> Path:
     """root/parts, refused (PlanError) when it resolves outside `root` (e.g. a symbolic link)."""
     f = root.joinpath(*parts)
     if not f.resolve().is_relative_to(root.resolve()):
-        raise PlanError(f"{f} resolves to {f.resolve()}, outside the plan directory {root}; a plan "
-                        "reads only its own files")
+        raise PlanError(
+            f"{f} resolves to {f.resolve()}, outside the plan directory {root}; a plan "
+            "reads only its own files"
+        )
     return f
 
 
@@ -236,7 +268,8 @@ def _linted(pass_name: str, program: Program) -> Program:
 def _transpile(program: Program, config: TranspileConfig) -> Plan:
     prog = _linted("the source program (a clone)", program.clone())
     loss = prog.attrs.get("loss_name") or next(
-        (op.output_names()[0] for op in prog.ops if op.role == "loss"), None)
+        (op.output_names()[0] for op in prog.ops if op.role == "loss"), None
+    )
     if loss and not any(op.role == "backward" for op in prog.ops):
         append_backward(prog, loss)
         _linted("append_backward", prog)
@@ -244,13 +277,15 @@ def _transpile(program: Program, config: TranspileConfig) -> Plan:
     placed.attrs["loss_name"] = loss
     placement = {str(op.id): {"type": op.type, "device": op.device} for op in placed.ops}
     done = _linted("insert_comm", insert_comm(_linted("insert_ps", insert_ps(placed, config))))
-    placement.update({str(op.id): {"type": op.type, "device": op.device} for op in done.ops
-                      if op.role in ("comm", "ps")})
+    placement.update(
+        {str(op.id): {"type": op.type, "device": op.device} for op in done.ops if op.role in ("comm", "ps")}
+    )
     for k, reason in done.attrs["placement"].items():
         placement[k]["reason"] = reason
     programs = {t: _linted(f"split (trainer {t})", p) for t, p in split(done).items()}
-    plan = Plan(programs, done.attrs["tables"], done.attrs["channels"], config, placement,
-                dict(prog.params), loss)
+    plan = Plan(
+        programs, done.attrs["tables"], done.attrs["channels"], config, placement, dict(prog.params), loss
+    )
     plan.verify()
     return plan
 

@@ -4,7 +4,7 @@
     python tutorials/01_wide_deep.py --steps 200 --batch 128 --eval-every 50
 
 What it shows, in the order a hetps user meets it:
-  1. author a static program with the builder (`transpiler.builder`, like `paddle.static`),
+  1. author a static program with the builder (`transpiler.frontends.builder`, like `paddle.static`),
   2. let an optimizer append the backward and update ops (`minimize`),
   3. initialise parameters with the startup program and train with `runtime.Executor`,
   4. evaluate with the forward-only part of the program (`transpiler.inference_program`).
@@ -21,7 +21,7 @@ from threadpoolctl import threadpool_limits
 
 from runtime import Executor
 from runtime.data import SyntheticCTR
-from runtime.metrics import auc
+from runtime.evaluation.metrics import auc
 from transpiler import builder as nn
 from transpiler import inference_program
 from transpiler.models import wide_deep
@@ -57,10 +57,13 @@ def main(argv: list[str] | None = None) -> float:
     # Passing an optimizer makes `minimize(loss)` append gradient ops (`x@GRAD`, sparse rows for
     # the embeddings) and one update op per parameter, so one run of `model.main` = one step.
     opt = OPTIMIZERS[args.optimizer](lr=args.lr)
-    model = wide_deep(vocab=args.vocab, dim=args.dim, hidden=tuple(args.hidden), optimizer=opt,
-                      seed=args.seed)
-    n_ops = {role: sum(op.role == role for op in model.main.ops)
-             for role in ("forward", "loss", "backward", "optimize")}
+    model = wide_deep(
+        vocab=args.vocab, dim=args.dim, hidden=tuple(args.hidden), optimizer=opt, seed=args.seed
+    )
+    n_ops = {
+        role: sum(op.role == role for op in model.main.ops)
+        for role in ("forward", "loss", "backward", "optimize")
+    }
     print(f"Wide&Deep: {len(model.main.parameters())} parameters, ops {n_ops}")
 
     # 4 (prepared now). The forward part, pruned to what `pred` needs: no label feed, no updates.
@@ -90,8 +93,10 @@ def main(argv: list[str] | None = None) -> float:
         if step % args.eval_every == 0 or step == args.steps:
             score = evaluate()
             rate = step * args.batch / (time.perf_counter() - start)
-            print(f"step {step:5d}  loss {np.mean(losses[-args.eval_every:]):.4f}  "
-                  f"held-out AUC {score:.4f}  ({rate:,.0f} examples/s)")
+            print(
+                f"step {step:5d}  loss {np.mean(losses[-args.eval_every :]):.4f}  "
+                f"held-out AUC {score:.4f}  ({rate:,.0f} examples/s)"
+            )
     print(f"final held-out AUC {score:.4f}")
     return score
 

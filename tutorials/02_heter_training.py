@@ -7,7 +7,7 @@ What it shows, continuing tutorial 1 (same model, same data):
   1. `transpile` places every forward and backward op by its type — embedding lookups on `cpu`
      trainers, the MLP and the loss on the `gpu` trainer — and moves the parameters to
      parameter-server tables; `plan.summary()` shows the result;
-  2. `runtime.train` runs the plan on the local engine: parameter-server shards and one process per
+  2. `runtime.driver.train` runs the plan on the local engine: parameter-server shards and one process per
      trainer, tensors crossing between them over ZeroMQ, each global batch split over the cpu
      trainers and into micro-batches that flow through the pipeline;
   3. it reports the loss and AUC per step (here every `--log-every` steps), where each trainer's time
@@ -26,7 +26,7 @@ from threadpoolctl import threadpool_limits
 
 from runtime import Executor, train
 from runtime.data import SyntheticCTR
-from runtime.metrics import auc
+from runtime.evaluation.metrics import auc
 from transpiler import builder as nn
 from transpiler import inference_program, transpile
 from transpiler.config import default_micro_batches
@@ -41,8 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=256, help="examples per global batch")
     ap.add_argument("--trainers", default="cpu=2,gpu=1", help="processes per trainer type")
     ap.add_argument("--servers", type=int, default=2, help="parameter-server shards")
-    ap.add_argument("--micro-batches", type=int, default=None,
-                    help="micro-batches per cpu trainer and step (default: train's, see below)")
+    ap.add_argument(
+        "--micro-batches",
+        type=int,
+        default=None,
+        help="micro-batches per cpu trainer and step (default: train's, see below)",
+    )
     ap.add_argument("--mode", choices=("sync", "async"), default="sync")
     ap.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="adam")
     ap.add_argument("--lr", type=float, default=0.003)
@@ -83,24 +87,43 @@ def main(argv: list[str] | None = None) -> float:
     def progress(r: dict) -> None:
         step = r["step"] + 1
         if step % args.log_every == 0 or step == args.steps:
-            print(f"step {step:5d}  loss {r['loss']:.4f}  batch AUC {r['auc']:.4f}  "
-                  f"({step * args.batch / max(r['time'], 1e-9):,.0f} examples/s)")
+            print(
+                f"step {step:5d}  loss {r['loss']:.4f}  batch AUC {r['auc']:.4f}  "
+                f"({step * args.batch / max(r['time'], 1e-9):,.0f} examples/s)"
+            )
 
-    print(f"training {args.steps} steps of {args.batch} on {trainers}, {args.servers} server shard(s), "
-          f"{micro_batches} micro-batch(es) per cpu trainer, {args.mode} mode")
-    history = train(plan, data, steps=args.steps, batch_size=args.batch, trainers=trainers,
-                    servers=args.servers, mode=args.mode, micro_batches=micro_batches,
-                    allow_emulation=not args.require_gpu, return_params=True, callback=progress)
-    print(f"{history.steps} steps in {history.wall_s:.1f} s after a {history.startup_s:.1f} s start-up; "
-          f"where each trainer's time went:")
+    print(
+        f"training {args.steps} steps of {args.batch} on {trainers}, {args.servers} server shard(s), "
+        f"{micro_batches} micro-batch(es) per cpu trainer, {args.mode} mode"
+    )
+    history = train(
+        plan,
+        data,
+        steps=args.steps,
+        batch_size=args.batch,
+        trainers=trainers,
+        servers=args.servers,
+        mode=args.mode,
+        micro_batches=micro_batches,
+        allow_emulation=not args.require_gpu,
+        return_params=True,
+        callback=progress,
+    )
+    print(
+        f"{history.steps} steps in {history.wall_s:.1f} s after a {history.startup_s:.1f} s start-up; "
+        f"where each trainer's time went:"
+    )
     print(history.time_use())
 
     # 3. Evaluate the trained tables on held-out data with the forward part of the program.
     held_out = data.batch(10**6, args.eval_size)
     exe = Executor()
     exe.scope.update(history.params)
-    (pred,) = exe.run(inference_program(model.main, [model.pred]),
-                      feed={k: held_out[k] for k in model.feeds if k != "label"}, fetch_list=[model.pred])
+    (pred,) = exe.run(
+        inference_program(model.main, [model.pred]),
+        feed={k: held_out[k] for k in model.feeds if k != "label"},
+        fetch_list=[model.pred],
+    )
     score = auc(held_out["label"], pred)
     print(f"loss over the last 10 steps {np.mean(history.loss[-10:]):.4f}")
     print(f"final held-out AUC {score:.4f} (teacher's AUC: {data.teacher_auc():.4f})")

@@ -14,7 +14,7 @@ to hetps's heterogeneous parameter-server runtime:
   4. `transpile` places every op: the `device_guard` marks win, everything unmarked goes by op type
      (embedding lookups -> cpu trainers, dense math -> gpu trainers), and the grad ops follow their
      forward ops; then it splits the program into a cpu and a gpu sub-program;
-  5. `runtime.train` runs 2 cpu trainers, 1 gpu trainer and a parameter server (local engine).
+  5. `runtime.driver.train` runs 2 cpu trainers, 1 gpu trainer and a parameter server (local engine).
      Without a CUDA GPU the gpu trainer is *emulated* on CPU kernels — allowed explicitly, and logged.
 
 Why the legacy IR: Paddle 3.x builds PIR programs by default, and PIR ignores `device_guard`;
@@ -45,8 +45,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dim", type=int, default=8, help="embedding width of the deep part")
     ap.add_argument("--lr", type=float, default=0.003, help="Adam learning rate")
     ap.add_argument("--cpu-trainers", type=int, default=2)
-    ap.add_argument("--micro-batches", type=int, default=None, help="default: train's (the fewest that "
-                    "give every trainer an item each step; tutorial 2 says more)")
+    ap.add_argument(
+        "--micro-batches",
+        type=int,
+        default=None,
+        help="default: train's (the fewest that give every trainer an item each step; tutorial 2 says more)",
+    )
     return ap.parse_args(argv)
 
 
@@ -69,8 +73,9 @@ def paddle_wide_deep(paddle, vocab: int, dim: int, lr: float):
             for size in (64, 32):
                 h = paddle.static.nn.fc(h, size, activation="relu")
             logit = paddle.add(paddle.static.nn.fc(h, 1), wide)
-            loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(
-                logit, label, reduction="none"))
+            loss = paddle.mean(
+                paddle.nn.functional.binary_cross_entropy_with_logits(logit, label, reduction="none")
+            )
         paddle.optimizer.Adam(lr).minimize(loss)
     return main, startup, loss
 
@@ -90,32 +95,43 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         # 3. Import. The result is an ordinary hetps Program; Paddle's variable names are kept, so
         #    the loss is still called what Paddle called it.
         program = from_paddle(main_prog, scope=scope)
-    print(f"imported: {len(program.ops)} ops, optimizer {program.attrs['optimizer']}, "
-          f"loss {program.attrs['loss_name']!r}")
+    print(
+        f"imported: {len(program.ops)} ops, optimizer {program.attrs['optimizer']}, "
+        f"loss {program.attrs['loss_name']!r}"
+    )
 
     # 4. Placement and split. `explain` says why an op runs where it does.
     plan = transpile(program)
     print(plan.summary())
     mlp = next(op for op in program.ops if op.type == "matmul")
     lookup = next(op for op in program.ops if op.type == "embedding")
-    print(plan.explain(mlp))     # -> gpu: the op_device Paddle's device_guard wrote
+    print(plan.explain(mlp))  # -> gpu: the op_device Paddle's device_guard wrote
     print(plan.explain(lookup))  # -> cpu: category 'sparse' (embedding lookups read big tables)
 
     # 5. Train: readers (the cpu trainers, which own the data ops) each take half of every global
     #    batch in micro-batches; the gpu trainer runs the MLP; the parameter server applies Adam.
     data = SyntheticCTR(vocab=args.vocab, num_slots=SLOTS, num_dense=NUM_DENSE, seed=1)
     t0 = time.perf_counter()
-    hist = train(plan, data, steps=args.steps, batch_size=args.batch,
-                 trainers={"cpu": args.cpu_trainers, "gpu": 1}, micro_batches=args.micro_batches,
-                 mode="sync", allow_emulation=True)
+    hist = train(
+        plan,
+        data,
+        steps=args.steps,
+        batch_size=args.batch,
+        trainers={"cpu": args.cpu_trainers, "gpu": 1},
+        micro_batches=args.micro_batches,
+        mode="sync",
+        allow_emulation=True,
+    )
     took = time.perf_counter() - t0
     window = max(1, min(20, args.steps // 4))
     first, last = float(np.mean(hist.loss[:window])), float(np.mean(hist.loss[-window:]))
     auc = hist.auc_over(window)  # each batch is scored before the model trains on it: held-out AUC
     print(f"{hist.steps} steps in {took:.1f} s ({hist.examples_per_s():,.0f} examples/s after warm-up)")
     print(hist.time_use())
-    print(f"loss {first:.4f} -> {last:.4f}; AUC of the last {window} steps {auc:.3f} "
-          f"(the data's teacher reaches {data.teacher_auc():.3f})")
+    print(
+        f"loss {first:.4f} -> {last:.4f}; AUC of the last {window} steps {auc:.3f} "
+        f"(the data's teacher reaches {data.teacher_auc():.3f})"
+    )
     return {"loss_first": first, "loss_last": last, "auc": auc}
 
 

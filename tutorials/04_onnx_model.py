@@ -28,7 +28,7 @@ import numpy as np
 
 from runtime import Executor, train
 from runtime.data import SyntheticCTR
-from runtime.metrics import auc
+from runtime.evaluation.metrics import auc
 from transpiler import TranspileConfig, from_onnx, inference_program, transpile
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -49,24 +49,36 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     model = Path(args.model)
     if not model.is_file():
-        raise SystemExit(f"no ONNX model at {model}: pass --model PATH (the tutorial's own model is "
-                         "tutorials/models/wide_deep.onnx)")
+        raise SystemExit(
+            f"no ONNX model at {model}: pass --model PATH (the tutorial's own model is "
+            "tutorials/models/wide_deep.onnx)"
+        )
 
     # 1. Import. Names are the ONNX value names; `fetch_names` lists the graph outputs.
     program = from_onnx(model, loss="bce")
     output = program.attrs["fetch_names"][0]
     params = program.parameters()
-    print(f"imported {model.name}: {len(program.ops)} ops, {len(params)} parameters "
-          f"({sum(v.is_sparse for v in params)} sparse tables), output {output!r}, "
-          f"loss {program.attrs['loss_name']!r}")
+    print(
+        f"imported {model.name}: {len(program.ops)} ops, {len(params)} parameters "
+        f"({sum(v.is_sparse for v in params)} sparse tables), output {output!r}, "
+        f"loss {program.attrs['loss_name']!r}"
+    )
 
     # 2. Transpile and train. Feeds: the model's inputs are called sparse/dense, and the attached
     #    loss reads `label` — the column names SyntheticCTR produces.
     plan = transpile(program, TranspileConfig(optimizer={"type": "adam", "lr": args.lr}))
     print(plan.summary())
     data = SyntheticCTR(vocab=1000, seed=2)
-    hist = train(plan, data, steps=args.steps, batch_size=args.batch, trainers={"cpu": 2, "gpu": 1},
-                 mode="sync", allow_emulation=True, return_params=True)
+    hist = train(
+        plan,
+        data,
+        steps=args.steps,
+        batch_size=args.batch,
+        trainers={"cpu": 2, "gpu": 1},
+        mode="sync",
+        allow_emulation=True,
+        return_params=True,
+    )
     window = max(1, min(20, args.steps // 4))
     first, last = float(np.mean(hist.loss[:window])), float(np.mean(hist.loss[-window:]))
     print(f"{hist.steps} steps, {hist.examples_per_s():,.0f} examples/s; loss {first:.4f} -> {last:.4f}")
@@ -84,8 +96,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     before = held_out_auc(program.params)
     after = held_out_auc({**program.params, **hist.params})
-    print(f"held-out AUC: {before:.3f} with the exported weights -> {after:.3f} trained "
-          f"(teacher {data.teacher_auc():.3f})")
+    print(
+        f"held-out AUC: {before:.3f} with the exported weights -> {after:.3f} trained "
+        f"(teacher {data.teacher_auc():.3f})"
+    )
 
     # 4. Export the split: one ONNX model per trainer type.
     import onnx
@@ -95,11 +109,17 @@ def main(argv: list[str] | None = None) -> dict:
     for f in files:
         m = onnx.load(f)
         onnx.checker.check_model(m)
-        comm = sorted({n.op_type for n in m.graph.node
-                       if n.domain == "ai.hetps" and not n.op_type.endswith("_grad")})
+        comm = sorted(
+            {n.op_type for n in m.graph.node if n.domain == "ai.hetps" and not n.op_type.endswith("_grad")}
+        )
         print(f"{f}: {len(m.graph.node)} nodes; comm / PS / loss ops of domain ai.hetps: {comm}")
-    return {"loss_first": first, "loss_last": last, "auc_before": before, "auc_after": after,
-            "onnx": [str(f) for f in files]}
+    return {
+        "loss_first": first,
+        "loss_last": last,
+        "auc_before": before,
+        "auc_after": after,
+        "onnx": [str(f) for f in files],
+    }
 
 
 if __name__ == "__main__":

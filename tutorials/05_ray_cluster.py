@@ -32,15 +32,20 @@ from transpiler.models import wide_deep
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description="Wide&Deep on cpu + gpu trainers placed by Ray.")
-    ap.add_argument("--address", default=None,
-                    help="Ray cluster: 'auto', 'ray://host:10001'; default: a Ray already running in this "
-                    "process, else a private local one")
+    ap.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster: 'auto', 'ray://host:10001'; default: a Ray already running in this "
+        "process, else a private local one",
+    )
     ap.add_argument("--steps", type=int, default=300, help="training steps (one global batch each)")
     ap.add_argument("--batch", type=int, default=256, help="examples per global batch")
     ap.add_argument("--cpu-trainers", type=int, default=2)
-    ap.add_argument("--gpu-resource", default=None,
-                    help="resource a gpu trainer asks for (default: GPU if the cluster has GPUs, "
-                    "else gpu_trainer)")
+    ap.add_argument(
+        "--gpu-resource",
+        default=None,
+        help="resource a gpu trainer asks for (default: GPU if the cluster has GPUs, else gpu_trainer)",
+    )
     ap.add_argument("--trace", default=None, help="write a Chrome-trace timeline of the run here")
     return ap.parse_args(argv)
 
@@ -58,9 +63,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # that is already initialised (e.g. by your own `ray.init`) is used and left running.
     engine = RayEngine(args.address, gpu_resource=args.gpu_resource)
     data = SyntheticCTR(vocab=1000, seed=5)
-    hist = train(plan, data, steps=args.steps, batch_size=args.batch,
-                 trainers={"cpu": args.cpu_trainers, "gpu": 1}, servers=1, mode="sync",
-                 engine=engine, allow_emulation=True, trace=args.trace)
+    hist = train(
+        plan,
+        data,
+        steps=args.steps,
+        batch_size=args.batch,
+        trainers={"cpu": args.cpu_trainers, "gpu": 1},
+        servers=1,
+        mode="sync",
+        engine=engine,
+        allow_emulation=True,
+        trace=args.trace,
+    )
 
     # Where Ray put each process: the ZeroMQ address it bound on its node, and its pid there.
     for name in sorted(engine.addresses):
@@ -68,8 +82,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     window = max(1, min(20, args.steps // 4))
     first, last = float(np.mean(hist.loss[:window])), float(np.mean(hist.loss[-window:]))
     auc = hist.auc_over(window)  # each batch is scored before the model trains on it
-    print(f"{hist.steps} steps: loss {first:.4f} -> {last:.4f}; AUC of the last {window} steps {auc:.3f}; "
-          f"{hist.examples_per_s():,.0f} examples/s (+{hist.startup_s:.1f} s until all trainers were ready)")
+    print(
+        f"{hist.steps} steps: loss {first:.4f} -> {last:.4f}; AUC of the last {window} steps {auc:.3f}; "
+        f"{hist.examples_per_s():,.0f} examples/s (+{hist.startup_s:.1f} s until all trainers were ready)"
+    )
     print(hist.time_use())
     if args.trace:
         print(f"timeline: {args.trace} (open it in https://ui.perfetto.dev)")

@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from runtime import evaluate, export, predict, train  # noqa: E402
 from runtime.data import SyntheticCTR  # noqa: E402
-from runtime.lifecycle import checkpoints, latest  # noqa: E402
-from runtime.metrics import auc  # noqa: E402
+from runtime.driver.checkpoints import checkpoints, latest  # noqa: E402
+from runtime.evaluation.metrics import auc  # noqa: E402
 from transpiler import builder as nn  # noqa: E402
 from transpiler import transpile  # noqa: E402
 from transpiler.models import wide_deep  # noqa: E402
@@ -70,7 +70,7 @@ def interrupted_run(plan_dir: Path, ckpt: Path, steps: int, every: int, log: Pat
     cmd = [
         sys.executable,
         "-m",
-        "runtime.cli",
+        "runtime.cli.main",
         "train",
         str(plan_dir),
         "--data",

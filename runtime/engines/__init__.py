@@ -1,14 +1,14 @@
 """Engines start, watch and stop the processes of a run (parameter-server shards and trainers).
 
 An engine knows nothing about training: it starts entry points (`runtime.ps.serve`,
-`runtime.trainer.run_trainer`) under names such as "ps:0" or "gpu:1", gives each an address to bind,
+`runtime.trainer.process.run_trainer`) under names such as "ps:0" or "gpu:1", gives each an address to bind,
 reports processes that died, and tears everything down. `local` runs them as processes on this
 machine; `ray` runs them as Ray actors on a Ray cluster (the optional extra hetps[ray]).
 """
 
-from .base import Engine, ProcessFailure, child_main
-from .local import LocalEngine
-from .ray import RayEngine
+from runtime.engines.base import Engine, ProcessFailure, child_main
+from runtime.engines.local import LocalEngine
+from runtime.engines.ray import RayEngine
 
 ENGINES = {"local": LocalEngine, "ray": RayEngine}
 

@@ -115,8 +115,8 @@ def child_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from threadpoolctl import threadpool_limits
 
-    from ..channels import Outbox, deliver_pending
-    from ..messages import Failed, header
+    from runtime.transport.channels import Outbox, deliver_pending
+    from runtime.transport.messages import Failed, header
 
     threadpool_limits(1)
     reuse_freed_memory()

@@ -8,7 +8,7 @@ every child asks the kernel for SIGKILL when its parent dies (Linux: `prctl(PR_S
 so a child blocked anywhere, even stopped, dies at once) and runs a watcher thread that ends it
 within 0.1 s of seeing its parent gone (other systems); a tiny janitor process (plain Python, no
 imports of hetps) waits for the driver's death and then removes the run directory and its
-shared-memory twin in /dev/shm (`runtime.shm.shm_dir_for`: same-host tensors' segments). A child ends
+shared-memory twin in /dev/shm (`transport.shm.shm_dir_for`: same-host tensors' segments). A child ends
 with `os._exit` once its last messages are delivered, so no interpreter clean-up (pyzmq's
 zero-copy buffers, a thread still blocked in a call) can crash or delay its exit. (Linux sends that
 SIGKILL when the *thread* that started a child ends: start processes from the thread that lives for
@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from ..shm import shm_dir_for
-from .base import Engine, ProcessFailure, child_main
+from runtime.engines.base import Engine, ProcessFailure, child_main
+from runtime.transport.shm import shm_dir_for
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,10 @@ def process_stopped(pid: int | None) -> str:
             state = f.read().rpartition(b")")[2].split()[0]
     except (OSError, IndexError):
         return ""
-    return {b"T": "is stopped (SIGSTOP, SIGTSTP or a debugger)",
-            b"t": "is stopped by a debugger (ptrace)"}.get(state, "")
+    return {
+        b"T": "is stopped (SIGSTOP, SIGTSTP or a debugger)",
+        b"t": "is stopped by a debugger (ptrace)",
+    }.get(state, "")
 
 
 def follow_parent(parent: int) -> None:
@@ -149,10 +151,11 @@ def check_main_guard() -> None:
         if node.lineno <= line <= (node.end_lineno or node.lineno):
             if not (isinstance(node, ast.If) and _is_main_test(node.test)):
                 raise RuntimeError(
-                    f"{path}, line {line}: training started outside `if __name__ == \"__main__\":`; "
+                    f'{path}, line {line}: training started outside `if __name__ == "__main__":`; '
                     "hetps starts its trainers and servers as new Python processes that import this "
                     "script again, so put the script's top-level code under that guard (see the "
-                    "README's tour)")
+                    "README's tour)"
+                )
             return
 
 
@@ -161,8 +164,9 @@ def _is_main_test(test: ast.expr) -> bool:
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
         return False
     sides = [test.left, test.comparators[0]]
-    return (any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides)
-            and any(isinstance(x, ast.Constant) and x.value == "__main__" for x in sides))
+    return any(isinstance(x, ast.Name) and x.id == "__name__" for x in sides) and any(
+        isinstance(x, ast.Constant) and x.value == "__main__" for x in sides
+    )
 
 
 @contextlib.contextmanager
@@ -171,8 +175,11 @@ def _main_path_checked() -> Iterator[None]:
     `__main__.__file__` to "<stdin>", which every spawned child would try, and fail, to run."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    hide = path is not None and getattr(getattr(main, "__spec__", None), "name", None) is None \
+    hide = (
+        path is not None
+        and getattr(getattr(main, "__spec__", None), "name", None) is None
         and not os.path.isfile(path)
+    )
     if hide:
         del main.__file__
     try:
@@ -198,7 +205,7 @@ class LocalEngine(Engine):
         return f"ipc://{self.tmp}/{name.replace(':', '-')}"
 
     def _run_paths(self) -> list[str]:
-        """The run directory and its shared-memory twin (same-host tensors; runtime.channels)."""
+        """The run directory and its shared-memory twin (same-host tensors; runtime.transport.channels)."""
         return [self.tmp, shm_dir_for(self.tmp)]
 
     def _make_shm_dir(self) -> None:
@@ -208,8 +215,16 @@ class LocalEngine(Engine):
         except OSError as e:
             log.debug("no shared-memory directory for %s (%s): tensors go through ZeroMQ", self.tmp, e)
 
-    def start(self, name: str, target: Callable[..., Any], kwargs: dict[str, Any], *,
-              report: str, secret: bytes | None = None, resources: dict[str, float] | None = None) -> None:
+    def start(
+        self,
+        name: str,
+        target: Callable[..., Any],
+        kwargs: dict[str, Any],
+        *,
+        report: str,
+        secret: bytes | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> None:
         if name in self.procs:
             raise ValueError(f"a process named {name!r} was already started")
         if not self.procs:
@@ -221,8 +236,12 @@ class LocalEngine(Engine):
         args = os.path.join(self.tmp, f"{name.replace(':', '-')}.args")
         with open(os.open(args, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.write(ForkingPickler.dumps((target, kwargs)))
-        p = self.ctx.Process(target=process_main, args=(os.getpid(), name, args, report, secret),
-                             name=f"hetps-{name}", daemon=True)
+        p = self.ctx.Process(
+            target=process_main,
+            args=(os.getpid(), name, args, report, secret),
+            name=f"hetps-{name}",
+            daemon=True,
+        )
         with _main_path_checked():
             p.start()
         self.procs[name] = p
@@ -272,8 +291,12 @@ class LocalEngine(Engine):
 def _start_janitor(paths: list[str]) -> subprocess.Popen | None:
     """The process that removes `paths` once this one has died (see the module docstring)."""
     try:
-        return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpid()), *paths],
-                                stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpid()), *paths],
+            stdin=subprocess.DEVNULL,
+            close_fds=True,
+            start_new_session=True,
+        )
     except OSError as e:
         log.warning("no janitor for %s (%s): if this process is killed, remove them by hand", paths, e)
         return None

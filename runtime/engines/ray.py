@@ -55,8 +55,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .base import Engine, ProcessFailure, child_main
-from .local import process_stopped
+from runtime.engines.base import Engine, ProcessFailure, child_main
+from runtime.engines.local import process_stopped
 
 GPU_RESOURCE = "gpu_trainer"  # the custom resource a CPU-only cluster offers for emulated gpu trainers
 LOST_NODE_WAIT = 2.0  # seconds a death report waits for the other processes on the same node
@@ -75,8 +75,9 @@ class ProcessHost:
         ip = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node)
         return f"tcp://{ip}:{_free_port(ip)}", os.getpid(), node
 
-    def run(self, name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str,
-            secret: bytes | None) -> int:
+    def run(
+        self, name: str, target: Callable[..., Any], kwargs: dict[str, Any], report: str, secret: bytes | None
+    ) -> int:
         """The entry point's exit code (1 after child_main reported a failure to the driver)."""
         return child_main(name, target, kwargs, report, secret)
 
@@ -110,9 +111,16 @@ class RayEngine(Engine):
     `placement_timeout`: seconds to wait for Ray to place every actor; `init`: extra `ray.init`
     arguments for a locally started Ray."""
 
-    def __init__(self, address: str | None = None, *, gpu_resource: str | None = None, num_cpus: float = 1,
-                 resources: dict[str, dict[str, float]] | None = None, placement_timeout: float = 60.0,
-                 init: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        gpu_resource: str | None = None,
+        num_cpus: float = 1,
+        resources: dict[str, dict[str, float]] | None = None,
+        placement_timeout: float = 60.0,
+        init: dict[str, Any] | None = None,
+    ) -> None:
         if address is None and "ray" not in sys.modules:
             # A private local Ray stays on loopback: on Linux Ray otherwise advertises (and its
             # actors bind) the host's network address; this switch makes it use 127.0.0.1.
@@ -149,9 +157,13 @@ class RayEngine(Engine):
             return
         gpus = sum(r.get("gpu", 0) for r in needs.values())
         self.tmp = tempfile.mkdtemp(prefix="hetps-ray-")
-        kw = dict(num_cpus=max(os.cpu_count() or 1, int(len(needs) * self.num_cpus + 0.999)),
-                  resources={GPU_RESOURCE: gpus} if gpus else {}, object_store_memory=256 << 20,
-                  include_dashboard=False, _temp_dir=self.tmp)
+        kw = dict(
+            num_cpus=max(os.cpu_count() or 1, int(len(needs) * self.num_cpus + 0.999)),
+            resources={GPU_RESOURCE: gpus} if gpus else {},
+            object_store_memory=256 << 20,
+            include_dashboard=False,
+            _temp_dir=self.tmp,
+        )
         ray.init(**{**kw, **self.init_kwargs})
         self.owns_ray = True
 
@@ -164,7 +176,8 @@ class RayEngine(Engine):
             raise RuntimeError(
                 f"a gpu trainer asks Ray for resource {name!r}, which this cluster lacks (it has "
                 f"{sorted(have)}); start nodes with GPUs, or on CPU-only machines give them a custom "
-                f"resource (ray start --resources='{{\"{GPU_RESOURCE}\": 1}}') and run with allow_emulation")
+                f"resource (ray start --resources='{{\"{GPU_RESOURCE}\": 1}}') and run with allow_emulation"
+            )
         return {"num_gpus": n} if name == "GPU" else {"resources": {name: n}}
 
     # -- the Engine interface -----------------------------------------------------------------------
@@ -182,19 +195,27 @@ class RayEngine(Engine):
             extra = self.resources.get(name.partition(":")[0], {})
             if extra:
                 opts["resources"] = {**opts.get("resources", {}), **extra}
-            wanted[name] = {"CPU": self.num_cpus, **opts.get("resources", {}),
-                            **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {})}
+            wanted[name] = {
+                "CPU": self.num_cpus,
+                **opts.get("resources", {}),
+                **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
+            }
             opts_of[name] = opts
         total: dict[str, float] = {}
         for res in wanted.values():
             for k, v in res.items():
                 total[k] = total.get(k, 0) + v
         have = ray.cluster_resources()
-        short = {k: f"{v:g} asked, {have.get(k, 0):g} in the cluster" for k, v in total.items()
-                 if v > have.get(k, 0)}
+        short = {
+            k: f"{v:g} asked, {have.get(k, 0):g} in the cluster"
+            for k, v in total.items()
+            if v > have.get(k, 0)
+        }
         if short:
-            raise RuntimeError(f"the run cannot fit on this Ray cluster: {short}; processes ask for {wanted} "
-                               "(fewer trainers, RayEngine(num_cpus=...), or more nodes)")
+            raise RuntimeError(
+                f"the run cannot fit on this Ray cluster: {short}; processes ask for {wanted} "
+                "(fewer trainers, RayEngine(num_cpus=...), or more nodes)"
+            )
         for name in wanted:
             self.actors[name] = host.options(**opts_of[name]).remote()
         refs = {name: a.where.remote() for name, a in self.actors.items() if name not in self.addresses}
@@ -203,7 +224,8 @@ class RayEngine(Engine):
             late = [n for n, r in refs.items() if r in pending]
             raise RuntimeError(
                 f"Ray did not place or start {late} within {self.placement_timeout} s; they ask for "
-                f"{ {n: wanted[n] for n in late} }, the cluster has {ray.available_resources()} free")
+                f"{ {n: wanted[n] for n in late} }, the cluster has {ray.available_resources()} free"
+            )
         for name, ref in refs.items():
             self.addresses[name], self.pid_of[name], self.node_of[name] = ray.get(ref)
 
@@ -214,8 +236,16 @@ class RayEngine(Engine):
             raise KeyError(f"process {name!r} has not been placed; call place() with every process first")
         return self.addresses[name]
 
-    def start(self, name: str, target: Callable[..., Any], kwargs: dict[str, Any], *,
-              report: str, secret: bytes | None = None, resources: dict[str, float] | None = None) -> None:
+    def start(
+        self,
+        name: str,
+        target: Callable[..., Any],
+        kwargs: dict[str, Any],
+        *,
+        report: str,
+        secret: bytes | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> None:
         if name in self.runs:
             raise ValueError(f"a process named {name!r} was already started")
         if name not in self.actors:
@@ -230,8 +260,11 @@ class RayEngine(Engine):
         for name in self._ready(0):
             try:
                 code = ray.get(self.runs[name])
-                self.results[name] = None if code == 0 else ProcessFailure(
-                    name, self.pid_of.get(name), f"exited with code {code}")
+                self.results[name] = (
+                    None
+                    if code == 0
+                    else ProcessFailure(name, self.pid_of.get(name), f"exited with code {code}")
+                )
             except RayActorError as e:
                 lost.append((name, e))
             except Exception as e:  # the run call itself failed in Ray
@@ -246,8 +279,11 @@ class RayEngine(Engine):
         """The processes (of `names`, default all) whose run call has ended and is not yet read."""
         import ray
 
-        open_runs = {self.runs[n]: n for n in (self.runs if names is None else names)
-                     if n in self.runs and n not in self.results}
+        open_runs = {
+            self.runs[n]: n
+            for n in (self.runs if names is None else names)
+            if n in self.runs and n not in self.results
+        }
         if not open_runs:
             return []
         ready, _ = ray.wait(list(open_runs), num_returns=len(open_runs), timeout=timeout)
@@ -274,8 +310,10 @@ class RayEngine(Engine):
         info = next((n for n in ray.nodes() if n["NodeID"] == node), None)
         where = f"Ray node {info['NodeManagerAddress']} (id {node[:8]})" if info else f"Ray node {node}"
         state = "marked dead by Ray" if info and not info.get("Alive") else "still listed alive by Ray"
-        how = (f"died (its Ray actor is lost: {_first_line(error)}); processes of this run lost on {where}, "
-               f"{state}: {', '.join(sorted(lost))}")
+        how = (
+            f"died (its Ray actor is lost: {_first_line(error)}); processes of this run lost on {where}, "
+            f"{state}: {', '.join(sorted(lost))}"
+        )
         for p in lost:
             self.results[p] = ProcessFailure(p, self.pid_of.get(p), how)
 
@@ -288,8 +326,9 @@ class RayEngine(Engine):
             return {}
         here = self._driver_node()
         running = {n: self.node_of[n] for n in self.runs if n not in self.results and n in self.node_of}
-        out = {n: how for n, node in running.items()
-               if node == here and (how := process_stopped(self.pid_of[n]))}
+        out = {
+            n: how for n, node in running.items() if node == here and (how := process_stopped(self.pid_of[n]))
+        }
         for node in {node for node in running.values() if node != here}:
             self._probe(node, {n: self.pid_of[n] for n, nd in running.items() if nd == node})
             seen = {n: how for n, how in self.seen_on.get(node, {}).items() if n in running}

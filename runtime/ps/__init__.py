@@ -8,17 +8,32 @@ its client, GEO trainer-side copies and shard-count-independent checkpoints. Tab
         client.push("emb", row_grads, ids, step=t)
 """
 
-from .checkpoint import CheckpointError
-from .client import PSClient, PSTimeoutError
-from .geo import GeoTable
-from .server import serve
-from .servers import Servers
-from .shard import MODES, Limits, NotReady, Shard, save_shards
-from .sharding import place_dense, shard_of
-from .table import DenseTable, PSError, SparseTable, check_spec, make_table
+from runtime.ps.checkpoint import CheckpointError
+from runtime.ps.client import PSClient, PSTimeoutError
+from runtime.ps.geo import GeoTable
+from runtime.ps.local import Servers
+from runtime.ps.server import serve
+from runtime.ps.shard import MODES, Limits, NotReady, Shard, save_shards
+from runtime.ps.sharding import place_dense, shard_of
+from runtime.ps.table import DenseTable, PSError, SparseTable, check_spec, make_table
 
 __all__ = [
-    "MODES", "CheckpointError", "DenseTable", "GeoTable", "Limits", "NotReady", "PSClient", "PSError",
-    "PSTimeoutError", "Servers", "Shard", "SparseTable", "check_spec", "make_table", "place_dense",
-    "save_shards", "serve", "shard_of",
+    "MODES",
+    "CheckpointError",
+    "DenseTable",
+    "GeoTable",
+    "Limits",
+    "NotReady",
+    "PSClient",
+    "PSError",
+    "PSTimeoutError",
+    "Servers",
+    "Shard",
+    "SparseTable",
+    "check_spec",
+    "make_table",
+    "place_dense",
+    "save_shards",
+    "serve",
+    "shard_of",
 ]

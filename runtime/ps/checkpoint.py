@@ -35,9 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.ps.table import PSError
 from transpiler.tables import TableSpec, tables_to_dicts
-
-from .table import PSError
 
 MANIFEST = "manifest.json"
 FORMAT = "hetps-ps-checkpoint/1"
@@ -95,15 +94,19 @@ def check_target(path: str | os.PathLike) -> Path:
     if path.is_dir():
         foreign = sorted(p.name for p in path.iterdir() if not _CHECKPOINT_FILE.fullmatch(p.name))
         if foreign:
-            raise CheckpointError(f"checkpoint {str(path)!r} is a directory holding other files "
-                                  f"({foreign[:3]}); a save replaces the whole directory, so give it a "
-                                  "new or checkpoint-only directory")
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is a directory holding other files "
+                f"({foreign[:3]}); a save replaces the whole directory, so give it a "
+                "new or checkpoint-only directory"
+            )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.rmdir(_new_stage(path))
     except OSError as e:
-        raise CheckpointError(f"cannot save a checkpoint at {str(path)!r}: {e.strerror or e} in "
-                              f"{str(path.parent)!r} (a save writes a new directory there)") from None
+        raise CheckpointError(
+            f"cannot save a checkpoint at {str(path)!r}: {e.strerror or e} in "
+            f"{str(path.parent)!r} (a save writes a new directory there)"
+        ) from None
     return path
 
 
@@ -131,8 +134,9 @@ def write_arrays(path: str | os.PathLike, name: str, table: str, arrays: dict[st
     return {"table": table, "file": name, "bytes": target.stat().st_size, "sha256": _sha256(target)}
 
 
-def finish(stage: str | os.PathLike, path: str | os.PathLike, specs: list[TableSpec], files: list[dict],
-           **meta: Any) -> None:
+def finish(
+    stage: str | os.PathLike, path: str | os.PathLike, specs: list[TableSpec], files: list[dict], **meta: Any
+) -> None:
     """Write the manifest into `stage`, then make `stage` the checkpoint at `path` (atomically)."""
     stage, path = Path(stage), check_target(path)
     doc = {"format": FORMAT, "tables": tables_to_dicts(specs), "files": files, **meta}
@@ -174,8 +178,10 @@ def read_manifest(path: str | os.PathLike) -> dict:
     try:
         doc = json.loads((path / MANIFEST).read_bytes())
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: it has no {MANIFEST} (the "
-                              "save did not finish, e.g. it was killed mid-save)") from None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is incomplete: it has no {MANIFEST} (the "
+            "save did not finish, e.g. it was killed mid-save)"
+        ) from None
     except ValueError as e:
         raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} is not valid JSON: {e}") from None
     if doc.get("format") != FORMAT:
@@ -187,7 +193,9 @@ def read_arrays(path: str | os.PathLike, entry: dict) -> dict[str, np.ndarray]:
     """The arrays of one manifest entry, after checking its size and sha256."""
     target = Path(path) / entry["file"]
     if not target.is_file() or target.stat().st_size != entry["bytes"] or _sha256(target) != entry["sha256"]:
-        raise CheckpointError(f"checkpoint {str(path)!r}: file {entry['file']!r} of table "
-                              f"{entry['table']!r} is missing or does not match its manifest entry")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: file {entry['file']!r} of table "
+            f"{entry['table']!r} is missing or does not match its manifest entry"
+        )
     with np.load(target, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}

@@ -11,7 +11,7 @@ the shard they are for (the server refuses replays, also to another shard); admi
 save, load) are signed with `admin_secret` when given (the driver's key; see server.py). Every
 request waits at most `timeout` seconds for its reply and then raises PSTimeoutError naming the
 shard: a client never hangs on a dead or stuck server. A client is not thread-safe (ZeroMQ sockets
-are not): give each thread its own. """
+are not): give each thread its own."""
 
 from __future__ import annotations
 
@@ -28,18 +28,17 @@ import zmq
 from ops_registry import SparseRows
 from ops_registry.base import RowMerge
 from ops_registry.optimizer import global_norm_scale
+from runtime.ps import checkpoint
+from runtime.ps.index import strictly_increasing
+from runtime.ps.pulls import ALL, assemble, one_pull_per_table
+from runtime.ps.server import ADMIN_OPS, PS_RING_BYTES
+from runtime.ps.shard import check_ids_given
+from runtime.ps.sharding import place_dense, shard_of
+from runtime.ps.table import PSError
+from runtime.telemetry.outputs import unpack_spans
+from runtime.transport.shm import ShmRing, ShmSegments, shm_dir
+from runtime.transport.wire import AuthError, WireError, decode, encode, wire_array
 from transpiler.tables import TableSpec, tables_from_dicts
-
-from ..shm import ShmRing, ShmSegments, shm_dir
-from ..telemetry import unpack_spans
-from ..wire import AuthError, WireError, decode, encode, wire_array
-from . import checkpoint
-from .index import strictly_increasing
-from .pulls import ALL, assemble, one_pull_per_table
-from .server import ADMIN_OPS, PS_RING_BYTES
-from .shard import check_ids_given
-from .sharding import place_dense, shard_of
-from .table import PSError
 
 
 class PSTimeoutError(PSError, TimeoutError):
@@ -47,8 +46,15 @@ class PSTimeoutError(PSError, TimeoutError):
 
 
 class PSClient:
-    def __init__(self, endpoints: Sequence[str], *, secret: bytes | None = None, timeout: float = 30.0,
-                 pusher: int | str = 0, admin_secret: bytes | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        secret: bytes | None = None,
+        timeout: float = 30.0,
+        pusher: int | str = 0,
+        admin_secret: bytes | None = None,
+    ) -> None:
         self.endpoints, self.secret, self.timeout = list(endpoints), secret, timeout
         self.admin_secret = admin_secret if admin_secret is not None else secret
         self.pusher = str(pusher)
@@ -61,7 +67,7 @@ class PSClient:
             s.connect(ep)
             self._socks.append(s)
         self._rid = itertools.count()
-        # same-host servers of a local run: large arrays through shared memory (runtime.channels)
+        # same-host servers of a local run: large arrays through shared memory (runtime.transport.channels)
         shm = shm_dir(self.endpoints[0]) if secret is not None else None
         self._segments = None if shm is None else ShmSegments(shm)
         self._rings: list[ShmRing | None] = [None] * len(self.endpoints)
@@ -74,9 +80,11 @@ class PSClient:
         for k, (h, _) in hello.items():
             if h["shard"] != k or h["num_shards"] != len(self.endpoints) or h["tables"] != first["tables"]:
                 self.close()
-                raise PSError(f"endpoint {self.endpoints[k]} serves shard {h['shard']} of "
-                              f"{h['num_shards']} (tables {[t['name'] for t in h['tables']]}); expected "
-                              f"shard {k} of {len(self.endpoints)} with the tables of shard 0")
+                raise PSError(
+                    f"endpoint {self.endpoints[k]} serves shard {h['shard']} of "
+                    f"{h['num_shards']} (tables {[t['name'] for t in h['tables']]}); expected "
+                    f"shard {k} of {len(self.endpoints)} with the tables of shard 0"
+                )
         self.mode = first["mode"]
         self.specs = {t.name: t for t in tables_from_dicts(first["tables"])}
         self._dense = place_dense(list(self.specs.values()), len(self.endpoints))
@@ -99,8 +107,9 @@ class PSClient:
             if self._segments is not None:
                 header["shm_reply"] = True
                 ring = self._ring(k) if arrays else None
-                if ring is not None and (desc := ring.put(arrays := [wire_array(i, a)
-                                                                     for i, a in enumerate(arrays)])):
+                if ring is not None and (
+                    desc := ring.put(arrays := [wire_array(i, a) for i, a in enumerate(arrays)])
+                ):
                     header["shm"], arrays = desc, ()
             frames = encode(header, arrays, key)
             self._socks[k].send_multipart(frames, copy=False)
@@ -115,11 +124,14 @@ class PSClient:
             left = deadline - time.monotonic()
             ready = dict(poller.poll(max(0, left) * 1000)) if left > 0 else {}
             if not ready:
-                late = sorted({f"shard {requests[i][0]} ({self.endpoints[requests[i][0]]})"
-                               for i in pending.values()})
+                late = sorted(
+                    {f"shard {requests[i][0]} ({self.endpoints[requests[i][0]]})" for i in pending.values()}
+                )
                 op = requests[0][1].get("op")
-                raise PSTimeoutError(f"no reply to {op!r} within {self.timeout} s from {', '.join(late)}; "
-                                     "is the server running and reachable?")
+                raise PSTimeoutError(
+                    f"no reply to {op!r} within {self.timeout} s from {', '.join(late)}; "
+                    "is the server running and reachable?"
+                )
             for k in [k for k in due if due[k] and self._socks[k] in ready]:
                 h, arrays = self._reply(k, self._socks[k].recv_multipart(copy=False))
                 rid = h.get("rid")
@@ -131,8 +143,11 @@ class PSClient:
                 due[k] -= 1
                 if not due[k]:
                     poller.unregister(self._socks[k])
-        errors = [f"shard {k} ({self.endpoints[k]}): {h['error']}"
-                  for (k, _, _), (h, _) in zip(requests, out, strict=True) if not h.get("ok")]
+        errors = [
+            f"shard {k} ({self.endpoints[k]}): {h['error']}"
+            for (k, _, _), (h, _) in zip(requests, out, strict=True)
+            if not h.get("ok")
+        ]
         if errors:
             raise PSError("; ".join(errors))
         return out
@@ -151,16 +166,19 @@ class PSClient:
             h, arrays = decode(frames, self.secret)
             if "shm" in h:
                 if self._segments is None or arrays:
-                    raise WireError(f"shard {k} replied through shared memory, which this client "
-                                    "did not ask for")
+                    raise WireError(
+                        f"shard {k} replied through shared memory, which this client did not ask for"
+                    )
                 arrays = self._segments.arrays(h.pop("shm"))
             return h, arrays
         except AuthError:
             h, arrays = decode(frames, None)  # an unsigned reply: the server's authentication refusal
             if h.get("ok") is False:
                 return h, arrays
-            raise AuthError(f"reply from shard {k} ({self.endpoints[k]}) failed authentication: "
-                            "the server uses a different shared secret") from None
+            raise AuthError(
+                f"reply from shard {k} ({self.endpoints[k]}) failed authentication: "
+                "the server uses a different shared secret"
+            ) from None
 
     # -- pull / push ------------------------------------------------------------------------
     def _spec(self, table: str) -> TableSpec:
@@ -182,8 +200,9 @@ class PSClient:
         owner = shard_of(ids, len(self._socks))
         return [np.flatnonzero(owner == k) for k in range(len(self._socks))]
 
-    def pull(self, table: str, ids: np.ndarray | None = None, *, step: int | None = None,
-             peek: bool = False) -> np.ndarray:
+    def pull(
+        self, table: str, ids: np.ndarray | None = None, *, step: int | None = None, peek: bool = False
+    ) -> np.ndarray:
         """Dense: the parameter. Sparse: rows of `ids` (any shape), shape ids.shape + (dim,).
 
         In sync mode pass the trainer's `step` t: the reply waits until t steps are applied.
@@ -191,28 +210,47 @@ class PSClient:
         """
         return self.pull_many([(table, ids)], step=step, peek=peek)[0]
 
-    def pull_many(self, requests: Sequence[tuple[str, np.ndarray | None]], *,
-                  step: int | None = None, peek: bool = False) -> list[np.ndarray]:
+    def pull_many(
+        self,
+        requests: Sequence[tuple[str, np.ndarray | None]],
+        *,
+        step: int | None = None,
+        peek: bool = False,
+    ) -> list[np.ndarray]:
         """`pull` of several (table, ids or None) at once: one request per shard for all of them,
         all in flight together, so they cost one round trip, not one per table."""
         requests, split = one_pull_per_table(requests)
         parts, plans = self._pull_parts(requests)
         return split(assemble(plans, self._send([], parts, step=None, pull_step=step, peek=peek)))
 
-    def push(self, table: str, grad: np.ndarray | SparseRows, ids: np.ndarray | None = None, *,
-             step: int | None = None) -> None:
+    def push(
+        self,
+        table: str,
+        grad: np.ndarray | SparseRows,
+        ids: np.ndarray | None = None,
+        *,
+        step: int | None = None,
+    ) -> None:
         """Dense: `grad` of the parameter's shape. Sparse: row gradients `grad` [n, dim] of `ids` [n]
         (or a SparseRows). In sync mode pass the step t being pushed; in geo mode `grad` is a delta."""
         self.push_many([(table, grad, ids)], step=step)
 
-    def push_many(self, requests: Sequence[tuple[str, np.ndarray | SparseRows, np.ndarray | None]], *,
-                  step: int | None = None) -> None:
+    def push_many(
+        self,
+        requests: Sequence[tuple[str, np.ndarray | SparseRows, np.ndarray | None]],
+        *,
+        step: int | None = None,
+    ) -> None:
         """`push` of several (table, grad, ids or None) at once, in one round trip."""
         self._send(self._push_parts(requests), [], step=step, pull_step=None)
 
-    def push_pull(self, pushes: Sequence[tuple[str, np.ndarray | SparseRows, np.ndarray | None]],
-                  pulls: Sequence[tuple[str, np.ndarray | None]], *,
-                  step: int | None = None) -> list[np.ndarray]:
+    def push_pull(
+        self,
+        pushes: Sequence[tuple[str, np.ndarray | SparseRows, np.ndarray | None]],
+        pulls: Sequence[tuple[str, np.ndarray | None]],
+        *,
+        step: int | None = None,
+    ) -> list[np.ndarray]:
         """`push_many(pushes, step=step)` then `pull_many(pulls)` of the next step, fused: one
         request per shard, which applies its part of the pushes and then answers its part of the
         pulls, so a step costs one round trip. In sync mode (`step` = t) the pulls are for step
@@ -221,8 +259,11 @@ class PSClient:
         pulls, split = one_pull_per_table(pulls)
         parts, plans = self._pull_parts(pulls)
         pushed = self._push_parts(pushes)
-        return split(assemble(plans, self._send(pushed, parts, step=step,
-                                                 pull_step=None if step is None else step + 1)))
+        return split(
+            assemble(
+                plans, self._send(pushed, parts, step=step, pull_step=None if step is None else step + 1)
+            )
+        )
 
     def _pull_parts(self, requests: Sequence[tuple[str, np.ndarray | None]]) -> tuple[list, list]:
         """The (shard, table, arrays) parts of pulls, and per pull the plan to reassemble its rows:
@@ -246,8 +287,9 @@ class PSClient:
             plans.append((spec, ids.shape, uniq.size, inv, where))
         return parts, plans
 
-    def _push_parts(self, requests: Sequence[tuple[str, np.ndarray | SparseRows, np.ndarray | None]]
-                    ) -> list[tuple[int, str, list]]:
+    def _push_parts(
+        self, requests: Sequence[tuple[str, np.ndarray | SparseRows, np.ndarray | None]]
+    ) -> list[tuple[int, str, list]]:
         """The (shard, table, arrays) parts of pushes: a sparse one goes to every shard (merged to
         unique ids, zero rows where a shard has none)."""
         parts: list[tuple[int, str, list]] = []
@@ -261,8 +303,10 @@ class PSClient:
                 continue
             ids, grad = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(grad)
             if grad.ndim != 2 or grad.shape[0] != ids.size:
-                raise PSError(f"push to {table!r}: {ids.size} ids need a gradient of shape "
-                              f"[{ids.size}, {spec.shape[1]}], got {list(grad.shape)}")
+                raise PSError(
+                    f"push to {table!r}: {ids.size} ids need a gradient of shape "
+                    f"[{ids.size}, {spec.shape[1]}], got {list(grad.shape)}"
+                )
             if not strictly_increasing(ids):
                 if last is None or not np.array_equal(last[0], ids):
                     last = (ids, RowMerge.of(np, ids))
@@ -270,8 +314,15 @@ class PSClient:
             parts += [(k, table, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))]
         return parts
 
-    def _send(self, pushes: list[tuple[int, str, list]], pulls: list[tuple[int, str, list]], *,
-              step: int | None, pull_step: int | None, peek: bool = False) -> list[np.ndarray]:
+    def _send(
+        self,
+        pushes: list[tuple[int, str, list]],
+        pulls: list[tuple[int, str, list]],
+        *,
+        step: int | None,
+        pull_step: int | None,
+        peek: bool = False,
+    ) -> list[np.ndarray]:
         """One request per shard for its push and pull parts (a plain push or pull when it has one
         part, else a push_pull); the reply array of each pull part, in order."""
         by_shard: dict[int, tuple[list, list]] = {}
@@ -283,13 +334,21 @@ class PSClient:
         sends = []
         for k, (push, pull) in by_shard.items():
             if len(push) + len(pull) == 1:
-                sends.append((k, {"op": "push", "table": push[0][0], "step": step, "pusher": self.pusher},
-                              push[0][1]) if push else
-                             (k, {"op": "pull", "table": pull[0][1], "step": pull_step, **flags}, pull[0][2]))
+                sends.append(
+                    (k, {"op": "push", "table": push[0][0], "step": step, "pusher": self.pusher}, push[0][1])
+                    if push
+                    else (k, {"op": "pull", "table": pull[0][1], "step": pull_step, **flags}, pull[0][2])
+                )
                 continue
-            header = {"op": "push_pull", "push": [[t, len(a)] for t, a in push],
-                      "pull": [[t, len(a)] for _, t, a in pull], "step": step, "pull_step": pull_step,
-                      "pusher": self.pusher, **flags}
+            header = {
+                "op": "push_pull",
+                "push": [[t, len(a)] for t, a in push],
+                "pull": [[t, len(a)] for _, t, a in pull],
+                "step": step,
+                "pull_step": pull_step,
+                "pusher": self.pusher,
+                **flags,
+            }
             sends.append((k, header, [x for _, a in push for x in a] + [x for _, _, a in pull for x in a]))
         got: list[Any] = [None] * len(pulls)
         for (_, pull), (_, arrays) in zip(by_shard.values(), self._exchange(sends), strict=True):
@@ -315,8 +374,16 @@ class PSClient:
 
     def write_back(self, states: dict[str, dict[str, np.ndarray]], steps: int, final: bool) -> None:
         """Write held tables' states back, `steps` steps applied since the hold (`final`: release them)."""
-        self._exchange([(self._dense[t], {"op": "write_back", "table": t, "keys": list(st), "steps": steps,
-                                          "final": final}, list(st.values())) for t, st in states.items()])
+        self._exchange(
+            [
+                (
+                    self._dense[t],
+                    {"op": "write_back", "table": t, "keys": list(st), "steps": steps, "final": final},
+                    list(st.values()),
+                )
+                for t, st in states.items()
+            ]
+        )
 
     def assign(self, table: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set a table's values: dense, the whole array; sparse, rows `ids` (e.g. imported weights,
@@ -325,8 +392,13 @@ class PSClient:
             self._call({self._dense[table]: ({"op": "assign", "table": table}, [np.asarray(values)])})
             return
         ids, values = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(values)
-        self._call({k: ({"op": "assign", "table": table}, [ids[p], values[p]])
-                    for k, p in enumerate(self._split(ids)) if p is ALL or p.size})
+        self._call(
+            {
+                k: ({"op": "assign", "table": table}, [ids[p], values[p]])
+                for k, p in enumerate(self._split(ids))
+                if p is ALL or p.size
+            }
+        )
 
     # -- admin --------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike, **meta: Any) -> None:
@@ -335,11 +407,17 @@ class PSClient:
         `meta` (JSON values) goes into the manifest (e.g. `train`'s run state)."""
         stage = checkpoint.begin(path)
         try:
-            replies = self._call({k: ({"op": "save", "dir": str(stage.resolve())}, [])
-                                  for k in range(len(self._socks))})
+            replies = self._call(
+                {k: ({"op": "save", "dir": str(stage.resolve())}, []) for k in range(len(self._socks))}
+            )
             files = [e for k in sorted(replies) for e in replies[k][0]["files"]]
-            checkpoint.finish(stage, path, list(self.specs.values()), files,
-                              **{"num_shards": len(self._socks), "mode": self.mode, **meta})
+            checkpoint.finish(
+                stage,
+                path,
+                list(self.specs.values()),
+                files,
+                **{"num_shards": len(self._socks), "mode": self.mode, **meta},
+            )
         except BaseException:
             checkpoint.abort(stage)
             raise

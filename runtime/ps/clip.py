@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ops_registry.base import RowMerge
-
-from .table import PSError, SparseTable
+from runtime.ps.table import PSError, SparseTable
 
 if TYPE_CHECKING:
-    from .shard import Shard
+    from runtime.ps.shard import Shard
 
 CLIP = "@clip"  # the key `norm` requests park under on a server (no table name starts with "@")
 
@@ -84,7 +83,7 @@ def _step_of(shard: Shard, step: int, what: str) -> None:
 
 def sum_squares(shard: Shard, step: int) -> float:
     """The sum of squares of the shard's held step-`step` gradients; NotReady until all are held."""
-    from .shard import NotReady
+    from runtime.ps.shard import NotReady
 
     if not shard.clip_tables:
         return 0.0

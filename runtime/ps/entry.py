@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from runtime.ps.index import make_index
 from transpiler.tables import TableSpec
-
-from .index import make_index
 
 ENTRY_TYPES = ("count", "probability")
 # checkpoint arrays of a streaming table: the push clock, each row's last touch (per row), the ids
@@ -158,8 +157,13 @@ class Entry:
         out = {ENTRY_CLOCK: np.array([self.clock]), ENTRY_LAST: self.last[:rows].copy()}
         if self.waiting is not None:
             m = len(self.waiting)
-            out.update(zip(WAITING, (self.waiting.index.ids_by_slot(), self.waiting.count[:m],
-                                     self.waiting.seen[:m]), strict=True))
+            out.update(
+                zip(
+                    WAITING,
+                    (self.waiting.index.ids_by_slot(), self.waiting.count[:m], self.waiting.seen[:m]),
+                    strict=True,
+                )
+            )
         return out
 
     def load_state(self, slots: np.ndarray, rows: int, arrays: dict[str, np.ndarray]) -> None:

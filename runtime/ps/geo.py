@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .client import PSClient
-from .table import DenseTable, PSError, SparseTable, make_table
+from runtime.ps.client import PSClient
+from runtime.ps.table import DenseTable, PSError, SparseTable, make_table
 
 
 class GeoTable:

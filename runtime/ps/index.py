@@ -34,7 +34,6 @@ def _lookup(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 class RowIndex:
-
     def __init__(self) -> None:
         self.main_keys, self.main_slots = _EMPTY, _EMPTY
         self.delta_keys, self.delta_slots = _EMPTY, _EMPTY

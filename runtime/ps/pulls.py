@@ -28,8 +28,9 @@ def assemble(plans: list, got: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
-def one_pull_per_table(requests: Sequence[tuple[str, np.ndarray | None]]
-                        ) -> tuple[list[tuple[str, np.ndarray | None]], Callable[[list], list]]:
+def one_pull_per_table(
+    requests: Sequence[tuple[str, np.ndarray | None]],
+) -> tuple[list[tuple[str, np.ndarray | None]], Callable[[list], list]]:
     """Pulls of the same table (e.g. one embedding looked up by several slots) merged into one
     (their ids concatenated; a shard refuses a request naming a table twice), and the function that
     splits the merged results back into one per request, in order."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .table import PSError
+from runtime.ps.table import PSError
 
 
 def field(h: dict, key: str, kind: type, optional: bool = False) -> Any:
@@ -28,16 +28,23 @@ def parts(h: dict, key: str, counts: tuple[int, ...], arrays: list) -> list[tupl
     order from `arrays`; PSError when malformed (a dense table pulled more than once)."""
     spec = h.get(key, [])
     if not isinstance(spec, list) or not all(
-            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and p[1] in counts
-            and not isinstance(p[1], bool) for p in spec):
-        raise PSError(f"push_pull field {key!r} must be a list of [table, number of arrays in {counts}], "
-                      f"got {spec!r:.200}")
+        isinstance(p, list)
+        and len(p) == 2
+        and isinstance(p[0], str)
+        and p[1] in counts
+        and not isinstance(p[1], bool)
+        for p in spec
+    ):
+        raise PSError(
+            f"push_pull field {key!r} must be a list of [table, number of arrays in {counts}], "
+            f"got {spec!r:.200}"
+        )
     bare = [t for t, n in spec if n == 0]  # a dense pull carries nothing: its reply is not bounded
-    if len(set(bare)) != len(bare):       # by the request's bytes, so once per request
+    if len(set(bare)) != len(bare):  # by the request's bytes, so once per request
         raise PSError(f"push_pull {key!r} pulls a dense table more than once: {bare}")
     out, i = [], 0
     for table, n in spec:
-        out.append((table, arrays[i:i + n]))
+        out.append((table, arrays[i : i + n]))
         i += n
     if i != len(arrays):
         raise PSError(f"push_pull describes {i} arrays, the request carries {len(arrays)}")

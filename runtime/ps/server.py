@@ -3,13 +3,13 @@
 Requests and replies use the wire format (runtime/wire.py). A request header has `op` (hello, pull,
 push, push_pull, norm, apply, hold, write_back, assign, save, load, stats, trace, shutdown; norm and
 apply: gradient clipping by global norm, runtime/ps/clip.py; hold and write_back: a dense table its
-only trainer keeps, runtime/ps/hold.py), `rid` (echoed in the reply) and the op's fields; a
+only trainer keeps, runtime/ps/held_tables.py), `rid` (echoed in the reply) and the op's fields; a
 reply has `ok` and, when false, `error`. No request ends the server: a bad one (unknown table, wrong
 shape, NaN gradient, malformed, oversized or unauthenticated frames, a limit exceeded, even a server
 bug) gets an error reply and a log line, and the server goes on serving. In sync mode a pull that
 must wait for its step is parked, not blocking the loop, and answered as soon as that step is
 applied. With `trace=True` the server records the time it spends on each pull and push
-(`runtime.telemetry.Recorder`) and hands the spans out on a `trace` request.
+(`runtime.telemetry.outputs.Recorder`) and hands the spans out on a `trace` request.
 
 Security: with a `secret`, every request must carry its MAC (wire.py), a sender id and sequence number newer
 than that sender's last (`wire.ReplayGuard`) and the index of the shard it is for (`to`), so a
@@ -35,28 +35,56 @@ from typing import Any
 import numpy as np
 import zmq
 
+from runtime.ps import held_tables
+from runtime.ps.clip import CLIP
+from runtime.ps.requests import ParkPulls, describe, field, parts, span_name
+from runtime.ps.shard import Limits, NotReady, Shard
+from runtime.ps.table import PSError, SparseTable
+from runtime.telemetry.outputs import Recorder, pack_spans, timed
+from runtime.transport.shm import ShmRing, ShmSegments, shm_dir
+from runtime.transport.wire import (
+    AuthError,
+    ReplayError,
+    ReplayGuard,
+    WireError,
+    decode_signed,
+    encode,
+    wire_array,
+)
 from transpiler.tables import tables_from_dicts, tables_to_dicts
 
-from ..shm import ShmRing, ShmSegments, shm_dir
-from ..telemetry import Recorder, pack_spans, timed
-from ..wire import AuthError, ReplayError, ReplayGuard, WireError, decode_signed, encode, wire_array
-from . import hold
-from .clip import CLIP
-from .requests import ParkPulls, describe, field, parts, span_name
-from .shard import Limits, NotReady, Shard
-from .table import PSError, SparseTable
-
 log = logging.getLogger("hetps.ps")
-OPS = ("hello", "pull", "push", "push_pull", "norm", "apply", "hold", "write_back", "assign", "save", "load",
-       "stats", "trace", "shutdown")
+OPS = (
+    "hello",
+    "pull",
+    "push",
+    "push_pull",
+    "norm",
+    "apply",
+    "hold",
+    "write_back",
+    "assign",
+    "save",
+    "load",
+    "stats",
+    "trace",
+    "shutdown",
+)
 ADMIN_OPS = frozenset({"assign", "save", "load", "shutdown"})
-PS_RING_BYTES = 8 << 20  # a reply ring per same-host client (runtime.shm.ShmRing)
-MAX_REPLY_RINGS = 64     # clients beyond these get their replies as ZeroMQ frames
+PS_RING_BYTES = 8 << 20  # a reply ring per same-host client (runtime.transport.shm.ShmRing)
+MAX_REPLY_RINGS = 64  # clients beyond these get their replies as ZeroMQ frames
 
 
 class _Loop:
-    def __init__(self, sock: zmq.Socket, shard: Shard, secret: bytes | None, trace: bool = False,
-                 admin_secret: bytes | None = None, checkpoint_root: str | list[str] | None = None) -> None:
+    def __init__(
+        self,
+        sock: zmq.Socket,
+        shard: Shard,
+        secret: bytes | None,
+        trace: bool = False,
+        admin_secret: bytes | None = None,
+        checkpoint_root: str | list[str] | None = None,
+    ) -> None:
         self.sock, self.shard, self.secret = sock, shard, secret
         # without a data key nothing is authenticated (a private endpoint): an admin key alone means nothing
         self.keys = () if secret is None else (secret,) if admin_secret is None else (secret, admin_secret)
@@ -72,13 +100,14 @@ class _Loop:
         self.borrowed: list[Callable[[], None]] = []  # hands a request's shm bytes back (_shm_arrays)
 
     def attach_shm(self, endpoint: str) -> None:
-        """Same-host clients may send and receive arrays through shared memory (runtime.channels)
+        """Same-host clients may send and receive arrays through shared memory (runtime.transport.channels)
         when `endpoint` is an ipc endpoint of a local run with a shared-memory twin."""
         directory = shm_dir(endpoint)
         self.segments = None if directory is None else ShmSegments(directory)
 
-    def reply(self, ident: Any, rid: Any, header: dict, arrays: list = (), sign: bool = True,
-              shm: bool = False) -> None:
+    def reply(
+        self, ident: Any, rid: Any, header: dict, arrays: list = (), sign: bool = True, shm: bool = False
+    ) -> None:
         """Send a reply; its arrays through the client's shared-memory ring when `shm` (the
         request said the client reads them) and they fit, else as ZeroMQ frames. An array that does
         not own its memory may be a view of a table (a dense pull: `Shard.pull(copy=False)`), which
@@ -98,8 +127,9 @@ class _Loop:
             if len(self.rings) >= MAX_REPLY_RINGS:
                 return None
             try:
-                self.rings[ident] = ShmRing(self.segments.dir, f"ps{self.shard.shard}-reply{len(self.rings)}",
-                                            PS_RING_BYTES)
+                self.rings[ident] = ShmRing(
+                    self.segments.dir, f"ps{self.shard.shard}-reply{len(self.rings)}", PS_RING_BYTES
+                )
             except OSError:
                 self.rings[ident] = None
         return self.rings[ident]
@@ -141,8 +171,10 @@ class _Loop:
             msg = decode_signed(frames, self.keys, max_bytes=self.limits.max_message_bytes)
             if self.replays is not None:
                 if msg.header.get("to") != self.shard.shard:  # a request captured on its way to another
-                    raise ReplayError(f"request addressed to shard {msg.header.get('to')!r:.20}, this is "
-                                      f"shard {self.shard.shard}; refused")
+                    raise ReplayError(
+                        f"request addressed to shard {msg.header.get('to')!r:.20}, this is "
+                        f"shard {self.shard.shard}; refused"
+                    )
                 self.replays.check(msg.header)
             if "shm" in msg.header:  # (only after the MAC and replay checks)
                 msg.arrays = self._shm_arrays(msg.header.pop("shm"), msg.arrays)
@@ -161,14 +193,28 @@ class _Loop:
         header, arrays = msg.header, msg.arrays
         rid, op = header.get("rid"), header.get("op")
         if op in ADMIN_OPS and self.admin_key is not None and msg.key != self.admin_key:
-            log.error("shard %d: refused %r signed with the data key, not the admin key",
-                      self.shard.shard, op)
-            self.reply(ident, rid, {"ok": False, "error": f"{op!r} is an admin request: only the driver "
-                                    "(which holds the admin key) may send it"})
+            log.error(
+                "shard %d: refused %r signed with the data key, not the admin key", self.shard.shard, op
+            )
+            self.reply(
+                ident,
+                rid,
+                {
+                    "ok": False,
+                    "error": f"{op!r} is an admin request: only the driver "
+                    "(which holds the admin key) may send it",
+                },
+            )
             return False
         rec = self.rec if op in ("pull", "push", "push_pull") else None
-        with timed(span_name(header), "ps", rec=rec, table=header.get("table"), step=header.get("step"),
-                   by=header.get("pusher")) as span:
+        with timed(
+            span_name(header),
+            "ps",
+            rec=rec,
+            table=header.get("table"),
+            step=header.get("step"),
+            by=header.get("pusher"),
+        ) as span:
             try:
                 if op == "shutdown":
                     self.reply(ident, rid, {"ok": True})
@@ -198,12 +244,15 @@ class _Loop:
         applied, before its reply, except in sync mode, where pushes wait in the shard for their
         step and pulls park, so a request's arrays outlive it: copies then."""
         if self.segments is None or frames or self.keys == ():
-            raise WireError("a shared-memory request reached a server without a shared-memory directory "
-                            "(or without a secret, or with frames as well)")
+            raise WireError(
+                "a shared-memory request reached a server without a shared-memory directory "
+                "(or without a secret, or with frames as well)"
+            )
         limit = self.limits.max_message_bytes
         if isinstance(desc, dict) and isinstance(desc.get("n"), int) and desc["n"] > limit:
-            raise WireError(f"message is {desc['n']} bytes, more than the limit of {limit} "
-                            "(max_message_bytes)")
+            raise WireError(
+                f"message is {desc['n']} bytes, more than the limit of {limit} (max_message_bytes)"
+            )
         if self.shard.mode == "sync":
             return self.segments.arrays(desc)
         views, done = self.segments.views(desc)
@@ -214,9 +263,17 @@ class _Loop:
         """Hold a sync pull until `table` has applied its step, or refuse it when `max_parked` are held."""
         held, limit = sum(len(v) for v in self.parked.values()), self.limits.max_parked
         if held >= limit:
-            self.reply(ident, header.get("rid"), {"ok": False, "error": (
-                f"sync pull of {table!r} for step {header.get('step')}: {held} pulls already "
-                f"wait for their step, the limit max_parked={limit}")})
+            self.reply(
+                ident,
+                header.get("rid"),
+                {
+                    "ok": False,
+                    "error": (
+                        f"sync pull of {table!r} for step {header.get('step')}: {held} pulls already "
+                        f"wait for their step, the limit max_parked={limit}"
+                    ),
+                },
+            )
             return
         self.parked.setdefault(table, []).append((ident, header, arrays))
 
@@ -224,32 +281,50 @@ class _Loop:
         """The request's `dir`, when it lies inside the checkpoint root the server was started with."""
         d = field(h, "dir", str)
         if not self.roots:
-            raise PSError(f"{h.get('op')!r} refused: this server was started without a checkpoint root "
-                          "(serve / Servers checkpoint_root=...), so it saves and loads nowhere")
+            raise PSError(
+                f"{h.get('op')!r} refused: this server was started without a checkpoint root "
+                "(serve / Servers checkpoint_root=...), so it saves and loads nowhere"
+            )
         real = os.path.realpath(d)
         if not any(os.path.commonpath([real, r]) == r for r in self.roots):
             where = self.roots[0] if len(self.roots) == 1 else self.roots
-            raise PSError(f"{h.get('op')!r} refused: {d!r} is outside the checkpoint root {where!r} "
-                          "this server was started with")
+            raise PSError(
+                f"{h.get('op')!r} refused: {d!r} is outside the checkpoint root {where!r} "
+                "this server was started with"
+            )
         return real
 
     def dispatch(self, op: Any, h: dict, arrays: list) -> tuple[dict, list]:
         s = self.shard
         if op == "hello":
-            return {"shard": s.shard, "num_shards": s.num_shards, "mode": s.mode,
-                    "tables": tables_to_dicts(s.specs)}, []
+            return {
+                "shard": s.shard,
+                "num_shards": s.num_shards,
+                "mode": s.mode,
+                "tables": tables_to_dicts(s.specs),
+            }, []
         if op == "pull":
             if len(arrays) > 1:
                 raise PSError(f"pull takes at most one array (ids), got {len(arrays)}")
-            rows = s.pull(field(h, "table", str), arrays[0] if arrays else None,
-                          field(h, "step", int, optional=True), peek=h.get("peek") is True, copy=False)
+            rows = s.pull(
+                field(h, "table", str),
+                arrays[0] if arrays else None,
+                field(h, "step", int, optional=True),
+                peek=h.get("peek") is True,
+                copy=False,
+            )
             return {}, [rows]
         if op == "push":
             if len(arrays) not in (1, 2):
                 raise PSError(f"push takes [grad] or [ids, grad], got {len(arrays)} arrays")
             table = field(h, "table", str)
-            if s.push(table, arrays[-1], arrays[0] if len(arrays) == 2 else None,
-                      field(h, "step", int, optional=True), str(h.get("pusher", "0"))):
+            if s.push(
+                table,
+                arrays[-1],
+                arrays[0] if len(arrays) == 2 else None,
+                field(h, "step", int, optional=True),
+                str(h.get("pusher", "0")),
+            ):
                 self.release(table)
             return {}, []
         if op == "push_pull":
@@ -261,11 +336,18 @@ class _Loop:
                 self.release(table)
             return {}, []
         if op == "hold":
-            state = hold.hold(s, field(h, "table", str), str(h.get("cid", "")))
+            state = held_tables.hold(s, field(h, "table", str), str(h.get("cid", "")))
             return {"keys": list(state)}, list(state.values())
         if op == "write_back":
-            hold.write_back(s, field(h, "table", str), h.get("keys"), arrays, field(h, "steps", int),
-                            h.get("final") is True, str(h.get("cid", "")))
+            held_tables.write_back(
+                s,
+                field(h, "table", str),
+                h.get("keys"),
+                arrays,
+                field(h, "steps", int),
+                h.get("final") is True,
+                str(h.get("cid", "")),
+            )
             return {}, []
         if op == "assign":
             if len(arrays) not in (1, 2):
@@ -280,10 +362,17 @@ class _Loop:
         if op == "trace":
             return {}, [pack_spans(self.rec.take())]
         if op == "stats":
-            return {"tables": {n: {"rows": len(t) if isinstance(t, SparseTable) else t.param.shape[0],
-                                   "bytes": t.memory_bytes(), "version": s.version[n],
-                                   "applied": s.applied[n]}
-                               for n, t in s.tables.items()}}, []
+            return {
+                "tables": {
+                    n: {
+                        "rows": len(t) if isinstance(t, SparseTable) else t.param.shape[0],
+                        "bytes": t.memory_bytes(),
+                        "version": s.version[n],
+                        "applied": s.applied[n],
+                    }
+                    for n, t in s.tables.items()
+                }
+            }, []
         raise PSError(f"unknown request op {op!r}; known ops: {', '.join(OPS)}")
 
     def push_pull(self, h: dict, arrays: list) -> tuple[dict, list]:
@@ -291,8 +380,14 @@ class _Loop:
         parts (at `pull_step`) are answered, one reply array each, in order. In sync mode a client
         pushes step t and pulls step t + 1: the pulls are parked until every pusher's step t is
         applied (fused push + pull: one round trip per step)."""
-        s, n_push = self.shard, sum(p[1] for p in h.get("push", []) if isinstance(p, list) and len(p) == 2
-                                    and isinstance(p[1], int))
+        s, n_push = (
+            self.shard,
+            sum(
+                p[1]
+                for p in h.get("push", [])
+                if isinstance(p, list) and len(p) == 2 and isinstance(p[1], int)
+            ),
+        )
         pushes = parts(h, "push", (1, 2), arrays[:n_push])
         pulls = parts(h, "pull", (0, 1), arrays[n_push:])
         step, pusher = field(h, "step", int, optional=True), str(h.get("pusher", "0"))
@@ -333,17 +428,28 @@ class _Loop:
                     span.skip()
                     self.reply(ident, h.get("rid"), {"ok": False, "error": describe(e)})
                     continue
-                self.reply(ident, h.get("rid"), {"ok": True, **out}, out_arrays,
-                           shm=h.get("shm_reply") is True)
+                self.reply(
+                    ident, h.get("rid"), {"ok": True, **out}, out_arrays, shm=h.get("shm_reply") is True
+                )
 
 
-def serve(endpoint: str, specs: list[dict[str, Any]], *, shard: int = 0, num_shards: int = 1,
-          mode: str = "async",
-          pushes_per_step: int | dict[str, int] = 1, check_finite: bool = True,
-          secret: bytes | None = None, ready: Any = None, log_file: str | None = None,
-          trace: bool = False, admin_secret: bytes | None = None,
-          checkpoint_root: str | list[str] | None = None,
-          limits: Limits | None = None) -> None:
+def serve(
+    endpoint: str,
+    specs: list[dict[str, Any]],
+    *,
+    shard: int = 0,
+    num_shards: int = 1,
+    mode: str = "async",
+    pushes_per_step: int | dict[str, int] = 1,
+    check_finite: bool = True,
+    secret: bytes | None = None,
+    ready: Any = None,
+    log_file: str | None = None,
+    trace: bool = False,
+    admin_secret: bytes | None = None,
+    checkpoint_root: str | list[str] | None = None,
+    limits: Limits | None = None,
+) -> None:
     """Run one shard until stopped. `ready` (a multiprocessing Connection) gets the bound endpoint,
     or `("error", message)` when the server cannot start. With `log_file`, everything the process
     writes to stderr (its log, any traceback) is appended there. `secret` / `admin_secret` /
@@ -366,9 +472,22 @@ def serve(endpoint: str, specs: list[dict[str, Any]], *, shard: int = 0, num_sha
     # (memory stays bounded); a message up to that size gets decode's clear error reply instead
     sock.maxmsgsize = 2 * (limits or Limits()).max_message_bytes
     try:
-        loop = _Loop(sock, Shard(tables_from_dicts(specs), shard=shard, num_shards=num_shards, mode=mode,
-                                 pushes_per_step=pushes_per_step, check_finite=check_finite,
-                                 limits=limits), secret, trace, admin_secret, checkpoint_root)
+        loop = _Loop(
+            sock,
+            Shard(
+                tables_from_dicts(specs),
+                shard=shard,
+                num_shards=num_shards,
+                mode=mode,
+                pushes_per_step=pushes_per_step,
+                check_finite=check_finite,
+                limits=limits,
+            ),
+            secret,
+            trace,
+            admin_secret,
+            checkpoint_root,
+        )
         sock.bind(endpoint)
         loop.attach_shm(sock.getsockopt_string(zmq.LAST_ENDPOINT))
     except Exception as e:
@@ -391,6 +510,6 @@ def serve(endpoint: str, specs: list[dict[str, Any]], *, shard: int = 0, num_sha
         ctx.term()
 
 
-from .servers import Servers  # noqa: E402  (its home is servers.py; importable from here as before)
+from runtime.ps.local import Servers  # noqa: E402  (its home is servers.py; importable from here as before)
 
 __all__ = ["ADMIN_OPS", "OPS", "Servers", "serve"]

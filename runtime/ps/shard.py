@@ -26,14 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from runtime.ps import checkpoint, clip, held_tables
+from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST, WAITING
+from runtime.ps.sharding import shard_of, tables_of_shard
+from runtime.ps.table import DenseTable, PSError, SparseTable, check_spec, make_table
+from runtime.transport.wire import MAX_MESSAGE_BYTES
 from transpiler.config import MODES as PLAN_MODES
 from transpiler.tables import TableSpec
-
-from ..wire import MAX_MESSAGE_BYTES
-from . import checkpoint, clip, hold
-from .entry import ENTRY_CLOCK, ENTRY_LAST, WAITING
-from .sharding import shard_of, tables_of_shard
-from .table import DenseTable, PSError, SparseTable, check_spec, make_table
 
 # What a shard serves: the plan's modes, and GEO deltas (GeoTable) for a client that keeps local copies and
 # pushes differences itself (hetps's trainers do not: TranspileConfig refuses mode='geo').
@@ -122,7 +121,9 @@ class Shard:
         self.pending: dict[str, dict[int, dict[str, tuple]]] = {n: {} for n in self.tables}
         self.clip_tables = clip.clipped_tables(self)
         self.held: dict[str, clip.Held] = {}  # clipped table -> its step's gradient, awaiting the scale
-        self.holds: dict[str, tuple[int, int, str]] = {}  # held -> (version, applied, holder) (hold.py)
+        self.holds: dict[
+            str, tuple[int, int, str]
+        ] = {}  # held -> (version, applied, holder) (held_tables.py)
 
     def table(self, name: str) -> DenseTable | SparseTable:
         try:
@@ -183,7 +184,7 @@ class Shard:
             args = (copy,)
         if peek:
             return t.peek(*args) if isinstance(t, SparseTable) else t.pull(*args)
-        hold.check_not_held(self, name, "pull")
+        held_tables.check_not_held(self, name, "pull")
         self._check_step(t, step, "pull")
         if self.mode == "sync" and step is not None and self.version[name] < step and t.kernel is not None:
             raise NotReady(name, step)  # (a frozen table never changes: nothing to wait for)
@@ -200,7 +201,7 @@ class Shard:
     ) -> bool:
         """Apply or buffer one push; True when a step was applied (sync: parked pulls may go on)."""
         t = self.table(name)
-        hold.check_not_held(self, name, "push")
+        held_tables.check_not_held(self, name, "push")
         args = self._ids_args(t, ids, "push")
         self._check_new_rows(t, ids, "push")
         if self.mode == "sync":

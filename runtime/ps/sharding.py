@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from transpiler.balance import balance, table_bytes
+from transpiler.cost.balance import balance, table_bytes
 from transpiler.tables import TableSpec
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -23,7 +23,7 @@ def shard_of(ids: np.ndarray, num_shards: int) -> np.ndarray:
 
 def place_dense(specs: list[TableSpec], num_shards: int) -> dict[str, int]:
     """{dense table name: shard}. A spec's `sharding.shard` (the transpiler's choice) is kept;
-    the others are balanced by bytes (`transpiler.balance.balance`, the transpiler's own rule)."""
+    the others are balanced by bytes (`transpiler.cost.balance.balance`, the transpiler's own rule)."""
     dense = [s for s in specs if s.kind == "dense"]
     sizes = {s.name: table_bytes(s.shape, s.dtype) for s in dense}
     placed = {s.name: s.sharding.shard if s.sharding else None for s in dense}

@@ -31,11 +31,10 @@ import numpy as np
 from ops_registry import SparseRows, get_op, init_rows, scatter_add
 from ops_registry.embedding import id_range_error
 from ops_registry.optimizer import state_init
-from transpiler.builder import OPTIMIZERS, Optimizer
+from runtime.ps.entry import ENTRY_CLOCK, Entry, check_entry
+from runtime.ps.index import make_index, strictly_increasing
+from transpiler.frontends.builder import OPTIMIZERS, Optimizer
 from transpiler.tables import OptimizerSpec, TableSpec
-
-from .entry import ENTRY_CLOCK, Entry, check_entry
-from .index import make_index, strictly_increasing
 
 
 class PSError(ValueError):

@@ -8,11 +8,18 @@ The passes change the program they are given and return it (`transpile` hands th
 copying a 100k-op program per pass would cost more than the passes themselves.
 """
 
-from .assign_devices import assign_devices, bytes_per_example
-from .insert_comm import insert_comm
-from .insert_ps import insert_ps, optimizer_spec
-from .split import split
-from .verify import verify
+from transpiler.passes.assign_devices import assign_devices, bytes_per_example
+from transpiler.passes.insert_comm import insert_comm
+from transpiler.passes.insert_ps import insert_ps, optimizer_spec
+from transpiler.passes.split import split
+from transpiler.passes.verify import verify
 
-__all__ = ["assign_devices", "bytes_per_example", "insert_comm", "insert_ps", "optimizer_spec", "split",
-           "verify"]
+__all__ = [
+    "assign_devices",
+    "bytes_per_example",
+    "insert_comm",
+    "insert_ps",
+    "optimizer_spec",
+    "split",
+    "verify",
+]

@@ -27,9 +27,8 @@ from collections import defaultdict
 import numpy as np
 
 from ops_registry import get_op
-
-from ..config import TranspileConfig
-from ..ir import Op, Program, Var
+from transpiler.config import TranspileConfig
+from transpiler.ir import Op, Program, Var
 
 
 def bytes_per_example(var: Var | None, batch: int | None = None) -> int:
@@ -68,13 +67,16 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
     for op in ops:
         role = op.role
         if role in ("comm", "ps"):
-            raise ValueError(f"op {op.type!r} (id {op.id}) has role {role!r}: the program is already "
-                             "transpiled; transpile the original single-process program")
+            raise ValueError(
+                f"op {op.type!r} (id {op.id}) has role {role!r}: the program is already "
+                "transpiled; transpile the original single-process program"
+            )
         if role == "optimize":
             table = (op.inputs.get("Param") or ["?"])[0]
             block.update_op(op, attrs={"op_device": "ps"})
-            reasons[str(op.id)] = (f"optimizer op: leaves the trainers; the parameter server applies it "
-                                   f"to table {table!r}")
+            reasons[str(op.id)] = (
+                f"optimizer op: leaves the trainers; the parameter server applies it to table {table!r}"
+            )
             continue
         fwd = op.attrs.get("fwd_id")
         if role == "backward" and op.type != "sum" and fwd in by_id:
@@ -98,8 +100,9 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
         u = unit_of[op.id]
         block.update_op(op, attrs={"op_device": device[u]})
         if u != op.id:
-            reasons[str(op.id)] = (f"backward op: follows its forward op id {u} {by_id[u].type!r} "
-                                   f"on {device[u]}")
+            reasons[str(op.id)] = (
+                f"backward op: follows its forward op id {u} {by_id[u].type!r} on {device[u]}"
+            )
     prog.attrs["placement"] = reasons
     prog.attrs["trainer_types"] = list(config.trainer_types)
     return prog
@@ -113,9 +116,11 @@ def check_name_patterns(ops: list[Op], name_devices: dict[str, str]) -> None:
         if not any(fnmatch.fnmatchcase(n, pattern) for n in outputs):
             close = difflib.get_close_matches(pattern.replace("*", ""), outputs, n=4, cutoff=0.3)
             hint = f"; close names: {', '.join(close)}" if close else ""
-            raise ValueError(f"TranspileConfig.name_devices pattern {pattern!r} matches no op output of "
-                             f"this program (it has {len(outputs)}, e.g. {', '.join(outputs[:4])}){hint}; "
-                             "`hetps inspect PLAN --program TYPE` lists every op with its outputs")
+            raise ValueError(
+                f"TranspileConfig.name_devices pattern {pattern!r} matches no op output of "
+                f"this program (it has {len(outputs)}, e.g. {', '.join(outputs[:4])}){hint}; "
+                "`hetps inspect PLAN --program TYPE` lists every op with its outputs"
+            )
 
 
 def _rule(op: Op, config: TranspileConfig) -> tuple[str, str] | None:
@@ -123,8 +128,10 @@ def _rule(op: Op, config: TranspileConfig) -> tuple[str, str] | None:
     if op.device:
         dev = op.device.split(":")[0]  # Paddle writes "gpu:0"
         if dev not in config.trainer_types:
-            raise ValueError(f"op {op.type!r} (id {op.id}) has op_device {op.device!r}, which is not a "
-                             f"trainer type {config.trainer_types}; add it to TranspileConfig.trainer_types")
+            raise ValueError(
+                f"op {op.type!r} (id {op.id}) has op_device {op.device!r}, which is not a "
+                f"trainer type {config.trainer_types}; add it to TranspileConfig.trainer_types"
+            )
         return dev, f"explicit op_device={op.device!r} on the op (e.g. Paddle's device_guard)"
     for pattern, dev in config.name_devices.items():
         for out in op.output_names():
@@ -140,8 +147,11 @@ def _rule(op: Op, config: TranspileConfig) -> tuple[str, str] | None:
 
 
 def _light_reason(op: Op, dev: str, local: dict[str, int], first_input: str | None) -> str:
-    what = "gradient-accumulation 'sum'" if op.role == "backward" else \
-        f"{get_op(op.type).category} op {op.type!r}"
+    what = (
+        "gradient-accumulation 'sum'"
+        if op.role == "backward"
+        else f"{get_op(op.type).category} op {op.type!r}"
+    )
     if not local:
         return f"{what}: no placed neighbour, so the first trainer type, {dev}"
     if len(local) == 1:
@@ -156,8 +166,9 @@ def _light_reason(op: Op, dev: str, local: dict[str, int], first_input: str | No
 _Edge = tuple[list[int], int]  # (member units, bytes per example)
 
 
-def _edges(prog: Program, ops: list[Op], unit_of: dict[int, int],
-           flex: set[int]) -> tuple[list[_Edge], dict[int, int]]:
+def _edges(
+    prog: Program, ops: list[Op], unit_of: dict[int, int], flex: set[int]
+) -> tuple[list[_Edge], dict[int, int]]:
     """Tensors that touch a light unit, as hyperedges over units; each unit's first input's producer."""
     writer: dict[str, int] = {}
     readers: dict[str, set[int]] = defaultdict(set)
@@ -188,8 +199,14 @@ def _edges(prog: Program, ops: list[Op], unit_of: dict[int, int],
     return edges, pref
 
 
-def _place_light(flexible: list[int], fixed: dict[int, str], edges: list[_Edge], pref: dict[int, int],
-                 trainer_types: list[str], device: dict[int, str]) -> dict[int, dict[str, int]]:
+def _place_light(
+    flexible: list[int],
+    fixed: dict[int, str],
+    edges: list[_Edge],
+    pref: dict[int, int],
+    trainer_types: list[str],
+    device: dict[int, str],
+) -> dict[int, dict[str, int]]:
     """Set device[u] for every light unit; return each one's local cost per candidate device."""
     flex = set(flexible)
     parent = {u: u for u in flexible}
@@ -224,13 +241,23 @@ def _place_light(flexible: list[int], fixed: dict[int, str], edges: list[_Edge],
                     tied = [d for d in cands if local[d] == min(local.values())] or [trainer_types[0]]
                     first_input = device.get(pref.get(u))
                     device[u] = first_input if first_input in tied else tied[0]
-    return {u: _local(u, sorted({device[m] for k in touching[u] for m in edges[k][0]} | {device[u]},
-                                key=order.__getitem__), touching, edges, device)
-            for u in flexible}
+    return {
+        u: _local(
+            u,
+            sorted(
+                {device[m] for k in touching[u] for m in edges[k][0]} | {device[u]}, key=order.__getitem__
+            ),
+            touching,
+            edges,
+            device,
+        )
+        for u in flexible
+    }
 
 
-def _local(u: int, cands: list[str], touching: dict[int, list[int]], edges: list[_Edge],
-           device: dict[int, str]) -> dict[str, int]:
+def _local(
+    u: int, cands: list[str], touching: dict[int, list[int]], edges: list[_Edge], device: dict[int, str]
+) -> dict[str, int]:
     """Bytes per example crossing on the tensors around unit u, for u on each candidate device."""
     out = {}
     for d in cands:
@@ -243,8 +270,15 @@ def _local(u: int, cands: list[str], touching: dict[int, list[int]], edges: list
     return out
 
 
-def _min_cut(comp: list[int], ks: set[int], cands: list[str], fixed: dict[int, str],
-             edges: list[_Edge], pref: dict[int, int], device: dict[int, str]) -> None:
+def _min_cut(
+    comp: list[int],
+    ks: set[int],
+    cands: list[str],
+    fixed: dict[int, str],
+    edges: list[_Edge],
+    pref: dict[int, int],
+    device: dict[int, str],
+) -> None:
     """Exact two-way placement of one component: minimum s-t cut, s = cands[0], t = cands[1]."""
     import networkx as nx
 

@@ -11,7 +11,7 @@ micro-batch id): the runtime adds the micro-batch id, the op carries the name.
 Why no deadlock: sends never block and every sub-program keeps the global order. A recv waits for
 a send that comes earlier in the global order than the recv's reader; so among blocked trainers,
 the one waiting at the earliest global position waits for a send that a trainer not blocked before
-it will reach. `transpiler.schedule.schedule` replays this and `runtime.simulate` runs it.
+it will reach. `transpiler.passes.schedule.schedule` replays this and `runtime.exec.simulate` runs it.
 
 Pulls (op role "ps") make a trainer-local copy of a parameter on every type that reads it, so
 they never cause a crossing. The channel list goes to `program.attrs["channels"]`.
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..ir import Op, Program
-from .assign_devices import bytes_per_example, fixed_batch
+from transpiler.ir import Op, Program
+from transpiler.passes.assign_devices import bytes_per_example, fixed_batch
 
 
 def insert_comm(program: Program) -> Program:
@@ -30,10 +30,10 @@ def insert_comm(program: Program) -> Program:
     prog = program
     block = prog.global_block()
     reasons = prog.attrs.setdefault("placement", {})
-    where: dict[str, tuple[str, Op]] = {}          # tensor -> (device, producer) of its latest write
-    have: dict[str, set[str]] = defaultdict(set)   # device -> tensors it holds
-    recvs: dict[int, list[tuple[str, str]]] = defaultdict(list)   # reader id -> [(tensor, src)]
-    sends: dict[int, list[tuple[str, str]]] = defaultdict(list)   # producer id -> [(tensor, dst)]
+    where: dict[str, tuple[str, Op]] = {}  # tensor -> (device, producer) of its latest write
+    have: dict[str, set[str]] = defaultdict(set)  # device -> tensors it holds
+    recvs: dict[int, list[tuple[str, str]]] = defaultdict(list)  # reader id -> [(tensor, src)]
+    sends: dict[int, list[tuple[str, str]]] = defaultdict(list)  # producer id -> [(tensor, dst)]
     channels = []
     batch = fixed_batch(prog)
     for op in prog.ops:
@@ -48,11 +48,17 @@ def insert_comm(program: Program) -> Program:
                 sends[producer.id].append((n, dev))
                 mine.add(n)
                 var = block.vars.get(n)
-                channels.append({"tensor": n, "src": src, "dst": dev,
-                                 "shape": list(var.shape) if var and var.shape is not None else None,
-                                 "dtype": var.dtype if var else None,
-                                 "bytes_per_example": bytes_per_example(var, batch),
-                                 "direction": "backward" if producer.role == "backward" else "forward"})
+                channels.append(
+                    {
+                        "tensor": n,
+                        "src": src,
+                        "dst": dev,
+                        "shape": list(var.shape) if var and var.shape is not None else None,
+                        "dtype": var.dtype if var else None,
+                        "bytes_per_example": bytes_per_example(var, batch),
+                        "direction": "backward" if producer.role == "backward" else "forward",
+                    }
+                )
         local_copy = op.attrs.get("op_role") == "ps"
         for names in op.outputs.values():
             for n in names:
@@ -68,23 +74,45 @@ def insert_comm(program: Program) -> Program:
     for op in prog.ops:
         for n, src in recvs.get(op.id, ()):
             var = block.vars.get(n)
-            new_ops.append(_comm(prog, "recv", {}, {"Out": [n]},
-                                 {"tensor": n, "src": src, "shape": list(var.shape) if var and var.shape
-                                  is not None else None, "dtype": var.dtype if var else None},
-                                 op.device, f"receives {n!r} from {src} before its first reader here, "
-                                 f"op id {op.id} {op.type!r}", reasons))
+            new_ops.append(
+                _comm(
+                    prog,
+                    "recv",
+                    {},
+                    {"Out": [n]},
+                    {
+                        "tensor": n,
+                        "src": src,
+                        "shape": list(var.shape) if var and var.shape is not None else None,
+                        "dtype": var.dtype if var else None,
+                    },
+                    op.device,
+                    f"receives {n!r} from {src} before its first reader here, op id {op.id} {op.type!r}",
+                    reasons,
+                )
+            )
         new_ops.append(op)
         for n, dst in sends.get(op.id, ()):
-            new_ops.append(_comm(prog, "send", {"X": [n]}, {}, {"tensor": n, "dst": dst}, op.device,
-                                 f"sends {n!r} to {dst} right after its producer, op id {op.id} "
-                                 f"{op.type!r}", reasons))
+            new_ops.append(
+                _comm(
+                    prog,
+                    "send",
+                    {"X": [n]},
+                    {},
+                    {"tensor": n, "dst": dst},
+                    op.device,
+                    f"sends {n!r} to {dst} right after its producer, op id {op.id} {op.type!r}",
+                    reasons,
+                )
+            )
     block.set_ops(new_ops)
     prog.attrs["channels"] = channels
     return prog
 
 
-def _comm(prog: Program, type: str, ins: dict, outs: dict, attrs: dict, device: str, why: str,
-          reasons: dict) -> Op:
+def _comm(
+    prog: Program, type: str, ins: dict, outs: dict, attrs: dict, device: str, why: str, reasons: dict
+) -> Op:
     op = Op(type, ins, outs, {**attrs, "op_role": "comm", "op_device": device}, prog.new_id())
     reasons[str(op.id)] = f"inserted by insert_comm: {why}"
     return op

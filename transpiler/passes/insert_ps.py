@@ -26,11 +26,10 @@ from typing import Any
 
 from ops_registry import get_op
 from ops_registry.optimizer import STATE, state_init, state_slots
-
-from ..balance import balance, table_bytes
-from ..config import TranspileConfig
-from ..ir import Op, Program, Var, grad_name
-from ..tables import OptimizerSpec, Sharding, StateSpec, TableSpec
+from transpiler.config import TranspileConfig
+from transpiler.cost.balance import balance, table_bytes
+from transpiler.ir import Op, Program, Var, grad_name
+from transpiler.tables import OptimizerSpec, Sharding, StateSpec, TableSpec
 
 _RESERVED = ("op_role", "op_device", "fwd_id")
 # Row lookups of a table W by Ids (slots "W", "Ids"): a sparse table serves them by pulled rows.
@@ -46,10 +45,15 @@ def optimizer_spec(type: str, attrs: dict, param: Var) -> OptimizerSpec:
     """
     if type not in STATE:
         raise ValueError(f"optimizer {type!r} (table {param.name!r}) is not one of {sorted(STATE)}")
-    hyper = {k: v for k, v in {**get_op(type).attrs, **attrs}.items()
-             if k not in _RESERVED and not k.startswith("_")}
-    state = {s.name: StateSpec(s.out, [1] if s.scalar else list(param.shape), state_init(s, hyper))
-             for s in state_slots(type, hyper)}
+    hyper = {
+        k: v
+        for k, v in {**get_op(type).attrs, **attrs}.items()
+        if k not in _RESERVED and not k.startswith("_")
+    }
+    state = {
+        s.name: StateSpec(s.out, [1] if s.scalar else list(param.shape), state_init(s, hyper))
+        for s in state_slots(type, hyper)
+    }
     return OptimizerSpec(type, hyper, state)
 
 
@@ -90,8 +94,10 @@ def _clipped(prog: Program) -> dict[str, float]:
     out: dict[str, float] = {}
     clips = [op for op in prog.ops if op.type == "clip_by_global_norm"]
     if len(clips) > 1:
-        raise ValueError(f"the program has {len(clips)} clip_by_global_norm ops; the parameter servers "
-                         "clip one global norm per step: clip all gradients with one op")
+        raise ValueError(
+            f"the program has {len(clips)} clip_by_global_norm ops; the parameter servers "
+            "clip one global norm per step: clip all gradients with one op"
+        )
     for clip in clips:
         clipped = set(clip.outputs["Out"])
         for op in prog.ops:
@@ -275,7 +281,7 @@ def _sparse_tables(block, read: set[str], other_use: dict[str, Op], config: Tran
 def _specs(
     block, names: set[str], sparse: set[str], optim: dict, params: dict, config: TranspileConfig
 ) -> list[TableSpec]:
-    """Table specs in name order; dense tables go to shards by bytes (`transpiler.balance`)."""
+    """Table specs in name order; dense tables go to shards by bytes (`transpiler.cost.balance`)."""
     sizes = {n: table_bytes(block.var(n).shape, block.var(n).dtype) for n in names if n not in sparse}
     shard = balance(sizes, config.num_servers)
     specs = []

@@ -7,7 +7,7 @@ loss is computed there, `loss_name`. Parameter values stay out: trainers pull th
 
 from __future__ import annotations
 
-from ..ir import Op, Program
+from transpiler.ir import Op, Program
 
 
 def split(program: Program) -> dict[str, Program]:
@@ -23,8 +23,10 @@ def split(program: Program) -> dict[str, Program]:
     for op in program.ops:
         dev = op.attrs.get("op_device")
         if not dev or dev == "ps":
-            raise ValueError(f"op {op.type!r} (id {op.id}) has op_device {dev!r}; run assign_devices "
-                             "and insert_ps (which moves optimizer ops to the server) before split")
+            raise ValueError(
+                f"op {op.type!r} (id {op.id}) has op_device {dev!r}; run assign_devices "
+                "and insert_ps (which moves optimizer ops to the server) before split"
+            )
         if dev not in groups:
             groups[dev], names[dev] = [], {}
         groups[dev].append(op)
@@ -32,8 +34,12 @@ def split(program: Program) -> dict[str, Program]:
         for slots in (op.inputs, op.outputs):
             for vs in slots.values():
                 seen.update(dict.fromkeys(vs))
-        if loss_dev is None and op.attrs.get("op_role") != "comm" and loss in seen \
-                and any(loss in vs for vs in op.outputs.values()):
+        if (
+            loss_dev is None
+            and op.attrs.get("op_role") != "comm"
+            and loss in seen
+            and any(loss in vs for vs in op.outputs.values())
+        ):
             loss_dev = dev
     order = [t for t in program.attrs.get("trainer_types", []) if t in groups]
     order += [t for t in groups if t not in order]
@@ -44,8 +50,10 @@ def split(program: Program) -> dict[str, Program]:
         sub._next_id = program._next_id
         sub.global_block().vars = {n: block_vars[n].copy() for n in names[dev] if n in block_vars}
         sub.global_block().set_ops(groups[dev])
-        sub.attrs = {"trainer_type": dev,
-                     "feeds": [op.outputs["Out"][0] for op in groups[dev] if op.type == "data"]}
+        sub.attrs = {
+            "trainer_type": dev,
+            "feeds": [op.outputs["Out"][0] for op in groups[dev] if op.type == "data"],
+        }
         if dev == loss_dev:
             sub.attrs["loss_name"] = loss
             score = program.attrs.get("score_names")  # [prediction, label] for the AUC

@@ -5,7 +5,7 @@
   shape and dtype on both sides, and a send sends the tensor its key names;
 - every pull/push names a table of the plan of the right kind and dtype, and every table that has
   an optimizer is pushed (a pulled trainable parameter always comes back as a gradient);
-- the sub-programs cannot deadlock: `transpiler.schedule.schedule` finds an order that runs them all.
+- the sub-programs cannot deadlock: `transpiler.passes.schedule.schedule` finds an order that runs them all.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ops_registry import UnknownOpError, has_op
-
-from ..errors import DeadlockError, PlanError
-from ..ir import Op, Program
-from ..schedule import schedule
-from ..tables import TableSpec
+from transpiler.errors import DeadlockError, PlanError
+from transpiler.ir import Op, Program
+from transpiler.passes.schedule import schedule
+from transpiler.tables import TableSpec
 
 
 def _topo_check(ops: Iterable[Op]) -> None:

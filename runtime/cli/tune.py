@@ -1,0 +1,181 @@
+"""`hetps tune` and `inspect --predict`: placement and resources by measured cost (transpiler/cost.py,
+transpiler/tune.py, runtime/profile.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from runtime.cli.common import (
+    EXIT_OK,
+    RunDefaults,
+    UsageError,
+    load_model,
+    load_plan,
+    make_data,
+    parse_counts,
+    resolve_run_options,
+    settings_option,
+)
+
+
+def parse_budget(text: str) -> dict[str, int]:
+    """'cpu=16,gpu=1' -> {"cpu": 16, "gpu": 1} (gpu may be 0 or left out)."""
+    out = {"gpu": 0}
+    for part in filter(None, text.split(",")):
+        name, eq, n = part.partition("=")
+        if not eq or name.strip() not in ("cpu", "gpu") or not n.isdigit():
+            raise UsageError(f"--budget {text!r}: expected cpu=N[,gpu=N], e.g. cpu=16,gpu=1")
+        out[name.strip()] = int(n)
+    if out.get("cpu", 0) < 2:
+        raise UsageError(f"--budget {text!r}: give cpu=N with N >= 2 (a trainer and a PS shard)")
+    return out
+
+
+def tune_profile(args: argparse.Namespace, plan):
+    from runtime.profile.machine import load_profile, machine_profile
+
+    if args.profile:
+        if not Path(args.profile).is_file():
+            raise UsageError(f"--profile {args.profile}: no such file")
+        return load_profile(args.profile)
+    return machine_profile(plan, log=lambda m: print(m, file=sys.stderr))
+
+
+def tune_sample(plan, batch_size: int):
+    """A batch of synthetic CTR data for the share of unique ids, or None when the feeds are not CTR's."""
+    try:
+        data, _ = make_data(plan, "synthetic", batch_size, {}, None)
+    except UsageError:
+        return None
+    return data.batch(0, batch_size)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from runtime.profile.machine import tune
+    from transpiler import TranspileConfig, transpile
+    from transpiler.cost.tune import Budget
+
+    budget = parse_budget(args.budget)
+    modes = tuple(filter(None, args.modes.split(",")))
+    if not modes or set(modes) - {"sync", "async"}:
+        raise UsageError(f"--modes {args.modes!r}: expected sync, async or sync,async")
+    path = Path(args.model)
+    is_plan = path.is_dir() and (path / "plan.json").is_file()
+    if is_plan:
+        if args.config:
+            raise UsageError("--config applies to a MODEL; a plan directory keeps its own placement")
+        target = plan = load_plan(args.model)
+    else:
+        config = TranspileConfig.load(args.config) if args.config else None
+        target = load_model(path, args.loss, args.label)
+        plan = transpile(target, config)
+    profile = tune_profile(args, plan)
+    result = tune(
+        target,
+        Budget(budget["cpu"], budget["gpu"], modes),
+        config=plan.config,
+        batch_size=args.batch_size,
+        cores=args.cores,
+        sample=tune_sample(plan, args.batch_size),
+        profile=profile,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    import yaml
+
+    (out / "config.yaml").write_text(yaml.safe_dump(result.config.to_dict(), sort_keys=False))
+    (out / "run.yaml").write_text(yaml.safe_dump(result.settings.to_dict(), sort_keys=False))
+    s = result.settings
+    print(result.explain() if args.explain else result.prediction.describe())
+    if profile.emulated:
+        print(
+            f"note: the profile's {', '.join(profile.emulated)} kernels were EMULATED on the CPU (no CUDA "
+            "device where it was measured): predictions for those trainers are CPU timings"
+        )
+    counts = ",".join(f"{t}={n}" for t, n in s.trainers.items())
+    print(
+        f"wrote {out / 'config.yaml'} (TranspileConfig) and {out / 'run.yaml'} (run settings); use them:\n"
+        f"  hetps transpile MODEL --config {out / 'config.yaml'} --out PLAN_DIR\n"
+        f"  hetps train PLAN_DIR --settings {out / 'run.yaml'} --data ...   "
+        f"(--trainers {counts} --servers {s.servers} --mode {s.mode} --micro-batches {s.micro_batches} "
+        f"--batch-size {s.batch_size})"
+    )
+    if is_plan:
+        print("(a plan directory keeps its placement: pass the MODEL to search placement too)")
+    return EXIT_OK
+
+
+def predicted_summary(args: argparse.Namespace, plan) -> str:
+    from transpiler.cost.model import RunSettings
+
+    resolve_run_options(args)
+    counts = parse_counts(args.trainers) if args.trainers else {t: 1 for t in plan.trainer_types}
+    if set(counts) != set(plan.trainer_types):
+        raise UsageError(f"--trainers {args.trainers}: give a count for each of {plan.trainer_types}")
+    mode = args.mode or (plan.config.mode if plan.config.mode in ("sync", "async") else "sync")
+    sample = tune_sample(plan, args.batch_size)
+    from runtime.profile.machine import unique_fraction
+
+    settings = RunSettings(
+        counts,
+        args.micro_batches,
+        args.servers or plan.config.num_servers,
+        mode,
+        args.batch_size,
+        args.cores,
+        unique_fraction(plan, sample) if sample else 1.0,
+    )
+    return plan.summary(tune_profile(args, plan), settings)
+
+
+def add_tune_command(sub: Any, command: Any) -> None:
+    """`hetps tune` (`command` is cli._command)."""
+    s = command(
+        sub,
+        "tune",
+        cmd_tune,
+        help="choose placement, trainer counts, micro-batches and shards by measured cost",
+        description="Profile this machine (kernels, link, parameter server; "
+        "cached under ~/.cache/hetps), predict throughput with the cost model and search placement "
+        "of light and dense ops, trainer counts, micro-batches, shards and modes within --budget; "
+        "write the winning TranspileConfig (config.yaml) and run settings (run.yaml) to --out.",
+    )
+    s.add_argument("model", help="model file (placement is searched too) or plan directory (resources only)")
+    s.add_argument(
+        "--budget", required=True, help="CPU processes (cpu trainers + PS shards) and GPUs, e.g. cpu=16,gpu=1"
+    )
+    s.add_argument("--out", required=True, help="directory for config.yaml and run.yaml")
+    s.add_argument("--explain", action="store_true", help="say why the winner wins")
+    s.add_argument("--modes", default="sync", help="PS modes the search may pick: sync, async or sync,async")
+    s.add_argument("--batch-size", type=int, default=512, help="global batch size (default %(default)s)")
+    s.add_argument("--cores", type=int, help="all processes share this many CPU cores (one machine)")
+    s.add_argument("--profile", help="use this profile JSON instead of measuring this machine")
+    s.add_argument("--config", help="TranspileConfig to start from (YAML or JSON)")
+    s.add_argument(
+        "--loss",
+        choices=("bce", "bce_with_logits", "mse", "softmax_ce"),
+        help="ONNX models without a loss: attach this loss on the first output",
+    )
+    s.add_argument("--label", help="name of the label input the attached loss reads (default 'label')")
+
+
+def predict_options(s: argparse.ArgumentParser) -> None:
+    """`hetps inspect --predict` and the run options it predicts for."""
+    defaults = RunDefaults(trainers=None, mode=None)
+    s.set_defaults(run_defaults=defaults)
+    s.add_argument(
+        "--predict",
+        action="store_true",
+        help="show predicted examples/s and the bottleneck role (profiles this machine, cached)",
+    )
+    s.add_argument("--trainers", help="for --predict: trainers per type (default one of each)")
+    s.add_argument("--servers", type=int, help="for --predict: PS shards (default: the plan's)")
+    s.add_argument("--mode", choices=("sync", "async"), help="for --predict: PS mode (default: the plan's)")
+    s.add_argument("--micro-batches", type=int, help="for --predict (default: as train's)")
+    s.add_argument("--batch-size", type=int, help=f"for --predict (default {defaults.batch_size})")
+    s.add_argument("--cores", type=int, help="for --predict: all processes share this many CPU cores")
+    settings_option(s, "for --predict: ")
+    s.add_argument("--profile", help="for --predict: a profile JSON instead of measuring this machine")

@@ -1,0 +1,16 @@
+"""Data for training: synthetic CTR data from a hidden teacher (`synthetic`), what a reader trainer
+reads (`sources`), click-log files read by a schema (`files/`: `open_dataset`), and CTR models built
+from a schema's feeds (`models`)."""
+
+from runtime.data.synthetic import ArrayReader, CriteoReader, SyntheticCTR
+
+__all__ = ["ArrayReader", "CriteoReader", "Dataset", "Schema", "SyntheticCTR", "open_dataset"]
+
+
+def __getattr__(name: str):
+    """`open_dataset`, `Dataset` and `Schema` live in runtime.data.files (imported on first use: pyarrow)."""
+    if name in ("open_dataset", "Dataset", "Schema"):
+        from runtime.data import files
+
+        return getattr(files, name)
+    raise AttributeError(f"module 'runtime.data' has no attribute {name!r}")

@@ -1,9 +1,0 @@
-"""Real data for training: files in the formats CTR users have, read by a schema, sharded among
-reader trainers, parsed vectorised (pyarrow; categoricals hashed by a compiled loop, numba) on a
-background thread. See `open_dataset`."""
-
-from .dataset import Dataset, Shard, open_dataset
-from .formats import FORMATS
-from .schema import Schema
-
-__all__ = ["FORMATS", "Dataset", "Schema", "Shard", "open_dataset"]

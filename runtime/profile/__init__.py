@@ -1,0 +1,2 @@
+"""This machine's cost profile for the cost model: measured (`measure`), cached and turned into
+predictions and tuning (`machine`)."""

@@ -1,0 +1,398 @@
+"""The trainer process: one trainer of one type runs its sub-program over pipelined micro-batches.
+
+Work is cut into *items*: micro-batch m of step t read by reader trainer o, keyed (t, o, m) in every
+message. Reader trainers (those of the type that owns the data ops) take their rows of each global
+batch (`sources.share`; a sharded dataset hands each reader its own rows: `sources.reader_batches`),
+split them into `micro_batches` items, and announce each step's items to
+every trainer of the other types; an item's tensors go to the trainer of the destination type that
+`route` picks, and its gradients come back the same way. A trainer's sub-program is cut at its recv
+ops (`transpiler.passes.schedule.segments`) and after what its sends need (`segment_order.sends_first`: a
+backward segment's weight gradients and pushes wait until its sends are out); it runs (item,
+segment) pairs as soon as the segment's messages have arrived, oldest item first, with at most
+`micro_batches` of its own items in flight on a reader (twice that in async mode: the next step's
+items too, `transpiler.config.items_in_flight`) — so a CPU trainer computes item k+1's embeddings
+while the GPU trainer runs item k's MLP. With nothing runnable it blocks on its inbox (a ZeroMQ
+poll), giving up after `stall_timeout` seconds without any message with an error saying what it
+waits for: a run never hangs silently.
+
+Units: `trainer_steps.StepBook` (which steps exist, are complete, pushed, when the run ends),
+`trainer_ps.PSAccess` (prefetches, pulls, gradient buffers, one push per step and table: see there
+for how parameter-server access goes), `Mail` (tensors between trainers), and the one handler table
+of `runtime.exec.comm_ops` over those two, to which the Executor hands the item being run as its ctx.
+
+The seed of the loss gradient (`fill_constant` into loss@GRAD) is scaled by item size / global
+batch size (for a mean loss; 1 for a `reduce_sum` loss), so the accumulated gradients equal the
+  gradient of the loss on the whole global batch.
+In sync mode the server applies step t once every trainer pushed it, and a pull for step t+1 waits
+for that; so a trainer starts step t+1 only after pushing step t (a pull of step t+1 must never wait
+on its own push). Sync training then equals single-process training on the global batches. While
+step t runs elsewhere, a sync reader with nothing to run reads step t + 1's batch, makes its items
+and sorts its ids (`Ahead`), so that step t's push carries step t + 1's row pull (`PSAccess.push_step`)
+and the step boundary costs one round trip to the servers. In async mode pulls do not wait and a
+reader may start the next step while the previous one finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ops_registry import parallel
+from runtime.data import sources
+from runtime.driver.settings import TrainerSpec
+from runtime.exec.comm_ops import comm_handlers, seeded_fill
+from runtime.exec.device import array_module
+from runtime.exec.device import to_host as _host
+from runtime.exec.executor import Executor
+from runtime.ps import PSClient
+from runtime.telemetry.outputs import Recorder, pack_spans, timed
+from runtime.trainer.mail import Item, Mail, route
+from runtime.trainer.ps_access import PSAccess
+from runtime.trainer.segment_order import kept_outputs, sends_first
+from runtime.trainer.steps import Ahead, StepBook
+from runtime.transport.channels import Inbox, Outbox, pack_tensors, unpack_tensors
+from runtime.transport.messages import (
+    TO_TRAINER,
+    Announce,
+    Done,
+    End,
+    ProtocolError,
+    Ready,
+    StepReport,
+    Tensors,
+    WriteBack,
+    header,
+    parse,
+)
+from runtime.transport.reports import ReportQueue
+from transpiler.config import items_in_flight
+from transpiler.exporters.forward import score_names
+from transpiler.ir import Program
+from transpiler.passes.schedule import segment_programs
+
+__all__ = ["Item", "Trainer", "route", "run_trainer"]
+
+
+class Trainer:
+    """One trainer; `spec` is built by the driver (`runtime.driver.train`)."""
+
+    def __init__(self, spec: TrainerSpec) -> None:
+        self.spec, self.name, self.index = spec, spec.name, spec.index
+        self.counts, self.is_reader, self.mb_count = spec.counts, spec.is_reader, spec.micro_batches
+        self.in_flight_max = items_in_flight(spec.mode, spec.micro_batches)
+        self.xp, _ = array_module(spec.type, spec.device_map, spec.allow_emulation, announce=False)
+        self.program = Program.from_json(spec.program)
+        self.segs = sends_first(segment_programs(self.program))  # (runtime/segment_order.py)
+        self.seg_recvs = [[op.attrs["tensor"] for op in seg.ops if op.type == "recv"] for seg in self.segs]
+        self.feeds = self.program.attrs.get("feeds", [])
+        self.loss = spec.loss if spec.loss in self.program.vars else None
+        self.score = score_names(self.program) if self.loss else None  # reported for the AUC
+        self.seg_outs = kept_outputs(self.segs, [self.loss, *(self.score or [])])
+        self.peers = [t for t in self.counts if t != spec.reader]
+        self.peer_of = {ep: name for name, ep in spec.endpoints.items()}
+        self.stats = {"busy_s": 0.0, "ps_s": 0.0, "wait_s": 0.0, "send_s": 0.0, "items": 0}
+        self.rec = Recorder(spec.trace)  # timeline spans (runtime.telemetry.outputs), when asked
+        self.book = StepBook(self.name, self.is_reader, self.counts[spec.reader], spec.start)
+        self.ps = PSAccess(
+            self.program, spec.tables, spec.mode, self.xp, self.book, self.stats, self.rec, spec.held
+        )
+        self.ps.clip_lead = self.name == next(iter(spec.endpoints))
+        self.mail = Mail(self.xp)
+        handlers = {**comm_handlers(self.mail), **comm_handlers(self.ps)}
+        self.exe = Executor(self.xp, handlers={**handlers, "fill_constant": self._seed_fill(spec)})
+        parallel.set_threads(spec.kernel_threads)  # its large matrix products over this many threads
+        self.items: dict[tuple[int, int, int], Item] = {}
+        self.batches: Iterator | None = None  # a reader's share of the data
+        self.ahead: Ahead | None = None  # sync reader: the next step, read while this one runs
+        self.grant, self.grant_final = spec.grant, False  # grant None: steps are not limited
+        self.inbox: Inbox | None = None
+        self.out: Outbox | None = None
+
+    def _seed_fill(self, spec: TrainerSpec) -> Any:
+        """`fill_constant`: for a mean loss, the loss gradient's seed scaled by item / global batch."""
+        seed = next(
+            (
+                op.id
+                for op in self.program.ops
+                if op.type == "fill_constant" and op.outputs.get("Out") == [f"{self.loss}@GRAD"]
+            ),
+            None,
+        )
+        return seeded_fill(
+            self.xp,
+            seed if spec.loss_reduction == "mean" else None,
+            lambda it, v: v * it.size / it.global_size,
+        )
+
+    # -- wiring ---------------------------------------------------------------------------------
+    def _connect(self) -> None:
+        s = self.spec
+        self.inbox = Inbox(s.endpoints[self.name], s.secret)
+        self.out = Outbox(s.secret)
+        self.reports = ReportQueue(self.out, s.driver, self.name, s.report_s)
+        self.ps.connect(lambda: PSClient(s.ps, secret=s.secret, timeout=s.stall_timeout, pusher=self.name))
+        self.ps.prefetch_dense(self.book.flushed)
+        if self.is_reader:
+            self.batches = sources.reader_batches(
+                s.data, s.batch_size, s.epochs, self.index, self.counts[s.type], start=self.book.flushed
+            )
+
+    def _endpoint(self, dst_type: str, item: Item) -> str:
+        idx = route(self.counts, self.spec.reader, dst_type, item.origin, item.mb, self.mb_count)
+        return self.spec.endpoints[f"{dst_type}:{idx}"]
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        self._connect()
+        start, cpu0 = time.perf_counter(), time.process_time()
+        self.reports.now(Ready(self.name))
+        try:
+            self._loop()
+            self.ps.write_back()  # (closes the background thread first)
+            self.stats["wall_s"] = time.perf_counter() - start
+            self.stats["cpu_s"] = time.process_time() - cpu0
+            self.stats["ring_full"] = self.out.ring_full()  # (messages that found no room in shared memory)
+            self.stats["kernel_threads"] = parallel.threads()
+            self.stats["refused_messages"] = self.inbox.refused  # (unsigned or replayed: skipped)
+            spans = [pack_spans(self.rec.take())] if self.rec.on else []
+            self.reports.now(Done(self.name, self.stats), spans)
+        finally:
+            self.out.close()
+            self.ps.close()
+            self.inbox.close()
+
+    def _loop(self) -> None:
+        parent, last = os.getppid(), time.perf_counter()
+        while not self.book.finished():
+            self.ps.bg.check()
+            self._drain()
+            if self.is_reader:
+                self._announce()
+            job = self._runnable()
+            if job is not None:
+                self._run_segment(job)
+                continue
+            if self._read_ahead() or self.book.finished():  # `_drain`/`_announce` may have ended the run
+                continue
+            self.ps.send_deferred()  # (a push kept for the next row pull: the trainer waits now)
+            due = self.reports.due_in()  # (idle with step reports kept: they go when due)
+            with timed("wait", "wait", rec=self.rec, stats=self.stats, key="wait_s") as span:
+                msg = self.inbox.recv_leased(timeout_ms=1000 if due is None else due * 1000)
+                span.args["timed_out"] = msg is None and due is None
+            if msg is not None:
+                self._handle(*msg)
+                last = time.perf_counter()
+            elif due is not None:
+                self.reports.flush()
+            elif os.getppid() != parent:
+                raise SystemExit(f"{self.name}: the driver process is gone")
+            elif time.perf_counter() - last > self.spec.stall_timeout:
+                raise RuntimeError(
+                    f"{self.name}: no message for {self.spec.stall_timeout} s; " + self._waiting_for()
+                )
+
+    def _waiting_for(self) -> str:
+        waits = [
+            f"item {it.key} segment {it.seg} waits for {self.mail.missing(it, self.seg_recvs[it.seg])}"
+            for it in self.items.values()
+        ]
+        if not self.is_reader:
+            waits.append(self.book.describe())
+        if self.inbox.refused:
+            waits.append(f"{self.inbox.refused} message(s) refused, the last: {self.inbox.last_refused}")
+        return "; ".join(waits) or f"no item in progress (pushed {self.book.flushed} steps)"
+
+    def _drain(self) -> None:
+        while (msg := self.inbox.recv_leased(0)) is not None:
+            self._handle(*msg)
+
+    def _handle(self, h: dict, arrays: list, release: Any = None) -> None:
+        try:
+            msg = parse(h, TO_TRAINER)
+        except ProtocolError as e:
+            raise RuntimeError(f"{self.name}: {e}") from None
+        if isinstance(msg, Tensors):
+            if release is not None:  # in shared memory: read in place until the step is pushed
+                self.book.step(msg.step).leases.append(release)
+            with timed("recv", "comm", rec=self.rec, step=msg.step, reader=msg.origin, mb=msg.mb) as t:
+                key = (msg.step, msg.origin, msg.mb)
+                self.mail.arrived.setdefault(key, {}).update(unpack_tensors(msg.descs, arrays))
+                if t.recording:
+                    t.args.update(tensors=[d[0] for d in msg.descs], bytes=sum(a.nbytes for a in arrays))
+        elif isinstance(msg, Announce):  # a reader announces its items of a step (non-readers only)
+            st = self.book.step(msg.step)
+            st.announced.add(msg.origin)
+            for m, size in msg.items:
+                self.items[(msg.step, msg.origin, m)] = Item(msg.step, msg.origin, m, size, msg.global_size)
+                st.items += 1
+            self.ps.prefetch_dense(msg.step)
+            self._maybe_flush()
+        elif isinstance(msg, End):
+            self.book.ends[msg.origin] = msg.step
+            self._maybe_flush()
+        elif isinstance(msg, WriteBack):
+            self.ps.write_back(msg.step)
+        else:
+            self.grant, self.grant_final = msg.upto, msg.final
+        if release is not None and not isinstance(msg, Tensors):
+            release()
+
+    # -- readers: steps and items ---------------------------------------------------------------
+    def _announce(self) -> None:
+        """Start the next step when the previous one's items have all started (sync: were pushed)."""
+        book = self.book
+        if book.end is not None or any(it.seg == 0 for it in self.items.values()):
+            return
+        t = book.next_step
+        if self.spec.mode == "sync" and book.flushed < t:
+            return
+        ahead = self.ahead if self.ahead is not None and self.ahead.step == t else self._make_ahead(t)
+        if ahead is None:  # not granted yet
+            return
+        self.ahead = None
+        if ahead.got is None:
+            self._finish_at(t)
+            return
+        _, n, lo, hi = ahead.got  # rows [lo, hi) of batch are this reader's share of a global batch of n
+        made = ahead.items
+        st = book.step(t)
+        for it in made:
+            self.items[it.key] = it
+            st.items += 1
+        self.ps.prefetch_rows(t, made)  # (nothing when the previous step's push asked for them)
+        self.ps.prefetch_dense(t)
+        per_dst: dict[str, list] = {}
+        for it in made:
+            for dst in self.peers:
+                per_dst.setdefault(self._endpoint(dst, it), []).append([it.mb, it.size])
+        for ep in self._peer_endpoints():
+            self.out.send(ep, header(Announce(t, self.index, n, per_dst.get(ep, []))))
+        self.reports.step(StepReport(self.name, t, len(made), hi - lo, n))
+        book.next_step = t + 1
+        self._maybe_flush()
+
+    def _make_ahead(self, t: int) -> Ahead | None:
+        """Step t's share of a global batch and its items; None while step t is not granted."""
+        limit = self.spec.steps
+        if self.grant is not None and t >= self.grant:
+            if not self.grant_final:
+                return None
+            limit = t if limit is None else min(limit, t)
+        got = None if limit is not None and t >= limit else next(self.batches, None)
+        return Ahead(t, got, self._make_items(t, *got) if got is not None else [])
+
+    def _read_ahead(self) -> bool:
+        """Sync reader with nothing to run while its step runs elsewhere: read the next step's batch,
+        make its items and sort its ids now, so the step boundary only pulls rows (with the push)."""
+        book, t = self.book, self.book.next_step
+        if not self.is_reader or self.spec.mode != "sync" or self.ahead is not None or book.end is not None:
+            return False
+        if book.flushed >= t:  # no step in progress: the next one starts now (`_announce`)
+            return False
+        with timed("read ahead", "compute", rec=self.rec, stats=self.stats, key="busy_s", step=t) as span:
+            self.ahead = self._make_ahead(t)
+            if self.ahead is None:
+                span.skip()
+            elif self.ahead.items:
+                self.ps.sort_rows(t, self.ahead.items)
+        return self.ahead is not None
+
+    def _make_items(self, t: int, batch: dict, n: int, lo: int, hi: int) -> list[Item]:
+        return [
+            Item(t, self.index, m, b - a, n, sources.rows(batch, self.feeds, a, b))
+            for m, (a, b) in enumerate(sources.split(lo, hi, self.mb_count))
+        ]
+
+    def _peer_endpoints(self) -> list[str]:
+        """Every trainer of the types other than the reader's (in type, index order)."""
+        return [self.spec.endpoints[f"{dst}:{k}"] for dst in self.peers for k in range(self.counts[dst])]
+
+    def _finish_at(self, t: int) -> None:
+        self.book.end = t
+        for ep in self._peer_endpoints():
+            self.out.send(ep, header(End(t, self.index)))
+        self.reports.now(End(t, self.index, self.name))
+
+    # -- scheduling -----------------------------------------------------------------------------
+    def _runnable(self) -> Item | None:
+        """The oldest item whose next segment has every message it receives."""
+        in_flight = sum(1 for it in self.items.values() if it.seg > 0) if self.is_reader else 0
+        sync, best = self.spec.mode == "sync", None
+        for it in self.items.values():
+            if best is not None and (it.step, it.mb, it.origin) >= (best.step, best.mb, best.origin):
+                continue
+            if sync and it.step > self.book.flushed:
+                continue
+            if it.seg == 0 and self.is_reader and in_flight >= self.in_flight_max:
+                continue
+            if not self.mail.missing(it, self.seg_recvs[it.seg]):
+                best = it
+        return best
+
+    def _run_segment(self, it: Item) -> None:
+        """Run the item's next segment; its time, less PS calls and sends, counts as busy."""
+        ps0, send0 = self.stats["ps_s"], self.stats["send_s"]
+        with timed(stats=self.stats, key="busy_s"):
+            with timed(
+                f"segment {it.seg}", "compute", rec=self.rec, step=it.step, reader=it.origin, mb=it.mb
+            ):
+                seg, outs = self.segs[it.seg], self.seg_outs[it.seg]
+                got = self.exe.run(
+                    seg, feed=it.feed, fetch_list=outs, return_numpy=False, scope=it.env, ctx=it
+                )
+                it.env.update(zip(outs, got, strict=True))
+                self._flush_sends(it)
+            it.seg += 1
+            if it.seg == len(self.segs):
+                self._item_done(it)
+        self.stats["busy_s"] -= (self.stats["ps_s"] - ps0) + (self.stats["send_s"] - send0)
+
+    def _flush_sends(self, it: Item) -> None:
+        if not self.mail.outgoing:
+            return
+        with timed(stats=self.stats, key="send_s"):
+            by_ep: dict[str, list] = {}
+            for dst, name, value in self.mail.outgoing:
+                by_ep.setdefault(self._endpoint(dst, it), []).append((name, _host(value)))
+            self.mail.outgoing = []
+            for ep, values in by_ep.items():
+                where = {"step": it.step, "reader": it.origin, "mb": it.mb, "to": self.peer_of[ep]}
+                with timed("send", "comm", rec=self.rec, **where) as t:
+                    descs, arrays = pack_tensors(values)
+                    self.out.send(ep, header(Tensors(it.step, it.origin, it.mb, descs)), arrays)
+                    if t.recording:
+                        t.args.update(tensors=[d[0] for d in descs], bytes=sum(a.nbytes for a in arrays))
+
+    def _item_done(self, it: Item) -> None:
+        del self.items[it.key]
+        self.mail.arrived.pop(it.key, None)
+        self.stats["items"] += 1
+        st = self.book.step(it.step)
+        if self.loss is not None:
+            scores = [_host(it.env[n]).reshape(-1).astype(np.float32) for n in self.score or ()]
+            st.reports.append((it.size, _host(it.env[self.loss]).item(), scores))
+        st.done += 1
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        """Push the gradients of every completed step, in step order (on the background thread)."""
+        book = self.book
+        while book.complete(book.flushed):
+            st = book.steps.pop(book.flushed)
+            ahead = self.ahead.items if self.ahead and self.ahead.step == book.flushed + 1 else []
+            self.ps.push_step(book.flushed, st, ahead)
+            for release in st.leases:  # (the push is made: nothing reads the step's messages now)
+                release()
+            if st.reports:
+                self.reports.losses(book.flushed, st.reports)
+            book.flushed += 1
+            self.ps.prefetch_dense(book.flushed)
+
+
+def run_trainer(spec: dict[str, Any]) -> None:
+    """Entry point of a trainer process (see `Trainer`): `spec` is a `TrainerSpec.to_dict()`."""
+    Trainer(TrainerSpec.from_dict(spec)).run()

@@ -1,0 +1,75 @@
+"""Checks that need a CUDA GPU (cupy): skipped without one, unless HETPS_REQUIRE_CUDA is set
+(benchmarks/gpu_check.sh sets it), in which case they fail, so a GPU check cannot pass by skipping.
+
+References: numpy on the CPU (the same kernels' host results) and single-process training with
+hetps's Executor, which sync training must equal (tests/test_runtime_train.py does the same with the
+gpu trainer emulated on numpy)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from test_runtime_train import assert_same_params, single_process
+
+from ops_registry import get_op
+from runtime import train
+from runtime.data import SyntheticCTR
+from runtime.exec.device import array_module, cuda_available
+from transpiler import builder as nn
+from transpiler import transpile
+from transpiler.models import wide_deep
+
+pytestmark = pytest.mark.skipif(
+    not cuda_available() and not os.environ.get("HETPS_REQUIRE_CUDA"),
+    reason="no CUDA device (cupy); benchmarks/gpu_check.sh runs these on one",
+)
+
+
+def test_gpu_trainer_type_gets_cupy_on_a_cuda_device():
+    xp, desc = array_module("gpu")
+    assert xp.__name__ == "cupy" and "CUDA device" in desc, desc
+
+
+@pytest.mark.parametrize(
+    "op, ins, attrs",
+    [
+        ("matmul", {"A": (64, 48), "B": (48, 32)}, {}),
+        ("gemm", {"A": (64, 48), "B": (48, 32), "C": (32,)}, {}),
+        ("relu", {"X": (64, 48)}, {}),
+        ("sigmoid_cross_entropy_with_logits", {"X": (64, 1), "Label": (64, 1)}, {}),
+    ],
+)
+def test_kernels_on_cupy_match_numpy(op, ins, attrs):
+    import cupy
+
+    rng = np.random.default_rng(0)
+    host = {k: rng.normal(size=s).astype(np.float32) for k, s in ins.items()}
+    if "Label" in host:
+        host["Label"] = (host["Label"] > 0).astype(np.float32)
+    opdef = get_op(op)
+    want = opdef.kernel(np, dict(host), {**opdef.attrs, **attrs})
+    got = opdef.kernel(cupy, {k: cupy.asarray(v) for k, v in host.items()}, {**opdef.attrs, **attrs})
+    for slot, w in want.items():
+        np.testing.assert_allclose(cupy.asnumpy(got[slot]), w, rtol=1e-4, atol=1e-5, err_msg=slot)
+
+
+def test_sync_training_with_a_real_gpu_trainer_equals_single_process():
+    model = wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.2))
+    data = SyntheticCTR(vocab=1000, seed=3)
+    hist = train(
+        model.main,
+        data,
+        steps=10,
+        batch_size=256,
+        trainers={"cpu": 1, "gpu": 1},
+        servers=1,
+        mode="sync",
+        micro_batches=2,
+        allow_emulation=False,
+        return_params=True,
+    )
+    want = single_process(model, [data.batch(t, 256) for t in range(10)])
+    tables = [t["name"] for t in transpile(model.main).tables]
+    assert_same_params(hist.params, want, tables)

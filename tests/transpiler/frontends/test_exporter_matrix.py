@@ -1,0 +1,126 @@
+"""The exporter matrix (issue 14 item 4): recommendation models that no one here hand-wrote as ONNX,
+written in PyTorch and in Paddle and exported by torch's own exporters (TorchScript "ts", "dynamo")
+and by paddle2onnx ("p2o") (tests/models/exporters/export_torch.py, export_paddle.py; the .onnx
+files are committed, so this needs neither torch, onnxscript nor paddle2onnx).
+
+For each model x exporter: it imports; its forward equals onnxruntime's on the same file (1e-5);
+its gradients (the graph in float64, a bce loss attached) agree with central differences; and it
+trains heterogeneously (transpiled: tables on parameter servers, lookups on cpu, the MLP on gpu;
+simulated) with the loss dropping. docs/onnx.md shows the same table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from test_onnx_gradients import _assert_gradients_match
+from test_onnx_models import _to_float64
+
+from runtime import Executor
+from runtime.exec.simulate import simulate
+from transpiler import TranspileConfig, from_onnx, transpile
+
+DIR = Path(__file__).resolve().parents[2] / "models" / "exporters"
+VOCAB, SLOTS, DENSE, SEQ = 40, 3, 4, 5  # as in export_torch.py
+MODELS = ("dlrm", "deepfm", "dcnv2", "din", "xdeepfm")
+EXPORTERS = ("ts", "dynamo", "p2o")
+# Cells whose exporter fixed the batch (the dynamo exporter specialised it while tracing einsum).
+FIXED_BATCH = {("xdeepfm", "dynamo"): 4}
+CELLS = [(m, e) for m in MODELS for e in EXPORTERS]
+
+
+def _path(model: str, exporter: str) -> Path:
+    return DIR / f"{model}_{exporter}.onnx"
+
+
+def _feed(model: str, batch: int, seed: int, dtype=np.float32) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    dense = rng.normal(size=(batch, DENSE)).astype(dtype)
+    if model == "din":
+        lengths = rng.integers(1, SEQ + 1, (batch, 1))
+        return {
+            "hist": rng.integers(0, VOCAB, (batch, SEQ)),
+            "mask": (np.arange(SEQ) < lengths).astype(dtype),
+            "target": rng.integers(0, VOCAB, batch),
+            "dense": dense,
+        }
+    slots = 2 * SLOTS if model == "dlrm" else SLOTS
+    return {"sparse": rng.integers(0, VOCAB, (batch, slots)), "dense": dense}
+
+
+def _ort(model: onnx.ModelProto | Path, feed: dict) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+def test_every_cell_has_its_file() -> None:
+    assert sorted(p.name for p in DIR.glob("*.onnx")) == sorted(_path(m, e).name for m, e in CELLS)
+
+
+@pytest.mark.parametrize("model,exporter", CELLS)
+def test_forward_equals_onnxruntime(model: str, exporter: str) -> None:
+    program = from_onnx(_path(model, exporter))
+    batch = FIXED_BATCH.get((model, exporter), 8)  # not the batch of 4 the models were traced with
+    feed = _feed(model, batch, seed=1)
+    (got,) = Executor().run(program, feed=feed, fetch_list=program.fetch_names)
+    (want,) = _ort(_path(model, exporter), feed)
+    assert got.shape == want.shape == (batch, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model,exporter", CELLS)
+def test_gradients_match_finite_differences(model: str, exporter: str) -> None:
+    m64 = _to_float64(onnx.load(_path(model, exporter)))
+    batch = FIXED_BATCH.get((model, exporter), 6)
+    feed = _feed(model, batch, seed=2, dtype=np.float64)
+    feed["label"] = np.random.default_rng(3).integers(0, 2, (batch, 1)).astype(np.float64)
+    program = from_onnx(m64, loss="bce")
+    np.testing.assert_allclose(  # the float64 graph is the same model (onnxruntime's double run)
+        Executor().run(program, feed=feed, fetch_list=program.fetch_names)[0],
+        _ort(m64, {k: v for k, v in feed.items() if k != "label"})[0],
+        rtol=1e-10,
+    )
+    trainable = [v.name for v in program.parameters() if v.trainable]
+    assert trainable
+    _assert_gradients_match(lambda: from_onnx(m64, loss="bce"), feed, trainable, sample=8)
+
+
+@pytest.mark.parametrize("model,exporter", CELLS)
+def test_trains_heterogeneously(model: str, exporter: str) -> None:
+    program = from_onnx(_path(model, exporter), loss="bce")
+    plan = transpile(program, TranspileConfig(optimizer={"type": "sgd", "lr": 0.2}))
+    assert {"cpu", "gpu"} <= set(plan.programs)  # lookups on cpu, the MLP on gpu
+    sparse = [t.name for t in plan.tables if t.kind == "sparse"]
+    assert sparse, "no embedding table became a sparse parameter-server table"
+    ints = [t.name for t in plan.tables if np.dtype(t.dtype).kind != "f"]
+    assert not ints, f"parameter servers hold float tables only; integer constants became tables: {ints}"
+    batch = FIXED_BATCH.get((model, exporter), 16)
+    feed = _feed(model, batch, seed=4)
+    feed["label"] = np.random.default_rng(5).integers(0, 2, (batch, 1)).astype(np.float32)
+    losses = [float(x[0]) for x in simulate(plan, [feed] * 12)]
+    assert np.all(np.isfinite(losses)) and losses[-1] < 0.9 * losses[0], losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model,exporter", [("dlrm", "ts"), ("dlrm", "dynamo"), ("din", "dynamo"), ("deepfm", "p2o")]
+)
+def test_trains_on_the_real_runtime_like_simulate(model: str, exporter: str) -> None:
+    """Trainer and server processes (gpu emulated on CPU): the same losses as simulate."""
+    from runtime.driver.train import train
+
+    plan = transpile(
+        from_onnx(_path(model, exporter), loss="bce"), TranspileConfig(optimizer={"type": "sgd", "lr": 0.2})
+    )
+    feed = _feed(model, 16, seed=6)
+    feed["label"] = np.random.default_rng(7).integers(0, 2, (16, 1)).astype(np.float32)
+    hist = train(
+        plan, [feed] * 6, epochs=1, trainers={"cpu": 1, "gpu": 1}, allow_emulation=True, progress=False
+    )
+    want = [float(x[0]) for x in simulate(plan, [feed] * 6)]
+    np.testing.assert_allclose(hist.loss, want, rtol=1e-5)

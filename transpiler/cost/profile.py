@@ -1,0 +1,147 @@
+"""What a cost profile holds: kernel times per op signature and trainer kind, the link, the
+parameter server and the per-process overheads, measured on one machine (runtime/profile.py
+measures them; transpiler/cost.py predicts from them)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ops_registry import get_op
+from transpiler.config import KINDS
+from transpiler.ir import Op, Program
+
+COMM_TYPES = frozenset({"send", "recv", "pull_dense", "push_dense", "pull_sparse", "push_sparse", "data"})
+
+
+def op_signature(op: Op, program: Program) -> str:
+    """What an op's kernel time depends on: type, input shapes and dtypes, attrs (a short hash)."""
+    block = program.global_block()
+    ins = {}
+    for slot, names in sorted(op.inputs.items()):
+        vs = [block.vars.get(n) for n in names if n]
+        ins[slot] = [(list(v.shape) if v.shape is not None else None, v.dtype) if v else None for v in vs]
+    attrs = {k: v for k, v in op.attrs.items() if k not in ("op_role", "op_device", "fwd_id")}
+    text = json.dumps([op.type, ins, attrs], sort_keys=True, default=str)
+    return f"{op.type}:{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+
+
+def kernel_ops(program: Program) -> list[Op]:
+    """The ops of a (sub-)program that run a registry kernel (not comm, PS or data ops)."""
+    return [op for op in program.ops if op.type not in COMM_TYPES and get_op(op.type).kernel is not None]
+
+
+# -- the measured profile -------------------------------------------------------------------------
+@dataclass
+class KernelCost:
+    """Seconds for one call of an op's kernel on `examples` examples: fixed_s + per_example_s * n."""
+
+    fixed_s: float
+    per_example_s: float
+
+    def at(self, examples: float) -> float:
+        return self.fixed_s + self.per_example_s * examples
+
+
+@dataclass
+class LinkCost:
+    """One message between two processes: latency_s + per_byte_s * bytes, for each of the sender and
+    the receiver (each pays half of a measured send + receive)."""
+
+    latency_s: float
+    per_byte_s: float
+
+    def message(self, nbytes: float) -> float:
+        return self.latency_s + self.per_byte_s * nbytes
+
+
+@dataclass
+class PSCost:
+    """A parameter-server round trip: request_s each, table_s per table in it, plus per byte of dense
+    tables, plus per sparse row (id handling) and per byte of sparse rows."""
+
+    request_s: float
+    dense_byte_s: float
+    sparse_byte_s: float
+    sparse_row_s: float = 0.0
+    lookup_s: float = 0.0  # a reader's own work per id looked up (gather of pulled rows, merge of grads)
+    table_s: float = 0.0  # per table in a request (a pull or push of many tables is one request)
+    union_s: float = 0.0  # a reader's own work per id of a step's feed (the union of its ids, per feed)
+
+
+@dataclass
+class Overhead:
+    """The runtime's own CPU work beyond kernels, messages and PS calls (trainer loop, scheduling,
+    reports), calibrated from short real runs: per item and per step of a reader trainer and of
+    another trainer, per step and trainer a shard serves, and the driver's per item and step."""
+
+    reader_item_s: float = 0.0
+    reader_step_s: float = 0.0
+    item_s: float = 0.0
+    step_s: float = 0.0
+    serve_trainer_s: float = 0.0
+    driver_item_s: float = 0.0  # the driver (the process calling train): per item reported
+    driver_step_s: float = 0.0  # and per step; it shares the cores, off the critical path
+
+
+@dataclass
+class Profile:
+    """What was measured on one machine. `kernels[kind][signature]`; `emulated`: kinds whose kernels
+    ran on the CPU (a GPU type emulated with numpy), so they use CPU cores."""
+
+    kernels: dict[str, dict[str, KernelCost]]
+    link: LinkCost
+    ps: PSCost
+    cores: int = 1
+    emulated: list[str] = field(default_factory=list)
+    machine: str = ""
+    overhead: dict[str, Overhead] = field(default_factory=dict)  # by PS mode (sync, async)
+    method: int = 0  # the version of the measuring code (runtime/profile.py METHOD) that made it
+
+    def overhead_for(self, mode: str) -> Overhead:
+        return self.overhead.get(mode) or Overhead()
+
+    def kernel(self, kind: str, sig: str, op: Op | None = None) -> KernelCost:
+        try:
+            return self.kernels[kind][sig]
+        except KeyError:
+            what = f"op {op.type!r} (id {op.id})" if op is not None else sig
+            raise KeyError(
+                f"the profile has no {kind} time for {what}; profile the plan's ops first "
+                "(runtime.profile.machine.machine_profile, or `hetps tune`, which profiles what is "
+                "missing)"
+            ) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Profile:
+        kernels = {k: {s: KernelCost(**c) for s, c in table.items()} for k, table in d["kernels"].items()}
+        return cls(
+            kernels,
+            LinkCost(**d["link"]),
+            PSCost(**d["ps"]),
+            d.get("cores", 1),
+            list(d.get("emulated", [])),
+            d.get("machine", ""),
+            {mode: Overhead(**o) for mode, o in d.get("overhead", {}).items()},
+            int(d.get("method", 0)),
+        )
+
+    def missing(self, programs: dict[str, Program], kinds: Iterable[str] = KINDS) -> dict[str, list[Op]]:
+        """{kind: ops of `programs` without a kernel time for that kind}."""
+        out: dict[str, list[Op]] = {}
+        for kind in kinds:
+            have = self.kernels.get(kind, {})
+            for prog in programs.values():
+                for op in kernel_ops(prog):
+                    if op_signature(op, prog) not in have:
+                        out.setdefault(kind, []).append(op)
+        return out
+
+
+# -- settings and predictions -----------------------------------------------------------------------

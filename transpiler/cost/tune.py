@@ -1,0 +1,204 @@
+"""The tuner: the best resource setting within a budget, and op moves the cost model predicts faster
+(`hetps tune`; the cost model itself is transpiler/cost.py)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ops_registry import get_op
+from transpiler.config import TranspileConfig, kind_of
+from transpiler.cost.model import MICRO_BATCHES, MOVABLE, PlanCost, Prediction, RunSettings
+from transpiler.cost.profile import Profile
+from transpiler.ir import Op, Program
+
+
+# -- the tuner ------------------------------------------------------------------------------------
+@dataclass
+class Budget:
+    """What a run may use: `cpu` CPU processes (cpu-kind trainers and PS shards), `gpu` GPUs (gpu-kind
+    trainers); `modes` the PS modes allowed; `micro_batches` the choices tried; `max_servers`."""
+
+    cpu: int
+    gpu: int = 0
+    modes: tuple[str, ...] = ("sync",)
+    micro_batches: tuple[int, ...] = MICRO_BATCHES
+    max_servers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.cpu < 2:
+            raise ValueError(
+                f"a budget of cpu={self.cpu}: a run needs at least 2 CPU processes "
+                "(one trainer, one parameter-server shard)"
+            )
+        if self.gpu < 0:
+            raise ValueError(f"gpu={self.gpu}: expected >= 0")
+        bad = [m for m in self.modes if m not in ("sync", "async")]
+        if bad or not self.modes:
+            raise ValueError(f"modes {self.modes}: choose from 'sync', 'async'")
+
+
+@dataclass
+class Move:
+    """An op the tuner moved off its category's trainer type, and the predicted gain."""
+
+    op_id: int
+    op_type: str
+    var: str
+    src: str
+    dst: str
+    before: float
+    after: float
+
+
+@dataclass
+class TuneResult:
+    config: TranspileConfig
+    settings: RunSettings
+    prediction: Prediction
+    baseline: Prediction
+    moves: list[Move]
+    runner_up: Prediction | None
+    evaluated: int
+
+    def explain(self) -> str:
+        p, b = self.prediction, self.baseline
+        lines = [
+            f"winner: {p.settings.describe()}: {p.examples_per_s:,.0f} examples/s predicted "
+            f"({self.evaluated} settings evaluated)",
+            f"  bottleneck {p.bottleneck}: {p.limit}",
+            f"  the default placement's best setting ({b.settings.describe()}): "
+            f"{b.examples_per_s:,.0f} examples/s",
+        ]
+        if self.runner_up is not None:
+            r = self.runner_up
+            lines.append(
+                f"  runner-up: {r.settings.describe()}: {r.examples_per_s:,.0f} examples/s "
+                f"(bottleneck {r.bottleneck})"
+            )
+        for mv in self.moves:
+            lines.append(
+                f"  moved op id {mv.op_id} {mv.op_type!r} (makes {mv.var!r}) {mv.src} -> {mv.dst}: "
+                f"{mv.before:,.0f} -> {mv.after:,.0f} examples/s predicted"
+            )
+        if not self.moves:
+            lines.append(
+                "  placement: the category map's placement kept (no single op move predicted faster)"
+            )
+        lines.append(p.describe())
+        return "\n".join(lines)
+
+
+def resource_grid(
+    types: dict[str, str], budget: Budget, batch_size: int, cores: int | None, unique_fraction: float
+) -> list[RunSettings]:
+    """Every RunSettings within `budget` for trainer types {type: kind}."""
+    cpu_types = [t for t, k in types.items() if k == "cpu"]
+    gpu_types = [t for t, k in types.items() if k == "gpu"]
+    if gpu_types and budget.gpu < len(gpu_types):
+        raise ValueError(f"the plan has GPU trainer types {gpu_types}; the budget gives gpu={budget.gpu}")
+    out = []
+    max_servers = min(budget.max_servers or budget.cpu, budget.cpu - len(cpu_types))
+    cpu_choices = [range(1, budget.cpu) for _ in cpu_types]
+    gpu_choices = [range(1, budget.gpu + 1) for _ in gpu_types]
+    for cpu_n in itertools.product(*cpu_choices):
+        for servers in range(1, max_servers + 1):
+            if sum(cpu_n) + servers > budget.cpu:
+                continue
+            for gpu_n in itertools.product(*gpu_choices):
+                if sum(gpu_n) > budget.gpu:
+                    continue
+                counts = {
+                    **dict(zip(cpu_types, cpu_n, strict=True)),
+                    **dict(zip(gpu_types, gpu_n, strict=True)),
+                }
+                for mb, mode in itertools.product(budget.micro_batches, budget.modes):
+                    out.append(RunSettings(counts, mb, servers, mode, batch_size, cores, unique_fraction))
+    return out
+
+
+def _processes(s: RunSettings) -> int:
+    return sum(s.trainers.values()) + s.servers
+
+
+def best_setting(cost: PlanCost, grid: list[RunSettings]) -> tuple[Prediction, Prediction | None]:
+    """The fastest predicted setting (ties, within 0.5%: fewer processes, then fewer micro-batches),
+    and the runner-up."""
+    preds = sorted((cost.predict(s) for s in grid), key=lambda p: -p.examples_per_s)
+    top = preds[0].examples_per_s
+    near = [p for p in preds if p.examples_per_s >= 0.995 * top]
+    win = min(near, key=lambda p: (_processes(p.settings), p.settings.micro_batches))
+    rest = [p for p in preds if p is not win]
+    return win, (rest[0] if rest else None)
+
+
+def tune(
+    program: Program,
+    profile: Profile,
+    budget: Budget,
+    config: TranspileConfig | None = None,
+    batch_size: int = 512,
+    cores: int | None = None,
+    unique_fraction: float = 1.0,
+    device_map: dict[str, str] | None = None,
+    transpile_fn: Callable[[Program, TranspileConfig], Any] | None = None,
+    placement: bool = True,
+) -> TuneResult:
+    """Search placement of light and dense ops (one op at a time, greedily, while the prediction
+    improves), trainer counts, micro-batches, shards and modes within `budget`; return the winner."""
+    from transpiler.plan import transpile
+
+    transpile_fn = transpile_fn or transpile
+    config = config or TranspileConfig()
+    types = {t: kind_of(t, device_map) for t in config.trainer_types}
+
+    def evaluate(cfg: TranspileConfig) -> tuple[Any, Prediction, Prediction | None, int]:
+        plan = transpile_fn(program, cfg)
+        used = {t: types[t] for t in plan.programs}
+        grid = resource_grid(used, budget, batch_size, cores, unique_fraction)
+        win, second = best_setting(PlanCost(plan, profile, device_map), grid)
+        return plan, win, second, len(grid)
+
+    plan, best, runner_up, evaluated = evaluate(config)
+    baseline, moves = best, []
+    current = config
+    tried: set[tuple[int, str]] = set()
+    while placement:  # best improvement: each round applies the single move predicted fastest
+        found = None
+        for op in _movable_ops(plan):
+            for dst in [t for t in current.trainer_types if t != op.device and (op.id, t) not in tried]:
+                tried.add((op.id, dst))
+                var = op.output_names()[0]
+                cfg = replace(current, name_devices={**current.name_devices, _glob_escape(var): dst})
+                try:
+                    cand, pred, second, n = evaluate(cfg)
+                except Exception:  # a placement the transpiler or the profile cannot serve: skip it
+                    continue
+                evaluated += n
+                if pred.examples_per_s > 1.01 * (found[2] if found else best).examples_per_s:
+                    move = Move(op.id, op.type, var, op.device, dst, best.examples_per_s, pred.examples_per_s)
+                    found = (move, cand, pred, second, cfg)
+        if found is None:
+            break
+        move, plan, best, runner_up, current = found
+        moves.append(move)
+    cfg = replace(current, num_servers=best.settings.servers, mode=best.settings.mode)
+    return TuneResult(cfg, best.settings, best, baseline, moves, runner_up, evaluated)
+
+
+def _movable_ops(plan: Any) -> list[Op]:
+    """Forward ops of light, dense or loss categories, in program order (candidates to move)."""
+    out = []
+    for prog in plan.programs.values():
+        for op in prog.ops:
+            if op.role in ("forward", "loss") and get_op(op.type).category in MOVABLE and op.output_names():
+                out.append(op)
+    return sorted(out, key=lambda op: op.id)
+
+
+def _glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
