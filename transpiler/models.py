@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transpiler import builder as nn
+from transpiler.frontends import builder as nn
 from transpiler.ir import Program, Var
 
 

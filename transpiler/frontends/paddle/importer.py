@@ -59,7 +59,7 @@ import numpy as np
 
 from ops_registry import get_op
 from ops_registry import optimizer as opt_rules
-from transpiler import builder
+from transpiler.frontends import builder
 from transpiler.frontends.paddle.ops import CONVERTERS, PaddleImportError, PaddleOp
 from transpiler.frontends.paddle.pir import read_pir
 from transpiler.frontends.paddle.read import PaddleRead, read_legacy
