@@ -11,8 +11,8 @@ import pickle
 import numpy as np
 import pytest
 
-from runtime.transport import messages as m
 from runtime.driver.settings import RunSettings, TrainerSpec
+from runtime.transport import messages as m
 from runtime.transport.channels import pack_tensors, unpack_tensors
 from runtime.transport.wire import decode, encode
 from transpiler import builder as nn
