@@ -39,5 +39,5 @@ setup(
         "ray": ["ray[default]==2.60.0"],
         "gpu": ["cupy-cuda12x>=13"],
     },
-    entry_points={"console_scripts": ["hetps=runtime.cli.main:main"]},
+    entry_points={"console_scripts": ["hetps=runtime.cli:main"]},
 )

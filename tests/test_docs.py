@@ -3,7 +3,7 @@
 - `python` blocks run as written; only step counts are made small (`steps=300` -> `steps=N`).
   The README's tour runs as a script in a fresh directory (trainers are spawned processes) and its
   outputs are checked: the plan picture, the metrics JSONL and the Perfetto trace.
-- `bash` blocks run command by command: `hetps ...` through the CLI (`runtime.cli.main.main`, step
+- `bash` blocks run command by command: `hetps ...` through the CLI (`runtime.cli.app.main`, step
   counts made small, in a scratch directory holding what the commands read), `python tutorials/...`
   as a subprocess with `--steps` small, `pip install -e ".[X]"` checks that X is an extra of
   setup.py, `pytest -q` checks that the default run leaves out slow tests.
@@ -37,7 +37,7 @@ import pytest
 import yaml
 from assets import MODELS, ROOT
 
-from runtime.cli.main import build_parser, main
+from runtime.cli.app import build_parser, main
 from runtime.telemetry.outputs import read_metrics
 
 STEPS = 4

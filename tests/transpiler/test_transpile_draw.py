@@ -99,7 +99,7 @@ def test_draw_refuses_a_format_it_does_not_write(tutorial_02, tmp_path):
 
 
 def test_hetps_draw_writes_svg_and_refuses_other_formats_as_usage_errors(tutorial_02, tmp_path, capsys):
-    from runtime.cli.main import main
+    from runtime.cli.app import main
 
     tutorial_02.save(tmp_path / "plan")
     assert main(["draw", str(tmp_path / "plan"), "-o", str(tmp_path / "plan.svg")]) == 0

@@ -19,7 +19,7 @@ import pytest
 from assets import MODELS
 
 from runtime import Executor
-from runtime.cli.main import main
+from runtime.cli.app import main
 from runtime.data import SyntheticCTR
 from runtime.telemetry.outputs import read_metrics
 from transpiler import Plan, from_onnx
@@ -275,9 +275,9 @@ def test_a_failing_command_exits_1_with_one_line(tmp_path, capsys):
 
 
 def test_console_script_exit_codes():
-    """The `hetps` entry point (setup.py's console script; `python -m runtime.cli.main` when the package
+    """The `hetps` entry point (setup.py's console script; `python -m runtime.cli` when the package
     is not installed) passes main's exit code on."""
-    cmd = [shutil.which("hetps")] if shutil.which("hetps") else [sys.executable, "-m", "runtime.cli.main"]
+    cmd = [shutil.which("hetps")] if shutil.which("hetps") else [sys.executable, "-m", "runtime.cli"]
     ok = subprocess.run([*cmd, "train", "--help"], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0 and "--trainers" in ok.stdout
     bad = subprocess.run([*cmd, "inspect"], capture_output=True, text=True, timeout=60)
@@ -310,7 +310,7 @@ def test_config_errors_exit_2_and_name_the_file(tmp_path, capsys):
 
 
 def test_training_errors_name_cli_flags_and_fit_one_line(round_trip, capsys, monkeypatch):
-    from runtime.cli import main as cli
+    from runtime.cli import app as cli
     from runtime.driver.train import TrainingError
     from runtime.exec import device
 
@@ -337,7 +337,7 @@ def test_training_errors_name_cli_flags_and_fit_one_line(round_trip, capsys, mon
 def test_emulation_is_announced_once_per_run(tmp_path):
     """The driver logs it; trainer processes do not repeat it (they printed it 2-4 times)."""
     plan = tmp_path / "plan"
-    cmd = [sys.executable, "-m", "runtime.cli.main"]
+    cmd = [sys.executable, "-m", "runtime.cli"]
     subprocess.run(
         [*cmd, "transpile", str(MODELS / "wide_deep.onnx"), "--loss", "bce", "--out", str(plan)],
         check=True,

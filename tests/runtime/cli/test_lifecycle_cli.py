@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from runtime.cli.main import main
+from runtime.cli.app import main
 from runtime.data import SyntheticCTR
 from runtime.driver.checkpoints import checkpoints
 from runtime.telemetry.outputs import read_metrics

@@ -456,7 +456,7 @@ def test_two_readers_train_on_their_shards_as_one_process_on_the_joined_batches(
 
 
 def test_cli_trains_a_plan_on_parquet_by_schema_and_refuses_bad_combinations(tmp_path, capsys):
-    from runtime.cli.main import main
+    from runtime.cli.app import main
     from transpiler import builder as nn
     from transpiler import transpile
     from transpiler.models import wide_deep

@@ -18,7 +18,7 @@ import pytest
 from procs import alive, children, wait_dead
 
 from runtime import TrainingError, train
-from runtime.cli.main import main as cli_main
+from runtime.cli.app import main as cli_main
 from runtime.data import SyntheticCTR
 from runtime.engines import LocalEngine
 from runtime.ps.table import PSError
@@ -218,7 +218,7 @@ def test_sigterm_to_hetps_train_cleans_up_like_ctrl_c_and_exits_143(tmp_path):
         [
             sys.executable,
             "-m",
-            "runtime.cli.main",
+            "runtime.cli.app",
             "train",
             "plan",
             "--data",

@@ -24,7 +24,7 @@ from test_lifecycle import (
     tables_by_hand,
 )
 
-from runtime.cli.main import main
+from runtime.cli.app import main
 from runtime.data import open_dataset
 from runtime.driver.checkpoints import latest
 from runtime.driver.train import train

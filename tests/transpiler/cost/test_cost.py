@@ -14,7 +14,7 @@ import json
 import pytest
 import yaml
 
-from runtime.cli.main import main
+from runtime.cli.app import main
 from transpiler import Program, TranspileConfig, builder, transpile
 from transpiler.config import KINDS, items_in_flight
 from transpiler.cost.model import PlanCost, RunSettings, predict

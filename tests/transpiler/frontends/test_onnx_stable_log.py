@@ -20,7 +20,7 @@ from test_onnx_gradients import _assert_gradients_match
 from test_onnx_models import _ctr_feed, _ort, _to_float64
 
 from runtime import Executor
-from runtime.cli.main import main
+from runtime.cli.app import main
 from runtime.telemetry.outputs import read_metrics
 from transpiler import append_backward, from_onnx
 from transpiler.frontends.onnx.loss import stable_logs, unclamped_logs

@@ -16,7 +16,7 @@ from assets import MODELS
 from onnx import TensorProto, helper
 
 from runtime import Executor
-from runtime.cli.main import main
+from runtime.cli.app import main
 from runtime.data import SyntheticCTR
 from runtime.telemetry.outputs import read_metrics
 from transpiler import OnnxImportError, Plan, from_onnx
@@ -204,7 +204,7 @@ def test_cli_names_the_batch_size_a_fixed_batch_plan_needs(tmp_path, capsys):
 
 
 def test_train_optimizer_options_replace_the_plans_table_optimizers(tmp_path, capsys):
-    from runtime.cli.main import set_optimizer
+    from runtime.cli.app import set_optimizer
 
     plan_dir = tmp_path / "plan"
     assert main(["transpile", str(TORCH), "--out", str(plan_dir)]) == 0

@@ -374,6 +374,3 @@ def one_line(e: Exception, verbose: bool) -> str:
         return f"{e.who} failed: {last} (hetps -v ... shows its traceback)"
     return str(e)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
