@@ -104,9 +104,7 @@ def _dim_reason(name: str, i: int, symbol: str) -> str:
 def shape_facts(model: onnx.ModelProto) -> ShapeFacts:
     """Propagate partial shapes and values through the top-level graph, handing the dims proved
     back to ONNX's shape inference until it learns nothing new (at most MAX_ROUNDS times)."""
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
-    facts = ShapeFacts()
+    work, facts = model, ShapeFacts()
     for _ in range(MAX_ROUNDS):
         graph = infer_shapes(work) or work.graph
         inferred, types = _inferred(graph)
@@ -116,6 +114,9 @@ def shape_facts(model: onnx.ModelProto) -> ShapeFacts:
                   if n in types and n not in outputs and _known(s) > _known(inferred.get(n))}
         if not better:
             break
+        if work is model:  # the caller's model stays as it is
+            work = onnx.ModelProto()
+            work.CopyFrom(model)
         infos = [vi for vi in work.graph.value_info if vi.name not in better]
         infos += [helper.make_tensor_value_info(n, types[n], [d if isinstance(d, int) else None
                                                              for d in facts.shapes[n]])
@@ -129,7 +130,10 @@ def shape_facts(model: onnx.ModelProto) -> ShapeFacts:
 def _propagate(graph: onnx.GraphProto, inferred: dict[str, Shape]) -> ShapeFacts:
     facts = ShapeFacts(dict(inferred))
     for t in graph.initializer:
-        _set_const(facts, t.name, numpy_helper.to_array(t))
+        if int(np.prod(t.dims, dtype=np.int64)) <= MAX_VALUE:  # (tables are not read)
+            _set_const(facts, t.name, numpy_helper.to_array(t))
+        else:
+            facts.shapes[t.name] = tuple(t.dims)
     for node in graph.node:
         rule = _RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         if rule is None:
