@@ -10,6 +10,8 @@ naming the If node and the dim.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -143,3 +145,24 @@ def test_dynamic_dim_is_refused_naming_the_if_and_the_dim() -> None:
         from_onnx(model)
     msg = str(e.value)
     assert "z_if" in msg and "dim 1 of 'y' (symbolic 'n')" in msg, msg
+
+
+def test_torchscript_squeeze_export_folds_and_matches_onnxruntime() -> None:
+    """A real torch 2.13 TorchScript export (opset 18, batch dynamic) of
+
+        x = y.view(y.size(0), y.size(1) // 12, 12); return torch.relu(x).squeeze(1)
+
+    with y [batch, 12]: the exporter writes the squeeze as an If on Shape(Relu(x))[1], x's dim 1
+    computed by Shape / Gather / Div / Cast / Unsqueeze / Concat into a Reshape."""
+    path = Path(__file__).resolve().parent / "models" / "ts_squeeze_if.onnx"
+    assert "If" in {n.op_type for n in onnx.load(path).graph.node}
+    program = from_onnx(path)
+    assert "squeeze" in {op.type for op in program.global_block().ops}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for batch in (1, 7):
+        y = np.random.default_rng(batch).normal(size=(batch, 12)).astype(np.float32)
+        (got,) = Executor().run(program, feed={"y": y}, fetch_list=["z"])
+        want = session.run(["z"], {"y": y})[0]
+        assert got.shape == want.shape == (batch, 12)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, np.maximum(y, 0))
