@@ -1,7 +1,8 @@
 """The exporter matrix (issue 14 item 4): recommendation models that no one here hand-wrote as ONNX,
 written in PyTorch and in Paddle and exported by torch's own exporters (TorchScript "ts", "dynamo")
 and by paddle2onnx ("p2o") (tests/models/exporters/export_torch.py, export_paddle.py; the .onnx
-files are committed, so this needs neither torch, onnxscript nor paddle2onnx).
+files are committed, so this needs neither torch, onnxscript nor paddle2onnx). The convolutional
+models (xDeepFM's CIN as Conv1d, CCPM) are torch-only rows.
 
 For each model x exporter: it imports; its forward equals onnxruntime's on the same file (1e-5);
 its gradients (the graph in float64, a bce loss attached) agree with central differences; and it
