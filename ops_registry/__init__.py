@@ -3,7 +3,7 @@
 Importing the package registers every op family.
 """
 
-from ops_registry import comm, embedding, indexing, logic, loss, math, nn, optimizer, reduce, tensor  # noqa: F401
+from ops_registry import comm, conv, embedding, indexing, logic, loss, math, nn, optimizer, reduce, tensor  # noqa: F401
 from ops_registry.base import (
     CATEGORIES,
     OpDef,

@@ -2,10 +2,12 @@
 files beside this script are committed, so the tests need neither torch nor onnxscript.
 
     python tests/models/exporters/export_torch.py        # needs torch (CPU wheel) and onnxscript
+    python tests/models/exporters/export_torch.py ccpm   # only the models named
 
 Models (small: vocab 40, dim 4; float32; batch dynamic): DLRM (nn.EmbeddingBag per slot, dot
 interaction), DeepFM (FM + MLP), DCN-v2 (cross layers), DIN (attention over a behaviour sequence
-with a mask), xDeepFM (CIN written with einsum, + MLP). Each outputs the click probability
+with a mask), xDeepFM (CIN written with einsum, + MLP), xDeepFM with the CIN as nn.Conv1d(kernel_size=1)
+("xdeepfm_conv"), CCPM (k x 1 Conv2d with padding, k-max pooling by topk). Each outputs the click probability
 `prob` [batch, 1]. Exporters: "ts" (TorchScript, torch.onnx.export(dynamo=False)) and "dynamo"
 (torch.onnx.export(dynamo=True)). A model an exporter cannot export is skipped with its reason.
 """
@@ -127,6 +129,58 @@ class XDeepFM(nn.Module):
         return torch.sigmoid(cin + self.deep(torch.cat([x0.flatten(1), dense], dim=1)))
 
 
+class XDeepFMConv(nn.Module):
+    """xDeepFM with the CIN written as model libraries write it: the outer products of X^{k-1} and
+    X^0 (broadcast Mul), flattened to H_{k-1} * m channels, then nn.Conv1d(kernel_size=1) to H_k
+    feature maps, sum-pooled over D."""
+
+    def __init__(self, sizes: tuple[int, ...] = (4, 4)) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        prev, convs = SLOTS, []
+        for h in sizes:
+            convs.append(nn.Conv1d(prev * SLOTS, h, kernel_size=1))
+            prev = h
+        self.cin = nn.ModuleList(convs)
+        self.cin_out = nn.Linear(sum(sizes), 1)
+        self.deep = mlp([SLOTS * DIM + DENSE, 8, 1])
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        x0 = self.emb(sparse)  # [B, m, D]
+        x, pooled = x0, []
+        for conv in self.cin:
+            z = (x.unsqueeze(2) * x0.unsqueeze(1)).reshape(x0.shape[0], -1, DIM)  # [B, H * m, D]
+            x = torch.relu(conv(z))
+            pooled.append(x.sum(2))
+        cin = self.cin_out(torch.cat(pooled, dim=1))
+        return torch.sigmoid(cin + self.deep(torch.cat([x0.flatten(1), dense], dim=1)))
+
+
+class CCPM(nn.Module):
+    """CCPM: the field embeddings as a 1-channel [m, D] image; two k x 1 convolutions over the
+    fields, each followed by tanh and k-max pooling over the fields (torch.topk). The first pads
+    with F.pad ("same" padding, as deepctr's Conv2dSame does) and keeps the top values sorted; the
+    second pads inside nn.Conv2d and keeps the top values in field order (topk indices sorted, then
+    gathered)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.conv1 = nn.Conv2d(1, 3, kernel_size=(3, 1))
+        self.conv2 = nn.Conv2d(3, 2, kernel_size=(2, 1), padding=(1, 0))
+        self.out = nn.Linear(2 * 2 * DIM, 1)
+        self.deep = mlp([SLOTS * DIM + DENSE, 8, 1])
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        e = self.emb(sparse)  # [B, m, D]
+        x = torch.tanh(self.conv1(torch.nn.functional.pad(e.unsqueeze(1), [0, 0, 1, 1])))  # [B, 3, m, D]
+        x = x.topk(2, dim=2).values  # [B, 3, 2, D]
+        x = torch.tanh(self.conv2(x))  # [B, 2, 3, D]
+        keep = x.topk(2, dim=2).indices.sort(dim=2).values
+        x = x.gather(2, keep)  # [B, 2, 2, D], in field order
+        return torch.sigmoid(self.out(x.flatten(1)) + self.deep(torch.cat([e.flatten(1), dense], dim=1)))
+
+
 def example(name: str, batch: int = 4) -> tuple[tuple[torch.Tensor, ...], list[str]]:
     g = torch.Generator().manual_seed(0)
     dense = torch.randn(batch, DENSE, generator=g)
@@ -140,7 +194,8 @@ def example(name: str, batch: int = 4) -> tuple[tuple[torch.Tensor, ...], list[s
     return (torch.randint(0, VOCAB, (batch, slots), generator=g), dense), ["sparse", "dense"]
 
 
-MODELS = {"dlrm": DLRM, "deepfm": DeepFM, "dcnv2": DCNv2, "din": DIN, "xdeepfm": XDeepFM}
+MODELS = {"dlrm": DLRM, "deepfm": DeepFM, "dcnv2": DCNv2, "din": DIN, "xdeepfm": XDeepFM,
+          "xdeepfm_conv": XDeepFMConv, "ccpm": CCPM}
 
 
 def export(name: str, exporter: str) -> Path:
@@ -193,9 +248,10 @@ def _strip_metadata(path: Path) -> None:
     onnx.save(model, str(path))
 
 
-def main() -> int:
+def main(names: list[str]) -> int:
+    """Export the models named (all when none)."""
     failed = 0
-    for name in MODELS:
+    for name in names or MODELS:
         for exporter in ("ts", "dynamo"):
             try:
                 print("wrote", export(name, exporter).name)
@@ -206,4 +262,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,8 @@
 """The exporter matrix (issue 14 item 4): recommendation models that no one here hand-wrote as ONNX,
 written in PyTorch and in Paddle and exported by torch's own exporters (TorchScript "ts", "dynamo")
 and by paddle2onnx ("p2o") (tests/models/exporters/export_torch.py, export_paddle.py; the .onnx
-files are committed, so this needs neither torch, onnxscript nor paddle2onnx).
+files are committed, so this needs neither torch, onnxscript nor paddle2onnx). The convolutional
+models (xDeepFM's CIN as Conv1d, CCPM) are torch-only rows.
 
 For each model x exporter: it imports; its forward equals onnxruntime's on the same file (1e-5);
 its gradients (the graph in float64, a bce loss attached) agree with central differences; and it
@@ -27,9 +28,13 @@ DIR = Path(__file__).resolve().parents[2] / "models" / "exporters"
 VOCAB, SLOTS, DENSE, SEQ = 40, 3, 4, 5  # as in export_torch.py
 MODELS = ("dlrm", "deepfm", "dcnv2", "din", "xdeepfm")
 EXPORTERS = ("ts", "dynamo", "p2o")
+# Convolutional models exported from torch only: xDeepFM's CIN as Conv1d(kernel_size=1), CCPM.
+TORCH_ONLY = ("xdeepfm_conv", "ccpm")
 # Cells whose exporter fixed the batch (the dynamo exporter specialised it while tracing einsum).
 FIXED_BATCH = {("xdeepfm", "dynamo"): 4}
-CELLS = [(m, e) for m in MODELS for e in EXPORTERS]
+CELLS = [(m, e) for m in MODELS for e in EXPORTERS] + [(m, e) for m in TORCH_ONLY for e in ("ts", "dynamo")]
+# onnxruntime has no float64 Conv kernel on CPU: there ONNX's reference evaluator runs the float64 graph
+NO_ORT_FLOAT64 = set(TORCH_ONLY)
 
 
 def _path(model: str, exporter: str) -> Path:
@@ -80,10 +85,15 @@ def test_gradients_match_finite_differences(model: str, exporter: str) -> None:
     feed = _feed(model, batch, seed=2, dtype=np.float64)
     feed["label"] = np.random.default_rng(3).integers(0, 2, (batch, 1)).astype(np.float64)
     program = from_onnx(m64, loss="bce")
+    inputs = {k: v for k, v in feed.items() if k != "label"}
+    if model in NO_ORT_FLOAT64:
+        from onnx.reference import ReferenceEvaluator
+
+        want = ReferenceEvaluator(m64).run(None, inputs)[0]
+    else:
+        want = _ort(m64, inputs)[0]
     np.testing.assert_allclose(  # the float64 graph is the same model (onnxruntime's double run)
-        Executor().run(program, feed=feed, fetch_list=program.fetch_names)[0],
-        _ort(m64, {k: v for k, v in feed.items() if k != "label"})[0],
-        rtol=1e-10,
+        Executor().run(program, feed=feed, fetch_list=program.fetch_names)[0], want, rtol=1e-10
     )
     trainable = [v.name for v in program.parameters() if v.trainable]
     assert trainable

@@ -21,6 +21,7 @@ import onnx
 from onnx import helper
 
 from transpiler.frontends.onnx.embedding_bag import dynamo_bag, torchscript_bag
+from transpiler.frontends.onnx.shape_values import LazyShapeFacts
 from transpiler.frontends.onnx.static import (
     HETPS_DOMAIN,
     StaticValues,
@@ -57,6 +58,7 @@ def straighten(model: onnx.ModelProto) -> Straightened:
         changed, refused = False, {}
         graph = model.graph
         static = StaticValues(graph, static_shapes(model), default_opset(model))
+        facts = LazyShapeFacts(model)  # partially known shapes, for Ifs StaticValues cannot decide
         nodes: list[onnx.NodeProto] = []
         replaced: set[str] = set()  # outputs of nodes a rewrite took over (dynamo's ConcatFromSequence)
         for node in graph.node:
@@ -69,7 +71,7 @@ def straighten(model: onnx.ModelProto) -> Straightened:
             prefix = f"{node.name or node.op_type}#{counter[0]}/"
             try:
                 if node.op_type == "If":
-                    new = _fold_if(node, static, prefix)
+                    new = _fold_if(node, static, prefix, facts)
                 else:
                     new = (
                         torchscript_bag(node, static)
@@ -159,11 +161,19 @@ def _inline(body: onnx.GraphProto, prefix: str, bound: dict[str, str]) -> tuple[
 
 
 # -- If ---------------------------------------------------------------------------------------------
-def _fold_if(node: onnx.NodeProto, static: StaticValues, prefix: str) -> list[onnx.NodeProto]:
+def _fold_if(
+    node: onnx.NodeProto, static: StaticValues, prefix: str, facts: LazyShapeFacts
+) -> list[onnx.NodeProto]:
     cond = static.get(node.input[0])
+    if cond is None:  # decided by dims that are known although the shapes holding them are not
+        cond = facts.get().value(node.input[0])
     if cond is None:
+        dim = facts.get().unknown(node.input[0])
         raise _Refused(
-            f"its condition is not known at import time (it depends on {static.source(node.input[0])})"
+            f"its condition is not known at import time (it depends on {dim}, which no static shape "
+            "fixes)"
+            if dim
+            else f"its condition is not known at import time (it depends on {static.source(node.input[0])})"
         )
     branch = attr(node, "then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch")
     nodes, names = _inline(branch, prefix, {})
