@@ -146,9 +146,7 @@ class PassDirectorySource(StreamSource):
         t0 = time.monotonic()
         while True:
             dirs, ready = self._ready()
-            key = next(((p.start, p.id) for p in dirs if p.id == after), None)
-            if after and key is None:
-                raise FileNotFoundError(f"the position's pass {after!r} is not under {self.root}")
+            key = (self._start_of(after), after) if after else None  # its folder may be gone (retention)
             waiting = [
                 (p, r) for p, r in zip(dirs, ready, strict=True) if key is None or (p.start, p.id) > key
             ]
@@ -170,6 +168,14 @@ class PassDirectorySource(StreamSource):
                     f"{after or '(none)'} for {waited:.1f} s (timeout={self.timeout})"
                 )
             time.sleep(self.poll)
+
+    def _start_of(self, pass_id: str) -> datetime:
+        """The event-time start of a pass by its id (its path below the root)."""
+        parts = pass_id.split("/")
+        found = [lv.fullmatch(x) for lv, x in zip(self._levels, parts, strict=False)]
+        if len(parts) != len(self._levels) or not all(found):
+            raise ValueError(f"pass id {pass_id!r} does not match the layout {self.layout!r}")
+        return _start({k: v for m in found for k, v in m.groupdict().items()})
 
 
 def _level_regex(part: str, layout: str) -> re.Pattern:

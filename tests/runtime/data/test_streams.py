@@ -19,6 +19,7 @@ import sysconfig
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -53,10 +54,6 @@ def passes(tmp_path) -> tuple[Path, list[int]]:
     return root, list(range(33))
 
 
-def read_rest(source, after: list[int] | None = None) -> list[int]:
-    return ids(source.batches())
-
-
 @pytest.mark.parametrize("stop_after", [0, 1, 2, 3, 4, 6])
 def test_pass_directories_resumed_from_a_saved_position_train_every_record_once(passes, tmp_path, stop_after):
     """Stop after k batches (mid-file, at a file's end, at a pass's end), save the position to a
@@ -68,7 +65,7 @@ def test_pass_directories_resumed_from_a_saved_position_train_every_record_once(
     first.position().save(tmp_path / "pos.json")
     second = PassDirectorySource(root, SCHEMA, batch_size=5, follow=False)
     second.seek(StreamPosition.load(tmp_path / "pos.json"))
-    got += read_rest(second)
+    got += ids(second.batches())
     assert collections.Counter(got) == collections.Counter(want)
     assert second.position() == StreamPosition("passes", (0, 1), "20240102/00")
 
@@ -145,6 +142,12 @@ def test_a_layout_and_done_flag_of_ones_own(tmp_path):
         ("dt=20240301/hr=06", [0]),
         ("dt=20240301/hr=07", [1, 2, 3]),
     ]
+    gone = PassDirectorySource(root, SCHEMA, 4, layout="dt={day}/hr={hour}", done_flag="to.hadoop.done")
+    gone.seek(StreamPosition("passes", pass_id="dt=20240301/hr=05"))  # a pass deleted by retention
+    assert ids(next(gone.passes()).batches) == [0]
+    with pytest.raises(ValueError, match="pass id '20240301/05' does not match the layout"):
+        gone.seek(StreamPosition("passes", pass_id="20240301/05"))
+        next(gone.passes())
     with pytest.raises(ValueError, match="unknown field {week}"):
         PassDirectorySource(root, SCHEMA, 4, layout="{week}")
 
@@ -273,6 +276,17 @@ def test_nats_resumed_from_a_saved_sequence_trains_every_record_once(nats_server
         got += ids(second.batches())
         assert second.position() == StreamPosition("nats", sequence=14)
     assert collections.Counter(got) == collections.Counter(range(40))
+
+
+def test_nats_passes_are_windows_of_the_messages_timestamps(nats_server):
+    publish(nats_server.url, records(0, 12))
+    time.sleep(0.3)
+    publish(nats_server.url, records(12, 24))
+    with nats_source(nats_server, batch_size=4, pass_seconds=0.25) as source:
+        seen = [(p, ids(p.batches)) for p in source.passes()]
+    assert len(seen) >= 2 and [p.start for p, _ in seen] == sorted({p.start for p, _ in seen})
+    assert all(p.end - p.start == timedelta(seconds=0.25) and p.id == p.start.isoformat() for p, _ in seen)
+    assert [r for _, got in seen for r in got] == list(range(24))
 
 
 def test_nats_reader_shards_together_read_every_record_once(nats_server):
