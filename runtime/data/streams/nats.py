@@ -229,37 +229,51 @@ class NatsStreamSource(StreamSource):
 
     def _fetches(self, done: int) -> Iterator[list]:
         """Lists of messages after sequence `done`, fetched as they are asked for."""
-        self._connect()
-        sub, made_at, end, idle = None, -1, None, time.monotonic()
-        while True:
-            if sub is None or made_at != self._reconnects:
-                sub, made_at = self._call(self._subscribe(done, sub)), self._reconnects
-            if end is None and not self.follow:
-                end = self._call(self._last_sequence())
-            if end is not None and done >= end:
-                return
-            try:
-                msgs = self._call(sub.fetch(self.local_batch, timeout=self.fetch_wait))
-            except Exception as e:
-                import nats.errors
+        import nats.errors
 
-                if not isinstance(e, nats.errors.TimeoutError):  # the consumer is gone: make another
+        self._connect()
+        sub, made_at, end, idle, failing = None, -1, None, time.monotonic(), None
+        try:
+            while True:
+                if sub is None or made_at != self._reconnects:  # after a reconnect: a new consumer
+                    sub, made_at = self._call(self._subscribe(done, sub)), self._reconnects
+                if end is None and not self.follow:
+                    end = self._call(self._last_sequence())
+                if end is not None and done >= end:
+                    return
+                try:
+                    msgs = self._call(sub.fetch(self.local_batch, timeout=self.fetch_wait))
+                except nats.errors.TimeoutError:
+                    msgs = []
+                except Exception as e:  # the connection or the consumer is gone: make another
+                    failing = failing or time.monotonic()
+                    if time.monotonic() - failing > self.reconnect_timeout:
+                        raise StreamStalled(
+                            f"cannot fetch from stream {self.stream} on {self.servers} for "
+                            f"{self.reconnect_timeout} s: {e!r}"
+                        ) from e
                     self._wait_connected(e)
-                    sub = None
+                    made_at = -1
                     continue
-                msgs = []
-            msgs = [m for m in msgs if m.metadata.sequence.stream > done]
-            if msgs:
-                idle = time.monotonic()
-                done = msgs[-1].metadata.sequence.stream
-                yield msgs
-            elif not self.follow and end is not None:
-                return
-            elif self.timeout is not None and time.monotonic() - idle > self.timeout:
-                raise StreamStalled(
-                    f"no new message on {self.subject} (stream {self.stream}, servers {self.servers}) "
-                    f"after sequence {done} for {self.timeout} s"
-                )
+                failing = None
+                msgs = [m for m in msgs if m.metadata.sequence.stream > done]
+                if msgs:
+                    idle = time.monotonic()
+                    done = msgs[-1].metadata.sequence.stream
+                    yield msgs
+                elif not self.follow and end is not None:
+                    return
+                elif self.timeout is not None and time.monotonic() - idle > self.timeout:
+                    raise StreamStalled(
+                        f"no new message on {self.subject} (stream {self.stream}, servers {self.servers}) "
+                        f"after sequence {done} for {self.timeout} s"
+                    )
+        finally:
+            if sub is not None and self._loop is not None:
+                try:
+                    self._loop.run(sub.unsubscribe(), timeout=2)
+                except (Exception, NoAnswer):  # the consumer expires on the server by itself
+                    pass
 
     def _call(self, coro):
         try:
