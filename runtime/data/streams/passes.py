@@ -2,10 +2,12 @@
 once its done-flag file appears (how Paddle PS users train online: `_SUCCESS`, `to.hadoop.done`).
 
 Passes are read in event-time order; a later pass that is ready waits for an earlier one that is
-not. The files of a pass are read by the format readers of `runtime.data.files` (`open_dataset`
-on the pass's files), split among reader shards as `Dataset.shard` splits files (byte ranges of
-plain text, whole .gz files, Parquet row groups). Position: (last pass read whole, files of the
-next pass read whole by this shard, rows of the next file yielded).
+not (and a folder that appears once a later pass was read is never read: write passes in order).
+The files of a pass are read by the format readers of `runtime.data.files` (`open_dataset` on the
+pass's files), split among reader shards as `Dataset.shard` splits files (byte ranges of plain
+text, whole .gz files, Parquet row groups). Position: (last pass read whole, files of the next
+pass read whole by this shard, rows of the next file yielded). Files are read from a local (or
+mounted) file system: the format readers open paths.
 """
 
 from __future__ import annotations

@@ -232,6 +232,7 @@ def nats_server(tmp_path):
     server.start()
     yield server
     server.stop()
+    shutil.rmtree(server.store, ignore_errors=True)  # its JetStream files
 
 
 def publish(url: str, payloads: list[bytes], stream: str = "CLICKS", subject: str = "clicks.log") -> None:
