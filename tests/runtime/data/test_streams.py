@@ -291,12 +291,21 @@ def test_nats_passes_are_windows_of_the_messages_timestamps(nats_server):
 
 
 def test_nats_reader_shards_together_read_every_record_once(nats_server):
-    publish(nats_server.url, records(0, 50, per_message=2))
+    """Each reader stops mid-message (local batches of 2 records, messages of 3) and resumes."""
+    publish(nats_server.url, records(0, 50, per_message=3))
     got = []
     for i in range(3):
-        with nats_source(nats_server, batch_size=6, shard=(i, 3)) as s:
-            batches = list(s.batches())
-            assert all(len(b["label"]) <= 2 for b in batches)
+        with nats_source(nats_server, batch_size=6, shard=(i, 3)) as a:
+            it = a.batches()
+            got += ids(next(it) for _ in range(3))
+            assert a.position().row == 0 < a.position().sequence  # 6 records: two messages whole
+            got += ids([next(it)])
+            assert a.position().row == 2
+            saved = a.position()
+        with nats_source(nats_server, batch_size=6, shard=(i, 3)) as b:
+            b.seek(saved)
+            batches = list(b.batches())
+            assert all(len(x["label"]) <= 2 for x in batches)
             got += ids(batches)
     assert collections.Counter(got) == collections.Counter(range(50))
 
