@@ -1,5 +1,6 @@
 """Data for training: synthetic CTR data from a hidden teacher (`synthetic`), what a reader trainer
-reads (`sources`), click-log files read by a schema (`files/`: `open_dataset`), and CTR models built
+reads (`sources`), click-log files read by a schema (`files/`: `open_dataset`), sources that never
+end, read from a saved position (`streams/`: pass directories, NATS JetStream), and CTR models built
 from a schema's feeds (`models`)."""
 
 from runtime.data.synthetic import ArrayReader, CriteoReader, SyntheticCTR

@@ -143,8 +143,7 @@ class Dataset:
 
     # -- internals ----------------------------------------------------------------------------
     def _types(self, columns: list[str]) -> dict[str, pa.DataType]:
-        text = {*self.schema.sparse, *dict(self.schema.multi)}  # categoricals: hashed from the text
-        return {c: pa.string() if c in text else pa.float64() for c in columns}
+        return column_types(self.schema, columns)
 
     def _chunks(
         self, pieces: list[formats.Piece], columns: list[str]
@@ -213,6 +212,13 @@ class Dataset:
             mean = s / max(n, 1)
             out[c] = (float(mean), float(np.sqrt(max(ss / max(n, 1) - mean * mean, 0.0))))
         return out
+
+
+def column_types(schema: Schema, columns: list[str]) -> dict[str, pa.DataType]:
+    """The arrow type each of `columns` is read as: text for categoricals (hashed from the text),
+    float64 for the label and dense columns."""
+    text = {*schema.sparse, *dict(schema.multi)}
+    return {c: pa.string() if c in text else pa.float64() for c in columns}
 
 
 def _split(feeds: list[dict[str, np.ndarray]], rows: int) -> tuple[list[dict], list[dict]]:

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
+import pyarrow.json as pjson
 import pyarrow.parquet as pq
 
 FORMATS = ("criteo", "csv", "tsv", "slot", "parquet")
@@ -256,6 +257,19 @@ def _csv_columns(
             strings_can_be_null=True,
             quoted_strings_can_be_null=False,
             check_utf8=False,  # text columns are categoricals: their bytes are hashed as they are
+        ),
+    )
+    return {c: _one_chunk(table.column(c)) for c in types}
+
+
+def json_columns(block: bytes, types: dict[str, pa.DataType]) -> dict[str, pa.Array]:
+    """{column: values} of JSON Lines (one object per line) for the columns of `types`: a key a
+    line lacks (or null) is a missing value, keys not in `types` are ignored."""
+    table = pjson.read_json(
+        pa.py_buffer(block),
+        read_options=pjson.ReadOptions(use_threads=False, block_size=len(block) + 1),
+        parse_options=pjson.ParseOptions(
+            explicit_schema=pa.schema(list(types.items())), unexpected_field_behavior="ignore"
         ),
     )
     return {c: _one_chunk(table.column(c)) for c in types}
