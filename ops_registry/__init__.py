@@ -3,7 +3,7 @@
 Importing the package registers every op family.
 """
 
-from . import comm, embedding, indexing, loss, math, math_exported, nn, optimizer, reduce, tensor  # noqa: F401
+from . import comm, embedding, indexing, loss, math, math_exported, nn, optimizer, reduce, rnn, tensor  # noqa: F401
 from .base import (
     CATEGORIES,
     OpDef,
