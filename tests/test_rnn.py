@@ -26,7 +26,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_onnx_gradients import _assert_gradients_match
 
+from ops_registry import get_op
 from runtime import Executor
+from runtime.device import cuda_available
 from runtime.simulate import simulate
 from transpiler import TranspileConfig, from_onnx, transpile
 
@@ -355,3 +357,24 @@ def test_dien_trains_heterogeneously() -> None:
     feed["label"] = np.random.default_rng(5).integers(0, 2, (16, 1)).astype(np.float32)
     losses = [float(x[0]) for x in simulate(plan, [feed] * 15)]
     assert np.all(np.isfinite(losses)) and losses[-1] < 0.8 * losses[0], losses
+
+
+@pytest.mark.skipif(not cuda_available(), reason="no CUDA device (cupy)")
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+def test_kernels_on_cupy_match_numpy(op: str) -> None:
+    """The forward and gradient kernels on cupy (the gpu trainers' namespace) equal numpy's."""
+    import cupy
+
+    v = _values(op, direction="bidirectional", lens=True, init=True, bias=True, peep=op == "LSTM")
+    opdef, grad = get_op(op.lower()), get_op(f"{op.lower()}_grad")
+    attrs = {**opdef.attrs, "direction": "bidirectional", "linear_before_reset": 1}
+    outs = opdef.kernel(np, dict(v), attrs)
+    rng = np.random.default_rng(1)
+    gins = {**v, **{f"{s}@OUT": a for s, a in outs.items()},
+            **{f"{s}@GRAD": rng.normal(size=a.shape).astype(np.float32) for s, a in outs.items()}}
+    for kernel, ins in ((opdef.kernel, v), (grad.kernel, gins)):
+        want = kernel(np, dict(ins), attrs)
+        got = kernel(cupy, {k: cupy.asarray(a) for k, a in ins.items()}, attrs)
+        assert sorted(got) == sorted(want)
+        for slot, w in want.items():
+            np.testing.assert_allclose(cupy.asnumpy(got[slot]), w, rtol=1e-4, atol=1e-5, err_msg=slot)
