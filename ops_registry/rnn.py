@@ -8,9 +8,10 @@ P [dirs, 3*H] (LSTM peepholes i, o, f); Y [seq, dirs, batch, H]; Y_h / Y_c [dirs
 
 `sequence_lens` (as onnxruntime computes it): a sequence of length L is read at steps 0..L-1 (the
 reverse direction from L-1 down to 0); Y is 0 at steps >= L and the final states are the states
-after its last valid step (0 for an empty sequence, L = 0). X needs at least one step. Only the
-default activations are implemented (GRU sigmoid / tanh, LSTM sigmoid / tanh / tanh);
-`activations` naming others, `clip` and LSTM `input_forget` are refused by name.
+after its last valid step (0 for an empty sequence, L = 0). X needs at least one step. `clip`
+bounds every gate's input (after the peephole terms) to [-clip, clip] before its activation, as
+onnxruntime does. Only the default activations are implemented (GRU sigmoid / tanh, LSTM
+sigmoid / tanh / tanh); `activations` naming others and LSTM `input_forget` are refused by name.
 
 The gradient (backward through time) recomputes the forward inside the gradient kernel, keeping
 each step's gate activations, so the forward op passes no intermediates on.
@@ -48,8 +49,8 @@ def check_attrs(kind: str, ins: dict, attrs: dict) -> int:
             raise RnnAttributeError(
                 f"{op}: attribute activations={list(acts)} is not implemented; only the default "
                 f"{[a.capitalize() for a in want]} (drop the attribute or use these)")
-    if attrs.get("clip") is not None:
-        raise RnnAttributeError(f"{op}: attribute clip={attrs['clip']} is not implemented (remove it)")
+    if attrs.get("clip") is not None and not attrs["clip"] > 0:
+        raise ValueError(f"{op}: clip={attrs['clip']} must be positive")
     if attrs.get("input_forget"):
         raise RnnAttributeError(f"{op}: attribute input_forget=1 is not implemented (use 0)")
     if attrs.get("layout", 0) not in (0, 1):
@@ -120,7 +121,20 @@ def _directions(xp, kind: str, ins: dict, attrs: dict):
         yield d, idx, valid, cols, {
             "w": ins["W"][d], "r": r[d], "wb": b[d, : g * hidden], "rb": b[d, g * hidden:],
             "p": None if p is None else p[d], "h0": ins.get("initial_h", zeros)[d],
-            "c0": ins.get("initial_c", zeros)[d]}
+            "c0": ins.get("initial_c", zeros)[d], "clip": attrs.get("clip")}
+
+
+def _clip(xp, v, bound):
+    """(v clipped to [-bound, bound], where it was inside: the clip's derivative); (v, None)
+    without a bound."""
+    if bound is None:
+        return v, None
+    return xp.clip(v, -bound, bound), xp.abs(v) <= bound
+
+
+def _through(d, inside):
+    """A gradient through `_clip`."""
+    return d if inside is None else d * inside
 
 
 # -- GRU ------------------------------------------------------------------------------------------
@@ -138,17 +152,19 @@ def gru_steps(xp, x, prm: dict, valid, lbr: bool, keep: bool) -> tuple:
     rzr, rh, rbh = r[: 2 * hid].T, r[2 * hid:].T, rb[2 * hid:]
     h, ys, cache = prm["h0"], [], []
     for t in range(x.shape[0]):
-        zr = _sigmoid(xp, xw[t, :, : 2 * hid] + h @ rzr)
+        zr, in_zr = _clip(xp, xw[t, :, : 2 * hid] + h @ rzr, prm["clip"])
+        zr = _sigmoid(xp, zr)
         z, rg = zr[:, :hid], zr[:, hid:]
         if lbr:
             lin = h @ rh + rbh
-            hh = xp.tanh(xw[t, :, 2 * hid:] + rg * lin)
+            hh, in_h = _clip(xp, xw[t, :, 2 * hid:] + rg * lin, prm["clip"])
         else:
             lin = rg * h
-            hh = xp.tanh(xw[t, :, 2 * hid:] + lin @ rh + rbh)
+            hh, in_h = _clip(xp, xw[t, :, 2 * hid:] + lin @ rh + rbh, prm["clip"])
+        hh = xp.tanh(hh)
         hn = (1 - z) * hh + z * h
         if keep:
-            cache.append((h, z, rg, hh, lin))
+            cache.append((h, z, rg, hh, lin, in_zr, in_h))
         ys.append(xp.where(valid[t], hn, 0))
         h = xp.where(valid[t], hn, h)
     return xp.stack(ys), xp.where(valid[0], h, 0), cache
@@ -165,9 +181,9 @@ def gru_steps_grad(xp, x, prm: dict, valid, lbr: bool, cache: list, dy, dh) -> d
     drin = xp.zeros_like(dxw)  # the gradient of each gate's recurrent term (Ht-1 R' + Rb)
     dh = xp.where(valid[0], dh, 0)  # an empty sequence's last state is 0, not initial_h
     for t in range(steps - 1, -1, -1):
-        hp, z, rg, hh, lin = cache[t]
+        hp, z, rg, hh, lin, in_zr, in_h = cache[t]
         g = xp.where(valid[t], dh + dy[t], 0)
-        dhh = g * (1 - z) * (1 - hh * hh)
+        dhh = _through(g * (1 - z) * (1 - hh * hh), in_h)
         dz = g * (hp - hh) * z * (1 - z)
         dhp = g * z
         if lbr:
@@ -179,7 +195,8 @@ def gru_steps_grad(xp, x, prm: dict, valid, lbr: bool, cache: list, dy, dh) -> d
             drh = dhh @ rh
             drg = drh * hp
             dhp = dhp + drh * rg
-        drg = drg * rg * (1 - rg)
+        dzr = _through(xp.concatenate([dz, drg * rg * (1 - rg)], axis=1), in_zr)
+        dz, drg = dzr[:, :hid], dzr[:, hid:]
         dxw[t] = xp.concatenate([dz, drg, dhh], axis=1)
         drin[t] = xp.concatenate([dz, drg, dlin], axis=1)
         dhp = dhp + drin[t, :, : 2 * hid] @ rzr
@@ -214,13 +231,16 @@ def lstm_steps(xp, x, prm: dict, valid, keep: bool) -> tuple:
         ipre, opre, fpre = gates[:, :hid], gates[:, hid: 2 * hid], gates[:, 2 * hid: 3 * hid]
         if p is not None:
             ipre, fpre = ipre + p[:hid] * c, fpre + p[2 * hid:] * c
-        i, f, cc = _sigmoid(xp, ipre), _sigmoid(xp, fpre), xp.tanh(gates[:, 3 * hid:])
+        (ipre, in_i), (fpre, in_f) = _clip(xp, ipre, prm["clip"]), _clip(xp, fpre, prm["clip"])
+        ccpre, in_c = _clip(xp, gates[:, 3 * hid:], prm["clip"])
+        i, f, cc = _sigmoid(xp, ipre), _sigmoid(xp, fpre), xp.tanh(ccpre)
         cn = f * c + i * cc
-        o = _sigmoid(xp, opre if p is None else opre + p[hid: 2 * hid] * cn)
+        opre, in_o = _clip(xp, opre if p is None else opre + p[hid: 2 * hid] * cn, prm["clip"])
+        o = _sigmoid(xp, opre)
         tc = xp.tanh(cn)
         hn = o * tc
         if keep:
-            cache.append((h, c, i, o, f, cc, cn, tc))
+            cache.append((h, c, i, o, f, cc, cn, tc, (in_i, in_o, in_f, in_c)))
         ys.append(xp.where(valid[t], hn, 0))
         h, c = xp.where(valid[t], hn, h), xp.where(valid[t], cn, c)
     return xp.stack(ys), xp.where(valid[0], h, 0), xp.where(valid[0], c, 0), cache
@@ -236,15 +256,15 @@ def lstm_steps_grad(xp, x, prm: dict, valid, cache: list, dy, dh, dc) -> dict:
     dp = xp.zeros((3 * hid,), dtype=x.dtype)
     dh, dc = xp.where(valid[0], dh, 0), xp.where(valid[0], dc, 0)  # an empty sequence's: 0
     for t in range(steps - 1, -1, -1):
-        hp, cp, i, o, f, cc, cn, tc = cache[t]
+        hp, cp, i, o, f, cc, cn, tc, (in_i, in_o, in_f, in_c) = cache[t]
         gh = xp.where(valid[t], dh + dy[t], 0)
-        do = gh * tc * o * (1 - o)
+        do = _through(gh * tc * o * (1 - o), in_o)
         dcn = xp.where(valid[t], dc, 0) + gh * o * (1 - tc * tc)
         if p is not None:
             dcn = dcn + do * p[hid: 2 * hid]
-        di = dcn * cc * i * (1 - i)
-        df = dcn * cp * f * (1 - f)
-        dcc = dcn * i * (1 - cc * cc)
+        di = _through(dcn * cc * i * (1 - i), in_i)
+        df = _through(dcn * cp * f * (1 - f), in_f)
+        dcc = _through(dcn * i * (1 - cc * cc), in_c)
         dcp = dcn * f
         if p is not None:
             dcp = dcp + di * p[:hid] + df * p[2 * hid:]

@@ -2,8 +2,8 @@
 
 1. Forward: single-node models built with onnx.helper, run by from_onnx + Executor and by
    onnxruntime, over directions x sequence_lens (absent / ragged, with an empty sequence) x
-   initial states x linear_before_reset (GRU) or peepholes (LSTM) x bias; float32, 1e-5. Layout 1
-   (which onnxruntime refuses) against the same weights at layout 0; output subsets.
+   initial states x linear_before_reset (GRU) or peepholes (LSTM) x bias; float32, 1e-5; `clip`.
+   Layout 1 (which onnxruntime refuses) against the same weights at layout 0; output subsets.
 2. Gradients of every float input (X, W, R, B, initial_h, initial_c, P) of float64 models against
    central finite differences (tests/test_onnx_gradients.py's helper), the loss any subset of
    Y / Y_h / Y_c.
@@ -175,13 +175,29 @@ def test_layout_1_is_layout_0_transposed(op: str, direction: str) -> None:
 @pytest.mark.parametrize("op,attrs,named", [
     ("GRU", {"activations": ["Relu", "Tanh"]}, "activations"),
     ("LSTM", {"activations": ["Sigmoid", "Tanh", "Relu"]}, "activations"),
-    ("GRU", {"clip": 2.0}, "clip"),
+    ("GRU", {"clip": -1.0}, "clip"),
     ("LSTM", {"input_forget": 1}, "input_forget"),
 ])
 def test_unimplemented_attributes_are_refused_by_name(op: str, attrs: dict, named: str) -> None:
     v = _values(op, direction="forward", lens=False, init=False, bias=True)
     with pytest.raises(Exception, match=named):
         _ours(_model(op, v, attrs), v)
+
+
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize("lbr", [0, 1])
+def test_clip_equals_onnxruntime(op: str, direction: str, lbr: int) -> None:
+    if op == "LSTM" and lbr:
+        pytest.skip("linear_before_reset is GRU's")
+    v = _values(op, direction=direction, lens=True, init=True, bias=True, peep=op == "LSTM", seed=9)
+    attrs = {"direction": direction, "clip": 0.4, **({"linear_before_reset": lbr} if op == "GRU" else {})}
+    model = _model(op, v, attrs)
+    got, want = _ours(model, v), _ort(model, v)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    unclipped = _ours(_model(op, v, {k: a for k, a in attrs.items() if k != "clip"}), v)
+    assert np.abs(unclipped[0] - got[0]).max() > 1e-2  # the bound was reached
 
 
 def test_default_activations_spelled_out_are_accepted() -> None:
@@ -221,11 +237,14 @@ GRAD_CASES = [
     ("GRU", "reverse", True, {"linear_before_reset": 1}, ("Y",), 1),
     ("LSTM", "bidirectional", True, {}, ("", "", "Y_c"), 0),
     ("LSTM", "reverse", True, {}, ("", "Y_h"), 1),
+    ("GRU", "bidirectional", True, {"clip": 0.6}, ("Y", "Y_h"), 0),
+    ("GRU", "forward", True, {"clip": 0.6, "linear_before_reset": 1}, ("Y", "Y_h"), 0),
+    ("LSTM", "bidirectional", True, {"clip": 0.6}, ("Y", "Y_h", "Y_c"), 0),
 ]
 
 
 def _grad_id(c) -> str:
-    lbr = "lbr-" if c[3].get("linear_before_reset") else ""
+    lbr = ("lbr-" if c[3].get("linear_before_reset") else "") + ("clip-" if "clip" in c[3] else "")
     return f"{c[0]}-{c[1]}-{'lens' if c[2] else 'full'}-{lbr}{'+'.join(o for o in c[4] if o)}-layout{c[5]}"
 
 
