@@ -10,8 +10,9 @@ P [dirs, 3*H] (LSTM peepholes i, o, f); Y [seq, dirs, batch, H]; Y_h / Y_c [dirs
 reverse direction from L-1 down to 0); Y is 0 at steps >= L and the final states are the states
 after its last valid step (0 for an empty sequence, L = 0). X needs at least one step. `clip`
 bounds every gate's input (after the peephole terms) to [-clip, clip] before its activation, as
-onnxruntime does. Only the default activations are implemented (GRU sigmoid / tanh, LSTM
-sigmoid / tanh / tanh); `activations` naming others and LSTM `input_forget` are refused by name.
+onnxruntime does; LSTM `input_forget` couples the forget gate to the input gate, f = 1 - i. Only
+the default activations are implemented (GRU sigmoid / tanh, LSTM sigmoid / tanh / tanh);
+`activations` naming others are refused by name.
 
 The gradient (backward through time) recomputes the forward inside the gradient kernel, keeping
 each step's gate activations, so the forward op passes no intermediates on.
@@ -51,8 +52,6 @@ def check_attrs(kind: str, ins: dict, attrs: dict) -> int:
                 f"{[a.capitalize() for a in want]} (drop the attribute or use these)")
     if attrs.get("clip") is not None and not attrs["clip"] > 0:
         raise ValueError(f"{op}: clip={attrs['clip']} must be positive")
-    if attrs.get("input_forget"):
-        raise RnnAttributeError(f"{op}: attribute input_forget=1 is not implemented (use 0)")
     if attrs.get("layout", 0) not in (0, 1):
         raise ValueError(f"{op}: layout {attrs['layout']} is not 0 or 1")
     w, r = ins["W"], ins["R"]
@@ -121,7 +120,8 @@ def _directions(xp, kind: str, ins: dict, attrs: dict):
         yield d, idx, valid, cols, {
             "w": ins["W"][d], "r": r[d], "wb": b[d, : g * hidden], "rb": b[d, g * hidden:],
             "p": None if p is None else p[d], "h0": ins.get("initial_h", zeros)[d],
-            "c0": ins.get("initial_c", zeros)[d], "clip": attrs.get("clip")}
+            "c0": ins.get("initial_c", zeros)[d], "clip": attrs.get("clip"),
+            "coupled": bool(attrs.get("input_forget"))}
 
 
 def _clip(xp, v, bound):
@@ -218,7 +218,8 @@ def _flat2(a):
 def lstm_steps(xp, x, prm: dict, valid, keep: bool) -> tuple:
     """One direction's LSTM over x [steps, batch, input] in processing order: (y, h, c, cache).
 
-    i = sigmoid(Xt Wi' + Ht-1 Ri' + Pi * Ct-1 + Wbi + Rbi); f = sigmoid(... f ... + Pf * Ct-1);
+    i = sigmoid(Xt Wi' + Ht-1 Ri' + Pi * Ct-1 + Wbi + Rbi); f = sigmoid(... f ... + Pf * Ct-1)
+    (1 - i with input_forget);
     c~ = tanh(Xt Wc' + Ht-1 Rc' + Wbc + Rbc); Ct = f * Ct-1 + i * c~;
     o = sigmoid(Xt Wo' + Ht-1 Ro' + Po * Ct + Wbo + Rbo); Ht = o * tanh(Ct).
     """
@@ -233,7 +234,8 @@ def lstm_steps(xp, x, prm: dict, valid, keep: bool) -> tuple:
             ipre, fpre = ipre + p[:hid] * c, fpre + p[2 * hid:] * c
         (ipre, in_i), (fpre, in_f) = _clip(xp, ipre, prm["clip"]), _clip(xp, fpre, prm["clip"])
         ccpre, in_c = _clip(xp, gates[:, 3 * hid:], prm["clip"])
-        i, f, cc = _sigmoid(xp, ipre), _sigmoid(xp, fpre), xp.tanh(ccpre)
+        i, cc = _sigmoid(xp, ipre), xp.tanh(ccpre)
+        f = 1 - i if prm["coupled"] else _sigmoid(xp, fpre)
         cn = f * c + i * cc
         opre, in_o = _clip(xp, opre if p is None else opre + p[hid: 2 * hid] * cn, prm["clip"])
         o = _sigmoid(xp, opre)
@@ -262,8 +264,11 @@ def lstm_steps_grad(xp, x, prm: dict, valid, cache: list, dy, dh, dc) -> dict:
         dcn = xp.where(valid[t], dc, 0) + gh * o * (1 - tc * tc)
         if p is not None:
             dcn = dcn + do * p[hid: 2 * hid]
-        di = _through(dcn * cc * i * (1 - i), in_i)
-        df = _through(dcn * cp * f * (1 - f), in_f)
+        di, df = dcn * cc, dcn * cp  # of the gates' outputs
+        if prm["coupled"]:  # f = 1 - i
+            di, df = di - df, xp.zeros_like(df)
+        di = _through(di * i * (1 - i), in_i)
+        df = _through(df * f * (1 - f), in_f)
         dcc = _through(dcn * i * (1 - cc * cc), in_c)
         dcp = dcn * f
         if p is not None:

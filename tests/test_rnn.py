@@ -2,7 +2,7 @@
 
 1. Forward: single-node models built with onnx.helper, run by from_onnx + Executor and by
    onnxruntime, over directions x sequence_lens (absent / ragged, with an empty sequence) x
-   initial states x linear_before_reset (GRU) or peepholes (LSTM) x bias; float32, 1e-5; `clip`.
+   initial states x linear_before_reset (GRU) or peepholes (LSTM) x bias; float32, 1e-5; `clip`, LSTM `input_forget`.
    Layout 1 (which onnxruntime refuses) against the same weights at layout 0; output subsets.
 2. Gradients of every float input (X, W, R, B, initial_h, initial_c, P) of float64 models against
    central finite differences (tests/test_onnx_gradients.py's helper), the loss any subset of
@@ -176,7 +176,8 @@ def test_layout_1_is_layout_0_transposed(op: str, direction: str) -> None:
     ("GRU", {"activations": ["Relu", "Tanh"]}, "activations"),
     ("LSTM", {"activations": ["Sigmoid", "Tanh", "Relu"]}, "activations"),
     ("GRU", {"clip": -1.0}, "clip"),
-    ("LSTM", {"input_forget": 1}, "input_forget"),
+    ("LSTM", {"activations": ["Sigmoid", "Tanh", "Tanh", "Sigmoid", "Tanh", "Relu"],
+              "direction": "bidirectional"}, "activations"),
 ])
 def test_unimplemented_attributes_are_refused_by_name(op: str, attrs: dict, named: str) -> None:
     v = _values(op, direction="forward", lens=False, init=False, bias=True)
@@ -198,6 +199,16 @@ def test_clip_equals_onnxruntime(op: str, direction: str, lbr: int) -> None:
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
     unclipped = _ours(_model(op, v, {k: a for k, a in attrs.items() if k != "clip"}), v)
     assert np.abs(unclipped[0] - got[0]).max() > 1e-2  # the bound was reached
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_lstm_input_forget_equals_onnxruntime(direction: str) -> None:
+    v = _values("LSTM", direction=direction, lens=True, init=True, bias=True, peep=True, seed=10)
+    model = _model("LSTM", v, {"direction": direction, "input_forget": 1})
+    got, want = _ours(model, v), _ort(model, v)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert np.abs(_ours(_model("LSTM", v, {"direction": direction}), v)[0] - got[0]).max() > 1e-2
 
 
 def test_default_activations_spelled_out_are_accepted() -> None:
@@ -240,11 +251,13 @@ GRAD_CASES = [
     ("GRU", "bidirectional", True, {"clip": 0.6}, ("Y", "Y_h"), 0),
     ("GRU", "forward", True, {"clip": 0.6, "linear_before_reset": 1}, ("Y", "Y_h"), 0),
     ("LSTM", "bidirectional", True, {"clip": 0.6}, ("Y", "Y_h", "Y_c"), 0),
+    ("LSTM", "bidirectional", True, {"input_forget": 1}, ("Y", "Y_h", "Y_c"), 0),
+    ("LSTM", "forward", True, {"input_forget": 1, "clip": 0.6}, ("Y", "", "Y_c"), 0),
 ]
 
 
 def _grad_id(c) -> str:
-    lbr = ("lbr-" if c[3].get("linear_before_reset") else "") + ("clip-" if "clip" in c[3] else "")
+    lbr = "".join(f"{k}-" for k in ("linear_before_reset", "clip", "input_forget") if c[3].get(k))
     return f"{c[0]}-{c[1]}-{'lens' if c[2] else 'full'}-{lbr}{'+'.join(o for o in c[4] if o)}-layout{c[5]}"
 
 
