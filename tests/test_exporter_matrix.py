@@ -116,7 +116,8 @@ def test_trains_heterogeneously(model: str, exporter: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "model,exporter", [("dlrm", "ts"), ("dlrm", "dynamo"), ("din", "dynamo"), ("deepfm", "p2o")]
+    "model,exporter",
+    [("dlrm", "ts"), ("dlrm", "dynamo"), ("din", "dynamo"), ("deepfm", "p2o"), ("dien", "ts")],
 )
 def test_trains_on_the_real_runtime_like_simulate(model: str, exporter: str) -> None:
     """Trainer and server processes (gpu emulated on CPU): the same losses as simulate."""
