@@ -3,7 +3,21 @@
 Importing the package registers every op family.
 """
 
-from ops_registry import comm, conv, embedding, indexing, logic, loss, math, nn, optimizer, reduce, tensor  # noqa: F401
+# Each op family registers its ops when imported.
+from ops_registry import (  # noqa: F401
+    comm,
+    conv,
+    embedding,
+    indexing,
+    logic,
+    loss,
+    math,
+    nn,
+    optimizer,
+    reduce,
+    rnn,
+    tensor,
+)
 from ops_registry.base import (
     CATEGORIES,
     OpDef,

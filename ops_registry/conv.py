@@ -93,8 +93,10 @@ def _offsets(kernel, geo):
     """For each kernel offset (row-major, as W stores them), the slices of the padded input it reads."""
     _, _, strides, dils, outs = geo
     for off in itertools.product(*(range(k) for k in kernel)):
-        yield tuple(slice(o * d, o * d + (n - 1) * s + 1, s) for o, d, s, n in zip(off, dils, strides, outs,
-                                                                                  strict=True))
+        yield tuple(
+            slice(o * d, o * d + (n - 1) * s + 1, s)
+            for o, d, s, n in zip(off, dils, strides, outs, strict=True)
+        )
 
 
 def _padded(xp, x, geo):
@@ -108,8 +110,9 @@ def _columns(xp, x, kernel, groups, geo):
     """[N, G, C/G * K, P]: each offset's slice of the padded input, channels then offsets (W's layout)."""
     n, c = x.shape[:2]
     xpad = _padded(xp, x, geo)
-    cols = xp.stack([xpad[(slice(None), slice(None), *sl)].reshape(n, c, -1) for sl in _offsets(kernel, geo)],
-                    axis=2)
+    cols = xp.stack(
+        [xpad[(slice(None), slice(None), *sl)].reshape(n, c, -1) for sl in _offsets(kernel, geo)], axis=2
+    )
     return cols.reshape(n, groups, -1, cols.shape[-1])
 
 
@@ -149,8 +152,9 @@ def _conv_vjp(xp, ins, outs_, douts, attrs):
     grads["W"] = xp.matmul(gr, xp.swapaxes(cols, -1, -2)).sum(axis=0).reshape(w.shape)
     dcols = xp.matmul(xp.swapaxes(wr, -1, -2), gr).reshape(n, c, -1, *geo[4])
     begins = geo[0]
-    dpad = xp.zeros((n, c, *(d + b + e for d, b, e in zip(x.shape[2:], begins, geo[1], strict=True))),
-                    dtype=g.dtype)
+    dpad = xp.zeros(
+        (n, c, *(d + b + e for d, b, e in zip(x.shape[2:], begins, geo[1], strict=True))), dtype=g.dtype
+    )
     for k, sl in enumerate(_offsets(kernel, geo)):
         dpad[(slice(None), slice(None), *sl)] += dcols[:, :, k]
     crop = tuple(slice(b, b + d) for b, d in zip(begins, x.shape[2:], strict=True))
@@ -166,9 +170,26 @@ def _conv_shape(s, attrs):
     return {"Y": (x[0], w[0], *outs)}
 
 
-register(OpDef("conv", "dense", ("X", "W", "B?"), ("Y",), _conv, _conv_vjp, infer_shape=_conv_shape,
-               onnx="Conv", attrs={"auto_pad": "NOTSET", "group": 1, "kernel_shape": None, "pads": None,
-                                   "strides": None, "dilations": None}))
+register(
+    OpDef(
+        "conv",
+        "dense",
+        ("X", "W", "B?"),
+        ("Y",),
+        _conv,
+        _conv_vjp,
+        infer_shape=_conv_shape,
+        onnx="Conv",
+        attrs={
+            "auto_pad": "NOTSET",
+            "group": 1,
+            "kernel_shape": None,
+            "pads": None,
+            "strides": None,
+            "dilations": None,
+        },
+    )
+)
 
 
 # -- Pad -----------------------------------------------------------------------------------------
@@ -230,7 +251,7 @@ def _pad(xp, ins, attrs):
 def pad_index(size: int, start: int, end: int, mode: str) -> np.ndarray:
     """For one axis of `size` padded by (start, end): the input position each output position
     copies, -1 where a constant fills it (the same rule as the kernel: np.pad of the positions)."""
-    pos = np.arange(size)[max(-start, 0): size - max(-end, 0)]
+    pos = np.arange(size)[max(-start, 0) : size - max(-end, 0)]
     grow = (max(start, 0), max(end, 0))
     if mode == "constant":
         return np.pad(pos, grow, mode="constant", constant_values=-1)
@@ -260,6 +281,17 @@ def _pad_shape(s, attrs):
     return {"output": tuple(-1 if d < 0 else d + b + e for d, (b, e) in zip(s["data"], widths, strict=True))}
 
 
-register(OpDef("pad", "light", ("data", "pads?", "constant_value?", "axes?"), ("output",), _pad, _pad_vjp,
-               no_grad=("pads", "constant_value", "axes"), infer_shape=_pad_shape, onnx="Pad",
-               attrs={"mode": "constant", "pads": None, "constant_value": None, "axes": None, "value": None}))
+register(
+    OpDef(
+        "pad",
+        "light",
+        ("data", "pads?", "constant_value?", "axes?"),
+        ("output",),
+        _pad,
+        _pad_vjp,
+        no_grad=("pads", "constant_value", "axes"),
+        infer_shape=_pad_shape,
+        onnx="Pad",
+        attrs={"mode": "constant", "pads": None, "constant_value": None, "axes": None, "value": None},
+    )
+)

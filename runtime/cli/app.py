@@ -373,4 +373,3 @@ def one_line(e: Exception, verbose: bool) -> str:
         last = next((line.strip() for line in reversed(e.detail.splitlines()) if line.strip()), "")
         return f"{e.who} failed: {last} (hetps -v ... shows its traceback)"
     return str(e)
-

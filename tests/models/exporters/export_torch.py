@@ -2,14 +2,15 @@
 files beside this script are committed, so the tests need neither torch nor onnxscript.
 
     python tests/models/exporters/export_torch.py        # needs torch (CPU wheel) and onnxscript
-    python tests/models/exporters/export_torch.py ccpm   # only the models named
+    python tests/models/exporters/export_torch.py ccpm dien   # only the models named
 
 Models (small: vocab 40, dim 4; float32; batch dynamic): DLRM (nn.EmbeddingBag per slot, dot
 interaction), DeepFM (FM + MLP), DCN-v2 (cross layers), DIN (attention over a behaviour sequence
 with a mask), xDeepFM (CIN written with einsum, + MLP), xDeepFM with the CIN as nn.Conv1d(kernel_size=1)
-("xdeepfm_conv"), CCPM (k x 1 Conv2d with padding, k-max pooling by topk). Each outputs the click probability
-`prob` [batch, 1]. Exporters: "ts" (TorchScript, torch.onnx.export(dynamo=False)) and "dynamo"
-(torch.onnx.export(dynamo=True)). A model an exporter cannot export is skipped with its reason.
+("xdeepfm_conv"), CCPM (k x 1 Conv2d with padding, k-max pooling by topk), DIEN (nn.GRU over the
+behaviour sequence, attention, a second nn.GRU over the attention-weighted states). Each outputs the
+click probability `prob` [batch, 1]. Exporters: "ts" (TorchScript, torch.onnx.export(dynamo=False))
+and "dynamo" (torch.onnx.export(dynamo=True)). A model an exporter cannot export is skipped with its reason.
 """
 
 from __future__ import annotations
@@ -105,6 +106,31 @@ class DIN(nn.Module):
         return torch.sigmoid(self.deep(torch.cat([interest, t[:, 0], dense], dim=1)))
 
 
+class DIEN(nn.Module):
+    """Interest extraction: an nn.GRU over the behaviour sequence; attention of the target over its
+    states (padded steps masked out); interest evolution: a second nn.GRU over the
+    attention-weighted states (AIGRU), its last state; an MLP over it, the target and the dense
+    features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.item = nn.Embedding(VOCAB, DIM)
+        self.extract = nn.GRU(DIM, DIM, batch_first=True)
+        self.query = nn.Linear(DIM, DIM, bias=False)
+        self.evolve = nn.GRU(DIM, DIM, batch_first=True)
+        self.deep = mlp([2 * DIM + DENSE, 8, 1])
+
+    def forward(
+        self, hist: torch.Tensor, mask: torch.Tensor, target: torch.Tensor, dense: torch.Tensor
+    ) -> torch.Tensor:
+        states, _ = self.extract(self.item(hist))  # [B, L, D]
+        t = self.item(target)
+        scores = (states * self.query(t).unsqueeze(1)).sum(-1).masked_fill(mask == 0, -1e9)
+        w = torch.softmax(scores, dim=1).unsqueeze(-1)
+        _, last = self.evolve(states * w)  # [1, B, D]
+        return torch.sigmoid(self.deep(torch.cat([last[0], t, dense], dim=1)))
+
+
 class XDeepFM(nn.Module):
     """CIN: X^k[h] = sum_{i,j} W^k[h, i, j] X^{k-1}[i] * X^0[j] (elementwise over D), sum-pooled."""
 
@@ -184,7 +210,7 @@ class CCPM(nn.Module):
 def example(name: str, batch: int = 4) -> tuple[tuple[torch.Tensor, ...], list[str]]:
     g = torch.Generator().manual_seed(0)
     dense = torch.randn(batch, DENSE, generator=g)
-    if name == "din":
+    if name in ("din", "dien"):
         hist = torch.randint(0, VOCAB, (batch, SEQ), generator=g)
         lengths = torch.tensor([5, 3, 1, 4][:batch]).unsqueeze(1)
         mask = (torch.arange(SEQ).expand(batch, SEQ) < lengths).float()  # steps past a length: padding
@@ -194,8 +220,16 @@ def example(name: str, batch: int = 4) -> tuple[tuple[torch.Tensor, ...], list[s
     return (torch.randint(0, VOCAB, (batch, slots), generator=g), dense), ["sparse", "dense"]
 
 
-MODELS = {"dlrm": DLRM, "deepfm": DeepFM, "dcnv2": DCNv2, "din": DIN, "xdeepfm": XDeepFM,
-          "xdeepfm_conv": XDeepFMConv, "ccpm": CCPM}
+MODELS = {
+    "dlrm": DLRM,
+    "deepfm": DeepFM,
+    "dcnv2": DCNv2,
+    "din": DIN,
+    "xdeepfm": XDeepFM,
+    "xdeepfm_conv": XDeepFMConv,
+    "ccpm": CCPM,
+    "dien": DIEN,
+}
 
 
 def export(name: str, exporter: str) -> Path:

@@ -31,11 +31,18 @@ rng = np.random.default_rng(33)
 def _model(op_type: str, feeds: dict, inits: dict, attrs: dict, inputs: list[str], opset: int = 18):
     """One node reading `inputs` (feeds as graph inputs, inits as initializers), output "y" typed by
     ONNX's shape inference."""
-    vis = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-           for k, v in feeds.items()]
+    vis = [
+        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+        for k, v in feeds.items()
+    ]
     node = helper.make_node(op_type, inputs, ["y"], **attrs)
-    graph = helper.make_graph([node], op_type.lower(), vis, [helper.make_empty_tensor_value_info("y")],
-                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    graph = helper.make_graph(
+        [node],
+        op_type.lower(),
+        vis,
+        [helper.make_empty_tensor_value_info("y")],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     del model.graph.output[:]
@@ -68,7 +75,7 @@ CONVS = [
     ("1d_same_lower", (2, 3, 8), (4, 3, 4), {"auto_pad": "SAME_LOWER", "strides": [3]}, True),
     ("1d_same_lower_dilated", (2, 3, 8), (4, 3, 2), {"auto_pad": "SAME_LOWER", "dilations": [3]}, False),
     ("1d_valid", (2, 3, 8), (4, 3, 3), {"auto_pad": "VALID", "strides": [2]}, False),
-    ("1d_kernel1_cin", (3, 6, 4), (5, 6, 1), {}, True),          # xDeepFM's CIN as a Conv1d
+    ("1d_kernel1_cin", (3, 6, 4), (5, 6, 1), {}, True),  # xDeepFM's CIN as a Conv1d
     ("1d_kernel1_nobias", (3, 6, 4), (5, 6, 1), {"kernel_shape": [1]}, False),
     ("1d_kernel1_strided", (3, 6, 5), (5, 6, 1), {"strides": [2]}, True),
     ("1d_kernel1_padded", (3, 6, 4), (5, 6, 1), {"pads": [1, 0]}, False),
@@ -126,8 +133,9 @@ def test_conv_by_hand_1d() -> None:
         for k in range(3):
             want[:, :, o] += xpad[:, :, o * s + k * d] @ w[:, :, k].T
     want += b[None, :, None]
-    got = get_op("conv").kernel(np, {"X": x, "W": w, "B": b},
-                                {"pads": list(pads), "strides": [s], "dilations": [d], "group": 1})["Y"]
+    got = get_op("conv").kernel(
+        np, {"X": x, "W": w, "B": b}, {"pads": list(pads), "strides": [s], "dilations": [d], "group": 1}
+    )["Y"]
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
@@ -216,25 +224,89 @@ def _i64(v):
 
 # test_onnx_gradients' spec format: (id, op, params, data, consts, attrs, outputs in the loss, opset)
 GRAD_SPECS = [
-    ("conv1d_pads_dil_bias", "Conv", {"X": _r(2, 3, 8), "W": _r(4, 3, 3), "B": _r(4)}, {}, {},
-     {"pads": [2, 1], "dilations": [2]}, 1, 18),
-    ("conv1d_group_stride", "Conv", {"X": _r(2, 4, 9), "W": _r(6, 2, 3), "B": _r(6)}, {}, {},
-     {"group": 2, "strides": [2], "pads": [1, 0]}, 1, 18),
+    (
+        "conv1d_pads_dil_bias",
+        "Conv",
+        {"X": _r(2, 3, 8), "W": _r(4, 3, 3), "B": _r(4)},
+        {},
+        {},
+        {"pads": [2, 1], "dilations": [2]},
+        1,
+        18,
+    ),
+    (
+        "conv1d_group_stride",
+        "Conv",
+        {"X": _r(2, 4, 9), "W": _r(6, 2, 3), "B": _r(6)},
+        {},
+        {},
+        {"group": 2, "strides": [2], "pads": [1, 0]},
+        1,
+        18,
+    ),
     ("conv1d_kernel1", "Conv", {"X": _r(3, 5, 4), "W": _r(2, 5, 1), "B": _r(2)}, {}, {}, {}, 1, 18),
     ("conv1d_kernel1_nobias", "Conv", {"X": _r(2, 3, 4), "W": _r(4, 3, 1)}, {}, {}, {}, 1, 18),
-    ("conv2d_ccpm_kx1", "Conv", {"X": _r(2, 1, 5, 3), "W": _r(2, 1, 3, 1), "B": _r(2)}, {}, {},
-     {"pads": [1, 0, 1, 0]}, 1, 18),
-    ("conv2d_same_lower_group", "Conv", {"X": _r(1, 4, 5, 4), "W": _r(4, 2, 2, 3)}, {}, {},
-     {"auto_pad": "SAME_LOWER", "group": 2, "strides": [2, 1]}, 1, 18),
-    ("conv2d_same_upper_dil", "Conv", {"X": _r(1, 2, 5, 5), "W": _r(3, 2, 2, 2), "B": _r(3)}, {}, {},
-     {"auto_pad": "SAME_UPPER", "dilations": [2, 1]}, 1, 18),
+    (
+        "conv2d_ccpm_kx1",
+        "Conv",
+        {"X": _r(2, 1, 5, 3), "W": _r(2, 1, 3, 1), "B": _r(2)},
+        {},
+        {},
+        {"pads": [1, 0, 1, 0]},
+        1,
+        18,
+    ),
+    (
+        "conv2d_same_lower_group",
+        "Conv",
+        {"X": _r(1, 4, 5, 4), "W": _r(4, 2, 2, 3)},
+        {},
+        {},
+        {"auto_pad": "SAME_LOWER", "group": 2, "strides": [2, 1]},
+        1,
+        18,
+    ),
+    (
+        "conv2d_same_upper_dil",
+        "Conv",
+        {"X": _r(1, 2, 5, 5), "W": _r(3, 2, 2, 2), "B": _r(3)},
+        {},
+        {},
+        {"auto_pad": "SAME_UPPER", "dilations": [2, 1]},
+        1,
+        18,
+    ),
     ("conv2d_1x1", "Conv", {"X": _r(2, 3, 1, 4), "W": _r(2, 3, 1, 1), "B": _r(2)}, {}, {}, {}, 1, 18),
-    ("pad_constant", "Pad", {"data": _r(2, 3)}, {},
-     {"pads": _i64([1, 0, 2, 3]), "constant_value": np.array(0.5)}, {}, 1, 18),
-    ("pad_reflect", "Pad", {"data": _r(2, 4, 3)}, {}, {"pads": _i64([0, 3, 2, 1, 2, 2])}, {"mode": "reflect"},
-     1, 18),
-    ("pad_edge_axes", "Pad", {"data": _r(2, 3, 3)}, {}, {"pads": _i64([2, 4]), "axes": _i64([-1])},
-     {"mode": "edge"}, 1, 18),
+    (
+        "pad_constant",
+        "Pad",
+        {"data": _r(2, 3)},
+        {},
+        {"pads": _i64([1, 0, 2, 3]), "constant_value": np.array(0.5)},
+        {},
+        1,
+        18,
+    ),
+    (
+        "pad_reflect",
+        "Pad",
+        {"data": _r(2, 4, 3)},
+        {},
+        {"pads": _i64([0, 3, 2, 1, 2, 2])},
+        {"mode": "reflect"},
+        1,
+        18,
+    ),
+    (
+        "pad_edge_axes",
+        "Pad",
+        {"data": _r(2, 3, 3)},
+        {},
+        {"pads": _i64([2, 4]), "axes": _i64([-1])},
+        {"mode": "edge"},
+        1,
+        18,
+    ),
     ("pad_wrap", "Pad", {"data": _r(3, 4)}, {}, {"pads": _i64([1, 5, 2, 3])}, {"mode": "wrap"}, 1, 19),
 ]
 
@@ -251,12 +323,18 @@ def test_gradients_match_finite_differences(spec) -> None:
 def test_negative_pads_gradient_matches_finite_differences() -> None:
     """Negative pads (which ONNX's reference evaluator cannot run): loss = sum(Pad(data) * R)."""
     data, r = _r(3, 4), _r(3, 4)  # pads [-1, 2, 1, -2] keep the shape: rows 1..3 (+1), cols 0..1 (+2)
-    nodes = [helper.make_node("Pad", ["data", "pads"], ["y"]), helper.make_node("Mul", ["y", "R"], ["m"]),
-             helper.make_node("ReduceSum", ["m"], ["loss"], keepdims=0)]
+    nodes = [
+        helper.make_node("Pad", ["data", "pads"], ["y"]),
+        helper.make_node("Mul", ["y", "R"], ["m"]),
+        helper.make_node("ReduceSum", ["m"], ["loss"], keepdims=0),
+    ]
     graph = helper.make_graph(
-        nodes, "pad_negative", [helper.make_tensor_value_info("R", onnx.TensorProto.DOUBLE, r.shape)],
+        nodes,
+        "pad_negative",
+        [helper.make_tensor_value_info("R", onnx.TensorProto.DOUBLE, r.shape)],
         [helper.make_tensor_value_info("loss", onnx.TensorProto.DOUBLE, [])],
-        [numpy_helper.from_array(data, "data"), numpy_helper.from_array(_i64([-1, 2, 1, -2]), "pads")])
+        [numpy_helper.from_array(data, "data"), numpy_helper.from_array(_i64([-1, 2, 1, -2]), "pads")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     want = np.pad(data[1:, :2], [(0, 1), (2, 0)])
     (got,) = Executor().run(from_onnx(model), feed={"R": r}, fetch_list=["y"])

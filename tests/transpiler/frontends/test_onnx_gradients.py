@@ -374,9 +374,46 @@ SPECS = [
     ("trilu_lower", "Trilu", {"input": _r(4, 3)}, {}, {}, {"upper": 0}, 1, 18),
     ("topk", "TopK", {"X": _r(3, 5)}, {}, {"K": _i64([2])}, {"axis": 1}, 1, 18),
     ("topk_smallest_axis0", "TopK", {"X": _r(4, 2)}, {}, {"K": _i64([3])}, {"axis": 0, "largest": 0}, 1, 18),
-    ("conv", "Conv", {"X": _r(2, 4, 5, 4), "W": _r(6, 2, 3, 2), "B": _r(6)}, {}, {},
-     {"group": 2, "pads": [1, 0, 1, 1], "strides": [2, 1]}, 1, 18),  # more cases: test_conv.py
+    (
+        "conv",
+        "Conv",
+        {"X": _r(2, 4, 5, 4), "W": _r(6, 2, 3, 2), "B": _r(6)},
+        {},
+        {},
+        {"group": 2, "pads": [1, 0, 1, 1], "strides": [2, 1]},
+        1,
+        18,
+    ),  # more cases: test_conv.py
     ("pad_reflect", "Pad", {"data": _r(3, 4)}, {}, {"pads": _i64([2, 1, 0, 3])}, {"mode": "reflect"}, 1, 18),
+    # recurrent layers (more cases, sequence_lens among them, in tests/test_rnn.py)
+    (
+        "gru_bidirectional_lbr",
+        "GRU",
+        {"X": _r(3, 2, 2), "W": _r(2, 9, 2), "R": _r(2, 9, 3), "B": _r(2, 18), "initial_h": _r(2, 2, 3)},
+        {},
+        {},
+        {"hidden_size": 3, "direction": "bidirectional", "linear_before_reset": 1},
+        2,
+        18,
+    ),
+    (
+        "lstm_peepholes",
+        "LSTM",
+        {
+            "X": _r(3, 2, 2),
+            "W": _r(1, 12, 2),
+            "R": _r(1, 12, 3),
+            "B": _r(1, 24),
+            "initial_h": _r(1, 2, 3),
+            "initial_c": _r(1, 2, 3),
+            "P": _r(1, 9),
+        },
+        {},
+        {},
+        {"hidden_size": 3},
+        3,
+        18,
+    ),
 ]
 # ONNX's reference evaluator computes these in float32 (its erf, HardSwish's 1/6), so the forward
 # values agree to float32 precision only.

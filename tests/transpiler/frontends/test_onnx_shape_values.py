@@ -31,12 +31,20 @@ def _i64(name: str, v) -> onnx.TensorProto:
 def _squeeze_if(x: str, dim: int, out: str, rank: int) -> list[onnx.NodeProto]:
     """TorchScript's x.squeeze(dim) where x's dim is not known to its shape inference."""
     then = helper.make_graph(
-        [helper.make_node("Constant", [], [f"{out}_axes"], value=_i64("a", [dim])),
-         helper.make_node("Squeeze", [x, f"{out}_axes"], [f"{out}_sq"])],
-        "then", [], [helper.make_tensor_value_info(f"{out}_sq", TensorProto.FLOAT, [None] * (rank - 1))])
+        [
+            helper.make_node("Constant", [], [f"{out}_axes"], value=_i64("a", [dim])),
+            helper.make_node("Squeeze", [x, f"{out}_axes"], [f"{out}_sq"]),
+        ],
+        "then",
+        [],
+        [helper.make_tensor_value_info(f"{out}_sq", TensorProto.FLOAT, [None] * (rank - 1))],
+    )
     other = helper.make_graph(
         [helper.make_node("Identity", [x], [f"{out}_id"])],
-        "else", [], [helper.make_tensor_value_info(f"{out}_id", TensorProto.FLOAT, [None] * rank)])
+        "else",
+        [],
+        [helper.make_tensor_value_info(f"{out}_id", TensorProto.FLOAT, [None] * rank)],
+    )
     return [
         helper.make_node("Shape", [x], [f"{out}_shape"]),
         helper.make_node("Constant", [], [f"{out}_dim"], value=_i64("d", dim)),
@@ -88,8 +96,14 @@ def arithmetic_chain(dim: int) -> tuple[onnx.ModelProto, tuple]:
         helper.make_node("Reshape", ["y", "target"], ["x"]),
         *_squeeze_if("x", dim, "z", 3),
     ]
-    inits = [_i64("zero", [0]), _i64("one", [1]), _i64("i1", 1), _i64("i2", 2), _i64("last", [24]),
-             numpy_helper.from_array(np.array(24.0, np.float32), "f24")]
+    inits = [
+        _i64("zero", [0]),
+        _i64("one", [1]),
+        _i64("i1", 1),
+        _i64("i2", 2),
+        _i64("last", [24]),
+        numpy_helper.from_array(np.array(24.0, np.float32), "f24"),
+    ]
     return _model(nodes, ["batch", 3, 8], inits, 2 if dim == 1 else 3), (3, 8)
 
 
@@ -108,8 +122,11 @@ def test_if_on_a_static_dim_folds_and_matches_onnxruntime(build, dim: int) -> No
     assert not [op for op in program.global_block().ops if op.type == "If"]
     # onnxruntime's own shape inference sees the slice chain's dim 2 (12) and refuses the model for
     # its then-branch (Squeeze of a dim that is not 1): there the reference is the numpy above alone
-    session = None if (build, dim) == (slice_chain, 2) else ort.InferenceSession(
-        model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = (
+        None
+        if (build, dim) == (slice_chain, 2)
+        else ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    )
     for batch in (3, 5):
         y = np.random.default_rng(batch).normal(size=(batch, *rest)).astype(np.float32)
         (got,) = Executor().run(program, feed={"y": y}, fetch_list=["z"])

@@ -170,8 +170,7 @@ def _fold_if(
     if cond is None:
         dim = facts.get().unknown(node.input[0])
         raise _Refused(
-            f"its condition is not known at import time (it depends on {dim}, which no static shape "
-            "fixes)"
+            f"its condition is not known at import time (it depends on {dim}, which no static shape fixes)"
             if dim
             else f"its condition is not known at import time (it depends on {static.source(node.input[0])})"
         )

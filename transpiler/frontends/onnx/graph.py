@@ -258,9 +258,10 @@ class GraphImporter:
             if name:
                 outs.setdefault(slot, []).append(name)
         if opdef.differentiable:
+            base = next((n for n in node.output if n), f"{node.op_type}_{i}")  # (a GRU may omit Y)
             for slot in opdef.out_slots:
                 if slot not in outs and not opdef.is_variadic(slot):
-                    outs[slot] = [f"{node.output[0]}.{slot}"]
+                    outs[slot] = [f"{base}.{slot}"]
         return outs
 
     def _convert_hetps(self, node: onnx.NodeProto) -> tuple[str, dict, dict, dict]:

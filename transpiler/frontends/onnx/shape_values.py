@@ -110,17 +110,23 @@ def shape_facts(model: onnx.ModelProto) -> ShapeFacts:
         inferred, types = _inferred(graph)
         facts = _propagate(work.graph, inferred)
         outputs = {o.name for o in work.graph.output}  # declared by the model: left alone
-        better = {n for n, s in facts.shapes.items()
-                  if n in types and n not in outputs and _known(s) > _known(inferred.get(n))}
+        better = {
+            n
+            for n, s in facts.shapes.items()
+            if n in types and n not in outputs and _known(s) > _known(inferred.get(n))
+        }
         if not better:
             break
         if work is model:  # the caller's model stays as it is
             work = onnx.ModelProto()
             work.CopyFrom(model)
         infos = [vi for vi in work.graph.value_info if vi.name not in better]
-        infos += [helper.make_tensor_value_info(n, types[n], [d if isinstance(d, int) else None
-                                                             for d in facts.shapes[n]])
-                  for n in sorted(better)]
+        infos += [
+            helper.make_tensor_value_info(
+                n, types[n], [d if isinstance(d, int) else None for d in facts.shapes[n]]
+            )
+            for n in sorted(better)
+        ]
         del work.graph.value_info[:]
         work.graph.value_info.extend(infos)
     return facts
@@ -161,8 +167,9 @@ def _set(facts: ShapeFacts, name: str, shape: Shape | None, value: np.ndarray | 
         return
     old = facts.shapes.get(name)
     if old is not None and len(old) == len(shape):
-        shape = tuple(o if isinstance(o, int) and not isinstance(d, int) else d
-                      for o, d in zip(old, shape, strict=True))
+        shape = tuple(
+            o if isinstance(o, int) and not isinstance(d, int) else d for o, d in zip(old, shape, strict=True)
+        )
     facts.shapes[name] = shape
 
 
@@ -195,8 +202,12 @@ def _size(node, facts):
     s = facts.shapes.get(node.input[0])
     if s is not None:
         u = next((d for d in s if isinstance(d, Unknown)), None)
-        _set(facts, node.output[0], None, np.array(u if u is not None else int(np.prod(s, dtype=np.int64)),
-                                                   dtype=object))
+        _set(
+            facts,
+            node.output[0],
+            None,
+            np.array(u if u is not None else int(np.prod(s, dtype=np.int64)), dtype=object),
+        )
 
 
 def _gather(node, facts):
@@ -236,11 +247,14 @@ def _reshape(node, facts):
     if sum(isinstance(d, int) and d == -1 for d in out) == 1:
         rest = [d for d in out if not (isinstance(d, int) and d == -1)]
         if all(isinstance(d, int) for d in (*data, *rest)):
-            out = [int(np.prod(data)) // int(np.prod(rest)) if isinstance(d, int) and d == -1 else d
-                   for d in out]
+            out = [
+                int(np.prod(data)) // int(np.prod(rest)) if isinstance(d, int) and d == -1 else d for d in out
+            ]
         else:
-            out = [Unknown(f"the -1 of Reshape {node.output[0]!r}") if isinstance(d, int) and d == -1 else d
-                   for d in out]
+            out = [
+                Unknown(f"the -1 of Reshape {node.output[0]!r}") if isinstance(d, int) and d == -1 else d
+                for d in out
+            ]
     v = facts.values.get(node.input[0])
     if v is not None and all(isinstance(d, int) for d in out):
         _set(facts, node.output[0], None, v.reshape(out))
@@ -329,11 +343,24 @@ def _not(node, facts):
 
 
 _RULES: dict[str, Callable[[onnx.NodeProto, ShapeFacts], None]] = {
-    "Constant": _constant, "Shape": _shape, "Size": _size, "Gather": _gather, "Slice": _slice,
-    "Concat": _concat, "Reshape": _reshape, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze,
-    "Identity": _identity, "Cast": _cast, "Not": _not,
-    "Add": _binary(operator.add), "Sub": _binary(operator.sub), "Mul": _binary(operator.mul),
-    "Div": _binary(_int_div), "Equal": _binary(operator.eq), "Less": _binary(operator.lt),
+    "Constant": _constant,
+    "Shape": _shape,
+    "Size": _size,
+    "Gather": _gather,
+    "Slice": _slice,
+    "Concat": _concat,
+    "Reshape": _reshape,
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Identity": _identity,
+    "Cast": _cast,
+    "Not": _not,
+    "Add": _binary(operator.add),
+    "Sub": _binary(operator.sub),
+    "Mul": _binary(operator.mul),
+    "Div": _binary(_int_div),
+    "Equal": _binary(operator.eq),
+    "Less": _binary(operator.lt),
     "Greater": _binary(operator.gt),
 }
 
