@@ -25,12 +25,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from runtime.device import cuda_available
-from runtime.simulate import simulate
 from test_onnx_gradients import _assert_gradients_match
 
 from ops_registry import get_op
 from runtime import Executor
+from runtime.exec.device import cuda_available
+from runtime.exec.simulate import simulate
 from transpiler import TranspileConfig, from_onnx, transpile
 
 T, B, IN, H = 5, 4, 3, 2
