@@ -58,8 +58,8 @@ class Mail:
         return out
 
     def deliver(self, key: tuple[int, int, int], tensors: dict[str, Any]) -> None:
-        """Tensors of item `key` arrived; each waits for its recv. A tensor arriving while one of the
-        same name still waits for the item is a protocol error."""
+        """Tensors of item `key` arrived; each waits for its recv. One arriving while a tensor of the
+        same name still waits for the item is refused (one send/recv pair per tensor and crossing)."""
         box = self.arrived.get(key)
         if box is None:
             self.arrived[key] = tensors
