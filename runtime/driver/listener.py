@@ -32,6 +32,7 @@ from runtime.transport.messages import (
     header,
     parse,
 )
+from runtime.transport.process_id import ProcessId
 
 LOOKAHEAD = 3
 LOSS_WINDOW = 10
@@ -73,7 +74,7 @@ class Listener:
         self.names = list(endpoints)
         self.endpoints, self.history, self.callback = endpoints, history, callback
         self.tel, self.pauses = tel, pauses
-        self.readers = [n for n in self.names if n.split(":")[0] == settings.reader]
+        self.readers = [n for n in self.names if ProcessId.parse(n).kind == settings.reader]
         self.steps: dict[int, _StepTally] = {}
         self.next = pauses.start  # next step to hand to the history
         self.grant, self.final = self.first_grant(), False
@@ -189,17 +190,23 @@ class Listener:
             )
 
     def first_grant(self) -> int | None:
-        """Readers may start steps < this (None: no limit): LOOKAHEAD steps ahead for until_loss,
-        and never past the next pause (a checkpoint or evaluation: runtime/pauses.py)."""
-        start = self.pauses.start
-        limits = [start + LOOKAHEAD] if self.settings.until_loss is not None else []
-        pause = self.pauses.next_pause(start)
-        return min([*limits, pause]) if pause is not None else min(limits, default=None)
+        """The grant of the run's first step (`grant_at`): readers start with it."""
+        return self.grant_at(self.pauses.start)
+
+    def grant_at(self, step: int) -> int | None:
+        """Once steps < `step` are recorded, readers may start steps < this (None: any step):
+        LOOKAHEAD steps ahead for until_loss, and never past the next pause (a checkpoint or
+        evaluation: runtime/driver/pauses.py)."""
+        limits = [step + LOOKAHEAD] if self.settings.until_loss is not None else []
+        pause = self.pauses.next_pause(step)
+        if pause is not None:
+            limits.append(pause)
+        return min(limits, default=None)
 
     def _grant(self) -> None:
         if self.pauses.due(self.next):
             for t in set(self.settings.held.values()):  # (their trainer writes held tables back first)
-                self.out.send(self.endpoints[f"{t}:0"], header(WriteBack(self.next)))
+                self.out.send(self.endpoints[str(ProcessId(t, 0))], header(WriteBack(self.next)))
             try:
                 self.pauses.pause(self.next, self.history, self.tel)
             except Exception as e:
@@ -207,18 +214,14 @@ class Listener:
                     f"the pause at step {self.next} (checkpoint / evaluation)", f"{type(e).__name__}: {e}"
                 ) from e
         until = self.settings.until_loss
-        if self.final or (until is None and self.grant is None):
+        if self.final or (until is None and self.grant is None):  # (None: readers run to the end)
             return
         if until is not None:
             recent = self.history.loss[-LOSS_WINDOW:]
             if len(recent) == LOSS_WINDOW and np.mean(recent) <= until:
                 self.final = True
         if not self.final:
-            pause = self.pauses.next_pause(self.next)
-            limits = [self.next + LOOKAHEAD] if until is not None else []
-            self.grant = min([*limits, pause]) if pause is not None else min(limits, default=None)
-            if self.grant is None:  # no more pauses and no until_loss: readers run to the end
-                self.grant = 1 << 62
+            self.grant = self.grant_at(self.next)
         for r in self.readers:
             self.out.send(self.endpoints[r], header(Grant(self.grant, self.final)))
 

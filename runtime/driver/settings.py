@@ -18,6 +18,7 @@ from runtime.data import sources
 from runtime.evaluation.evaluate import loss_reduction
 from runtime.exec.device import array_module
 from runtime.exec.executor import check_feed
+from runtime.transport.process_id import process_names
 from transpiler.config import default_micro_batches
 from transpiler.passes.held import held_dense
 from transpiler.plan import Plan
@@ -113,7 +114,7 @@ class RunSettings:
 
     def trainer_names(self) -> list[str]:
         """Every trainer process of the run: "cpu:0", "cpu:1", "gpu:0", ..."""
-        return [f"{t}:{i}" for t, n in self.counts.items() for i in range(n)]
+        return [name for t, n in self.counts.items() for name in process_names(t, n)]
 
     def checkpoint_settings(self) -> dict[str, Any]:
         """The settings a checkpoint records (runtime/lifecycle.py)."""

@@ -36,6 +36,7 @@ from runtime.telemetry.outputs import Telemetry
 from runtime.trainer.process import run_trainer
 from runtime.transport import reports
 from runtime.transport.channels import Inbox, Outbox
+from runtime.transport.process_id import SERVER, ProcessId, process_names
 from transpiler.config import kind_of
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
@@ -257,13 +258,13 @@ def _run(s: _Session) -> None:
     names = cfg.trainer_names()
     kinds = {t: kind_of(t, cfg.device_map) for t in cfg.counts}
     needs = {
-        **{f"ps:{k}": {} for k in range(cfg.servers)},
-        **{n: {"gpu": 1} if kinds[n.split(":")[0]] == "gpu" else {} for n in names},
+        **{n: {} for n in process_names(SERVER, cfg.servers)},
+        **{n: {"gpu": 1} if kinds[ProcessId.parse(n).kind] == "gpu" else {} for n in names},
     }
     eng.place(needs)
     inbox = Inbox(eng.endpoint("driver"), s.secret)
     out = Outbox(s.secret)
-    ps_eps = [eng.endpoint(f"ps:{k}") for k in range(cfg.servers)]
+    ps_eps = [eng.endpoint(n) for n in process_names(SERVER, cfg.servers)]
     admin = os.urandom(32)  # assign / save / load: only this driver may (the trainers lack this key)
     endpoints = {n: eng.endpoint(n) for n in names}
     listen = Listener(cfg, eng, inbox, out, endpoints, s.history, s.callback, s.tel, s.pauses, t0)
@@ -309,11 +310,12 @@ def _trainer_spec(
     s: _Session, name: str, endpoints: dict[str, str], ps_eps: list[str], report: str, grant: int | None
 ) -> TrainerSpec:
     cfg = s.settings
-    t, _, i = name.partition(":")
+    pid = ProcessId.parse(name)
+    t = pid.kind
     return TrainerSpec(
         name=name,
         type=t,
-        index=int(i),
+        index=pid.index,
         program=s.plan.programs[t].to_json(),
         reader=cfg.reader,
         counts=cfg.counts,
@@ -353,7 +355,7 @@ def _finish(s: _Session, ps_eps: list[str], admin: bytes) -> None:
         }
         if s.tel.tracing:
             for k, spans in enumerate(client.trace()):
-                s.tel.spans(f"ps:{k}", spans)
+                s.tel.spans(str(ProcessId.server(k)), spans)
         if s.settings.return_params:
             history.params = pull_all(client, s.plan)
         end = pauses.start + history.steps

@@ -57,6 +57,7 @@ from typing import Any
 
 from runtime.engines.base import Engine, ProcessFailure, child_main
 from runtime.engines.local import process_stopped
+from runtime.transport.process_id import ProcessId
 
 GPU_RESOURCE = "gpu_trainer"  # the custom resource a CPU-only cluster offers for emulated gpu trainers
 LOST_NODE_WAIT = 2.0  # seconds a death report waits for the other processes on the same node
@@ -192,7 +193,8 @@ class RayEngine(Engine):
             if name in self.actors:
                 raise ValueError(f"a process named {name!r} was already placed")
             opts = {"num_cpus": self.num_cpus, **(self._gpu_option(res["gpu"]) if res.get("gpu") else {})}
-            extra = self.resources.get(name.partition(":")[0], {})
+            pid = ProcessId.maybe(name)  # (resources by kind: "ps", "cpu", "gpu", ...)
+            extra = self.resources.get(pid.kind, {}) if pid is not None else {}
             if extra:
                 opts["resources"] = {**opts.get("resources", {}), **extra}
             wanted[name] = {

@@ -49,6 +49,7 @@ from runtime.ps import PSClient
 from runtime.ps.launch import load_values, start_servers
 from runtime.transport.channels import Inbox, Outbox
 from runtime.transport.messages import TO_EVALUATOR, Done, Failed, ProtocolError, Scored, header, parse
+from runtime.transport.process_id import EVALUATOR, SERVER, process_names
 from transpiler.exporters.servable import ForwardGraph, forward_graph
 from transpiler.plan import Plan
 
@@ -216,12 +217,12 @@ def _start_and_gather(
     timeout: float,
     with_loss: bool,
 ) -> list[_Result]:
-    names = [f"eval:{w}" for w in range(len(shares))]
-    eng.place({**{f"ps:{k}": {} for k in range(servers)}, **{n: {} for n in names}})
+    names = process_names(EVALUATOR, len(shares))
+    eng.place({n: {} for n in process_names(SERVER, servers) + names})
     secret = eng.secret or os.urandom(32)
     admin = os.urandom(32)  # load / assign: only this driver may
     inbox = Inbox(eng.endpoint("driver"), secret)
-    ps_eps = [eng.endpoint(f"ps:{k}") for k in range(servers)]
+    ps_eps = [eng.endpoint(n) for n in process_names(SERVER, servers)]
     try:
         start_servers(
             eng,

@@ -33,6 +33,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from runtime.transport.process_id import ProcessId
+
 # A recorded span: [name, category, start (wall-clock us), duration (us), args, lane]; lane 0 is the
 # thread that made the Recorder, lane 1 any other (e.g. a trainer's background parameter-server calls).
 Span = list
@@ -124,8 +126,8 @@ def unpack_spans(buf: np.ndarray) -> list[Span]:
 
 def _track_order(name: str) -> tuple:
     """Servers first, then trainers by type and index ("ps:0" < "cpu:0" < "cpu:1" < "gpu:0")."""
-    kind, _, index = name.partition(":")
-    return (kind != "ps", kind, int(index) if index.isdigit() else 0, name)
+    p = ProcessId.maybe(name)  # (a track not named after a process: among the trainers, by name)
+    return (True, name, 0, name) if p is None else (not p.is_server, p.kind, p.index, name)
 
 
 def chrome_trace(tracks: dict[str, list[Span]], meta: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -137,7 +139,7 @@ def chrome_trace(tracks: dict[str, list[Span]], meta: dict[str, Any] | None = No
     t0 = min((s[2] for spans in tracks.values() for s in spans), default=0.0)
     events: list[dict[str, Any]] = []
     for pid, name in enumerate(sorted(tracks, key=_track_order), start=1):
-        label = f"ps shard {name.partition(':')[2]}" if name.startswith("ps:") else f"trainer {name}"
+        label = f"ps shard {p.index}" if (p := ProcessId.maybe(name)) and p.is_server else f"trainer {name}"
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": label}})
         events.append(
             {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}

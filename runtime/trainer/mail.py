@@ -41,8 +41,8 @@ class Item:
 
 class Mail:
     """Tensors between trainers, for the send / recv ops (a `comm_ops.CommBackend`): what a
-    segment sends waits in `outgoing` until the trainer flushes it after the segment; what arrives
-    waits per item in `arrived` until its recv runs."""
+    segment sends waits in `outgoing` until the trainer takes it after the segment
+    (`take_outgoing`); what arrives (`deliver`) waits per item in `arrived` until its recv runs."""
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
@@ -51,6 +51,27 @@ class Mail:
 
     def send(self, it: Item, dst: str, name: str, value: Any) -> None:
         self.outgoing.append((dst, name, value))
+
+    def take_outgoing(self) -> list[tuple[str, str, Any]]:
+        """What the segment just run sends, (destination type, name, value) each; the queue is empty after."""
+        out, self.outgoing = self.outgoing, []
+        return out
+
+    def deliver(self, key: tuple[int, int, int], tensors: dict[str, Any]) -> None:
+        """Tensors of item `key` arrived; each waits for its recv. One arriving while a tensor of the
+        same name still waits for the item is refused (one send/recv pair per tensor and crossing)."""
+        box = self.arrived.get(key)
+        if box is None:
+            self.arrived[key] = tensors
+            return
+        for name, value in tensors.items():
+            if name in box:
+                raise RuntimeError(f"tensor {name!r} of item {key} arrived twice before its recv ran")
+            box[name] = value
+
+    def forget(self, key: tuple[int, int, int]) -> None:
+        """Item `key` has run: drop what is left of its tensors."""
+        self.arrived.pop(key, None)
 
     def recv(self, it: Item, name: str) -> Any:
         v = self.arrived[it.key].pop(name)

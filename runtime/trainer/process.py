@@ -1,43 +1,42 @@
 """The trainer process: one trainer of one type runs its sub-program over pipelined micro-batches.
 
 Work is cut into *items*: micro-batch m of step t read by reader trainer o, keyed (t, o, m) in every
-message. Reader trainers (those of the type that owns the data ops) take their rows of each global
-batch (`sources.share`; a sharded dataset hands each reader its own rows: `sources.reader_batches`),
-split them into `micro_batches` items, and announce each step's items to
-every trainer of the other types; an item's tensors go to the trainer of the destination type that
-`route` picks, and its gradients come back the same way. A trainer's sub-program is cut at its recv
-ops (`transpiler.passes.schedule.segments`) and after what its sends need (`segment_order.sends_first`: a
-backward segment's weight gradients and pushes wait until its sends are out); it runs (item,
-segment) pairs as soon as the segment's messages have arrived, oldest item first, with at most
-`micro_batches` of its own items in flight on a reader (twice that in async mode: the next step's
-items too, `transpiler.config.items_in_flight`) — so a CPU trainer computes item k+1's embeddings
-while the GPU trainer runs item k's MLP. With nothing runnable it blocks on its inbox (a ZeroMQ
-poll), giving up after `stall_timeout` seconds without any message with an error saying what it
-waits for: a run never hangs silently.
+message. Reader trainers (those of the type that owns the data ops) take their rows of each global batch
+(`sources.share`; a sharded dataset hands each reader its own rows: `sources.reader_batches`), split them
+into `micro_batches` items, and announce each step's items to every trainer of the other types; an item's
+tensors go to the trainer of the destination type that `route` picks, and its gradients come back the same
+way. A trainer's sub-program is cut at its recv ops (`transpiler.passes.schedule.segments`) and after what
+its sends need (`segment_order.sends_first`: a backward segment's weight gradients and pushes wait until its
+sends are out); it runs (item, segment) pairs as soon as the segment's messages have arrived, oldest item
+first, with at most `micro_batches` of its own items in flight on a reader (twice that in async mode: the
+next step's items too, `transpiler.config.items_in_flight`) — so a CPU trainer computes item k+1's
+embeddings while the GPU trainer runs item k's MLP. With nothing runnable it blocks on its inbox (a ZeroMQ
+poll), giving up after `stall_timeout` seconds without any message with an error saying what it waits for: a
+run never hangs silently.
 
-Units: `trainer_steps.StepBook` (which steps exist, are complete, pushed, when the run ends),
-`trainer_ps.PSAccess` (prefetches, pulls, gradient buffers, one push per step and table: see there
-for how parameter-server access goes), `Mail` (tensors between trainers), and the one handler table
-of `runtime.exec.comm_ops` over those two, to which the Executor hands the item being run as its ctx.
+Units, each told what happens and keeping its own state: `steps.StepBook` (which steps exist, are granted,
+complete, pushed, when the run ends), `ps_access.PSAccess` (prefetches, pulls, gradient buffers, one push
+per step and table: see there for how parameter-server access goes), `Mail` (tensors between trainers), and
+the one handler table of `runtime.exec.comm_ops` over those two, to which the Executor hands the item being
+run as its ctx. Messages go to one handler per class.
 
-The seed of the loss gradient (`fill_constant` into loss@GRAD) is scaled by item size / global
-batch size (for a mean loss; 1 for a `reduce_sum` loss), so the accumulated gradients equal the
-  gradient of the loss on the whole global batch.
-In sync mode the server applies step t once every trainer pushed it, and a pull for step t+1 waits
-for that; so a trainer starts step t+1 only after pushing step t (a pull of step t+1 must never wait
-on its own push). Sync training then equals single-process training on the global batches. While
-step t runs elsewhere, a sync reader with nothing to run reads step t + 1's batch, makes its items
-and sorts its ids (`Ahead`), so that step t's push carries step t + 1's row pull (`PSAccess.push_step`)
-and the step boundary costs one round trip to the servers. In async mode pulls do not wait and a
-reader may start the next step while the previous one finishes.
+The seed of the loss gradient (`fill_constant` into loss@GRAD) is scaled by item size / global batch size
+(for a mean loss; 1 for a `reduce_sum` loss), so the accumulated gradients equal the gradient of the loss on
+the whole global batch. In sync mode the server applies step t once every trainer pushed it, and a pull for
+step t+1 waits for that; so a trainer starts step t+1 only after pushing step t (a pull of step t+1 must
+never wait on its own push). Sync training then equals single-process training on the global batches. While
+step t runs elsewhere, a sync reader with nothing to run reads step t + 1's batch, makes its items and sorts
+its ids (`Ahead`), so that step t's push carries step t + 1's row pull (`PSAccess.push_step`) and the step
+boundary costs one round trip to the servers. In async mode pulls do not wait and a reader may start the
+next step while the previous one finishes.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -60,6 +59,7 @@ from runtime.transport.messages import (
     Announce,
     Done,
     End,
+    Grant,
     ProtocolError,
     Ready,
     StepReport,
@@ -68,6 +68,7 @@ from runtime.transport.messages import (
     header,
     parse,
 )
+from runtime.transport.process_id import by_kind
 from runtime.transport.reports import ReportQueue
 from transpiler.config import items_in_flight
 from transpiler.exporters.forward import score_names
@@ -94,9 +95,13 @@ class Trainer:
         self.seg_outs = kept_outputs(self.segs, [self.loss, *(self.score or [])])
         self.peers = [t for t in self.counts if t != spec.reader]
         self.peer_of = {ep: name for name, ep in spec.endpoints.items()}
+        self.endpoints_of = by_kind(spec.endpoints)  # type -> its trainers' inboxes, by index
+        self.peer_eps = [ep for t in self.peers for ep in self.endpoints_of[t]]  # (in type, index order)
         self.stats = {"busy_s": 0.0, "ps_s": 0.0, "wait_s": 0.0, "send_s": 0.0, "items": 0}
         self.rec = Recorder(spec.trace)  # timeline spans (runtime.telemetry.outputs), when asked
-        self.book = StepBook(self.name, self.is_reader, self.counts[spec.reader], spec.start)
+        self.book = StepBook(
+            self.name, self.is_reader, self.counts[spec.reader], spec.start, spec.grant, spec.steps
+        )
         self.ps = PSAccess(
             self.program, spec.tables, spec.mode, self.xp, self.book, self.stats, self.rec, spec.held
         )
@@ -108,25 +113,17 @@ class Trainer:
         self.items: dict[tuple[int, int, int], Item] = {}
         self.batches: Iterator | None = None  # a reader's share of the data
         self.ahead: Ahead | None = None  # sync reader: the next step, read while this one runs
-        self.grant, self.grant_final = spec.grant, False  # grant None: steps are not limited
         self.inbox: Inbox | None = None
         self.out: Outbox | None = None
 
     def _seed_fill(self, spec: TrainerSpec) -> Any:
         """`fill_constant`: for a mean loss, the loss gradient's seed scaled by item / global batch."""
-        seed = next(
-            (
-                op.id
-                for op in self.program.ops
-                if op.type == "fill_constant" and op.outputs.get("Out") == [f"{self.loss}@GRAD"]
-            ),
-            None,
-        )
-        return seeded_fill(
-            self.xp,
-            seed if spec.loss_reduction == "mean" else None,
-            lambda it, v: v * it.size / it.global_size,
-        )
+        out = [f"{self.loss}@GRAD"]
+        seeds = [
+            op.id for op in self.program.ops if op.type == "fill_constant" and op.outputs.get("Out") == out
+        ]
+        seed = seeds[0] if seeds and spec.loss_reduction == "mean" else None
+        return seeded_fill(self.xp, seed, lambda it, v: v * it.size / it.global_size)
 
     # -- wiring ---------------------------------------------------------------------------------
     def _connect(self) -> None:
@@ -143,7 +140,7 @@ class Trainer:
 
     def _endpoint(self, dst_type: str, item: Item) -> str:
         idx = route(self.counts, self.spec.reader, dst_type, item.origin, item.mb, self.mb_count)
-        return self.spec.endpoints[f"{dst_type}:{idx}"]
+        return self.endpoints_of[dst_type][idx]
 
     # -- main loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -211,35 +208,51 @@ class Trainer:
             self._handle(*msg)
 
     def _handle(self, h: dict, arrays: list, release: Any = None) -> None:
+        """Handle one message; `release` (of one read in place from shared memory) once it is read."""
         try:
             msg = parse(h, TO_TRAINER)
         except ProtocolError as e:
             raise RuntimeError(f"{self.name}: {e}") from None
-        if isinstance(msg, Tensors):
-            if release is not None:  # in shared memory: read in place until the step is pushed
-                self.book.step(msg.step).leases.append(release)
-            with timed("recv", "comm", rec=self.rec, step=msg.step, reader=msg.origin, mb=msg.mb) as t:
-                key = (msg.step, msg.origin, msg.mb)
-                self.mail.arrived.setdefault(key, {}).update(unpack_tensors(msg.descs, arrays))
-                if t.recording:
-                    t.args.update(tensors=[d[0] for d in msg.descs], bytes=sum(a.nbytes for a in arrays))
-        elif isinstance(msg, Announce):  # a reader announces its items of a step (non-readers only)
-            st = self.book.step(msg.step)
-            st.announced.add(msg.origin)
-            for m, size in msg.items:
-                self.items[(msg.step, msg.origin, m)] = Item(msg.step, msg.origin, m, size, msg.global_size)
-                st.items += 1
-            self.ps.prefetch_dense(msg.step)
-            self._maybe_flush()
-        elif isinstance(msg, End):
-            self.book.ends[msg.origin] = msg.step
-            self._maybe_flush()
-        elif isinstance(msg, WriteBack):
-            self.ps.write_back(msg.step)
-        else:
-            self.grant, self.grant_final = msg.upto, msg.final
-        if release is not None and not isinstance(msg, Tensors):
+        if type(msg) is Tensors:  # (its arrays are read in place until the step is pushed)
+            self._on_tensors(msg, arrays, release)
+            return
+        handler = self._CONTROL.get(type(msg))
+        if handler is None:
+            known = sorted(c.__name__ for c in (Tensors, *self._CONTROL))
+            raise ProtocolError(f"{self.name}: no handler for {type(msg).__name__}; it handles {known}")
+        handler(self, msg)
+        if release is not None:
             release()
+
+    def _on_tensors(self, msg: Tensors, arrays: list, release: Any) -> None:
+        """One item's tensors from a peer, kept for the item's recv ops."""
+        if release is not None:
+            self.book.lease(msg.step, release)
+        with timed("recv", "comm", rec=self.rec, step=msg.step, reader=msg.origin, mb=msg.mb) as t:
+            self.mail.deliver((msg.step, msg.origin, msg.mb), unpack_tensors(msg.descs, arrays))
+            if t.recording:
+                t.args.update(tensors=[d[0] for d in msg.descs], bytes=sum(a.nbytes for a in arrays))
+
+    def _on_announce(self, msg: Announce) -> None:
+        """A reader announces its items of a step (to non-readers only)."""
+        self.book.announce(msg.step, msg.origin, len(msg.items))
+        for m, size in msg.items:
+            self.items[(msg.step, msg.origin, m)] = Item(msg.step, msg.origin, m, size, msg.global_size)
+        self.ps.prefetch_dense(msg.step)
+        self._maybe_flush()
+
+    def _on_end(self, msg: End) -> None:
+        """A reader runs no step >= msg.step."""
+        self.book.reader_ended(msg.origin, msg.step)
+        self._maybe_flush()
+
+    # the handlers of the messages other than Tensors, by class (`_handle`)
+    _CONTROL: ClassVar[dict[type, Callable[[Trainer, Any], None]]] = {
+        Announce: _on_announce,
+        End: _on_end,
+        WriteBack: lambda self, msg: self.ps.write_back(msg.step),
+        Grant: lambda self, msg: self.book.grant(msg.upto, msg.final),
+    }
 
     # -- readers: steps and items ---------------------------------------------------------------
     def _announce(self) -> None:
@@ -259,30 +272,24 @@ class Trainer:
             return
         _, n, lo, hi = ahead.got  # rows [lo, hi) of batch are this reader's share of a global batch of n
         made = ahead.items
-        st = book.step(t)
-        for it in made:
-            self.items[it.key] = it
-            st.items += 1
+        book.start(t, len(made))
+        self.items.update((it.key, it) for it in made)
         self.ps.prefetch_rows(t, made)  # (nothing when the previous step's push asked for them)
         self.ps.prefetch_dense(t)
         per_dst: dict[str, list] = {}
         for it in made:
             for dst in self.peers:
                 per_dst.setdefault(self._endpoint(dst, it), []).append([it.mb, it.size])
-        for ep in self._peer_endpoints():
+        for ep in self.peer_eps:
             self.out.send(ep, header(Announce(t, self.index, n, per_dst.get(ep, []))))
         self.reports.step(StepReport(self.name, t, len(made), hi - lo, n))
-        book.next_step = t + 1
         self._maybe_flush()
 
     def _make_ahead(self, t: int) -> Ahead | None:
         """Step t's share of a global batch and its items; None while step t is not granted."""
-        limit = self.spec.steps
-        if self.grant is not None and t >= self.grant:
-            if not self.grant_final:
-                return None
-            limit = t if limit is None else min(limit, t)
-        got = None if limit is not None and t >= limit else next(self.batches, None)
+        if not self.book.granted(t):
+            return None
+        got = None if self.book.ends_before(t) else next(self.batches, None)
         return Ahead(t, got, self._make_items(t, *got) if got is not None else [])
 
     def _read_ahead(self) -> bool:
@@ -307,13 +314,9 @@ class Trainer:
             for m, (a, b) in enumerate(sources.split(lo, hi, self.mb_count))
         ]
 
-    def _peer_endpoints(self) -> list[str]:
-        """Every trainer of the types other than the reader's (in type, index order)."""
-        return [self.spec.endpoints[f"{dst}:{k}"] for dst in self.peers for k in range(self.counts[dst])]
-
     def _finish_at(self, t: int) -> None:
-        self.book.end = t
-        for ep in self._peer_endpoints():
+        self.book.end_at(t)
+        for ep in self.peer_eps:
             self.out.send(ep, header(End(t, self.index)))
         self.reports.now(End(t, self.index, self.name))
 
@@ -356,9 +359,8 @@ class Trainer:
             return
         with timed(stats=self.stats, key="send_s"):
             by_ep: dict[str, list] = {}
-            for dst, name, value in self.mail.outgoing:
+            for dst, name, value in self.mail.take_outgoing():
                 by_ep.setdefault(self._endpoint(dst, it), []).append((name, _host(value)))
-            self.mail.outgoing = []
             for ep, values in by_ep.items():
                 where = {"step": it.step, "reader": it.origin, "mb": it.mb, "to": self.peer_of[ep]}
                 with timed("send", "comm", rec=self.rec, **where) as t:
@@ -369,28 +371,27 @@ class Trainer:
 
     def _item_done(self, it: Item) -> None:
         del self.items[it.key]
-        self.mail.arrived.pop(it.key, None)
+        self.mail.forget(it.key)
         self.stats["items"] += 1
-        st = self.book.step(it.step)
+        report = None
         if self.loss is not None:
             scores = [_host(it.env[n]).reshape(-1).astype(np.float32) for n in self.score or ()]
-            st.reports.append((it.size, _host(it.env[self.loss]).item(), scores))
-        st.done += 1
+            report = (it.size, _host(it.env[self.loss]).item(), scores)
+        self.book.item_done(it.step, report)
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:
         """Push the gradients of every completed step, in step order (on the background thread)."""
         book = self.book
-        while book.complete(book.flushed):
-            st = book.steps.pop(book.flushed)
-            ahead = self.ahead.items if self.ahead and self.ahead.step == book.flushed + 1 else []
-            self.ps.push_step(book.flushed, st, ahead)
-            for release in st.leases:  # (the push is made: nothing reads the step's messages now)
-                release()
+        while (st := book.to_push()) is not None:
+            t = book.flushed
+            ahead = self.ahead.items if self.ahead and self.ahead.step == t + 1 else []
+            self.ps.push_step(t, st, ahead)
+            st.release_leases()  # (the push is made: nothing reads the step's messages now)
             if st.reports:
-                self.reports.losses(book.flushed, st.reports)
-            book.flushed += 1
-            self.ps.prefetch_dense(book.flushed)
+                self.reports.losses(t, st.reports)
+            book.complete(t)
+            self.ps.prefetch_dense(t + 1)
 
 
 def run_trainer(spec: dict[str, Any]) -> None:

@@ -1,5 +1,7 @@
-"""A trainer's step book: the steps it knows of, which are complete, how far it has pushed, and
-when its run ends (see `runtime.trainer.process` for how steps flow)."""
+"""A trainer's step book: the steps it knows of, which it may start (the driver's grant), which are
+complete, how far it has pushed, and when its run ends (see `runtime.trainer.process` for how steps
+flow). The trainer tells the book what happens; the book refuses what cannot happen (a step pushed
+twice or out of order, more items done than known, a grant that goes back)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ import numpy as np
 
 @dataclass
 class StepState:
+    """One step on one trainer: its items and how many have run, what its readers announced, its
+    pulled tables and accumulated gradients (`PSAccess`), its items' reports and message leases."""
+
     items: int = 0  # items of this step on this trainer (known so far)
     done: int = 0
     announced: set[int] = field(default_factory=set)  # readers whose announcement arrived
@@ -22,6 +27,24 @@ class StepState:
     fed_rows: dict[str, dict[tuple, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     reports: list[tuple[int, float, list]] = field(default_factory=list)  # (size, loss, [score, label])
     leases: list[Any] = field(default_factory=list)  # release() of its messages read in place
+
+    def add_items(self, n: int) -> None:
+        """n more items of this step run on this trainer."""
+        self.items += n
+
+    def item_done(self, t: int, report: tuple[int, float, list] | None = None) -> None:
+        """One of step t's items has run all its segments (`report`: its size, loss and scores)."""
+        if self.done >= self.items:
+            raise RuntimeError(f"step {t}: an item finished beyond the {self.items} items known of it")
+        self.done += 1
+        if report is not None:
+            self.reports.append(report)
+
+    def release_leases(self) -> None:
+        """Hand back the step's messages read in place (once its push is made)."""
+        for release in self.leases:
+            release()
+        self.leases.clear()
 
 
 @dataclass
@@ -36,17 +59,28 @@ class Ahead:
 
 
 class StepBook:
-    """Steps of one trainer. A reader makes its steps (`next_step`, `end`); any other trainer
-    learns them from the readers' announcements (`StepState.announced`) and end steps (`ends`).
-    Steps < `flushed` are pushed; a resumed run starts at `start`."""
+    """Steps of one trainer. A reader makes its steps (`start`, `end_at`) as far as the driver's
+    grant lets it (`grant`, `granted`) and up to `last`; any other trainer learns them from the
+    readers' announcements (`announce`) and end steps (`reader_ended`). Items run (`item_done`);
+    steps < `flushed` are pushed (`to_push`, `complete`); a resumed run starts at `start`."""
 
-    def __init__(self, name: str, is_reader: bool, readers: int, start: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        is_reader: bool,
+        readers: int,
+        start: int = 0,
+        grant: int | None = None,
+        last: int | None = None,
+    ) -> None:
         self.name, self.is_reader, self.readers = name, is_reader, readers
         self.steps: dict[int, StepState] = {}
         self.flushed = start
         self.next_step = start  # readers: the next step to announce
         self.end: int | None = None  # readers: no step >= end runs
         self.ends: dict[int, int] = {}  # others: reader index -> its end step
+        self.upto, self.final = grant, False  # readers start steps < upto (None: any), see `grant`
+        self.last = last  # readers: no step >= last runs (None: as far as the data and grants go)
 
     def step(self, t: int) -> StepState:
         st = self.steps.get(t)
@@ -54,7 +88,91 @@ class StepBook:
             st = self.steps[t] = StepState()
         return st
 
-    def complete(self, t: int) -> bool:
+    # -- what happens to steps ------------------------------------------------------------------
+    def start(self, t: int, items: int) -> StepState:
+        """A reader starts step t (the next one) with `items` items of its own."""
+        if t != self.next_step or self.end is not None:
+            raise RuntimeError(
+                f"{self.name}: cannot start step {t}: the next step is {self.next_step}"
+                + (f" and the run ends at step {self.end}" if self.end is not None else "")
+            )
+        st = self.step(t)
+        st.add_items(items)
+        self.next_step = t + 1
+        return st
+
+    def end_at(self, t: int) -> None:
+        """A reader's run ends before step t (the next one): no step >= t runs."""
+        if self.end is not None or t != self.next_step:
+            raise RuntimeError(
+                f"{self.name}: cannot end the run at step {t}: the next step is {self.next_step}"
+                + (f" and it already ends at step {self.end}" if self.end is not None else "")
+            )
+        self.end = t
+
+    def announce(self, t: int, origin: int, items: int) -> None:
+        """Reader `origin` announced its step t, of which `items` items run here."""
+        st = self.step(t)
+        if origin in st.announced:
+            raise RuntimeError(f"{self.name}: reader {origin} announced step {t} twice")
+        st.announced.add(origin)
+        st.add_items(items)
+
+    def reader_ended(self, origin: int, t: int) -> None:
+        """Reader `origin` runs no step >= t."""
+        if self.ends.get(origin, t) != t:
+            before = self.ends[origin]
+            raise RuntimeError(f"{self.name}: reader {origin} ended the run at step {t}, before at {before}")
+        self.ends[origin] = t
+
+    def item_done(self, t: int, report: tuple[int, float, list] | None = None) -> None:
+        """One item of step t has run all its segments (`report`: its size, loss and scores)."""
+        if t < self.flushed:
+            raise RuntimeError(f"{self.name}: an item of step {t} finished after the step was pushed")
+        self.step(t).item_done(t, report)
+
+    def lease(self, t: int, release: Any) -> None:
+        """A message of step t is read in place until the step is pushed; then `release()`."""
+        self.step(t).leases.append(release)
+
+    def to_push(self) -> StepState | None:
+        """The oldest step not pushed yet, when complete (else None)."""
+        return self.steps.get(self.flushed) if self.is_complete(self.flushed) else None
+
+    def complete(self, t: int) -> StepState:
+        """Step t (the oldest not pushed yet, complete) is pushed: forget it; return its state."""
+        if t < self.flushed:
+            raise RuntimeError(f"{self.name}: step {t} was pushed already (steps < {self.flushed} are)")
+        if t > self.flushed:
+            raise RuntimeError(f"{self.name}: step {t} cannot be pushed before step {self.flushed}")
+        if not self.is_complete(t):
+            raise RuntimeError(f"{self.name}: step {t} cannot be pushed: {self._progress(t)}")
+        self.flushed = t + 1
+        return self.steps.pop(t)
+
+    def grant(self, upto: int | None, final: bool) -> None:
+        """The driver's grant: a reader may start steps < upto (None: any); `final`: no step >= upto
+        runs. Grants only go forward."""
+        backwards = upto is not None and (self.upto is None or upto < self.upto)
+        if self.final or backwards:
+            raise RuntimeError(
+                f"{self.name}: a grant of steps < {upto} (final: {final}) after the grant of steps "
+                f"< {self.upto} (final: {self.final}): grants only go forward"
+            )
+        self.upto, self.final = upto, final
+
+    # -- what the book says ---------------------------------------------------------------------
+    def granted(self, t: int) -> bool:
+        """Whether a reader may make step t now (past a final grant: to end the run there)."""
+        return self.upto is None or t < self.upto or self.final
+
+    def ends_before(self, t: int) -> bool:
+        """Whether the run ends before step t: past the last step, or past a final grant."""
+        return (self.last is not None and t >= self.last) or (
+            self.final and self.upto is not None and t >= self.upto
+        )
+
+    def is_complete(self, t: int) -> bool:
         """Every item of step t on this trainer has run (and, on a non-reader, every reader has
         announced its items of it)."""
         st = self.steps.get(t)
@@ -74,6 +192,13 @@ class StepBook:
         if len(ends) != 1:
             raise RuntimeError(f"{self.name}: reader trainers disagree on the last step: {self.ends}")
         return self.flushed >= ends.pop()
+
+    def _progress(self, t: int) -> str:
+        st = self.steps.get(t)
+        if st is None:
+            return "nothing of it is known yet"
+        told = "" if self.is_reader else f", announced by readers {sorted(st.announced)} of {self.readers}"
+        return f"{st.done} of its {st.items} items have run{told}"
 
     def describe(self) -> str:
         """What a non-reader has heard from the readers (for a stall's error message)."""

@@ -230,8 +230,9 @@ def two_node_run() -> dict:
 
 def test_two_nodes_trainers_placed_by_resources_and_a_lost_node_is_named():
     pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}  # (this file's imports: tests/procs.py)
     proc = subprocess.run(
-        [sys.executable, __file__, "--two-nodes"], capture_output=True, text=True, timeout=300
+        [sys.executable, __file__, "--two-nodes"], capture_output=True, text=True, timeout=300, env=env
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
