@@ -209,13 +209,15 @@ class Program:
     program (e.g. from ONNX initializers); `attrs` holds program-level facts (loss name, ...).
     `segments`: how a trainer runs a transpiled sub-program, set by the segment-order pass
     (`transpiler.passes.segment_order`): block 0's ops as run segments in run order, each a list of
-    `SegmentRef`s; None: segments cut at recv ops (`transpiler.passes.schedule.segments`)."""
+    `SegmentRef`s; None: segments cut at recv ops (`transpiler.passes.schedule.segments`). They
+    describe the ops as they were when set: a later change to the ops (which bumps `version`)
+    drops them."""
 
     def __init__(self) -> None:
         self.blocks: list[Block] = [Block(0)]
         self.params: dict[str, np.ndarray] = {}
         self.attrs: dict[str, Any] = {}
-        self.segments: list[list[SegmentRef]] | None = None
+        self._segments: tuple[int, list[list[SegmentRef]]] | None = None  # (version when set, segments)
         self._next_id = 0
 
     # -- structure -------------------------------------------------------------------
@@ -223,6 +225,16 @@ class Program:
     def version(self) -> int:
         """Grows with every change to the ops (the Executor's cache key, with the program's id)."""
         return sum(b.version for b in self.blocks)
+
+    @property
+    def segments(self) -> list[list[SegmentRef]] | None:
+        if self._segments is None or self._segments[0] != self.version:
+            return None
+        return self._segments[1]
+
+    @segments.setter
+    def segments(self, segs: list[list[SegmentRef]] | None) -> None:
+        self._segments = None if segs is None else (self.version, segs)
 
     def global_block(self) -> Block:
         return self.blocks[0]

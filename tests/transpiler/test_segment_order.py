@@ -125,3 +125,14 @@ def test_verify_refuses_run_segments_that_read_another_write():
     p.segments = [[0, 1, 3], [2]]
     with pytest.raises(PlanError, match=r"'scale' \(id 2\) reads 'x' as op ids \[3\] write it, in program"):
         verify({"cpu": p}, [])
+
+
+def test_a_change_to_the_ops_drops_the_run_segments():
+    """The segments describe the ops as the pass saw them: an op list edited afterwards runs cut at
+    its recvs until the pass runs again (a stale order never runs)."""
+    gpu = transpile(wide_deep(vocab=100, dim=4, optimizer=nn.SGD(lr=0.1)).main).programs["gpu"]
+    assert gpu.segments is not None and gpu.clone().segments == gpu.segments
+    gpu.global_block().set_ops(list(gpu.ops))
+    assert gpu.segments is None and "segments" not in gpu.to_dict()
+    order_segments({"gpu": gpu})
+    assert Program.from_json(gpu.to_json()).segments == gpu.segments is not None

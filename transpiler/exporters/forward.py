@@ -40,7 +40,6 @@ def score_names(program: Program) -> list[str] | None:
 def inference_program(program: Program, targets: list[str | Var] | None = None) -> Program:
     """A new Program with only the forward ops of `program` (those `targets` need, when given)."""
     out = program.clone()
-    out.segments = None  # a training sub-program's run segments: not this program's
     block = out.global_block()
     ops = [op for op in block.ops if op.role in ("forward", "loss")]
     if targets is not None:

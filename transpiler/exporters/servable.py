@@ -122,7 +122,6 @@ def _ancestors(ops: list[Op], targets: list[str]) -> set[str]:
 
 def _prune(program: Program, targets: list[str]) -> Program:
     out = program.clone()
-    out.segments = None  # a training sub-program's run segments: not this program's
     block = out.global_block()
     need = set(targets)
     kept = []
