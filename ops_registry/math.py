@@ -246,7 +246,7 @@ def _gemm(xp, ins, attrs):
 
 def _gemm_vjp(xp, ins, outs, douts, attrs):
     """The gradients of A, B (and C); with attr `grads` (a list of slots) only those: a runtime may
-    split gemm_grad into its input gradient and its weight gradients (runtime/segment_order.py)."""
+    split gemm_grad into its input gradient and its weight gradients (transpiler/passes/segment_order.py)."""
     a, b, g = ins["A"], ins["B"], douts["Y"]
     alpha, want = attrs["alpha"], attrs.get("grads") or ("A", "B", "C")
     out = {}

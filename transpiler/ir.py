@@ -20,6 +20,10 @@ from transpiler.values import copy_json, json_default, load_params, save_params
 
 OP_ROLES = ("forward", "loss", "backward", "optimize", "comm", "ps")
 
+# One op of a run segment (`Program.segments`): an op id (the whole op), or (op id, output slots)
+# for the part of an op that makes only those outputs.
+SegmentRef = int | tuple[int, tuple[str, ...]]
+
 
 def grad_name(name: str) -> str:
     """The gradient variable of `name` (Paddle's convention)."""
@@ -202,12 +206,18 @@ class Block:
 
 class Program:
     """A static program. Block 0 is global. `params` holds parameter values that travel with the
-    program (e.g. from ONNX initializers); `attrs` holds program-level facts (loss name, ...)."""
+    program (e.g. from ONNX initializers); `attrs` holds program-level facts (loss name, ...).
+    `segments`: how a trainer runs a transpiled sub-program, set by the segment-order pass
+    (`transpiler.passes.segment_order`): block 0's ops as run segments in run order, each a list of
+    `SegmentRef`s; None: segments cut at recv ops (`transpiler.passes.schedule.segments`). They
+    describe the ops as they were when set: a later change to the ops (which bumps `version`)
+    drops them."""
 
     def __init__(self) -> None:
         self.blocks: list[Block] = [Block(0)]
         self.params: dict[str, np.ndarray] = {}
         self.attrs: dict[str, Any] = {}
+        self._segments: tuple[int, list[list[SegmentRef]]] | None = None  # (version when set, segments)
         self._next_id = 0
 
     # -- structure -------------------------------------------------------------------
@@ -215,6 +225,16 @@ class Program:
     def version(self) -> int:
         """Grows with every change to the ops (the Executor's cache key, with the program's id)."""
         return sum(b.version for b in self.blocks)
+
+    @property
+    def segments(self) -> list[list[SegmentRef]] | None:
+        if self._segments is None or self._segments[0] != self.version:
+            return None
+        return self._segments[1]
+
+    @segments.setter
+    def segments(self, segs: list[list[SegmentRef]] | None) -> None:
+        self._segments = None if segs is None else (self.version, segs)
 
     def global_block(self) -> Block:
         return self.blocks[0]
@@ -276,11 +296,12 @@ class Program:
             for b in self.blocks
         ]
         p.params = {k: v.copy() for k, v in self.params.items()}
+        p.segments = None if self.segments is None else [list(seg) for seg in self.segments]
         return p
 
     # -- serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {
+        d = {
             "version": 1,
             "attrs": copy.deepcopy(self.attrs),
             "next_id": self._next_id,
@@ -294,6 +315,9 @@ class Program:
                 for b in self.blocks
             ],
         }
+        if self.segments is not None:  # a part as [id, [slots]]; absent: cut at recv ops
+            d["segments"] = [[_ref_json(r) for r in s] for s in self.segments]
+        return d
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=json_default)
@@ -319,6 +343,8 @@ class Program:
                 for od in bd["ops"]
             )
             p.blocks.append(b)
+        if d.get("segments") is not None:
+            p.segments = [[_ref_from_json(r) for r in s] for s in d["segments"]]
         return p
 
     @classmethod
@@ -356,6 +382,14 @@ class Program:
         return "\n".join(lines)
 
 
+def _ref_json(r: SegmentRef) -> int | list:
+    return r if isinstance(r, int) else [r[0], list(r[1])]
+
+
+def _ref_from_json(r: int | list) -> SegmentRef:
+    return r if isinstance(r, int) else (r[0], tuple(r[1]))
+
+
 def _slots(d: dict | None) -> dict[str, list[str]]:
     out = {}
     for k, v in (d or {}).items():
@@ -375,7 +409,8 @@ def lint(program: Program) -> None:
     naming the op: op ids are unique and below the next fresh id; op types are registered and name
     only their own slots; roles are among OP_ROLES; every var an op names is in its block; every
     input is persistable (state that lives outside the ops: parameters, tables) or defined by an
-    earlier op. Linear in the ops (it runs after every pass of `transpile`)."""
+    earlier op; `segments`, when set, hold every op of block 0 once (an op split in parts: each of
+    its output slots in one part). Linear in the ops (it runs after every pass of `transpile`)."""
     slots: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
     seen: dict[int, Op] = {}
     roles = frozenset(OP_ROLES)
@@ -414,6 +449,40 @@ def lint(program: Program) -> None:
                             f"{_where(b, i, op)}: names var {n!r}, which block {b.idx} does not have"
                         )
                     defined.add(n)
+    if program.segments is not None:
+        lint_segments(program)
+
+
+def lint_segments(program: Program) -> None:
+    """Raise `LintError` unless `program.segments` hold every op of block 0 once (see `lint`)."""
+    by_id = {op.id: op for op in program.blocks[0]._ops}
+    whole: set[int] = set()
+    parts: dict[int, list[str]] = {}
+    for k, seg in enumerate(program.segments or ()):
+        for r in seg:
+            i, slots = (r, None) if isinstance(r, int) else r
+            op = by_id.get(i)
+            where = f"segment {k}: op id {i}"
+            if op is None:
+                raise LintError(f"{where} is not an op of block 0")
+            if i in whole or (slots is None and i in parts):
+                raise LintError(f"{where} {op.type!r} is in the segments twice")
+            if slots is None:
+                whole.add(i)
+                continue
+            if not set(slots) <= set(op.outputs) or set(slots) & set(parts.get(i, ())):
+                raise LintError(
+                    f"{where} {op.type!r}: part {list(slots)} names slots that are not its outputs "
+                    f"{sorted(op.outputs)} or are in another part too"
+                )
+            parts.setdefault(i, []).extend(slots)
+    for i, slots in parts.items():
+        left = sorted(s for s, names in by_id[i].outputs.items() if any(names) and s not in slots)
+        if left:
+            raise LintError(f"op id {i} {by_id[i].type!r}: its parts in the segments leave out {left}")
+    missing = [i for i in by_id if i not in whole and i not in parts]
+    if missing:
+        raise LintError(f"op id {missing[0]} {by_id[missing[0]].type!r} is in no segment")
 
 
 def _where(b: Block, i: int, op: Op) -> str:

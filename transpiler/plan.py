@@ -2,8 +2,10 @@
 the channels between trainer types, the config, and why every op runs where it does.
 
 A plan directory holds `plan.json` (tables, channels, config, placement reasons), one
-`programs/<trainer type>.json` per sub-program and, when the source program carried parameter
-values (ONNX / Paddle imports), `params.npz`.
+`programs/<trainer type>.json` per sub-program (with the run segments the segment-order pass
+stored in it, `Program.segments`; a plan saved before that pass has none, and its trainers run
+segments cut at recv ops) and, when the source program carried parameter values (ONNX / Paddle
+imports), `params.npz`.
 
 A table: a `transpiler.tables.TableSpec` (in plan.json as its `to_dict`, the format of old plans).
 A channel: {"tensor", "src", "dst", "shape", "dtype", "bytes_per_example", "direction"}.
@@ -23,9 +25,8 @@ import numpy as np
 
 from transpiler.config import TranspileConfig
 from transpiler.errors import PlanError
-from transpiler.ir import LintError, Op, Program
-from transpiler.passes import assign_devices, insert_comm, insert_ps, split, verify
-from transpiler.passes.backward import append_backward
+from transpiler.ir import Op, Program
+from transpiler.passes import pipeline, verify
 from transpiler.tables import OptimizerSpec, TableSpec, tables_from_dicts, tables_to_dicts
 from transpiler.values import load_params, save_params
 
@@ -236,8 +237,10 @@ def _inside(root: Path, *parts: str) -> Path:
 def transpile(program: Program, config: TranspileConfig | None = None) -> Plan:
     """Split a single-process training program into a heterogeneous parameter-server Plan.
 
-    A program without backward ops but with `attrs["loss_name"]` (e.g. an ONNX import with a loss)
-    gets its backward ops first. The plan is verified before it is returned.
+    The passes of `transpiler.passes.pipeline.PASSES` run on a clone of `program`, linted after each;
+    the Plan is made from their typed results and verified before it is returned. A program
+    without backward ops but with `attrs["loss_name"]` (e.g. an ONNX import with a loss) gets its
+    backward ops first.
     """
     with _gc_paused():
         return _transpile(program, config or TranspileConfig())
@@ -256,35 +259,17 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _linted(pass_name: str, program: Program) -> Program:
-    """`program` after it passed `Program.lint`; a LintError names the pass that broke it."""
-    try:
-        program.lint()
-    except LintError as e:
-        raise LintError(f"after {pass_name}: {e}") from None
-    return program
-
-
 def _transpile(program: Program, config: TranspileConfig) -> Plan:
-    prog = _linted("the source program (a clone)", program.clone())
-    loss = prog.attrs.get("loss_name") or next(
-        (op.output_names()[0] for op in prog.ops if op.role == "loss"), None
-    )
-    if loss and not any(op.role == "backward" for op in prog.ops):
-        append_backward(prog, loss)
-        _linted("append_backward", prog)
-    placed = _linted("assign_devices", assign_devices(prog, config))
-    placed.attrs["loss_name"] = loss
-    placement = {str(op.id): {"type": op.type, "device": op.device} for op in placed.ops}
-    done = _linted("insert_comm", insert_comm(_linted("insert_ps", insert_ps(placed, config))))
-    placement.update(
-        {str(op.id): {"type": op.type, "device": op.device} for op in done.ops if op.role in ("comm", "ps")}
-    )
-    for k, reason in done.attrs["placement"].items():
-        placement[k]["reason"] = reason
-    programs = {t: _linted(f"split (trainer {t})", p) for t, p in split(done).items()}
+    c = pipeline.run_passes(pipeline.PASSES, pipeline.Context(program.clone(), config))
+    assert c.placement and c.tables and c.channels and c.programs is not None
+    placement = {k: {"type": type, "device": dev} for k, (type, dev) in c.placement.ops.items()}
+    inserted = [op for op in c.program.ops if op.role in ("comm", "ps")]
+    placement.update({str(op.id): {"type": op.type, "device": op.device} for op in inserted})
+    for reasons in (c.placement.reasons, c.tables.reasons, c.channels.reasons):
+        for k, reason in reasons.items():
+            placement[k]["reason"] = reason
     plan = Plan(
-        programs, done.attrs["tables"], done.attrs["channels"], config, placement, dict(prog.params), loss
+        c.programs, c.tables.specs, c.channels.channels, config, placement, dict(c.program.params), c.loss
     )
     plan.verify()
     return plan

@@ -5,14 +5,14 @@ message. Reader trainers (those of the type that owns the data ops) take their r
 (`sources.share`; a sharded dataset hands each reader its own rows: `sources.reader_batches`), split them
 into `micro_batches` items, and announce each step's items to every trainer of the other types; an item's
 tensors go to the trainer of the destination type that `route` picks, and its gradients come back the same
-way. A trainer's sub-program is cut at its recv ops (`transpiler.passes.schedule.segments`) and after what
-its sends need (`segment_order.sends_first`: a backward segment's weight gradients and pushes wait until its
-sends are out); it runs (item, segment) pairs as soon as the segment's messages have arrived, oldest item
-first, with at most `micro_batches` of its own items in flight on a reader (twice that in async mode: the
-next step's items too, `transpiler.config.items_in_flight`) — so a CPU trainer computes item k+1's
-embeddings while the GPU trainer runs item k's MLP. With nothing runnable it blocks on its inbox (a ZeroMQ
-poll), giving up after `stall_timeout` seconds without any message with an error saying what it waits for: a
-run never hangs silently.
+way. A trainer's sub-program runs as the segments the plan stores in it (`schedule.segments`: cut at
+its recv ops and after what its sends need, by the segment-order pass — a backward segment's weight
+gradients and pushes wait until its sends are out); it runs (item, segment) pairs as soon as the segment's
+messages have arrived, oldest item first, with at most `micro_batches` of its own items in flight on a reader
+(twice that in async mode: the next step's items too, `transpiler.config.items_in_flight`) — so a CPU trainer
+computes item k+1's embeddings while the GPU trainer runs item k's MLP. With nothing runnable it blocks on its
+inbox (a ZeroMQ poll), giving up after `stall_timeout` seconds without any message with an error saying what
+it waits for: a run never hangs silently.
 
 Units, each told what happens and keeping its own state: `steps.StepBook` (which steps exist, are granted,
 complete, pushed, when the run ends), `ps_access.PSAccess` (prefetches, pulls, gradient buffers, one push
@@ -51,7 +51,6 @@ from runtime.ps import PSClient
 from runtime.telemetry.outputs import Recorder, pack_spans, timed
 from runtime.trainer.mail import Item, Mail, route
 from runtime.trainer.ps_access import PSAccess
-from runtime.trainer.segment_order import kept_outputs, sends_first
 from runtime.trainer.steps import Ahead, StepBook
 from runtime.transport.channels import Inbox, Outbox, pack_tensors, unpack_tensors
 from runtime.transport.messages import (
@@ -73,7 +72,7 @@ from runtime.transport.reports import ReportQueue
 from transpiler.config import items_in_flight
 from transpiler.exporters.forward import score_names
 from transpiler.ir import Program
-from transpiler.passes.schedule import segment_programs
+from transpiler.passes.schedule import kept_outputs, segment_programs
 
 __all__ = ["Item", "Trainer", "route", "run_trainer"]
 
@@ -87,7 +86,7 @@ class Trainer:
         self.in_flight_max = items_in_flight(spec.mode, spec.micro_batches)
         self.xp, _ = array_module(spec.type, spec.device_map, spec.allow_emulation, announce=False)
         self.program = Program.from_json(spec.program)
-        self.segs = sends_first(segment_programs(self.program))  # (runtime/segment_order.py)
+        self.segs = segment_programs(self.program)  # its stored run segments (passes/segment_order.py)
         self.seg_recvs = [[op.attrs["tensor"] for op in seg.ops if op.type == "recv"] for seg in self.segs]
         self.feeds = self.program.attrs.get("feeds", [])
         self.loss = spec.loss if spec.loss in self.program.vars else None

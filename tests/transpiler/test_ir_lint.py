@@ -10,9 +10,10 @@ import pytest
 from runtime import Executor
 from transpiler import LintError, Op, Program, transpile
 from transpiler import builder as nn
-from transpiler import plan as plan_module
 from transpiler.config import TranspileConfig
 from transpiler.models import wide_deep
+from transpiler.passes import pipeline
+from transpiler.passes.types import Tables
 
 
 def small() -> Program:
@@ -119,13 +120,13 @@ def test_executor_sees_a_change_made_through_the_block():
 
 
 def test_transpile_names_the_pass_that_broke_the_program(monkeypatch):
-    real = plan_module.insert_ps
+    real = pipeline.insert_ps
 
-    def broken(program: Program, config: TranspileConfig) -> Program:
+    def broken(program: Program, config: TranspileConfig) -> Tables:
         out = real(program, config)
-        out.ops[-1].id = out.ops[0].id
+        program.ops[-1].id = program.ops[0].id
         return out
 
-    monkeypatch.setattr(plan_module, "insert_ps", broken)
+    monkeypatch.setattr(pipeline, "insert_ps", broken)
     with pytest.raises(LintError, match="after insert_ps: .* is also the id of op"):
         transpile(wide_deep(vocab=50, optimizer=nn.SGD(0.1)).main, TranspileConfig())

@@ -48,7 +48,8 @@ def test_wide_deep_boundary_is_exactly_the_hand_derived_set():
 
 def test_placement_by_type_and_backward_follows_forward():
     m = wide_deep()
-    placed = assign_devices(m.main.clone(), TranspileConfig())
+    placed = m.main.clone()
+    assign_devices(placed, TranspileConfig())
     by_id = {op.id: op for op in placed.ops}
     kinds = {
         "data": "cpu",

@@ -28,7 +28,7 @@ Dense tables sit whole on a shard (largest first onto the least loaded), sparse 
   push) of one trainer of each type in turn (a reader's sparse rows, the dense tables): each is
   its client time, which includes the shard's serving of it — less what the busiest (non-reader)
   type computes after its last sends of the step: its weight gradients, half of each `gemm_grad`
-  (runtime/segment_order.py runs them after the input gradients are sent), overlap that chain;
+  (transpiler/passes/segment_order.py runs them after the input gradients are sent), overlap that chain;
 - a reader's own work per id: gathering the pulled rows and merging the gradients (per id and
   sparse table), and the union of a step's ids for the rows' prefetch (per id of each id column);
 - a process's background thread (its PS calls) and its main thread take turns on one core (the

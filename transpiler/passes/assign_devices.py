@@ -7,7 +7,7 @@ Rules, strongest first:
 4. Light ops (categories absent from the map, by default `light`: activations, reshape/concat,
    reductions) and the backward `sum` ops that accumulate gradients go where fewer bytes cross (below).
 Backward ops run on their forward op's trainer type (`fwd_id`); optimizer ops go to the parameter
-server ("ps"). Reasons go to `program.attrs["placement"]` {op id: text}; `Plan.explain` reads them.
+server ("ps"). The pass returns a `Placement` with the reasons {op id: text}; `Plan.explain` reads them.
 
 Bytes crossing: an op and the backward ops that follow it form a *unit*. A non-persistable tensor
 costs (bytes per example) x (number of trainer types among its producer and consumers - 1): one
@@ -29,6 +29,7 @@ import numpy as np
 from ops_registry import get_op
 from transpiler.config import TranspileConfig
 from transpiler.ir import Op, Program, Var
+from transpiler.passes.types import Placement
 
 
 def bytes_per_example(var: Var | None, batch: int | None = None) -> int:
@@ -53,8 +54,8 @@ def fixed_batch(program: Program) -> int | None:
     return dim if dim is not None and dim > 0 else None
 
 
-def assign_devices(program: Program, config: TranspileConfig | None = None) -> Program:
-    """Set `op_device` on every op of `program` (in place); reasons in attrs["placement"]."""
+def assign_devices(program: Program, config: TranspileConfig | None = None) -> Placement:
+    """Set `op_device` on every op of `program` (in place); return why each op went where it did."""
     config = config or TranspileConfig()
     prog = program
     block, ops = prog.global_block(), prog.ops
@@ -103,9 +104,7 @@ def assign_devices(program: Program, config: TranspileConfig | None = None) -> P
             reasons[str(op.id)] = (
                 f"backward op: follows its forward op id {u} {by_id[u].type!r} on {device[u]}"
             )
-    prog.attrs["placement"] = reasons
-    prog.attrs["trainer_types"] = list(config.trainer_types)
-    return prog
+    return Placement(list(config.trainer_types), {str(op.id): (op.type, op.device) for op in ops}, reasons)
 
 
 def check_name_patterns(ops: list[Op], name_devices: dict[str, str]) -> None:

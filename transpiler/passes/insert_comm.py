@@ -14,7 +14,8 @@ the one waiting at the earliest global position waits for a send that a trainer 
 it will reach. `transpiler.passes.schedule.schedule` replays this and `runtime.exec.simulate` runs it.
 
 Pulls (op role "ps") make a trainer-local copy of a parameter on every type that reads it, so
-they never cause a crossing. The channel list goes to `program.attrs["channels"]`.
+they never cause a crossing. The pass returns a `Channels`: the channel list and why each op it
+inserted runs where it does.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from collections import defaultdict
 
 from transpiler.ir import Op, Program
 from transpiler.passes.assign_devices import bytes_per_example, fixed_batch
+from transpiler.passes.types import Channels
 
 
-def insert_comm(program: Program) -> Program:
-    """Add send/recv ops to placed `program` (in place); channel specs go to attrs["channels"]."""
+def insert_comm(program: Program) -> Channels:
+    """Add send/recv ops to placed `program` (in place); return the channels and the inserted ops'
+    placement reasons."""
     prog = program
     block = prog.global_block()
-    reasons = prog.attrs.setdefault("placement", {})
+    reasons: dict[str, str] = {}
     where: dict[str, tuple[str, Op]] = {}  # tensor -> (device, producer) of its latest write
     have: dict[str, set[str]] = defaultdict(set)  # device -> tensors it holds
     recvs: dict[int, list[tuple[str, str]]] = defaultdict(list)  # reader id -> [(tensor, src)]
@@ -106,8 +109,7 @@ def insert_comm(program: Program) -> Program:
                 )
             )
     block.set_ops(new_ops)
-    prog.attrs["channels"] = channels
-    return prog
+    return Channels(channels, reasons)
 
 
 def _comm(

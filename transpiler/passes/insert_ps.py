@@ -15,7 +15,8 @@
   gradient it clips gets its `clip_norm`, and the sync-mode servers clip the step's gradients of
   those tables by their global norm before applying them (runtime/ps/clip.py).
 
-The table specs (`transpiler.tables.TableSpec`) go to `program.attrs["tables"]` (see `_specs`).
+The pass returns a `Tables`: the table specs (`transpiler.tables.TableSpec`, see `_specs`) and why
+each op it inserted runs where it does.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ops_registry.optimizer import STATE, state_init, state_slots
 from transpiler.config import TranspileConfig
 from transpiler.cost.balance import balance, table_bytes
 from transpiler.ir import Op, Program, Var, grad_name
+from transpiler.passes.types import Tables
 from transpiler.tables import OptimizerSpec, Sharding, StateSpec, TableSpec
 
 _RESERVED = ("op_role", "op_device", "fwd_id")
@@ -57,16 +59,16 @@ def optimizer_spec(type: str, attrs: dict, param: Var) -> OptimizerSpec:
     return OptimizerSpec(type, hyper, state)
 
 
-def insert_ps(program: Program, config: TranspileConfig | None = None) -> Program:
-    """Add pull/push ops to placed `program` and drop its optimizer ops (in place); table specs go
-    to attrs["tables"]."""
+def insert_ps(program: Program, config: TranspileConfig | None = None) -> Tables:
+    """Add pull/push ops to placed `program` and drop its optimizer ops (in place); return the
+    table specs and the inserted ops' placement reasons."""
     config = config or TranspileConfig()
     prog, block = program, program.global_block()
     read, with_grad, other_use = _uses(prog)
     clipped = _clipped(prog)
     sparse = _sparse_tables(block, read, other_use, config)
     optim = _optimizers(prog, read, with_grad, config)
-    rw = _Rewrite(prog, prog.attrs.setdefault("placement", {}))
+    rw = _Rewrite(prog, {})
     push_after = {grad_name(p): p for p in optim if p not in sparse}
     sparse_grads = {grad_name(w) for w in sparse}
     dense_read = read - sparse
@@ -80,12 +82,9 @@ def insert_ps(program: Program, config: TranspileConfig | None = None) -> Progra
         else:
             _pull_push_dense(rw, op, dense_read, push_after)
     block.set_ops(rw.ops)
-    prog.attrs["tables"] = _specs(block, read | set(sparse), sparse, optim, prog.params, config)
-    prog.attrs["tables"] = [
-        dataclasses.replace(t, clip_norm=clipped[t.name]) if t.name in clipped else t
-        for t in prog.attrs["tables"]
-    ]
-    return prog
+    specs = _specs(block, read | set(sparse), sparse, optim, prog.params, config)
+    specs = [dataclasses.replace(t, clip_norm=clipped[t.name]) if t.name in clipped else t for t in specs]
+    return Tables(specs, rw.reasons)
 
 
 def _clipped(prog: Program) -> dict[str, float]:

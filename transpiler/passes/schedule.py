@@ -1,24 +1,28 @@
-"""How sub-programs run: cut into segments at recv ops, and one deadlock-free global order.
+"""How sub-programs run: their run segments, and one deadlock-free global order.
 
-A trainer runs its sub-program as segments cut at recv ops (`segments`, `segment_programs`);
-`schedule` gives one deadlock-free global order of (trainer type, segment), which `verify` uses to
-prove a plan cannot deadlock, `runtime.exec.simulate` runs, and the cost model walks.
+A trainer runs its sub-program as the segments the segment-order pass stored in it
+(`Program.segments`, transpiler/passes/segment_order.py), or, for a program without them (a plan
+saved before that pass existed), cut at recv ops (`segments`, `segment_programs`); `schedule` gives
+one deadlock-free global order of (trainer type, segment), which `verify` uses to prove a plan
+cannot deadlock, `runtime.exec.simulate` runs, and the cost model walks.
 """
 
 from __future__ import annotations
 
 from transpiler.errors import DeadlockError
 from transpiler.ir import Op, Program
+from transpiler.passes.segment_order import op_part, recv_cuts
 
 
 def segments(program: Program) -> list[list[Op]]:
-    """`program`'s ops cut before each run of recv ops: a segment starts with the recvs it waits on."""
-    segs: list[list[Op]] = []
-    for op in program.ops:
-        if not segs or (op.type == "recv" and segs[-1][-1].type != "recv"):
-            segs.append([])
-        segs[-1].append(op)
-    return segs
+    """`program`'s run segments, in run order: its stored `segments` (an op split in parts as one op
+    per part), else its ops cut before each run of recv ops."""
+    if program.segments is None:
+        return recv_cuts(program.ops)
+    by_id = {op.id: op for op in program.ops}
+    return [
+        [by_id[r] if isinstance(r, int) else op_part(by_id[r[0]], r[1]) for r in s] for s in program.segments
+    ]
 
 
 def segment_programs(program: Program) -> list[Program]:
@@ -70,3 +74,14 @@ def schedule(programs: dict[str, Program]) -> list[tuple[str, int]]:
 
 def _waits(trainer: str, seg: list[Op]) -> list[tuple[str, str, str]]:
     return [(op.attrs["src"], trainer, op.attrs["tensor"]) for op in seg if op.type == "recv"]
+
+
+def kept_outputs(segs: list[Program], report: list[str | None]) -> list[list[str]]:
+    """Per segment, the outputs a later segment reads or the trainer reports (what an item keeps)."""
+    later: set[str] = {n for n in report if n}
+    kept = []
+    for seg in reversed(segs):
+        outs = dict.fromkeys(n for op in seg.ops for n in op.output_names())
+        kept.append([n for n in outs if n in later])
+        later.update(n for op in seg.ops for n in op.input_names())
+    return kept[::-1]

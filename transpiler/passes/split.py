@@ -10,15 +10,22 @@ from __future__ import annotations
 from transpiler.ir import Op, Program
 
 
-def split(program: Program) -> dict[str, Program]:
-    """{trainer type: sub-program} of a placed program, in `attrs["trainer_types"]` order.
+def split(
+    program: Program,
+    trainer_types: list[str] | None = None,
+    loss_name: str | None = None,
+    score_names: list[str] | None = None,
+) -> dict[str, Program]:
+    """{trainer type: sub-program} of a placed program, in `trainer_types` order (then the others, in
+    the order their first op comes). The sub-program that computes `loss_name` records it, and
+    `score_names` ([prediction, label] for the AUC) when it holds both.
 
     The sub-programs take `program`'s Op objects (no copies: transpile owns the program it splits);
     split a `program.clone()` to keep using the original. Vars are copied per sub-program.
     """
     groups: dict[str, list[Op]] = {}
     names: dict[str, dict[str, None]] = {}
-    loss = program.attrs.get("loss_name")
+    loss = loss_name
     loss_dev = None
     for op in program.ops:
         dev = op.attrs.get("op_device")
@@ -41,7 +48,7 @@ def split(program: Program) -> dict[str, Program]:
             and any(loss in vs for vs in op.outputs.values())
         ):
             loss_dev = dev
-    order = [t for t in program.attrs.get("trainer_types", []) if t in groups]
+    order = [t for t in trainer_types or [] if t in groups]
     order += [t for t in groups if t not in order]
     block_vars = program.global_block().vars
     out = {}
@@ -56,8 +63,7 @@ def split(program: Program) -> dict[str, Program]:
         }
         if dev == loss_dev:
             sub.attrs["loss_name"] = loss
-            score = program.attrs.get("score_names")  # [prediction, label] for the AUC
-            if score and all(n in names[dev] for n in score):
-                sub.attrs["score_names"] = list(score)
+            if score_names and all(n in names[dev] for n in score_names):
+                sub.attrs["score_names"] = list(score_names)
         out[dev] = sub
     return out

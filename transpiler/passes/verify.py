@@ -5,7 +5,12 @@
   shape and dtype on both sides, and a send sends the tensor its key names;
 - every pull/push names a table of the plan of the right kind and dtype, and every table that has
   an optimizer is pushed (a pulled trainable parameter always comes back as a gradient);
-- the sub-programs cannot deadlock: `transpiler.passes.schedule.schedule` finds an order that runs them all.
+- the run segments a sub-program stores (`Program.segments`, the segment-order pass) hold each of
+  its ops once, and in their run order every op reads what it reads in program order (the same
+  writes of its inputs), and every var's last write is the same: the segments compute the values
+  the program does;
+- the sub-programs cannot deadlock: `transpiler.passes.schedule.schedule` finds an order that runs
+  their run segments all.
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ from collections.abc import Iterable
 
 from ops_registry import UnknownOpError, has_op
 from transpiler.errors import DeadlockError, PlanError
-from transpiler.ir import Op, Program
-from transpiler.passes.schedule import schedule
+from transpiler.ir import LintError, Op, Program, lint_segments
+from transpiler.passes.schedule import schedule, segments
 from transpiler.tables import TableSpec
 
 
@@ -27,6 +32,40 @@ def _topo_check(ops: Iterable[Op]) -> None:
             if n not in have:
                 raise ValueError(f"op #{i} {op.type!r} (id {op.id}) reads {n!r} before anything defines it")
         have.update(op.output_names())
+
+
+def _writes(ops: Iterable[Op]) -> tuple[dict[tuple[int, str], set[int | None]], dict[str, int]]:
+    """{(op id, input var): ids of the ops whose write of it the op reads (None: none)}, and each
+    var's last writer (an op run in parts counts as one op)."""
+    last: dict[str, int] = {}
+    reads: dict[tuple[int, str], set[int | None]] = {}
+    for op in ops:
+        for n in op.input_names():
+            reads.setdefault((op.id, n), set()).add(last.get(n))
+        last.update(dict.fromkeys(op.output_names(), op.id))
+    return reads, last
+
+
+def _same_reads(program_order: Iterable[Op], run_order: list[Op]) -> None:
+    """Raise ValueError naming the op when, run in `run_order`, an op reads another write of an
+    input than in program order, or a var's last write differs."""
+    want, want_last = _writes(program_order)
+    got, got_last = _writes(run_order)
+    for (i, n), writers in got.items():
+        if writers != want.get((i, n)):
+            w = next(iter(want.get((i, n)) or {None}))
+            op = next(op for op in run_order if op.id == i)
+            seen = (
+                "before anything defines it" if None in writers else f"as op ids {sorted(writers)} write it"
+            )
+            raise ValueError(
+                f"op {op.type!r} (id {i}) reads {n!r} {seen}, in program order as op id {w} does"
+            )
+    for n, w in want_last.items():
+        if got_last.get(n) != w:
+            raise ValueError(
+                f"{n!r} is last written by op id {got_last.get(n)}, in program order by op id {w}"
+            )
 
 
 _Key = tuple[str, str, str]  # (src trainer type, dst trainer type, tensor)
@@ -72,6 +111,14 @@ def _check_ops(
         _topo_check(prog.ops)
     except ValueError as e:
         problems.append(f"trainer {dev}: {e}")
+    if prog.segments is not None:
+        try:
+            lint_segments(prog)
+            run = [op for seg in segments(prog) for op in seg]
+            if len(run) != len(prog.ops) or any(a is not b for a, b in zip(run, prog.ops, strict=True)):
+                _same_reads(prog.ops, run)
+        except (LintError, ValueError) as e:
+            problems.append(f"trainer {dev}: in its run segments (Program.segments): {e}")
     for op in prog.ops:
         if not has_op(op.type):
             problems.append(f"trainer {dev}: {UnknownOpError(op.type, f'op id {op.id}')}")

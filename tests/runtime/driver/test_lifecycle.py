@@ -126,7 +126,9 @@ def test_a_run_killed_after_its_step_20_checkpoint_resumes_to_the_uninterrupted_
     ref = train(m.main, data(), steps=40, return_params=True, **RUN)
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "killed.jsonl"
     script = tmp_path / "killed.py"
-    script.write_text(KILLED_RUN.format(tests=str(Path(__file__).resolve().parent), ckpt=str(ckpt), metrics=str(metrics)))
+    script.write_text(
+        KILLED_RUN.format(tests=str(Path(__file__).resolve().parent), ckpt=str(ckpt), metrics=str(metrics))
+    )
     proc = subprocess.Popen(
         [sys.executable, str(script)],
         cwd=REPO,

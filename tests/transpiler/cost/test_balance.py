@@ -29,8 +29,8 @@ def three_tables() -> Program:
 def test_dense_tables_are_balanced_by_bytes():
     """By hand: a (800 B) -> shard 0; b (640 B) -> the empty shard 1; c (160 B) -> shard 1 (640 <
     800). Balanced by elements, b (160) would go first, to shard 0."""
-    prog = insert_ps(three_tables(), TranspileConfig(num_servers=2))
-    shards = {t.name: t.sharding.shard for t in prog.attrs["tables"]}
+    tables = insert_ps(three_tables(), TranspileConfig(num_servers=2))
+    shards = {t.name: t.sharding.shard for t in tables.specs}
     assert shards == {"a": 0, "b": 1, "c": 1}
 
 
