@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
+from test_pipeline_cases import CASES, DATA
 
-from tests.transpiler.test_pipeline_cases import CASES, DATA
 from transpiler import LintError, Program, TranspileConfig, transpile
 from transpiler import builder as nn
 from transpiler.models import wide_deep

@@ -132,9 +132,9 @@ def _saved_shards(path: Path) -> list[Shard]:
 
 KILLER = """
 import os, signal, sys
-sys.path.insert(0, {repo!r})
+sys.path[:0] = [{repo!r}, {here!r}]
 from pathlib import Path
-from tests.test_ps_checkpoint import _saved_shards
+from test_ps_checkpoint import _saved_shards
 real_replace, count = os.replace, []
 def replace_then_die(src, dst):
     real_replace(src, dst)
@@ -152,7 +152,11 @@ def test_killed_mid_save_leaves_the_previous_checkpoint_intact(tmp_path):
     expected = _pulls(_loaded(path).pull, np.arange(5))
     before = {p.name: p.read_bytes() for p in path.iterdir()}
     proc = subprocess.run(
-        [sys.executable, "-c", KILLER.format(repo=str(REPO), path=str(path))],
+        [
+            sys.executable,
+            "-c",
+            KILLER.format(repo=str(REPO), here=str(Path(__file__).resolve().parent), path=str(path)),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
