@@ -47,6 +47,50 @@ class Plan:
     def trainer_types(self) -> list[str]:
         return list(self.programs)
 
+    @property
+    def reader_types(self) -> list[str]:
+        """The trainer types that own data ops (read the feeds); a trainable plan has exactly one."""
+        return [t for t, p in self.programs.items() if p.attrs.get("feeds")]
+
+    @property
+    def reader(self) -> str:
+        """The one trainer type that owns the data ops; ValueError when there is not exactly one."""
+        readers = self.reader_types
+        if len(readers) != 1:
+            raise ValueError(
+                f"exactly one trainer type must own the data ops, found {readers or 'none'}; "
+                "place every data op on one type (e.g. config.op_type_devices={'data': 'cpu'})"
+            )
+        return readers[0]
+
+    @property
+    def loss_reduction(self) -> str:
+        """ "sum" for a reduce_sum loss, else "mean": how the loss of a batch is made of its items'
+        (and how losses over batches or micro-batches combine)."""
+        op = next(
+            (
+                op
+                for p in self.programs.values()
+                for op in p.ops
+                if self.loss_name in op.output_names() and op.role != "comm"
+            ),
+            None,
+        )
+        return "sum" if op is not None and op.type == "reduce_sum" else "mean"
+
+    def pushers(self) -> dict[str, list[str]]:
+        """Per table: the trainer types that push it (gradients to the servers), in program order."""
+        out: dict[str, list[str]] = {}
+        for t, p in self.programs.items():
+            pushed = (op.attrs["table"] for op in p.ops if op.type in ("push_dense", "push_sparse"))
+            for table in dict.fromkeys(pushed):
+                out.setdefault(table, []).append(t)
+        return out
+
+    def pushes(self, counts: dict[str, int]) -> dict[str, int]:
+        """Per table: the trainer processes that push it each step, with `counts` trainers per type."""
+        return {table: sum(counts[t] for t in types) for table, types in self.pushers().items()}
+
     def table(self, name: str) -> TableSpec:
         for t in self.tables:
             if t.name == name:

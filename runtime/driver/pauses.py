@@ -4,7 +4,7 @@ At a pause step b (a multiple of `checkpoint_every` or `eval_every`, before the 
 readers may not start step b (the driver grants steps < b only); once the driver has handed step
 b-1 to the History it waits until the servers have applied every push of the steps before b
 (`checkpoints.wait_applied`), then saves `DIR/step-b` (`checkpoints.save`) and / or evaluates
-`eval_data` with the current tables (`evaluate.evaluate_with`, peek pulls: nothing changes), then
+`eval_data` with the current tables (`forward.evaluate_with`, peek pulls: nothing changes), then
 grants the next steps. At the end of the run the same happens once more (a final checkpoint, a
 final evaluation). A pause stops the readers for as long as it takes: a save or an evaluation
 longer than `stall_timeout` makes the waiting trainers give up, so keep held-out sets modest.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.driver import checkpoints
-from runtime.evaluation.evaluate import client_source, evaluate_with, loss_reduction
+from runtime.evaluation.forward import client_source, evaluate_with
 from runtime.ps import PSClient
 from transpiler.exporters.servable import ForwardGraph, forward_graph
 from transpiler.plan import Plan
@@ -95,7 +95,7 @@ class Pauses:
         return path
 
     def evaluate(self, step: int, history: Any, tel: Any) -> None:
-        got = evaluate_with(self.graph, client_source(self.client), self.eval_data, loss_reduction(self.plan))
+        got = evaluate_with(self.graph, client_source(self.client), self.eval_data, self.plan.loss_reduction)
         record = {"step": step, **got}
         history.eval.append(record)
         tel.eval(record)

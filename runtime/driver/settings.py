@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from runtime.data import sources
-from runtime.evaluation.evaluate import loss_reduction
 from runtime.exec.device import array_module
 from runtime.exec.executor import check_feed
 from transpiler.config import default_micro_batches
@@ -75,7 +74,7 @@ class RunSettings:
         sources.check_source(data, batch_size, epochs)
         if not plan.loss_name:
             raise ValueError("the plan has no loss: train needs a program with a loss (minimize(loss))")
-        reader = _reader_type(plan)
+        reader = plan.reader
         counts = _trainer_counts(plan.trainer_types, trainers)
         micro_batches = micro_batches or default_micro_batches(counts, reader)
         for t in counts:  # refuses a gpu type without CUDA (unless emulated) before anything starts
@@ -104,8 +103,8 @@ class RunSettings:
             device_map,
             allow_emulation,
             stall_timeout,
-            loss_reduction(plan),
-            _pushes(plan, counts),
+            plan.loss_reduction,
+            plan.pushes(counts),
             return_params,
             held_dense(plan.programs, plan.tables, counts) if dense_on_trainer else {},
             _kernel_threads(kernel_threads or {}, counts),
@@ -144,16 +143,6 @@ def _kernel_threads(threads: dict[str, int], counts: dict[str, int]) -> dict[str
     return dict(threads)
 
 
-def _reader_type(plan: Plan) -> str:
-    readers = [t for t, p in plan.programs.items() if p.attrs.get("feeds")]
-    if len(readers) != 1:
-        raise ValueError(
-            f"exactly one trainer type must own the data ops, found {readers or 'none'}; "
-            "place every data op on one type (e.g. config.op_type_devices={'data': 'cpu'})"
-        )
-    return readers[0]
-
-
 def _trainer_counts(types: list[str], trainers: dict[str, int] | None) -> dict[str, int]:
     if trainers is None:
         return {t: DEFAULT_COUNTS.get(t, 1) for t in types}
@@ -166,14 +155,6 @@ def _trainer_counts(types: list[str], trainers: dict[str, int] | None) -> dict[s
     if bad:
         raise ValueError(f"trainer counts must be positive ints, got {bad}")
     return counts
-
-
-def _pushes(plan: Plan, counts: dict[str, int]) -> dict[str, int]:
-    pushes: dict[str, int] = {}
-    for t, p in plan.programs.items():
-        for table in {op.attrs["table"] for op in p.ops if op.type in ("push_dense", "push_sparse")}:
-            pushes[table] = pushes.get(table, 0) + counts[t]
-    return pushes
 
 
 def check_first_batch(plan: Plan, settings: RunSettings) -> None:

@@ -177,7 +177,7 @@ class PlanCost:
     def __init__(self, plan: Any, profile: Profile, device_map: dict[str, str] | None = None) -> None:
         self.plan, self.profile = plan, profile
         self.tables = {t.name: t for t in plan.tables}
-        self.reader = next((t for t, p in plan.programs.items() if p.attrs.get("feeds")), None)
+        self.reader = next(iter(plan.reader_types), None)
         if self.reader is None:
             raise ValueError("the plan has no trainer type that reads data (no data ops): nothing to predict")
         self.types: dict[str, _TypeCost] = {}
