@@ -78,6 +78,12 @@ class Plan:
         )
         return "sum" if op is not None and op.type == "reduce_sum" else "mean"
 
+    @property
+    def clipped_tables(self) -> list[str]:
+        """The tables whose gradients are clipped by global norm: such a plan trains in sync mode
+        only (the norm needs every gradient of a step; async applies each push on arrival)."""
+        return sorted(t.name for t in self.tables if t.clip_norm is not None)
+
     def pushers(self) -> dict[str, list[str]]:
         """Per table: the trainer types that push it (gradients to the servers), in program order."""
         out: dict[str, list[str]] = {}
@@ -180,10 +186,11 @@ class Plan:
         return plan
 
     # -- views ----------------------------------------------------------------------------
-    def summary(self, profile: Any = None, settings: Any = None) -> str:
+    def summary(self, profile: Any = None, scale: Any = None, workload: Any = None) -> str:
         """Ops per trainer type, each boundary tensor with bytes per example, each table; given a
-        `transpiler.cost.profile.Profile`, also the predicted examples/s and bottleneck role for `settings`
-        (a `cost.model.RunSettings`; default one trainer per type, the config's servers and mode)."""
+        `transpiler.cost.profile.Profile`, also the predicted examples/s and bottleneck role for `scale`
+        (a `transpiler.settings.ScaleConfig`; default one trainer per type, the config's servers and
+        mode) on `workload` (a `cost.model.Workload`)."""
         lines = [
             f"plan: {len(self.programs)} trainer types, {len(self.tables)} tables, "
             f"{len(self.channels)} boundary tensors; ps mode {self.config.mode}, "
@@ -219,13 +226,11 @@ class Plan:
                 f"shard {'by id hash' if shard is None else shard}"
             )
         if profile is not None:
-            from transpiler.cost.model import RunSettings, predict
+            from transpiler.cost.model import predict
+            from transpiler.settings import ScaleConfig
 
-            mode = self.config.mode if self.config.mode in ("sync", "async") else "sync"
-            settings = settings or RunSettings(
-                {t: 1 for t in self.programs}, servers=self.config.num_servers, mode=mode
-            )
-            lines.append(predict(self, profile, settings).describe())
+            scale = scale or ScaleConfig({t: 1 for t in self.programs})
+            lines.append(predict(self, profile, scale, workload).describe())
         return "\n".join(lines)
 
     def to_onnx(self, path: str | Path) -> list[Path]:

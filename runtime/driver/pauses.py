@@ -42,16 +42,7 @@ class Pauses:
     saved: list[int] = field(default_factory=list)
     evaluated: list[int] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        for what, v in (("checkpoint_every", self.every), ("eval_every", self.eval_every)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ValueError(f"{what} must be a positive int, got {v!r}")
-        if not isinstance(self.keep, int) or self.keep < 1:
-            raise ValueError(f"keep must be a positive int (checkpoints kept), got {self.keep!r}")
-        if self.every is not None and self.root is None:
-            raise ValueError("checkpoint_every=N needs checkpoint=DIR (where to save)")
-        if self.eval_every is not None and self.eval_data is None:
-            raise ValueError("eval_every=N needs eval_data= (the held-out set)")
+    def __post_init__(self) -> None:  # (the values were checked by their records: driver/settings.py)
         if self.eval_data is not None:
             self.graph = forward_graph(self.plan)  # a plan whose prediction is unclear fails now
 
