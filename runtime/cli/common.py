@@ -193,7 +193,7 @@ def load_settings(path: str) -> tuple[Settings, Workload]:
     workload; a bad file is a usage error naming it."""
     import yaml
 
-    from runtime.driver.settings import GROUPS, Settings
+    from runtime.driver.settings import Settings
     from transpiler.cost.model import Workload
 
     if not Path(path).is_file():
@@ -203,7 +203,7 @@ def load_settings(path: str) -> tuple[Settings, Workload]:
         workload: dict[str, Any] = {}
         if isinstance(data, dict):
             data = dict(data)
-            if set(data) & {*GROUPS, "workload"}:
+            if "workload" in data or Settings.grouped(data):
                 workload = data.pop("workload", None) or {}
             else:  # flat: the cost model's keys beside train's
                 workload = {k: data.pop(k) for k in ("cores", "unique_fraction") if k in data}

@@ -210,6 +210,11 @@ class Settings:
         """`train`'s flat keyword arguments of these records (the inverse of `of`)."""
         return {n: getattr(getattr(self, g), a) for n, (g, a) in FLAT.items()}
 
+    @staticmethod
+    def grouped(data: dict[str, Any]) -> bool:
+        """Whether a settings mapping is in groups (`scale:`, ...; a flat `checkpoint:` is a path)."""
+        return any(k in GROUPS and (k != "checkpoint" or isinstance(v, dict)) for k, v in data.items())
+
     @classmethod
     def from_dict(cls, data: Any) -> Settings:
         """The records of a settings file: groups (`scale:`, `run:`, ... each a record's fields) or
@@ -219,7 +224,7 @@ class Settings:
                 "expected a mapping with 'trainers' (e.g. {cpu: 2, gpu: 1}) or the groups "
                 f"{sorted(GROUPS)}, got {data!r}"
             )
-        if set(data) & set(GROUPS):
+        if cls.grouped(data):
             unknown = sorted(set(data) - set(GROUPS))
             if unknown:
                 raise ValueError(f"unknown setting group(s) {unknown}: expected any of {sorted(GROUPS)}")

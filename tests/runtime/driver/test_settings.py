@@ -156,11 +156,13 @@ def test_flat_keywords_and_records_give_the_same_run_as_one_process():
     np.testing.assert_allclose(b.loss, want, rtol=1e-5)
     assert a.loss == b.loss and set(a.trainers) == set(b.trainers) == {"cpu:0", "gpu:0"}
     plan = transpile(model.main)
-    by_flat = ResolvedRun.make(plan, data, Settings.of({**flat, "steps": steps, "batch_size": batch}))
+    by_flat = ResolvedRun.make(
+        plan, data, Settings.of({**flat, "steps": steps, "batch_size": batch, "allow_emulation": True})
+    )
     by_records = ResolvedRun.make(
         plan,
         data,
-        Settings(ScaleConfig(**flat), RunConfig(steps=steps, batch_size=batch)),
+        Settings(ScaleConfig(**flat), RunConfig(steps=steps, batch_size=batch, allow_emulation=True)),
     )
     assert by_flat == by_records and by_flat.scale.trainer_names() == ["cpu:0", "gpu:0"]
 
