@@ -90,18 +90,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     (out / "config.yaml").write_text(yaml.safe_dump(result.config.to_dict(), sort_keys=False))
     w, s = result.workload, result.scale
-    run_yaml = {  # train's flat names (runtime.driver.settings.FLAT) and the workload predicted for
-        "trainers": s.trainers,
-        "micro_batches": s.micro_batches,
-        "servers": s.servers,
-        "mode": s.mode,
-        "batch_size": w.batch_size,
-        "cores": w.cores,
-        "unique_fraction": w.unique_fraction,
-        "dense_on_trainer": s.dense_on_trainer,
-        **({"device_map": s.device_map} if s.device_map else {}),
-    }
-    (out / "run.yaml").write_text(yaml.safe_dump(run_yaml, sort_keys=False))
+    (out / "run.yaml").write_text(yaml.safe_dump(run_yaml(result), sort_keys=False))
     print(result.explain() if args.explain else result.prediction.describe())
     if profile.emulated:
         print(
@@ -119,6 +108,23 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if is_plan:
         print("(a plan directory keeps its placement: pass the MODEL to search placement too)")
     return EXIT_OK
+
+
+def run_yaml(result: Any) -> dict[str, Any]:
+    """The run.yaml of a `TuneResult`: train's flat names (`runtime.driver.settings.FLAT`) for the
+    tuned scale and batch size, and the workload the prediction assumed (cores, unique ids)."""
+    s, w = result.scale, result.workload
+    return {
+        "trainers": s.trainers,
+        "micro_batches": s.micro_batches,
+        "servers": s.servers,
+        "mode": s.mode,
+        "batch_size": w.batch_size,
+        "cores": w.cores,
+        "unique_fraction": w.unique_fraction,
+        "dense_on_trainer": s.dense_on_trainer,
+        **({"device_map": s.device_map} if s.device_map else {}),
+    }
 
 
 def predicted_summary(args: argparse.Namespace, plan) -> str:
