@@ -16,6 +16,7 @@ End conditions (any that is given, whichever comes first): `steps`; `epochs` of 
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from runtime.driver.history import CheckpointSaveError, History, TrainingError
 from runtime.driver.listener import LOOKAHEAD, Listener
 from runtime.driver.pauses import Pauses, resume_state
 from runtime.driver.settings import (
+    FLAT,
     CheckpointConfig,
     EvalConfig,
     ResolvedRun,
@@ -146,6 +148,20 @@ def train(
     )
     _run_to_end(session)
     return session.history
+
+
+def _signature_with_flat_names() -> inspect.Signature:
+    """`train`'s signature with the flat keywords (`FLAT`) in place of `**flat`, so `help(train)` and
+    `inspect.signature(train).bind(...)` know them."""
+    sig = inspect.signature(train)
+    named = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    flat = [
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in FLAT if n != "checkpoint"
+    ]
+    return sig.replace(parameters=[*named, *flat])
+
+
+train.__signature__ = _signature_with_flat_names()  # type: ignore[attr-defined]
 
 
 def _verified(plan_or_program: Plan | Program) -> Plan:
