@@ -99,7 +99,8 @@ def prepare(args: argparse.Namespace) -> tuple[Any, list[Row]]:
     from benchmarks import ctr
     from runtime.profile.machine import machine_profile, unique_fraction
     from transpiler import transpile
-    from transpiler.cost.model import PlanCost, RunSettings
+    from transpiler.cost.model import PlanCost, Workload
+    from transpiler.settings import ScaleConfig
 
     plan = transpile(ctr.build().main)
     t0 = time.perf_counter()
@@ -112,10 +113,11 @@ def prepare(args: argparse.Namespace) -> tuple[Any, list[Row]]:
         f"{100 * frac:.0f}% of a step's ids; load average {os.getloadavg()[0]:.1f}"
     )
     cost = PlanCost(plan, profile)
+    workload = Workload(ctr.BATCH, cores, frac)
     rows = [
-        Row(s, cost.predict(s))
+        Row(s, cost.predict(s, workload))
         for s in (
-            RunSettings({"cpu": n, "gpu": 1}, mb, servers, mode, ctr.BATCH, cores, frac)
+            ScaleConfig({"cpu": n, "gpu": 1}, mb, servers, mode)
             for mode, n, mb, servers in itertools.product(
                 args.modes.split(","), args.trainers, args.micro_batches, args.servers
             )
@@ -158,14 +160,14 @@ def report(cost: Any, rows: list[Row]) -> None:
             f"{r.prediction.examples_per_s:>10,.0f} {r.measured:>10,.0f} {r.spread():>9} "
             f"{100 * r.error:>+5.0f}%  {r.prediction.bottleneck:<10} {r.cpu_use()}"
         )
-    tuned, _ = best_setting(cost, [r.settings for r in rows])
-    got = next(r for r in rows if r.settings is tuned.settings)
+    tuned, _ = best_setting(cost, [r.settings for r in rows], rows[0].prediction.workload)
+    got = next(r for r in rows if r.prediction.scale == tuned.scale)
     top = max(rows, key=lambda r: r.measured)
     overlap = got is not top and len(got.rates) > 1 and max(got.rates) >= min(top.rates)
     print(
-        f"tuned setting ({tuned.settings.describe()}): measured {got.measured:,.0f} examples/s = "
+        f"tuned setting ({tuned.scale.describe()}): measured {got.measured:,.0f} examples/s = "
         f"{100 * got.measured / top.measured:.0f}% of the best measured "
-        f"({top.settings.describe()}: {top.measured:,.0f}; medians)"
+        f"({top.prediction.scale.describe()}: {top.measured:,.0f}; medians)"
         + ("; their measurements overlap (within the noise)" if overlap else "")
     )
 

@@ -183,7 +183,7 @@ def driver(ax: Axes) -> None:
         ax, 0.2, 5.55, "engine local: processes, ipc://\nengine ray: Ray actors, tcp://", GREY, 8.5, ha="left"
     )
     text = (
-        "driver (the calling process): RunSettings.make → engine places and starts the processes\n"
+        "driver (the calling process): ResolvedRun.make → engine places and starts the processes\n"
         "Listener: reports → History in step order · grants steps · names a failed or stopped process\n"
         "Pauses: checkpoints and held-out evaluation between steps · Telemetry: metrics, trace"
     )

@@ -1,17 +1,24 @@
 """hetps runtime: executes programs and plans (executor, simulate, train, evaluate / predict / export,
 data, metrics)."""
 
+from runtime.driver.settings import CheckpointConfig, EvalConfig, RunConfig, TelemetryConfig
 from runtime.driver.train import History, TrainingError, train
 from runtime.evaluation.evaluate import evaluate, export, predict
 from runtime.exec.executor import ExecutionError, Executor, MissingFeedError
 from runtime.exec.simulate import InMemoryServer, simulate
+from transpiler.settings import ScaleConfig
 
 __all__ = [
+    "CheckpointConfig",
+    "EvalConfig",
     "ExecutionError",
     "Executor",
     "History",
     "InMemoryServer",
     "MissingFeedError",
+    "RunConfig",
+    "ScaleConfig",
+    "TelemetryConfig",
     "TrainingError",
     "evaluate",
     "export",

@@ -8,7 +8,7 @@
   as a subprocess with `--steps` small, `pip install -e ".[X]"` checks that X is an extra of
   setup.py, `pytest -q` checks that the default run leaves out slow tests.
 - `yaml` blocks are TranspileConfig files: loaded and applied to the model their page uses; the
-  tuning page's sample of a run.yaml is read as RunSettings.
+  tuning page's sample of a run.yaml is read as the run's settings records.
 - `hetps tune`, `inspect --predict` and `runtime.profile.machine.tune` profile this machine for real, once
   per test session, into a cache of the session's own (`XDG_CACHE_HOME`; about 15 s), as a
   newcomer's first run does.
@@ -190,21 +190,30 @@ def test_tuning_python_block_tunes_and_trains_the_winner(tmp_path, profile_cache
     assert set(re.findall(r"^\s*(\w+:\d+): busy", proc.stdout, re.M)) == want, proc.stdout
 
 
-def test_tuning_run_yaml_sample_reads_as_run_settings():
-    """The page's run.yaml sample is what `tune` writes (every RunSettings field, nothing else) and
-    fits the budget of the page's own `hetps tune` command."""
-    import yaml
-
-    from transpiler.cost.model import RunSettings
+def test_tuning_run_yaml_sample_reads_as_run_settings(tmp_path):
+    """The page's run.yaml sample is what `tune` writes (the tuned scale, batch size and workload)
+    and reads as the settings records, within the budget of the page's own `hetps tune` command."""
+    from runtime.cli.common import load_settings
 
     (b,) = [b for b in blocks("yaml") if b.page == "docs/tuning.md"]
+    (tmp_path / "run.yaml").write_text(b.text)
+    settings, workload = load_settings(str(tmp_path / "run.yaml"))
+    scale = settings.scale
     sample = yaml.safe_load(b.text)
-    settings = RunSettings.from_dict(sample)
-    assert list(sample) == list(settings.to_dict())
+    assert set(sample) == {
+        "trainers", "micro_batches", "servers", "mode", "batch_size", "cores", "unique_fraction",
+        "dense_on_trainer",
+    }  # fmt: skip
+    assert (scale.trainers, scale.mode, settings.run.batch_size) == (
+        sample["trainers"],
+        sample["mode"],
+        workload.batch_size,
+    )
+    assert workload.unique_fraction == sample["unique_fraction"]
     (cmd,) = [a for bash in shell_blocks("docs/tuning.md") for a in commands(bash) if a[1] == "tune"]
     budget = dict(p.split("=") for p in cmd[cmd.index("--budget") + 1].split(","))
-    assert settings.trainers["cpu"] + settings.servers <= int(budget["cpu"])
-    assert settings.trainers.get("gpu", 0) <= int(budget["gpu"])
+    assert scale.trainers["cpu"] + scale.servers <= int(budget["cpu"])
+    assert scale.trainers.get("gpu", 0) <= int(budget["gpu"])
 
 
 def test_api_builder_block_builds_a_trainable_program():

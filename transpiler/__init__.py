@@ -15,6 +15,7 @@ from transpiler.frontends.paddle.importer import PaddleImportError, from_paddle
 from transpiler.ir import Block, LintError, Op, Program, Var, grad_name
 from transpiler.passes.backward import append_backward
 from transpiler.plan import Plan, transpile
+from transpiler.settings import ScaleConfig
 from transpiler.tables import TableSpec
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "Plan",
     "PlanError",
     "Program",
+    "ScaleConfig",
     "TableSpec",
     "TranspileConfig",
     "UnsupportedOnnxOpsError",

@@ -25,6 +25,13 @@ MODES = ("sync", "async")  # parameter-server modes, read by the runtime
 KINDS = ("cpu", "gpu")  # device kinds of trainer types
 
 
+def check_mode(mode: Any, what: str = "mode") -> str:
+    """`mode` if it is a parameter-server mode (MODES), else a ValueError naming `what`."""
+    if mode not in MODES:
+        raise ValueError(f"{what} {mode!r}: expected 'sync' or 'async' (the parameter-server modes)")
+    return mode
+
+
 def items_in_flight(mode: str, micro_batches: int) -> int:
     """The most items (micro-batches) a reader trainer has in flight: its step's `micro_batches`; in
     async mode also the next step's, so it looks up step t+1 while the other types compute step t
@@ -113,8 +120,7 @@ class TranspileConfig:
                 "GEO-SGD (local steps + delta pushes); use mode 'sync' (single-process "
                 "results) or 'async'"
             )
-        if self.mode not in MODES:
-            raise ValueError(f"TranspileConfig.mode {self.mode!r} is not one of {MODES}")
+        check_mode(self.mode, "TranspileConfig.mode")
         if self.optimizer.get("type") not in OPTIMIZERS:
             raise ValueError(
                 f"TranspileConfig.optimizer type {self.optimizer.get('type')!r} is not one of {OPTIMIZERS}"

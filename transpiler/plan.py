@@ -48,6 +48,56 @@ class Plan:
     def trainer_types(self) -> list[str]:
         return list(self.programs)
 
+    @property
+    def reader_types(self) -> list[str]:
+        """The trainer types that own data ops (read the feeds); a trainable plan has exactly one."""
+        return [t for t, p in self.programs.items() if p.attrs.get("feeds")]
+
+    @property
+    def reader(self) -> str:
+        """The one trainer type that owns the data ops; ValueError when there is not exactly one."""
+        readers = self.reader_types
+        if len(readers) != 1:
+            raise ValueError(
+                f"exactly one trainer type must own the data ops, found {readers or 'none'}; "
+                "place every data op on one type (e.g. config.op_type_devices={'data': 'cpu'})"
+            )
+        return readers[0]
+
+    @property
+    def loss_reduction(self) -> str:
+        """ "sum" for a reduce_sum loss, else "mean": how the loss of a batch is made of its items'
+        (and how losses over batches or micro-batches combine)."""
+        op = next(
+            (
+                op
+                for p in self.programs.values()
+                for op in p.ops
+                if self.loss_name in op.output_names() and op.role != "comm"
+            ),
+            None,
+        )
+        return "sum" if op is not None and op.type == "reduce_sum" else "mean"
+
+    @property
+    def clipped_tables(self) -> list[str]:
+        """The tables whose gradients are clipped by global norm: such a plan trains in sync mode
+        only (the norm needs every gradient of a step; async applies each push on arrival)."""
+        return sorted(t.name for t in self.tables if t.clip_norm is not None)
+
+    def pushers(self) -> dict[str, list[str]]:
+        """Per table: the trainer types that push it (gradients to the servers), in program order."""
+        out: dict[str, list[str]] = {}
+        for t, p in self.programs.items():
+            pushed = (op.attrs["table"] for op in p.ops if op.type in ("push_dense", "push_sparse"))
+            for table in dict.fromkeys(pushed):
+                out.setdefault(table, []).append(t)
+        return out
+
+    def pushes(self, counts: dict[str, int]) -> dict[str, int]:
+        """Per table: the trainer processes that push it each step, with `counts` trainers per type."""
+        return {table: sum(counts[t] for t in types) for table, types in self.pushers().items()}
+
     def table(self, name: str) -> TableSpec:
         for t in self.tables:
             if t.name == name:
@@ -137,10 +187,11 @@ class Plan:
         return plan
 
     # -- views ----------------------------------------------------------------------------
-    def summary(self, profile: Any = None, settings: Any = None) -> str:
+    def summary(self, profile: Any = None, scale: Any = None, workload: Any = None) -> str:
         """Ops per trainer type, each boundary tensor with bytes per example, each table; given a
-        `transpiler.cost.profile.Profile`, also the predicted examples/s and bottleneck role for `settings`
-        (a `cost.model.RunSettings`; default one trainer per type, the config's servers and mode)."""
+        `transpiler.cost.profile.Profile`, also the predicted examples/s and bottleneck role for `scale`
+        (a `transpiler.settings.ScaleConfig`; default one trainer per type, the config's servers and
+        mode) on `workload` (a `cost.model.Workload`)."""
         lines = [
             f"plan: {len(self.programs)} trainer types, {len(self.tables)} tables, "
             f"{len(self.channels)} boundary tensors; ps mode {self.config.mode}, "
@@ -176,13 +227,11 @@ class Plan:
                 f"shard {'by id hash' if shard is None else shard}"
             )
         if profile is not None:
-            from transpiler.cost.model import RunSettings, predict
+            from transpiler.cost.model import predict
+            from transpiler.settings import ScaleConfig
 
-            mode = self.config.mode if self.config.mode in ("sync", "async") else "sync"
-            settings = settings or RunSettings(
-                {t: 1 for t in self.programs}, servers=self.config.num_servers, mode=mode
-            )
-            lines.append(predict(self, profile, settings).describe())
+            scale = scale or ScaleConfig({t: 1 for t in self.programs})
+            lines.append(predict(self, profile, scale, workload).describe())
         return "\n".join(lines)
 
     def to_onnx(self, path: str | Path) -> list[Path]:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from transpiler.cost.model import RunSettings
+    from runtime.driver.settings import Settings
+    from transpiler.cost.model import Workload
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -186,33 +187,50 @@ class RunDefaults:
     batch_size: int = 512
 
 
-def load_settings(path: str) -> RunSettings:
-    """The RunSettings of a run.yaml written by `hetps tune`; a bad file is a usage error naming it."""
+def load_settings(path: str) -> tuple[Settings, Workload]:
+    """The settings records of a run.yaml (written by `hetps tune`: the groups `scale:`, `run:` and
+    `workload:`, what the prediction assumed; or flat `train` keywords), and the cost model's
+    workload; a bad file is a usage error naming it."""
     import yaml
 
-    from transpiler.cost.model import RunSettings
+    from runtime.driver.settings import Settings
+    from transpiler.cost.model import Workload
 
     if not Path(path).is_file():
         raise UsageError(f"--settings {path}: no such file (hetps tune ... --out DIR writes DIR/run.yaml)")
     try:
-        return RunSettings.from_dict(yaml.safe_load(Path(path).read_text()))
-    except (yaml.YAMLError, ValueError) as e:
+        data = yaml.safe_load(Path(path).read_text())
+        workload: dict[str, Any] = {}
+        if isinstance(data, dict):
+            data = dict(data)
+            if "workload" in data or Settings.grouped(data):
+                workload = data.pop("workload", None) or {}
+            else:  # flat: the cost model's keys beside train's
+                workload = {k: data.pop(k) for k in ("cores", "unique_fraction") if k in data}
+        settings = Settings.from_dict(data)
+        w = Workload.from_dict(workload)
+        if settings.run.batch_size is not None:
+            w = Workload.from_dict({**workload, "batch_size": settings.run.batch_size})
+    except (yaml.YAMLError, ValueError, TypeError) as e:
         raise UsageError(f"--settings {path}: not the run.yaml of hetps tune: {e}") from None
+    return settings, w
+
+
+def _option_text(value: Any) -> Any:
+    """A record's value as the command line gives it (counts as TYPE=N,...)."""
+    if isinstance(value, dict):
+        return ",".join(f"{t}={n}" for t, n in value.items())
+    return value
 
 
 def resolve_run_options(args: argparse.Namespace) -> None:
-    """Fill each run option not given as a flag (None): from --settings FILE, else the command's default."""
+    """Fill each run option not given as a flag (None): from --settings FILE (its records, by train's
+    flat names: `runtime.driver.settings.FLAT`), else the command's default."""
     fallback = asdict(args.run_defaults)
     if getattr(args, "settings", None):
-        s = load_settings(args.settings)
-        fallback.update(
-            trainers=",".join(f"{t}={n}" for t, n in s.trainers.items()),
-            mode=s.mode,
-            micro_batches=s.micro_batches,
-            batch_size=s.batch_size,
-            servers=s.servers,
-            cores=s.cores,
-        )
+        settings, workload = load_settings(args.settings)
+        given = {k: _option_text(v) for k, v in settings.flat().items() if v is not None and v != {}}
+        fallback.update(given, cores=workload.cores)
     for name, value in fallback.items():
         if hasattr(args, name) and getattr(args, name) is None:
             setattr(args, name, value)

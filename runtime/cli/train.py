@@ -45,7 +45,7 @@ def check_fixed_batch(plan, batch_size: int, micro_batches: int | None, counts: 
     """A plan whose feeds have a fixed leading dimension F takes micro-batches of exactly F
     examples: --batch-size must be F x readers x micro-batches (None: train's default). Raises
     UsageError naming it."""
-    readers = next((t for t, prog in plan.programs.items() if prog.attrs.get("feeds")), None)
+    readers = next(iter(plan.reader_types), None)
     fixed = {v.shape[0] for v in feed_vars(plan).values() if v.shape and v.shape[0] > 0}
     if readers is None or len(fixed) != 1:
         return

@@ -58,10 +58,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from transpiler import TranspileConfig, transpile
     from transpiler.cost.tune import Budget
 
-    budget = parse_budget(args.budget)
+    limits = parse_budget(args.budget)
     modes = tuple(filter(None, args.modes.split(",")))
-    if not modes or set(modes) - {"sync", "async"}:
-        raise UsageError(f"--modes {args.modes!r}: expected sync, async or sync,async")
+    try:
+        budget = Budget(limits["cpu"], limits["gpu"], modes)
+    except ValueError as e:
+        raise UsageError(f"--budget {args.budget} --modes {args.modes}: {e}") from None
     path = Path(args.model)
     is_plan = path.is_dir() and (path / "plan.json").is_file()
     if is_plan:
@@ -75,7 +77,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     profile = tune_profile(args, plan)
     result = tune(
         target,
-        Budget(budget["cpu"], budget["gpu"], modes),
+        budget,
         config=plan.config,
         batch_size=args.batch_size,
         cores=args.cores,
@@ -87,8 +89,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import yaml
 
     (out / "config.yaml").write_text(yaml.safe_dump(result.config.to_dict(), sort_keys=False))
-    (out / "run.yaml").write_text(yaml.safe_dump(result.settings.to_dict(), sort_keys=False))
-    s = result.settings
+    w, s = result.workload, result.scale
+    (out / "run.yaml").write_text(yaml.safe_dump(run_yaml(result), sort_keys=False))
     print(result.explain() if args.explain else result.prediction.describe())
     if profile.emulated:
         print(
@@ -101,34 +103,47 @@ def cmd_tune(args: argparse.Namespace) -> int:
         f"  hetps transpile MODEL --config {out / 'config.yaml'} --out PLAN_DIR\n"
         f"  hetps train PLAN_DIR --settings {out / 'run.yaml'} --data ...   "
         f"(--trainers {counts} --servers {s.servers} --mode {s.mode} --micro-batches {s.micro_batches} "
-        f"--batch-size {s.batch_size})"
+        f"--batch-size {w.batch_size})"
     )
     if is_plan:
         print("(a plan directory keeps its placement: pass the MODEL to search placement too)")
     return EXIT_OK
 
 
+def run_yaml(result: Any) -> dict[str, Any]:
+    """The run.yaml of a `TuneResult`: train's flat names (`runtime.driver.settings.FLAT`) for the
+    tuned scale and batch size, and the workload the prediction assumed (cores, unique ids)."""
+    s, w = result.scale, result.workload
+    return {
+        "trainers": s.trainers,
+        "micro_batches": s.micro_batches,
+        "servers": s.servers,
+        "mode": s.mode,
+        "batch_size": w.batch_size,
+        "cores": w.cores,
+        "unique_fraction": w.unique_fraction,
+        "dense_on_trainer": s.dense_on_trainer,
+        **({"device_map": s.device_map} if s.device_map else {}),
+    }
+
+
 def predicted_summary(args: argparse.Namespace, plan) -> str:
-    from transpiler.cost.model import RunSettings
+    from transpiler.cost.model import Workload
+    from transpiler.settings import ScaleConfig
 
     resolve_run_options(args)
     counts = parse_counts(args.trainers) if args.trainers else {t: 1 for t in plan.trainer_types}
     if set(counts) != set(plan.trainer_types):
         raise UsageError(f"--trainers {args.trainers}: give a count for each of {plan.trainer_types}")
-    mode = args.mode or (plan.config.mode if plan.config.mode in ("sync", "async") else "sync")
     sample = tune_sample(plan, args.batch_size)
     from runtime.profile.machine import unique_fraction
 
-    settings = RunSettings(
-        counts,
-        args.micro_batches,
-        args.servers or plan.config.num_servers,
-        mode,
-        args.batch_size,
-        args.cores,
-        unique_fraction(plan, sample) if sample else 1.0,
-    )
-    return plan.summary(tune_profile(args, plan), settings)
+    try:
+        scale = ScaleConfig(counts, args.micro_batches, args.servers, args.mode)
+        workload = Workload(args.batch_size, args.cores, unique_fraction(plan, sample) if sample else 1.0)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return plan.summary(tune_profile(args, plan), scale, workload)
 
 
 def add_tune_command(sub: Any, command: Any) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 
 from runtime.driver.history import History, TrainingError
 from runtime.driver.pauses import Pauses
-from runtime.driver.settings import RunSettings
+from runtime.driver.settings import ResolvedRun
 from runtime.engines import Engine
 from runtime.evaluation.metrics import auc
 from runtime.telemetry.outputs import Telemetry, unpack_spans
@@ -59,7 +59,7 @@ class Listener:
 
     def __init__(
         self,
-        settings: RunSettings,
+        settings: ResolvedRun,
         eng: Engine,
         inbox: Inbox,
         out: Outbox,

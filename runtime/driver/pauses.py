@@ -4,7 +4,7 @@ At a pause step b (a multiple of `checkpoint_every` or `eval_every`, before the 
 readers may not start step b (the driver grants steps < b only); once the driver has handed step
 b-1 to the History it waits until the servers have applied every push of the steps before b
 (`checkpoints.wait_applied`), then saves `DIR/step-b` (`checkpoints.save`) and / or evaluates
-`eval_data` with the current tables (`evaluate.evaluate_with`, peek pulls: nothing changes), then
+`eval_data` with the current tables (`forward.evaluate_with`, peek pulls: nothing changes), then
 grants the next steps. At the end of the run the same happens once more (a final checkpoint, a
 final evaluation). A pause stops the readers for as long as it takes: a save or an evaluation
 longer than `stall_timeout` makes the waiting trainers give up, so keep held-out sets modest.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.driver import checkpoints
-from runtime.evaluation.evaluate import client_source, evaluate_with, loss_reduction
+from runtime.evaluation.forward import client_source, evaluate_with
 from runtime.ps import PSClient
 from transpiler.exporters.servable import ForwardGraph, forward_graph
 from transpiler.plan import Plan
@@ -42,16 +42,7 @@ class Pauses:
     saved: list[int] = field(default_factory=list)
     evaluated: list[int] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        for what, v in (("checkpoint_every", self.every), ("eval_every", self.eval_every)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ValueError(f"{what} must be a positive int, got {v!r}")
-        if not isinstance(self.keep, int) or self.keep < 1:
-            raise ValueError(f"keep must be a positive int (checkpoints kept), got {self.keep!r}")
-        if self.every is not None and self.root is None:
-            raise ValueError("checkpoint_every=N needs checkpoint=DIR (where to save)")
-        if self.eval_every is not None and self.eval_data is None:
-            raise ValueError("eval_every=N needs eval_data= (the held-out set)")
+    def __post_init__(self) -> None:  # (the values were checked by their records: driver/settings.py)
         if self.eval_data is not None:
             self.graph = forward_graph(self.plan)  # a plan whose prediction is unclear fails now
 
@@ -95,7 +86,7 @@ class Pauses:
         return path
 
     def evaluate(self, step: int, history: Any, tel: Any) -> None:
-        got = evaluate_with(self.graph, client_source(self.client), self.eval_data, loss_reduction(self.plan))
+        got = evaluate_with(self.graph, client_source(self.client), self.eval_data, self.plan.loss_reduction)
         record = {"step": step, **got}
         history.eval.append(record)
         tel.eval(record)

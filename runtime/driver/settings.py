@@ -1,189 +1,318 @@
-"""The records a run is made of: `RunSettings` (what `train` was asked, checked once) and
-`TrainerSpec` (what one trainer process is told).
+"""The records a run is made of: what `train` is asked, in groups, and what one trainer process is
+told.
 
-`RunSettings.make` turns `train`'s keyword arguments and the plan into one checked record before any
-process starts; the driver reads nothing else. A `TrainerSpec` is built by the driver for each
-trainer and crosses the process boundary as plain data (`to_dict` / `from_dict`): the engine hands
-it to the child with the rest of the entry point's arguments (the local engine through a file only
-the driver's user can read in its private run directory, Ray through its own object store between
-processes of one cluster) — never over the run's ZeroMQ channels, which carry no pickles.
+The user's settings come in five typed records, each checking its own fields once (`__post_init__`,
+errors naming `Record.field`): `ScaleConfig` (what runs where: transpiler/settings.py, the record the
+tuner returns), `RunConfig` (how long and how), `CheckpointConfig`, `EvalConfig` and
+`TelemetryConfig`. `Settings` holds the five; `Settings.of` maps `train`'s flat keyword arguments
+(`steps=`, `trainers=`, `checkpoint_every=`, ...: `FLAT`) onto them, the one place that knows which
+record holds which flat name, and `Settings.from_dict` reads a settings file (grouped, or flat as
+`hetps tune` wrote it before the groups). `ResolvedRun.make` checks the records against the plan and
+the data before any process starts; the driver reads nothing else.
+
+A `TrainerSpec` is built by the driver for each trainer from the resolved records and crosses the
+process boundary as plain data (`to_dict` / `from_dict`): the engine hands it to the child with the
+rest of the entry point's arguments (the local engine through a file only the driver's user can
+read in its private run directory, Ray through its own object store between processes of one
+cluster) — never over the run's ZeroMQ channels, which carry no pickles.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from runtime.data import sources
-from runtime.evaluation.evaluate import loss_reduction
 from runtime.exec.device import array_module
 from runtime.exec.executor import check_feed
-from runtime.transport.process_id import process_names
-from transpiler.config import default_micro_batches
 from transpiler.passes.held import held_dense
 from transpiler.plan import Plan
+from transpiler.settings import DEFAULT_COUNTS, ScaleConfig, check_bool, check_positive, record_from_dict
 from transpiler.tables import TableSpec, tables_from_dicts, tables_to_dicts
 
-DEFAULT_COUNTS = {"cpu": 2, "gpu": 1}  # trainers per type when `trainers=` is not given (1 for others)
+__all__ = [
+    "DEFAULT_COUNTS",
+    "FLAT",
+    "CheckpointConfig",
+    "EvalConfig",
+    "ResolvedRun",
+    "RunConfig",
+    "ScaleConfig",
+    "Settings",
+    "TelemetryConfig",
+    "TrainerSpec",
+    "check_first_batch",
+]
+
+
+def _check_path(value: Any, what: str) -> None:
+    if value is not None and not isinstance(value, (str, Path)):
+        raise ValueError(f"{what} must be a path (str or Path) or None, got {value!r}")
+
+
+def _check_number(value: Any, what: str, *, positive: bool = False, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (positive and not value > 0):
+        raise ValueError(f"{what} must be a {'positive ' if positive else ''}number, got {value!r}")
 
 
 @dataclass(frozen=True)
-class RunSettings:
-    """What a run trains and how, checked (see `train` for each argument's meaning)."""
+class RunConfig:
+    """How long and how a run trains (see `train`). End conditions, whichever comes first: `steps`,
+    `epochs` of a finite data source, `until_loss` (the mean loss of the last 10 steps)."""
 
-    data: Any
-    counts: dict[str, int]  # trainers per type
-    reader: str  # the trainer type that owns the data ops
-    mode: str
-    servers: int
-    micro_batches: int
-    steps: int | None
-    epochs: int | None
-    until_loss: float | None
-    batch_size: int | None
-    device_map: dict[str, str] | None
-    allow_emulation: bool
-    stall_timeout: float
-    loss_reduction: str  # "mean" or "sum": how the loss of a global batch is made of its items'
-    pushes: dict[str, int]  # per table: trainers that push it each step
-    return_params: bool = False
-    held: dict[str, str] = field(default_factory=dict)  # dense table -> the trainer type holding it
-    kernel_threads: dict[str, int] = field(default_factory=dict)  # per type, if not 1 (ops_registry.parallel)
+    steps: int | None = None
+    epochs: int | None = None
+    until_loss: float | None = None
+    batch_size: int | None = None  # generated data (`batch(i, n)`): the global batch size
+    stall_timeout: float = 60.0  # seconds a process waits for a peer before it gives up
+    allow_emulation: bool = False  # a gpu type without CUDA runs CPU kernels (else refused)
+    return_params: bool = False  # History.params: the final table values
+
+    def __post_init__(self) -> None:
+        check_positive(self.steps, "RunConfig.steps", optional=True)
+        check_positive(self.epochs, "RunConfig.epochs", optional=True)
+        _check_number(self.until_loss, "RunConfig.until_loss", optional=True)
+        check_positive(self.batch_size, "RunConfig.batch_size", optional=True)
+        _check_number(self.stall_timeout, "RunConfig.stall_timeout", positive=True)
+        check_bool(self.allow_emulation, "RunConfig.allow_emulation")
+        check_bool(self.return_params, "RunConfig.return_params")
+
+    def check_end(self) -> None:
+        if self.steps is None and self.epochs is None and self.until_loss is None:
+            raise ValueError("train needs an end condition: steps=, epochs= or until_loss= (RunConfig)")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """`dir`: save a checkpoint `step-NNNNNNNN` there every `every` steps and at the end, the `keep`
+    newest kept; `resume`: continue from the newest complete checkpoint in this directory (or this
+    checkpoint)."""
+
+    dir: str | Path | None = None
+    every: int | None = None
+    keep: int = 2
+    resume: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        _check_path(self.dir, "CheckpointConfig.dir")
+        check_positive(self.every, "CheckpointConfig.every", optional=True)
+        check_positive(self.keep, "CheckpointConfig.keep")
+        _check_path(self.resume, "CheckpointConfig.resume")
+        if self.every is not None and self.dir is None:
+            raise ValueError(
+                "CheckpointConfig.every (checkpoint_every=N) needs a dir (checkpoint=DIR) to save to"
+            )
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The held-out loss and AUC of `data` (finite: feed dicts) every `every` steps and at the end."""
+
+    data: Any = None
+    every: int | None = None
+
+    def __post_init__(self) -> None:
+        check_positive(self.every, "EvalConfig.every", optional=True)
+        if self.every is not None and self.data is None:
+            raise ValueError("EvalConfig.every (eval_every=N) needs data (eval_data=, the held-out set)")
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """What a run reports (runtime.telemetry.outputs): `metrics` (a JSONL file), `trace` (a Chrome
+    trace file), `progress` (a tqdm bar; None: when stderr is a terminal), `tensorboard` (a directory
+    of event files), `callback(record)` per step."""
+
+    metrics: str | Path | None = None
+    trace: str | Path | None = None
+    progress: bool | None = None
+    tensorboard: str | Path | None = None
+    callback: Callable[[dict[str, Any]], None] | None = None
+
+    def __post_init__(self) -> None:
+        for what in ("metrics", "trace", "tensorboard"):
+            _check_path(getattr(self, what), f"TelemetryConfig.{what}")
+        if self.progress is not None:
+            check_bool(self.progress, "TelemetryConfig.progress")
+        if self.callback is not None and not callable(self.callback):
+            raise ValueError(f"TelemetryConfig.callback must be callable, got {self.callback!r}")
+
+
+GROUPS: dict[str, type] = {
+    "scale": ScaleConfig,
+    "run": RunConfig,
+    "checkpoint": CheckpointConfig,
+    "eval": EvalConfig,
+    "telemetry": TelemetryConfig,
+}
+
+# train()'s flat keyword arguments: name -> (group, field of the group's record)
+FLAT: dict[str, tuple[str, str]] = {
+    **{n: ("scale", n) for n in ("trainers", "micro_batches", "servers", "mode", "dense_on_trainer")},
+    **{n: ("scale", n) for n in ("kernel_threads", "device_map")},
+    **{n: ("run", n) for n in ("steps", "epochs", "until_loss", "batch_size", "stall_timeout")},
+    **{n: ("run", n) for n in ("allow_emulation", "return_params")},
+    "checkpoint": ("checkpoint", "dir"),
+    "checkpoint_every": ("checkpoint", "every"),
+    "keep": ("checkpoint", "keep"),
+    "resume": ("checkpoint", "resume"),
+    "eval_data": ("eval", "data"),
+    "eval_every": ("eval", "every"),
+    **{n: ("telemetry", n) for n in ("metrics", "trace", "progress", "tensorboard", "callback")},
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A run's five settings records (`train`'s `scale=`, `run=`, `checkpoint=`, `eval=`,
+    `telemetry=`)."""
+
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+
+    def __post_init__(self) -> None:
+        for name, cls in GROUPS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"{name}= must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
 
     @classmethod
-    def make(
-        cls,
-        plan: Plan,
-        data: Any,
-        *,
-        steps: int | None = None,
-        epochs: int | None = None,
-        until_loss: float | None = None,
-        batch_size: int | None = None,
-        trainers: dict[str, int] | None = None,
-        servers: int | None = None,
-        mode: str | None = None,
-        micro_batches: int | None = None,
-        device_map: dict[str, str] | None = None,
-        allow_emulation: bool = False,
-        stall_timeout: float = 60.0,
-        return_params: bool = False,
-        dense_on_trainer: bool = True,
-        kernel_threads: dict[str, int] | None = None,
-    ) -> RunSettings:
-        """Check `train`'s arguments against `plan` (ValueError / TypeError saying what to change)."""
-        _check_ends(steps, epochs, until_loss, micro_batches)
-        sources.check_source(data, batch_size, epochs)
+    def of(cls, flat: dict[str, Any], **groups: Any) -> Settings:
+        """The records of `train(**groups, **flat)`: each flat keyword goes to its record (`FLAT`);
+        a flat keyword beside the record that holds it is refused (TypeError), as is an unknown one."""
+        unknown = sorted(set(flat) - set(FLAT))
+        if unknown:
+            raise TypeError(f"train() got unexpected keyword argument(s) {unknown}; known: {sorted(FLAT)}")
+        flat = {n: v for n, v in flat.items() if v is not None}  # None: the record's default
+        by_group: dict[str, dict[str, Any]] = {}
+        for name, value in flat.items():
+            group, attr = FLAT[name]
+            by_group.setdefault(group, {})[attr] = value
+        records = {}
+        for group, cls_ in GROUPS.items():
+            given, loose = groups.get(group), by_group.get(group, {})
+            if given is not None and loose:
+                names = sorted(n for n in flat if FLAT[n][0] == group)
+                raise TypeError(
+                    f"train() got {group}= and {names}, which {cls_.__name__} holds: give them in the "
+                    f"record ({cls_.__name__}(..., {FLAT[names[0]][1]}=...)) or drop {group}="
+                )
+            records[group] = given if given is not None else cls_(**loose)
+        return cls(**records)
+
+    def flat(self) -> dict[str, Any]:
+        """`train`'s flat keyword arguments of these records (the inverse of `of`)."""
+        return {n: getattr(getattr(self, g), a) for n, (g, a) in FLAT.items()}
+
+    @staticmethod
+    def grouped(data: dict[str, Any]) -> bool:
+        """Whether a settings mapping is in groups (`scale:`, ...; a flat `checkpoint:` is a path)."""
+        return any(k in GROUPS and (k != "checkpoint" or isinstance(v, dict)) for k, v in data.items())
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Settings:
+        """The records of a settings file: groups (`scale:`, `run:`, ... each a record's fields) or
+        flat `train` keywords (`trainers:`, `steps:`, ...); ValueError names what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError(
+                "expected a mapping with 'trainers' (e.g. {cpu: 2, gpu: 1}) or the groups "
+                f"{sorted(GROUPS)}, got {data!r}"
+            )
+        if cls.grouped(data):
+            unknown = sorted(set(data) - set(GROUPS))
+            if unknown:
+                raise ValueError(f"unknown setting group(s) {unknown}: expected any of {sorted(GROUPS)}")
+            return cls(**{g: record_from_dict(GROUPS[g], v or {}) for g, v in data.items()})
+        unknown = sorted(set(data) - set(FLAT))
+        if unknown:
+            raise ValueError(
+                f"unknown setting(s) {unknown}: expected any of {sorted(FLAT)} or the groups {sorted(GROUPS)}"
+            )
+        return cls.of(data)
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A run as the driver runs it: the data, the records (the scale resolved for the plan: every
+    count, shard, mode and micro-batch count filled in), and what follows from the plan."""
+
+    data: Any
+    scale: ScaleConfig
+    run: RunConfig
+    checkpoint: CheckpointConfig
+    eval: EvalConfig
+    telemetry: TelemetryConfig
+    reader: str  # the trainer type that owns the data ops (Plan.reader)
+    loss_reduction: str  # "mean" or "sum": how the loss of a global batch is made of its items'
+    pushes: dict[str, int]  # per table: trainers that push it each step (Plan.pushes)
+    held: dict[str, str] = field(default_factory=dict)  # dense table -> the trainer type holding it
+
+    @classmethod
+    def make(cls, plan: Plan, data: Any, settings: Settings) -> ResolvedRun:
+        """Check `settings` against `plan` and `data` (ValueError / TypeError saying what to change)."""
+        run = settings.run
+        run.check_end()
+        sources.check_source(data, run.batch_size, run.epochs)
         if not plan.loss_name:
             raise ValueError("the plan has no loss: train needs a program with a loss (minimize(loss))")
-        reader = _reader_type(plan)
-        counts = _trainer_counts(plan.trainer_types, trainers)
-        micro_batches = micro_batches or default_micro_batches(counts, reader)
-        for t in counts:  # refuses a gpu type without CUDA (unless emulated) before anything starts
-            array_module(t, device_map, allow_emulation)
-        mode = mode or plan.config.mode
-        if mode not in ("sync", "async"):
-            raise ValueError(f"mode {mode!r}: the runtime trains in 'sync' or 'async' mode")
-        clipped = sorted(t.name for t in plan.tables if t.clip_norm is not None)
-        if clipped and mode != "sync":
-            raise ValueError(
-                f"the plan clips gradients by global norm (tables {clipped}), which needs every gradient "
-                f"of a step, and {mode} mode has no such step (each push is applied on arrival): "
-                "train with mode='sync', or drop grad_clip_norm (ClipGradByGlobalNorm)"
-            )
+        reader = plan.reader
+        scale = settings.scale.resolved(plan)
+        for t in scale.trainers:  # refuses a gpu type without CUDA (unless emulated) before anything starts
+            array_module(t, scale.device_map, run.allow_emulation)
         return cls(
             data,
-            counts,
+            scale,
+            run,
+            settings.checkpoint,
+            settings.eval,
+            settings.telemetry,
             reader,
-            mode,
-            servers or plan.config.num_servers,
-            micro_batches,
-            steps,
-            epochs,
-            until_loss,
-            batch_size,
-            device_map,
-            allow_emulation,
-            stall_timeout,
-            loss_reduction(plan),
-            _pushes(plan, counts),
-            return_params,
-            held_dense(plan.programs, plan.tables, counts) if dense_on_trainer else {},
-            _kernel_threads(kernel_threads or {}, counts),
+            plan.loss_reduction,
+            plan.pushes(scale.trainers),
+            held_dense(plan.programs, plan.tables, scale.trainers) if scale.dense_on_trainer else {},
         )
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Trainers per type."""
+        return self.scale.trainers
+
+    @property
+    def until_loss(self) -> float | None:
+        return self.run.until_loss
+
+    @property
+    def stall_timeout(self) -> float:
+        return self.run.stall_timeout
 
     def trainer_names(self) -> list[str]:
         """Every trainer process of the run: "cpu:0", "cpu:1", "gpu:0", ..."""
-        return [name for t, n in self.counts.items() for name in process_names(t, n)]
+        return self.scale.trainer_names()
 
     def checkpoint_settings(self) -> dict[str, Any]:
-        """The settings a checkpoint records (runtime/lifecycle.py)."""
+        """The settings a checkpoint records (runtime/driver/checkpoints.py)."""
         return {
-            "mode": self.mode,
-            "batch_size": self.batch_size,
-            "micro_batches": self.micro_batches,
-            "trainers": self.counts,
-            "servers": self.servers,
+            "mode": self.scale.mode,
+            "batch_size": self.run.batch_size,
+            "micro_batches": self.scale.micro_batches,
+            "trainers": self.scale.trainers,
+            "servers": self.scale.servers,
         }
 
 
-def _check_ends(steps: Any, epochs: Any, until_loss: Any, micro_batches: Any) -> None:
-    if steps is None and epochs is None and until_loss is None:
-        raise ValueError("train needs an end condition: steps=, epochs= or until_loss=")
-    for what, v in (("steps", steps), ("epochs", epochs), ("micro_batches", micro_batches)):
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise ValueError(f"{what} must be a positive int, got {v!r}")
-
-
-def _kernel_threads(threads: dict[str, int], counts: dict[str, int]) -> dict[str, int]:
-    """`train`'s kernel_threads, checked against the run's trainer types."""
-    for t, n in threads.items():
-        if t not in counts:
-            raise ValueError(f"kernel_threads names trainer type {t!r}; the run's types are {sorted(counts)}")
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"kernel_threads[{t!r}] must be a positive int, got {n!r}")
-    return dict(threads)
-
-
-def _reader_type(plan: Plan) -> str:
-    readers = [t for t, p in plan.programs.items() if p.attrs.get("feeds")]
-    if len(readers) != 1:
-        raise ValueError(
-            f"exactly one trainer type must own the data ops, found {readers or 'none'}; "
-            "place every data op on one type (e.g. config.op_type_devices={'data': 'cpu'})"
-        )
-    return readers[0]
-
-
-def _trainer_counts(types: list[str], trainers: dict[str, int] | None) -> dict[str, int]:
-    if trainers is None:
-        return {t: DEFAULT_COUNTS.get(t, 1) for t in types}
-    counts = dict(trainers)
-    if set(counts) != set(types):
-        raise ValueError(
-            f"trainers={trainers} must give a count for exactly the plan's trainer types {types}"
-        )
-    bad = {t: n for t, n in counts.items() if not isinstance(n, int) or n < 1}
-    if bad:
-        raise ValueError(f"trainer counts must be positive ints, got {bad}")
-    return counts
-
-
-def _pushes(plan: Plan, counts: dict[str, int]) -> dict[str, int]:
-    pushes: dict[str, int] = {}
-    for t, p in plan.programs.items():
-        for table in {op.attrs["table"] for op in p.ops if op.type in ("push_dense", "push_sparse")}:
-            pushes[table] = pushes.get(table, 0) + counts[t]
-    return pushes
-
-
-def check_first_batch(plan: Plan, settings: RunSettings) -> None:
+def check_first_batch(plan: Plan, settings: ResolvedRun) -> None:
     """Check the data's first global batch against the feeds of the plan, before any process
     starts: a wrong feed is named with the shape the user made (a trainer sees micro-batches).
     Sharded file sources are checked by `sources.prepare` (each reader reads only its share)."""
     if sources.is_sharded(settings.data):
         return
-    batches = sources.global_batches(settings.data, settings.batch_size, settings.epochs)
+    batches = sources.global_batches(settings.data, settings.run.batch_size, settings.run.epochs)
     try:
         batch = next(batches, None)
     finally:
@@ -213,45 +342,84 @@ def check_first_batch(plan: Plan, settings: RunSettings) -> None:
 
 @dataclass(frozen=True)
 class TrainerSpec:
-    """Everything one trainer process needs; built by the driver (`train`), read by `Trainer`."""
+    """Everything one trainer process needs; built by the driver (`train`) from the resolved
+    records, read by `Trainer`."""
 
     name: str  # "cpu:0"
     type: str
     index: int
+    scale: ScaleConfig  # the run's, resolved
+    run: RunConfig
     program: str  # the trainer type's sub-program, as JSON
     reader: str
-    counts: dict[str, int]
-    endpoints: dict[str, str]  # trainer name -> its inbox
-    driver: str  # the driver's inbox
-    ps: list[str]  # the servers' addresses, by shard
-    mode: str
-    micro_batches: int
     tables: list[TableSpec]
     loss: str
     loss_reduction: str
+    held: list[str]  # the dense tables this trainer holds (ps/hold.py)
+    endpoints: dict[str, str]  # trainer name -> its inbox
+    driver: str  # the driver's inbox
+    ps: list[str]  # the servers' addresses, by shard
     secret: bytes | None
-    device_map: dict[str, str] | None
-    allow_emulation: bool
-    stall_timeout: float
     data: Any  # the data source (readers only; None for the others)
-    batch_size: int | None
-    steps: int | None
-    epochs: int | None
     trace: bool = False
     start: int = 0  # the run's first step (a resumed run starts later)
     grant: int | None = None  # readers may start steps < grant (None: no limit from the driver)
-    held: list[str] = field(default_factory=list)  # the dense tables this trainer holds (ps/hold.py)
     report_s: float = 0.0  # how long it may keep its step reports to the driver (runtime/reports.py)
-    kernel_threads: int = 1  # threads for its large matrix products (ops_registry.parallel)
 
     @property
     def is_reader(self) -> bool:
         return self.type == self.reader
 
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.scale.trainers
+
+    @property
+    def mode(self) -> str:
+        return self.scale.mode
+
+    @property
+    def micro_batches(self) -> int:
+        return self.scale.micro_batches
+
+    @property
+    def kernel_threads(self) -> int:
+        """Threads for its large matrix products (ops_registry.parallel)."""
+        return self.scale.kernel_threads.get(self.type, 1)
+
+    @property
+    def device_map(self) -> dict[str, str] | None:
+        return self.scale.device_map
+
+    @property
+    def allow_emulation(self) -> bool:
+        return self.run.allow_emulation
+
+    @property
+    def stall_timeout(self) -> float:
+        return self.run.stall_timeout
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.run.batch_size
+
+    @property
+    def steps(self) -> int | None:
+        return self.run.steps
+
+    @property
+    def epochs(self) -> int | None:
+        return self.run.epochs
+
     def to_dict(self) -> dict[str, Any]:
-        """The spec as plain data (the tables as `TableSpec.to_dict`s; the data source as it is)."""
+        """The spec as plain data (records and tables as dicts; the data source as it is)."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        return {**d, "tables": tables_to_dicts(self.tables)}
+        return {
+            **d,
+            "scale": asdict(self.scale),
+            "run": asdict(self.run),
+            "tables": tables_to_dicts(self.tables),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainerSpec:
@@ -264,4 +432,9 @@ class TrainerSpec:
             spec = cls(**d)
         except TypeError as e:
             raise TypeError(f"an incomplete trainer spec: {e}") from None
-        return replace(spec, tables=tables_from_dicts(spec.tables))
+        return replace(
+            spec,
+            scale=ScaleConfig(**spec.scale),
+            run=RunConfig(**spec.run),
+            tables=tables_from_dicts(spec.tables),
+        )

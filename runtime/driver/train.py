@@ -16,6 +16,7 @@ End conditions (any that is given, whichever comes first): `steps`; `epochs` of 
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from collections.abc import Callable
@@ -28,7 +29,17 @@ from runtime.driver.checkpoints import check_root
 from runtime.driver.history import CheckpointSaveError, History, TrainingError
 from runtime.driver.listener import LOOKAHEAD, Listener
 from runtime.driver.pauses import Pauses, resume_state
-from runtime.driver.settings import RunSettings, TrainerSpec, check_first_batch
+from runtime.driver.settings import (
+    FLAT,
+    CheckpointConfig,
+    EvalConfig,
+    ResolvedRun,
+    RunConfig,
+    Settings,
+    TelemetryConfig,
+    TrainerSpec,
+    check_first_batch,
+)
 from runtime.engines import Engine, make_engine
 from runtime.ps import PSClient
 from runtime.ps.launch import load_values, pull_all, start_servers
@@ -40,138 +51,118 @@ from runtime.transport.process_id import SERVER, ProcessId, process_names
 from transpiler.config import kind_of
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
+from transpiler.settings import ScaleConfig
 
-__all__ = ["LOOKAHEAD", "CheckpointSaveError", "History", "RunSettings", "TrainingError", "train"]
+__all__ = [
+    "LOOKAHEAD",
+    "CheckpointConfig",
+    "CheckpointSaveError",
+    "EvalConfig",
+    "History",
+    "RunConfig",
+    "ScaleConfig",
+    "Settings",
+    "TelemetryConfig",
+    "TrainingError",
+    "train",
+]
 
 
 def train(
     plan_or_program: Plan | Program,
     data: Any,
     *,
-    steps: int | None = None,
-    epochs: int | None = None,
-    until_loss: float | None = None,
-    batch_size: int | None = None,
-    trainers: dict[str, int] | None = None,
-    servers: int | None = None,
-    mode: str | None = None,
-    micro_batches: int | None = None,
+    scale: ScaleConfig | None = None,
+    run: RunConfig | None = None,
+    checkpoint: CheckpointConfig | str | Path | None = None,
+    eval: EvalConfig | None = None,
+    telemetry: TelemetryConfig | None = None,
     engine: str | Engine = "local",
-    device_map: dict[str, str] | None = None,
-    allow_emulation: bool = False,
-    return_params: bool = False,
-    checkpoint: str | None = None,
-    callback: Callable[[dict[str, Any]], None] | None = None,
-    secret: bytes | None = None,
-    stall_timeout: float = 60.0,
     address: str | None = None,
-    metrics: str | None = None,
-    trace: str | None = None,
-    progress: bool | None = None,
-    tensorboard: str | None = None,
-    checkpoint_every: int | None = None,
-    keep: int = 2,
-    resume: str | None = None,
-    eval_data: Any = None,
-    eval_every: int | None = None,
-    dense_on_trainer: bool = True,
-    kernel_threads: dict[str, int] | None = None,
+    secret: bytes | None = None,
+    **flat: Any,
 ) -> History:
     """Train `plan_or_program` (a Program is transpiled with the default config) on `data`.
 
-    - `data`: generated data with `batch(i, n)` (then `batch_size` is the global batch size) or a
+    - `data`: generated data with `batch(i, n)` (then `run.batch_size` is the global batch size) or a
       re-iterable of global feed dicts (see `runtime.data.sources`).
-    - `trainers`: processes per trainer type, default {"cpu": 2, "gpu": 1} (1 for other types);
-      the type owning the data ops reads data. `servers`, `mode`: default to the plan's config.
-    - `micro_batches`: micro-batches per reader and step (and the most a reader has in flight;
-      twice that in async mode); None: the fewest that give every trainer an item each step
-      (`transpiler.config.default_micro_batches`: 1 unless a type has more trainers than readers).
-    - `device_map` / `allow_emulation`: see `runtime.exec.device.array_module`; a gpu type without CUDA
-      is refused before any process starts unless emulation is allowed.
-    - `callback(record)` is called in step order with {"step", "loss", "auc", "examples", "time"},
-      up to 0.1 s after the step ended (trainers report steps together: runtime/reports.py).
-    - `return_params`: put the final table values in `History.params` (sparse tables need a known
-      vocab); `checkpoint`: a directory that gets a checkpoint `step-NNNNNNNN` every
-      `checkpoint_every` steps and at the end, the `keep` newest kept (tables with their optimizer
-      state, the step, the plan's hash, the settings: runtime/lifecycle.py); it is checked before
-      anything starts, and a failed final save raises CheckpointSaveError, which carries the History.
-    - `resume`: continue from the newest complete checkpoint in this directory (or this
-      checkpoint); `steps` / `epochs` count the whole run, so a step-20 checkpoint resumed with
-      steps=40 trains steps 20-39 on the batches an uninterrupted run would (sync mode: the same
-      run). A checkpoint of another plan is refused; the shard count may differ.
-    - `eval_data` / `eval_every`: the held-out loss and AUC (forward only, the current tables)
-      every `eval_every` steps and at the end, in `History.eval`, the metrics file, TensorBoard
-      and the progress bar (runtime/pauses.py).
+    - `scale` (`ScaleConfig`: trainers per type, servers, micro-batches, mode, dense_on_trainer,
+      kernel_threads, device_map), `run` (`RunConfig`: steps, epochs, until_loss, batch_size,
+      stall_timeout, allow_emulation, return_params), `checkpoint` (`CheckpointConfig`: dir, every,
+      keep, resume), `eval` (`EvalConfig`: data, every), `telemetry` (`TelemetryConfig`: metrics,
+      trace, progress, tensorboard, callback): the run's settings, each field documented on its
+      record (runtime/driver/settings.py, transpiler/settings.py). `tune(...).scale` goes to `scale=`
+      as it is.
+    - `**flat`: the same settings as flat keywords, e.g. `steps=10, trainers={"cpu": 2, "gpu": 1}`,
+      `checkpoint="DIR", checkpoint_every=5, keep=2`, `eval_data=..., eval_every=...`,
+      `metrics="run.jsonl"` (`settings.FLAT` says which record holds which); a flat keyword beside
+      the record that holds it is refused.
     - `engine`: "local" (processes on this machine), "ray" (Ray actors; `address` = the cluster to
-      join, None = start a local Ray) or an Engine instance.
-    - `metrics`: append start / per-step / end records to this JSONL file (`hetps plot` draws it);
-      `trace`: write a Chrome-trace timeline of every trainer and server there; `progress`: a tqdm
-      bar with loss, AUC and examples/s (None: when stderr is a terminal); `tensorboard`: write the
-      per-step loss, AUC and examples/s as TensorBoard event files in this directory. See
-      runtime.telemetry.outputs.
-    - `dense_on_trainer`: a dense table only one trainer process uses (the gpu trainer's MLP, with
-      one gpu trainer) stays on that trainer, which applies its gradients itself and writes it back
-      to the servers before each checkpoint and evaluation and at the end (transpiler/held.py,
-      runtime/ps/hold.py); False: it goes to the servers and back every step, as every other table.
-    - `kernel_threads`: threads per trainer process of a type for its large matrix products
-      (ops_registry.parallel; default 1), e.g. {"gpu": 2} lets an emulated gpu trainer use a core
-      the other processes leave idle. A CUDA gpu trainer's products run on the device regardless.
+      join, None = start a local Ray) or an Engine instance; `secret`: the run's message key (default:
+      the engine's, else a fresh one).
+
+    The trainers report each step to the driver: `telemetry.callback(record)` is called in step order
+    with {"step", "loss", "auc", "examples", "time"}, up to 0.1 s after the step ended. A checkpoint
+    directory is checked before anything starts, and a failed final save raises
+    CheckpointSaveError, which carries the History. A resumed run counts `steps` / `epochs` over the
+    whole run (a step-20 checkpoint resumed with steps=40 trains steps 20-39 on the batches an
+    uninterrupted run would); a checkpoint of another plan is refused; the shard count may differ.
     """
+    if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
+        flat["checkpoint"] = checkpoint  # the flat checkpoint=DIR
+        checkpoint = None
+    settings = Settings.of(flat, scale=scale, run=run, checkpoint=checkpoint, eval=eval, telemetry=telemetry)
     plan = _verified(plan_or_program)
-    settings = RunSettings.make(
-        plan,
-        data,
-        steps=steps,
-        epochs=epochs,
-        until_loss=until_loss,
-        batch_size=batch_size,
-        trainers=trainers,
-        servers=servers,
-        mode=mode,
-        micro_batches=micro_batches,
-        device_map=device_map,
-        allow_emulation=allow_emulation,
-        stall_timeout=stall_timeout,
-        return_params=return_params,
-        dense_on_trainer=dense_on_trainer,
-        kernel_threads=kernel_threads,
-    )
-    sources.prepare(data, settings.counts[settings.reader], plan.programs[settings.reader])  # checks shards
-    pauses, roots, start_from = _pauses(
-        plan, settings, checkpoint, resume, checkpoint_every, keep, eval_data, eval_every
-    )
-    check_first_batch(plan, settings)
+    cfg = ResolvedRun.make(plan, data, settings)
+    sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # checks shards
+    pauses, roots, start_from = _pauses(plan, cfg)
+    check_first_batch(plan, cfg)
     eng = make_engine(engine, address)
+    t = cfg.telemetry
     tel = Telemetry(
-        metrics,
-        trace,
-        progress,
-        total=None if steps is None else steps - pauses.start,
+        t.metrics,
+        t.trace,
+        t.progress,
+        total=None if cfg.run.steps is None else cfg.run.steps - pauses.start,
         meta={
-            "trainers": settings.counts,
-            "servers": settings.servers,
-            "mode": settings.mode,
-            "micro_batches": settings.micro_batches,
-            "batch_size": batch_size,
+            "trainers": cfg.counts,
+            "servers": cfg.scale.servers,
+            "mode": cfg.scale.mode,
+            "micro_batches": cfg.scale.micro_batches,
+            "batch_size": cfg.run.batch_size,
             "engine": type(eng).__name__,
             "tables": len(plan.tables),
         },
-        tensorboard=tensorboard,
+        tensorboard=t.tensorboard,
     )
     session = _Session(
         plan,
-        settings,
+        cfg,
         eng,
         secret if secret is not None else eng.secret or os.urandom(32),
         pauses,
         tel,
         History(first_step=pauses.start),
-        tel.chain(callback),
+        tel.chain(t.callback),
         roots,
         start_from,
     )
     _run_to_end(session)
     return session.history
+
+
+def _signature_with_flat_names() -> inspect.Signature:
+    """`train`'s signature with the flat keywords (`FLAT`) in place of `**flat`, so `help(train)` and
+    `inspect.signature(train).bind(...)` know them."""
+    sig = inspect.signature(train)
+    named = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    flat = [
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in FLAT if n != "checkpoint"
+    ]
+    return sig.replace(parameters=[*named, *flat])
+
+
+train.__signature__ = _signature_with_flat_names()  # type: ignore[attr-defined]
 
 
 def _verified(plan_or_program: Plan | Program) -> Plan:
@@ -181,33 +172,25 @@ def _verified(plan_or_program: Plan | Program) -> Plan:
     return transpile(plan_or_program)  # verifies what it makes
 
 
-def _pauses(
-    plan: Plan,
-    settings: RunSettings,
-    checkpoint: str | None,
-    resume: str | None,
-    every: int | None,
-    keep: int,
-    eval_data: Any,
-    eval_every: int | None,
-) -> tuple[Pauses, list[Path], Path | None]:
+def _pauses(plan: Plan, cfg: ResolvedRun) -> tuple[Pauses, list[Path], Path | None]:
     """The run's pauses (checkpoints, evaluations), and the directories the servers may read and
     write: an unusable checkpoint directory (or resume point) is refused now, not after training."""
-    root = None if checkpoint is None else check_root(checkpoint)
-    start_from, start = resume_state(plan, resume, settings.steps)
+    ck, ev = cfg.checkpoint, cfg.eval
+    root = None if ck.dir is None else check_root(ck.dir)
+    start_from, start = resume_state(plan, None if ck.resume is None else str(ck.resume), cfg.run.steps)
     pauses = Pauses(
         plan,
-        settings.data,
+        cfg.data,
         start,
-        settings.steps,
-        settings.pushes,
-        settings.checkpoint_settings(),
+        cfg.run.steps,
+        cfg.pushes,
+        cfg.checkpoint_settings(),
         root,
-        every,
-        keep,
-        eval_data,
-        eval_every,
-        settings.stall_timeout,
+        ck.every,
+        ck.keep,
+        ev.data,
+        ev.every,
+        cfg.stall_timeout,
     )
     return pauses, [p for p in (root, start_from) if p is not None], start_from
 
@@ -217,7 +200,7 @@ class _Session:
     """One run on the driver's side: what it trains, the engine, and what it reports to."""
 
     plan: Plan
-    settings: RunSettings
+    settings: ResolvedRun
     engine: Engine
     secret: bytes
     pauses: Pauses
@@ -256,15 +239,15 @@ def _run(s: _Session) -> None:
     t0 = time.perf_counter()  # start-up counts placement too (on Ray: ray.init and the actors)
     cfg, eng = s.settings, s.engine
     names = cfg.trainer_names()
-    kinds = {t: kind_of(t, cfg.device_map) for t in cfg.counts}
+    kinds = {t: kind_of(t, cfg.scale.device_map) for t in cfg.counts}
     needs = {
-        **{n: {} for n in process_names(SERVER, cfg.servers)},
+        **{n: {} for n in process_names(SERVER, cfg.scale.servers)},
         **{n: {"gpu": 1} if kinds[ProcessId.parse(n).kind] == "gpu" else {} for n in names},
     }
     eng.place(needs)
     inbox = Inbox(eng.endpoint("driver"), s.secret)
     out = Outbox(s.secret)
-    ps_eps = [eng.endpoint(n) for n in process_names(SERVER, cfg.servers)]
+    ps_eps = [eng.endpoint(n) for n in process_names(SERVER, cfg.scale.servers)]
     admin = os.urandom(32)  # assign / save / load: only this driver may (the trainers lack this key)
     endpoints = {n: eng.endpoint(n) for n in names}
     listen = Listener(cfg, eng, inbox, out, endpoints, s.history, s.callback, s.tel, s.pauses, t0)
@@ -273,7 +256,7 @@ def _run(s: _Session) -> None:
             eng,
             s.plan.tables,
             ps_eps,
-            mode=cfg.mode,
+            mode=cfg.scale.mode,
             secret=s.secret,
             admin=admin,
             report=inbox.endpoint,
@@ -316,31 +299,23 @@ def _trainer_spec(
         name=name,
         type=t,
         index=pid.index,
+        scale=cfg.scale,
+        run=cfg.run,
         program=s.plan.programs[t].to_json(),
         reader=cfg.reader,
-        counts=cfg.counts,
-        endpoints=endpoints,
-        driver=report,
-        ps=ps_eps,
-        mode=cfg.mode,
-        micro_batches=cfg.micro_batches,
         tables=s.plan.tables,
         loss=s.plan.loss_name,
         loss_reduction=cfg.loss_reduction,
+        held=[n for n, h in cfg.held.items() if h == t],
+        endpoints=endpoints,
+        driver=report,
+        ps=ps_eps,
         secret=s.secret,
-        device_map=cfg.device_map,
-        allow_emulation=cfg.allow_emulation,
-        stall_timeout=cfg.stall_timeout,
         data=cfg.data if t == cfg.reader else None,
-        batch_size=cfg.batch_size,
-        steps=cfg.steps,
-        epochs=cfg.epochs,
         trace=s.tel.tracing,
         start=s.pauses.start,
         grant=grant,
-        held=[n for n, h in cfg.held.items() if h == t],
         report_s=reports.EVERY_S if cfg.until_loss is None else 0.0,  # (until_loss: grants follow losses)
-        kernel_threads=cfg.kernel_threads.get(t, 1),
     )
 
 
@@ -356,7 +331,7 @@ def _finish(s: _Session, ps_eps: list[str], admin: bytes) -> None:
         if s.tel.tracing:
             for k, spans in enumerate(client.trace()):
                 s.tel.spans(str(ProcessId.server(k)), spans)
-        if s.settings.return_params:
+        if s.settings.run.return_params:
             history.params = pull_all(client, s.plan)
         end = pauses.start + history.steps
         if pauses.root is not None:

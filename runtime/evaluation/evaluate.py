@@ -9,7 +9,7 @@ update nothing) or a checkpoint loaded into an in-process shard (`evaluate` / `p
 initializer's values for them, as a training pull would.
 
 With `workers=N` the same forward pass runs on N worker processes instead, reading the checkpoint
-from parameter-server shards (runtime/evaluation_workers.py), with the same results (for a dataset,
+from parameter-server shards (runtime/evaluation/workers.py), with the same results (for a dataset,
 whose batches are then cut per worker, the loss within float rounding).
 
 `data`: an iterable of feed dicts (a list, `ArrayReader`, a dataset of `runtime.data.open_dataset`);
@@ -18,187 +18,47 @@ each dict is one batch, run as is.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from runtime.driver.checkpoints import check_resume, latest
 from runtime.engines import Engine
-from runtime.evaluation.metrics import auc
-from runtime.exec.comm_ops import comm_handlers
-from runtime.exec.executor import Executor
-from runtime.ps import PSClient, Shard
-from runtime.ps.checkpoint import read_manifest
-from transpiler.exporters.servable import ONNX_LIMIT, ForwardGraph, export_inference, forward_graph
+from runtime.evaluation.forward import (
+    TableSource,
+    Tally,
+    batches_of,
+    checked_checkpoint,
+    checkpoint_source,
+    client_source,
+    evaluate_with,
+    forward_fn,
+    label_feed,
+    load_tables,
+    run_forward,
+)
+from transpiler.exporters.servable import ONNX_LIMIT, export_inference, forward_graph
 from transpiler.plan import Plan
 
-# pull(table, ids or None) -> the dense table or the rows of ids
-TableSource = Callable[[str, "np.ndarray | None"], np.ndarray]
-
-
-def client_source(client: PSClient) -> TableSource:
-    """Tables read from running servers without changing them (peek pulls)."""
-    return lambda table, ids: client.pull(table, ids, peek=True)
-
-
-def checkpoint_source(plan: Plan, checkpoint: str | Path | None) -> TableSource:
-    """Tables of checkpoint `checkpoint` (a checkpoint, or a directory of `train`'s step
-    checkpoints: the newest), or the plan's initial values without one, in an in-process shard."""
-    shard = load_tables(plan, checkpoint)
-    return lambda table, ids: shard.pull(table, ids, peek=True)
-
-
-def checked_checkpoint(plan: Plan, checkpoint: str | Path | None) -> Path | None:
-    """The checkpoint `checkpoint` names (itself, or the newest complete one in a directory of
-    `train`'s), after checking a `train` checkpoint belongs to `plan` (CheckpointError otherwise)."""
-    if checkpoint is None:
-        return None
-    path = latest(checkpoint)
-    if "run" in read_manifest(path):
-        check_resume(plan, path)
-    return path
-
-
-def load_tables(plan: Plan, checkpoint: str | Path | None) -> Shard:
-    """An in-process shard holding the tables of `checkpoint` (see `checkpoint_source`)."""
-    shard = Shard(plan.tables)
-    path = checked_checkpoint(plan, checkpoint)
-    if path is not None:
-        shard.load(path)
-    else:
-        for name, value in plan.params.items():
-            if name in shard.tables:
-                t = shard.tables[name]
-                t.assign(value, *(() if t.spec.kind == "dense" else (np.arange(len(value)),)))
-    return shard
-
-
-class _Pulls:
-    """The PS ops of a forward program (a `comm_ops.CommBackend` with pulls only): from `pull`."""
-
-    def __init__(self, pull: TableSource) -> None:
-        self.pull = pull
-
-    def pull_dense(self, ctx: Any, table: str) -> np.ndarray:
-        return self.pull(table, None)
-
-    def pull_sparse(self, ctx: Any, table: str, ids_name: str, ids: Any) -> np.ndarray:
-        return self.pull(table, np.asarray(ids).reshape(-1))
-
-
-def _executor(pull: TableSource) -> Executor:
-    return Executor(handlers=comm_handlers(_Pulls(pull)))
-
-
-def batches_of(data: Any) -> Iterator[dict[str, Any]]:
-    """The feed dicts of finite `data` (TypeError for endless generated data or a non-iterable)."""
-    if hasattr(data, "batch") and callable(data.batch):
-        raise TypeError(
-            f"data {type(data).__name__} makes endless batches: evaluate a finite set, e.g. "
-            "list(data.batches(batch_size, count))"
-        )
-    if not isinstance(data, Iterable) or isinstance(data, dict):
-        raise TypeError(f"data must be an iterable of feed dicts, got {type(data).__name__}")
-    yield from data
-
-
-# forward(batch) -> (prediction, loss or None)
-Forward = Callable[[dict[str, Any]], tuple[np.ndarray, "float | None"]]
-
-
-def forward_fn(graph: ForwardGraph, pull: TableSource, with_loss: bool) -> Forward:
-    """The forward pass of `graph` on one batch, its tables read from `pull`."""
-    targets = [graph.output] + ([graph.loss] if with_loss and graph.loss else [])
-    prog = graph.pruned(targets)
-    feeds = graph.feeds + (graph.label_feeds if with_loss else [])
-    exe = _executor(pull)
-
-    def forward(batch: dict[str, Any]) -> tuple[np.ndarray, float | None]:
-        missing = [f for f in feeds if f not in batch]
-        if missing:
-            raise KeyError(f"a batch lacks the feeds {missing} the model reads; it has {sorted(batch)}")
-        outs = exe.run(prog, feed={f: batch[f] for f in feeds}, fetch_list=targets)
-        return np.asarray(outs[0]), float(np.asarray(outs[1])) if len(outs) > 1 else None
-
-    return forward
-
-
-def run_forward(
-    graph: ForwardGraph, pull: TableSource, data: Any, with_loss: bool
-) -> Iterator[tuple[dict[str, Any], np.ndarray, float | None]]:
-    """Per batch of `data`: (batch, prediction, loss or None)."""
-    forward = forward_fn(graph, pull, with_loss)
-    for batch in batches_of(data):
-        yield batch, *forward(batch)
-
-
-def label_feed(graph: ForwardGraph) -> str | None:
-    """The label the AUC compares predictions with: the loss's one label feed (None: not one)."""
-    return graph.label_feeds[0] if len(graph.label_feeds) == 1 else None
-
-
-@dataclass
-class Tally:
-    """Forward passes combined as `evaluate` reports them: the loss over all examples (a mean loss
-    weighted by batch size, a sum loss summed), the AUC of all predictions against binary labels."""
-
-    reduction: str  # "mean" or "sum" (loss_reduction)
-    total: float = 0.0
-    examples: int = 0
-    scores: list = field(default_factory=list)
-    labels: list = field(default_factory=list)
-
-    def add(self, pred: np.ndarray, loss: float, label: Any = None) -> None:
-        """One batch's prediction, loss, and labels (None: no AUC)."""
-        self.total += loss * len(pred) if self.reduction == "mean" else loss
-        self.examples += len(pred)
-        if label is not None:
-            self.scores.append(pred.reshape(-1))
-            self.labels.append(np.asarray(label).reshape(-1))
-
-    def result(self) -> dict[str, float]:
-        """{"loss", "auc", "examples"}; ValueError when no example was added."""
-        if self.examples == 0:
-            raise ValueError("evaluate got no examples: data is empty")
-        y = np.concatenate(self.labels) if self.labels else None
-        n_scores = sum(s.size for s in self.scores)
-        binary = y is not None and y.size == n_scores and bool(np.isin(y, (0, 1)).all())
-        return {
-            "loss": self.total / self.examples if self.reduction == "mean" else self.total,
-            "auc": auc(y, np.concatenate(self.scores)) if binary else float("nan"),
-            "examples": self.examples,
-        }
-
-
-def evaluate_with(
-    graph: ForwardGraph, pull: TableSource, data: Any, loss_reduction: str = "mean"
-) -> dict[str, float]:
-    """{"loss", "auc", "examples"} of the graph on `data` (see `Tally`; NaN AUC without binary
-    labels)."""
-    if not graph.loss:
-        raise ValueError("the plan has no loss: evaluate needs one (use predict for predictions)")
-    label = label_feed(graph)
-    tally = Tally(loss_reduction)
-    for batch, pred, loss in run_forward(graph, pull, data, with_loss=True):
-        tally.add(pred, loss, None if label is None else batch[label])
-    return tally.result()
-
-
-def loss_reduction(plan: Plan) -> str:
-    """ "sum" for a reduce_sum loss, else "mean" (how a loss over batches combines)."""
-    op = next(
-        (
-            op
-            for p in plan.programs.values()
-            for op in p.ops
-            if plan.loss_name in op.output_names() and op.role != "comm"
-        ),
-        None,
-    )
-    return "sum" if op is not None and op.type == "reduce_sum" else "mean"
+__all__ = [
+    "TableSource",
+    "Tally",
+    "batches_of",
+    "checked_checkpoint",
+    "checkpoint_source",
+    "client_source",
+    "evaluate",
+    "evaluate_with",
+    "existing_tables",
+    "export",
+    "forward_fn",
+    "full_tables",
+    "label_feed",
+    "load_tables",
+    "predict",
+    "remap_ids",
+    "run_forward",
+]
 
 
 def evaluate(
@@ -220,7 +80,7 @@ def evaluate(
 
         return evaluate_parallel(plan, data, checkpoint, output, workers, servers, engine, stall_timeout)
     graph = forward_graph(plan, output)
-    return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, loss_reduction(plan))
+    return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction)
 
 
 def predict(

@@ -36,7 +36,7 @@ from runtime.data.sources import batch_size_of, is_sharded
 from runtime.driver.history import TrainingError
 from runtime.driver.listener import watch_processes
 from runtime.engines import Engine, make_engine
-from runtime.evaluation.evaluate import (
+from runtime.evaluation.forward import (
     Tally,
     batches_of,
     checked_checkpoint,
@@ -44,7 +44,6 @@ from runtime.evaluation.evaluate import (
     forward_fn,
     label_feed,
 )
-from runtime.evaluation.evaluate import loss_reduction as reduction_of
 from runtime.ps import PSClient
 from runtime.ps.launch import load_values, start_servers
 from runtime.transport.channels import Inbox, Outbox
@@ -125,7 +124,7 @@ def evaluate_parallel(
     graph = forward_graph(plan, output)
     if not graph.loss:
         raise ValueError("the plan has no loss: evaluate needs one (use predict for predictions)")
-    tally = Tally(reduction_of(plan))
+    tally = Tally(plan.loss_reduction)
     for r in _run(plan, graph, data, checkpoint, workers, servers, engine, stall_timeout, True):
         tally.add(r.pred, r.loss, r.label)
     return tally.result()

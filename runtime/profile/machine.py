@@ -27,12 +27,13 @@ import numpy as np
 from runtime.exec.device import cuda_available
 from runtime.profile.measure import measure_link, measure_ps, profile_kernels
 from transpiler.config import TranspileConfig
-from transpiler.cost.model import RunSettings
+from transpiler.cost.model import Workload
 from transpiler.cost.profile import LinkCost, Overhead, Profile, PSCost
 from transpiler.cost.tune import Budget, TuneResult
 from transpiler.cost.tune import tune as _tune
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
+from transpiler.settings import ScaleConfig
 
 # The version of how a profile is measured: a cached profile of another version is measured again
 # (2: the link probe signs its messages as trainers do; the reader's union of a step's ids).
@@ -143,7 +144,7 @@ def _fit_overhead(plan: Plan, cost: Any, data: Any, mode: str, steps: int, warmu
     for mb in (1, 8):
         got = _cpu_per_step(plan, data, mode, mb, steps, warmup)
         driver[mb] = got["driver"]
-        pred = cost.predict(RunSettings({"cpu": 1, "gpu": 1}, mb, 1, mode, 256))
+        pred = cost.predict(ScaleConfig({"cpu": 1, "gpu": 1}, mb, 1, mode), Workload(256))
         for r in pred.roles:
             name = f"{r.role}:0"
             model_s = r.busy_s if r.server else r.cpu_s
@@ -155,7 +156,7 @@ def _fit_overhead(plan: Plan, cost: Any, data: Any, mode: str, steps: int, warmu
 
     reader_item, reader_step = fit("cpu")
     item, step = fit("gpu")
-    talking = cost.talking(RunSettings({"cpu": 1, "gpu": 1}, 1, 1, mode, 256))
+    talking = cost.talking(ScaleConfig({"cpu": 1, "gpu": 1}, 1, 1, mode))
     serve = max(min(resid["ps"].values()), 0.0) / max(talking, 1)  # per trainer that talks to the shard
     driver_item = max((driver[8] - driver[1]) / 7, 0.0)
     return Overhead(

@@ -40,68 +40,45 @@ Dense tables sit whole on a shard (largest first onto the least loaded), sparse 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from transpiler.config import default_micro_batches, items_in_flight, kind_of
+from transpiler.config import items_in_flight, kind_of
 from transpiler.cost.balance import balance
 from transpiler.cost.profile import Profile, kernel_ops, op_signature
 from transpiler.passes.assign_devices import bytes_per_example
 from transpiler.passes.held import held_dense
 from transpiler.passes.schedule import segments
+from transpiler.settings import ScaleConfig, check_positive, record_from_dict
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 MOVABLE = frozenset({"dense", "light", "loss"})
 
 
-@dataclass
-class RunSettings:
-    """What `runtime.driver.train` is given besides the plan; `cores`: CPU cores all processes share when
-    they run on one machine (None: each process has a core of its own); `unique_fraction`: unique
-    ids / ids in a reader's step (the data's skew: 1.0 = every id distinct); `micro_batches` None and
-    `dense_on_trainer`: as `train`'s (`config.default_micro_batches`; `transpiler.passes.held`)."""
+@dataclass(frozen=True)
+class Workload:
+    """What the cost model assumes besides the scale: the global `batch_size`; `cores`: CPU cores all
+    processes share when they run on one machine (None: each process has a core of its own);
+    `unique_fraction`: unique ids / ids in a reader's step (the data's skew: 1.0 = every id
+    distinct)."""
 
-    trainers: dict[str, int]
-    micro_batches: int | None = None
-    servers: int = 1
-    mode: str = "sync"
     batch_size: int = 512
     cores: int | None = None
     unique_fraction: float = 1.0
-    dense_on_trainer: bool = True
 
     def __post_init__(self) -> None:
-        if self.mode not in ("sync", "async"):
-            raise ValueError(f"RunSettings.mode {self.mode!r}: expected 'sync' or 'async'")
-        for what, v in (
-            *((("micro_batches", self.micro_batches),) if self.micro_batches is not None else ()),
-            ("servers", self.servers),
-            ("batch_size", self.batch_size),
-            *((f"trainers[{t!r}]", n) for t, n in self.trainers.items()),
-        ):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"RunSettings.{what} must be a positive int, got {v!r}")
+        check_positive(self.batch_size, "Workload.batch_size")
+        check_positive(self.cores, "Workload.cores", optional=True)
+        f = self.unique_fraction
+        if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1:
+            raise ValueError(f"Workload.unique_fraction must be in (0, 1], got {f!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Any) -> RunSettings:
-        """The inverse of `to_dict` (e.g. a run.yaml written by `hetps tune`); ValueError names what
-        is wrong."""
-        known = {f.name for f in fields(cls)}
-        if not isinstance(data, dict) or not isinstance(data.get("trainers"), dict):
-            raise ValueError(
-                f"expected a mapping with 'trainers' (e.g. {{cpu: 2, gpu: 1}}) and any of {sorted(known)}"
-            )
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown setting(s) {unknown}: expected any of {sorted(known)}")
-        return cls(**data)
-
-    def describe(self) -> str:
-        counts = ",".join(f"{t}={n}" for t, n in self.trainers.items())
-        return f"trainers {counts}, {self.micro_batches} micro-batches, {self.servers} server(s), {self.mode}"
+    def from_dict(cls, data: Any) -> Workload:
+        return record_from_dict(cls, data)
 
 
 @dataclass
@@ -137,12 +114,13 @@ class Prediction:
     bottleneck: str
     limit: str
     roles: list[RoleLoad]
-    settings: RunSettings
+    scale: ScaleConfig  # resolved for the plan
+    workload: Workload
 
     def describe(self) -> str:
         lines = [
             f"predicted {self.examples_per_s:,.0f} examples/s ({1e3 * self.step_s:.1f} ms per step) "
-            f"with {self.settings.describe()}; bottleneck: {self.bottleneck} ({self.limit})"
+            f"with {self.scale.describe()}; bottleneck: {self.bottleneck} ({self.limit})"
         ]
         for r in self.roles:
             pct = 100 * r.busy_s / self.step_s if self.step_s else 0.0
@@ -172,12 +150,13 @@ class _TypeCost:
 
 
 class PlanCost:
-    """A plan's costs under a profile; `predict(settings)` is then arithmetic (fast enough to search)."""
+    """A plan's costs under a profile; `predict(scale, workload)` is then arithmetic (fast enough to
+    search)."""
 
     def __init__(self, plan: Any, profile: Profile, device_map: dict[str, str] | None = None) -> None:
         self.plan, self.profile = plan, profile
         self.tables = {t.name: t for t in plan.tables}
-        self.reader = next((t for t, p in plan.programs.items() if p.attrs.get("feeds")), None)
+        self.reader = next(iter(plan.reader_types), None)
         if self.reader is None:
             raise ValueError("the plan has no trainer type that reads data (no data ops): nothing to predict")
         self.types: dict[str, _TypeCost] = {}
@@ -223,13 +202,13 @@ class PlanCost:
             self.types[t].messages += n
         self._held: dict[tuple, set[str]] = {}  # (trainer counts, on?) -> the dense tables held
 
-    def talking(self, s: RunSettings) -> int:
+    def talking(self, s: ScaleConfig) -> int:
         """How many trainer types send requests to the shards under `s` (not holding all they use)."""
         held = self.held(s)
         return sum(1 for tc in self.types.values() if set(tc.dense_tables) - held or tc.sparse_ids)
 
-    def held(self, s: RunSettings) -> set[str]:
-        """The dense tables a trainer holds under settings `s` (`transpiler.passes.held`)."""
+    def held(self, s: ScaleConfig) -> set[str]:
+        """The dense tables a trainer holds under scale `s` (`transpiler.passes.held`)."""
         key = (tuple(sorted(s.trainers.items())), s.dense_on_trainer)
         if key not in self._held:
             plan = self.plan
@@ -244,18 +223,13 @@ class PlanCost:
         t = self.tables[table]
         return math.prod(t.shape[1:]) * _itemsize(t.dtype)
 
-    def predict(self, s: RunSettings) -> Prediction:
-        if set(s.trainers) != set(self.types):
-            raise ValueError(
-                f"RunSettings.trainers {s.trainers} must give a count for exactly the plan's "
-                f"trainer types {sorted(self.types)}"
-            )
-        if s.micro_batches is None:  # train's default for these trainer counts
-            s = replace(s, micro_batches=default_micro_batches(s.trainers, self.reader))
+    def predict(self, scale: ScaleConfig, workload: Workload | None = None) -> Prediction:
+        """The prediction for `scale` (its None fields as `train` fills them for the plan)."""
+        s, w = scale.resolved(self.plan), workload or Workload()
         p, ps = self.profile, self.profile.ps
         readers = s.trainers[self.reader]
         items = readers * s.micro_batches
-        m = s.batch_size / items
+        m = w.batch_size / items
         roles: list[RoleLoad] = []
         item_s: dict[str, float] = {}
         shard_s = [0.0] * s.servers
@@ -273,7 +247,7 @@ class PlanCost:
                 kern += m * (sum(tc.sparse_ids.values()) * ps.lookup_s + tc.feed_ids * ps.union_s)
             send = 0.5 * (tc.messages * p.link.latency_s + tc.send_bytes * m * p.link.per_byte_s)
             item_s[t] = kern + send
-            client, serve, touched = self._ps_work(t, tc, s, readers, dense_home)
+            client, serve, touched = self._ps_work(t, tc, s, w, readers, dense_home)
             for k in range(s.servers):
                 shard_s[k] += n * serve[k]
             boundary_s += client
@@ -301,11 +275,17 @@ class PlanCost:
         busiest = max(roles, key=lambda r: r.busy_s)
         tc = self.types.get(busiest.role)
         boundary_s -= 0.0 if tc is None else tc.after_sends_fixed_s + tc.after_sends_per_example_s * m
-        step, limit = self._step_s(s, busiest, roles, item_s, sum(shard_s), boundary_s, items)
-        return Prediction(s.batch_size / step, step, busiest.role, limit, roles, s)
+        step, limit = self._step_s(s, w, busiest, roles, item_s, sum(shard_s), boundary_s, items)
+        return Prediction(w.batch_size / step, step, busiest.role, limit, roles, s, w)
 
     def _ps_work(
-        self, t: str, tc: _TypeCost, s: RunSettings, readers: int, dense_home: dict[str, int]
+        self,
+        t: str,
+        tc: _TypeCost,
+        s: ScaleConfig,
+        w: Workload,
+        readers: int,
+        dense_home: dict[str, int],
     ) -> tuple[float, list[float], set[int]]:
         """PS work of one trainer of type `t` per step: (its own seconds, what each shard serves for
         it, the shards it touches)."""
@@ -326,7 +306,7 @@ class PlanCost:
         sparse = 0.0
         if t == self.reader and tc.sparse_ids:
             # the step's unique ids, pulled and pushed (2 round trips) for every sparse table
-            rows = s.batch_size / readers * s.unique_fraction
+            rows = w.batch_size / readers * w.unique_fraction
             sparse = 2 * sum(
                 rows * ids * (ps.sparse_row_s + self._row_bytes(x) * ps.sparse_byte_s) + ps.table_s
                 for x, ids in tc.sparse_ids.items()
@@ -343,7 +323,8 @@ class PlanCost:
 
     def _step_s(
         self,
-        s: RunSettings,
+        s: ScaleConfig,
+        w: Workload,
         busiest: RoleLoad,
         roles: list[RoleLoad],
         item_s: dict[str, float],
@@ -366,12 +347,12 @@ class PlanCost:
         one = max(roles, key=lambda r: r.cpu_s)  # a process's threads share its interpreter: one core
         if one.cpu_s > step:
             step, limit = one.cpu_s, f"{one.role}'s CPU work (its threads take turns on one core)"
-        if s.cores is not None:
+        if w.cores is not None:
             cpu_work = sum(r.count * r.cpu_s for r in roles if not r.server)
             ov = p.overhead_for(s.mode)
             cpu_work += shards_s + ov.driver_step_s + items * ov.driver_item_s
-            if cpu_work / s.cores > step:
-                step, limit = cpu_work / s.cores, f"all processes share {s.cores} CPU core(s)"
+            if cpu_work / w.cores > step:
+                step, limit = cpu_work / w.cores, f"all processes share {w.cores} CPU core(s)"
         return max(step, 1e-12), limit
 
 
@@ -391,7 +372,12 @@ def _elements_per_example(var: Any) -> int:
 
 
 def predict(
-    plan: Any, profile: Profile, settings: RunSettings, device_map: dict[str, str] | None = None
+    plan: Any,
+    profile: Profile,
+    scale: ScaleConfig,
+    workload: Workload | None = None,
+    device_map: dict[str, str] | None = None,
 ) -> Prediction:
-    """The predicted examples/s, bottleneck and per-role load of `plan` run with `settings`."""
-    return PlanCost(plan, profile, device_map).predict(settings)
+    """The predicted examples/s, bottleneck and per-role load of `plan` run at `scale` on `workload`
+    (`device_map`: as train's; default `scale.device_map`)."""
+    return PlanCost(plan, profile, device_map or scale.device_map).predict(scale, workload)

@@ -9,10 +9,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ops_registry import get_op
-from transpiler.config import TranspileConfig, kind_of
-from transpiler.cost.model import MICRO_BATCHES, MOVABLE, PlanCost, Prediction, RunSettings
+from transpiler.config import TranspileConfig, check_mode, kind_of
+from transpiler.cost.model import MICRO_BATCHES, MOVABLE, PlanCost, Prediction, Workload
 from transpiler.cost.profile import Profile
 from transpiler.ir import Op, Program
+from transpiler.settings import ScaleConfig
 
 
 # -- the tuner ------------------------------------------------------------------------------------
@@ -35,9 +36,10 @@ class Budget:
             )
         if self.gpu < 0:
             raise ValueError(f"gpu={self.gpu}: expected >= 0")
-        bad = [m for m in self.modes if m not in ("sync", "async")]
-        if bad or not self.modes:
-            raise ValueError(f"modes {self.modes}: choose from 'sync', 'async'")
+        if not self.modes:
+            raise ValueError("Budget.modes is empty: choose from 'sync', 'async'")
+        for m in self.modes:
+            check_mode(m, "Budget.modes: mode")
 
 
 @dataclass
@@ -55,8 +57,12 @@ class Move:
 
 @dataclass
 class TuneResult:
+    """The winner: `config` (placement, shards, mode) for `transpile`, `scale` for `train(scale=...)`
+    as it is, and the prediction for them on `workload`."""
+
     config: TranspileConfig
-    settings: RunSettings
+    scale: ScaleConfig
+    workload: Workload
     prediction: Prediction
     baseline: Prediction
     moves: list[Move]
@@ -66,16 +72,16 @@ class TuneResult:
     def explain(self) -> str:
         p, b = self.prediction, self.baseline
         lines = [
-            f"winner: {p.settings.describe()}: {p.examples_per_s:,.0f} examples/s predicted "
+            f"winner: {p.scale.describe()}: {p.examples_per_s:,.0f} examples/s predicted "
             f"({self.evaluated} settings evaluated)",
             f"  bottleneck {p.bottleneck}: {p.limit}",
-            f"  the default placement's best setting ({b.settings.describe()}): "
+            f"  the default placement's best setting ({b.scale.describe()}): "
             f"{b.examples_per_s:,.0f} examples/s",
         ]
         if self.runner_up is not None:
             r = self.runner_up
             lines.append(
-                f"  runner-up: {r.settings.describe()}: {r.examples_per_s:,.0f} examples/s "
+                f"  runner-up: {r.scale.describe()}: {r.examples_per_s:,.0f} examples/s "
                 f"(bottleneck {r.bottleneck})"
             )
         for mv in self.moves:
@@ -92,9 +98,10 @@ class TuneResult:
 
 
 def resource_grid(
-    types: dict[str, str], budget: Budget, batch_size: int, cores: int | None, unique_fraction: float
-) -> list[RunSettings]:
-    """Every RunSettings within `budget` for trainer types {type: kind}."""
+    types: dict[str, str], budget: Budget, modes: tuple[str, ...] | None = None
+) -> list[ScaleConfig]:
+    """Every ScaleConfig within `budget` for trainer types {type: kind} (`modes`: those of the budget
+    to try, default all)."""
     cpu_types = [t for t, k in types.items() if k == "cpu"]
     gpu_types = [t for t, k in types.items() if k == "gpu"]
     if gpu_types and budget.gpu < len(gpu_types):
@@ -114,22 +121,24 @@ def resource_grid(
                     **dict(zip(cpu_types, cpu_n, strict=True)),
                     **dict(zip(gpu_types, gpu_n, strict=True)),
                 }
-                for mb, mode in itertools.product(budget.micro_batches, budget.modes):
-                    out.append(RunSettings(counts, mb, servers, mode, batch_size, cores, unique_fraction))
+                for mb, mode in itertools.product(budget.micro_batches, modes or budget.modes):
+                    out.append(ScaleConfig(counts, mb, servers, mode))
     return out
 
 
-def _processes(s: RunSettings) -> int:
-    return sum(s.trainers.values()) + s.servers
+def _processes(s: ScaleConfig) -> int:
+    return sum((s.trainers or {}).values()) + (s.servers or 0)
 
 
-def best_setting(cost: PlanCost, grid: list[RunSettings]) -> tuple[Prediction, Prediction | None]:
+def best_setting(
+    cost: PlanCost, grid: list[ScaleConfig], workload: Workload | None = None
+) -> tuple[Prediction, Prediction | None]:
     """The fastest predicted setting (ties, within 0.5%: fewer processes, then fewer micro-batches),
     and the runner-up."""
-    preds = sorted((cost.predict(s) for s in grid), key=lambda p: -p.examples_per_s)
+    preds = sorted((cost.predict(s, workload) for s in grid), key=lambda p: -p.examples_per_s)
     top = preds[0].examples_per_s
     near = [p for p in preds if p.examples_per_s >= 0.995 * top]
-    win = min(near, key=lambda p: (_processes(p.settings), p.settings.micro_batches))
+    win = min(near, key=lambda p: (_processes(p.scale), p.scale.micro_batches))
     rest = [p for p in preds if p is not win]
     return win, (rest[0] if rest else None)
 
@@ -153,12 +162,19 @@ def tune(
     transpile_fn = transpile_fn or transpile
     config = config or TranspileConfig()
     types = {t: kind_of(t, device_map) for t in config.trainer_types}
+    workload = Workload(batch_size, cores, unique_fraction)
 
     def evaluate(cfg: TranspileConfig) -> tuple[Any, Prediction, Prediction | None, int]:
         plan = transpile_fn(program, cfg)
         used = {t: types[t] for t in plan.programs}
-        grid = resource_grid(used, budget, batch_size, cores, unique_fraction)
-        win, second = best_setting(PlanCost(plan, profile, device_map), grid)
+        modes = ("sync",) if plan.clipped_tables else budget.modes  # clipping: sync only
+        if plan.clipped_tables and "sync" not in budget.modes:
+            raise ValueError(
+                f"the plan clips gradients by global norm (tables {plan.clipped_tables}), which trains "
+                f"in sync mode only, and the budget's modes are {budget.modes}: allow 'sync'"
+            )
+        grid = resource_grid(used, budget, modes)
+        win, second = best_setting(PlanCost(plan, profile, device_map), grid, workload)
         return plan, win, second, len(grid)
 
     plan, best, runner_up, evaluated = evaluate(config)
@@ -184,8 +200,9 @@ def tune(
             break
         move, plan, best, runner_up, current = found
         moves.append(move)
-    cfg = replace(current, num_servers=best.settings.servers, mode=best.settings.mode)
-    return TuneResult(cfg, best.settings, best, baseline, moves, runner_up, evaluated)
+    scale = replace(best.scale, device_map=device_map)
+    cfg = replace(current, num_servers=scale.servers, mode=scale.mode)
+    return TuneResult(cfg, scale, workload, best, baseline, moves, runner_up, evaluated)
 
 
 def _movable_ops(plan: Any) -> list[Op]:

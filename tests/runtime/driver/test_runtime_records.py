@@ -11,7 +11,7 @@ import pickle
 import numpy as np
 import pytest
 
-from runtime.driver.settings import RunSettings, TrainerSpec
+from runtime.driver.settings import ResolvedRun, RunConfig, ScaleConfig, Settings, TrainerSpec
 from runtime.transport import messages as m
 from runtime.transport.channels import pack_tensors, unpack_tensors
 from runtime.transport.wire import decode, encode
@@ -94,31 +94,23 @@ def spec_dict() -> dict:
         name="cpu:1",
         type="cpu",
         index=1,
+        scale=ScaleConfig({"cpu": 2, "gpu": 1}, 4, 1, "sync", kernel_threads={"cpu": 2}).to_dict(),
+        run=dict(RunConfig(steps=10, batch_size=64).__dict__),
         program=plan.programs["cpu"].to_json(),
         reader="cpu",
-        counts={"cpu": 2, "gpu": 1},
-        endpoints={"cpu:0": "ipc://a", "cpu:1": "ipc://b"},
-        driver="ipc://d",
-        ps=["ipc://p"],
-        mode="sync",
-        micro_batches=4,
         tables=[t.to_dict() for t in plan.tables],  # as JSON holds them
         loss=plan.loss_name,
         loss_reduction="mean",
+        held=["fc_0.w_0"],
+        endpoints={"cpu:0": "ipc://a", "cpu:1": "ipc://b"},
+        driver="ipc://d",
+        ps=["ipc://p"],
         secret=b"s" * 32,
-        device_map=None,
-        allow_emulation=False,
-        stall_timeout=60.0,
         data=None,
-        batch_size=64,
-        steps=10,
-        epochs=None,
         trace=False,
         start=0,
         grant=None,
-        held=["fc_0.w_0"],
         report_s=0.1,
-        kernel_threads=2,
     )
 
 
@@ -129,6 +121,14 @@ def test_trainer_spec_crosses_a_process_boundary_as_plain_data():
     assert all(type(t) is TableSpec for t in spec.tables) and all(type(t) is dict for t in d["tables"])
     assert TrainerSpec.from_dict(pickle.loads(pickle.dumps(d))) == spec
     assert spec.is_reader
+    # what the trainer reads of the records: its type's kernel threads, the run's counts and length
+    assert (spec.kernel_threads, spec.counts, spec.micro_batches, spec.mode) == (
+        2,
+        {"cpu": 2, "gpu": 1},
+        4,
+        "sync",
+    )
+    assert (spec.steps, spec.epochs, spec.batch_size, spec.stall_timeout) == (10, None, 64, 60.0)
     with pytest.raises(AttributeError):  # frozen: nothing patches a spec after the driver made it
         spec.grant = 3
 
@@ -145,22 +145,26 @@ def test_a_trainer_spec_with_wrong_keys_is_refused_with_the_keys_named():
 def test_run_settings_are_derived_from_the_plan_and_checked_once():
     plan = transpile(wide_deep(vocab=50, dim=4, optimizer=nn.SGD(lr=0.1)).main)
     data = [{"x": np.zeros(1)}]
-    s = RunSettings.make(plan, data, steps=5, allow_emulation=True)
+
+    def make(**flat):
+        return ResolvedRun.make(plan, data, Settings.of(flat))
+
+    s = make(steps=5, allow_emulation=True)
     # wide_deep: a mean loss, data ops and embeddings on cpu (2 trainers by default), the MLP on gpu (1)
     want = {"deep_emb.w_0": 2, "wide_emb.w_0": 2, **{f"fc_{i}.{p}_0": 1 for i in range(3) for p in "wb"}}
     assert (s.reader, s.loss_reduction, s.counts, s.pushes) == ("cpu", "mean", {"cpu": 2, "gpu": 1}, want)
     assert s.trainer_names() == ["cpu:0", "cpu:1", "gpu:0"]
     # the one gpu trainer holds the MLP's tables (transpiler/held.py); the embeddings are shared
     assert s.held == {f"fc_{i}.{p}_0": "gpu" for i in range(3) for p in "wb"}
-    assert RunSettings.make(plan, data, steps=5, allow_emulation=True, dense_on_trainer=False).held == {}
+    assert make(steps=5, allow_emulation=True, dense_on_trainer=False).held == {}
     # micro-batches by default: the fewest that give every trainer an item each step (items go round
     # robin, reader i's micro-batch k to trainer (i * micro_batches + k) % count)
-    assert s.micro_batches == 1
+    assert s.scale.micro_batches == 1
     for counts, want in (({"cpu": 1, "gpu": 2}, 2), ({"cpu": 2, "gpu": 3}, 2), ({"cpu": 3, "gpu": 3}, 1)):
-        got = RunSettings.make(plan, data, steps=5, trainers=counts, allow_emulation=True).micro_batches
+        got = make(steps=5, trainers=counts, allow_emulation=True).scale.micro_batches
         assert got == want, (counts, got)
-    assert RunSettings.make(plan, data, steps=5, micro_batches=4, allow_emulation=True).micro_batches == 4
+    assert make(steps=5, micro_batches=4, allow_emulation=True).scale.micro_batches == 4
     with pytest.raises(ValueError, match="end condition"):
-        RunSettings.make(plan, data, allow_emulation=True)
+        make(allow_emulation=True)
     with pytest.raises(ValueError, match=r"micro_batches must be a positive int, got 0"):
-        RunSettings.make(plan, data, steps=1, micro_batches=0, allow_emulation=True)
+        make(steps=1, micro_batches=0, allow_emulation=True)

@@ -17,13 +17,32 @@ import yaml
 from runtime.cli.app import main
 from transpiler import Program, TranspileConfig, builder, transpile
 from transpiler.config import KINDS, items_in_flight
-from transpiler.cost.model import PlanCost, RunSettings, predict
+from transpiler.cost.model import PlanCost, Workload, predict
 from transpiler.cost.profile import KernelCost, LinkCost, Overhead, Profile, PSCost, kernel_ops, op_signature
 from transpiler.cost.tune import Budget, tune
 from transpiler.models import wide_deep
+from transpiler.settings import ScaleConfig
 
 # the hand arithmetic of the servers' path: every dense table pulled and pushed through a shard
-Served = functools.partial(RunSettings, dense_on_trainer=False)
+
+
+def setting(
+    trainers,
+    micro_batches=None,
+    servers=1,
+    mode="sync",
+    batch_size=512,
+    cores=None,
+    unique_fraction=1.0,
+    dense_on_trainer=True,
+):
+    """(scale, workload) for `predict`: what the cost model is asked about."""
+    return ScaleConfig(trainers, micro_batches, servers, mode, dense_on_trainer), Workload(
+        batch_size, cores, unique_fraction
+    )
+
+
+Served = functools.partial(setting, dense_on_trainer=False)
 
 
 def dense_model() -> Program:
@@ -64,7 +83,7 @@ def test_prediction_matches_arithmetic_by_hand():
 
     prof = synthetic_profile(plan, gemm_price, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0), emulated=["gpu"])
     s = Served({"cpu": 1, "gpu": 1}, micro_batches=2, servers=1, mode="async", batch_size=64)
-    p = predict(plan, prof, s)
+    p = predict(plan, prof, *s)
     # by hand: items of m = 64 / 2 = 32 examples; the gpu runs both items of the step:
     # kernels (1e-3 + 32e-5) + (2e-3 + 64e-5) = 3.96e-3 per item; one message received per item
     # (x and label, 20 B per example), half of (1e-4 + 640 B * 1e-8) = 5.32e-5 per item.
@@ -83,12 +102,12 @@ def test_prediction_matches_arithmetic_by_hand():
 
     # 1e-4 per table in a request: w and b, pulled and pushed
     prof.ps.table_s = 1e-4
-    assert {r.role: r for r in predict(plan, prof, s).roles}["ps"].busy_s == pytest.approx(ps + 4e-4)
+    assert {r.role: r for r in predict(plan, prof, *s).roles}["ps"].busy_s == pytest.approx(ps + 4e-4)
     prof.ps.table_s = 0.0
     # sync: + one item through the other type (the cpu's 5.32e-5) + the gpu's PS round trip, less
     # what the gpu computes after its sends: the weight half of an item's gemm_grad, (2e-3 + 32 *
     # 2e-5) / 2 = 1.32e-3, which hides all of it (the step is then the gpu's CPU work: gpu + ps)...
-    sync = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
+    sync = predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
     assert sync.step_s == pytest.approx(gpu + ps)
 
     # ... a cheap one (5e-5 per item: 2.5e-5 after the sends) hides only that much of the boundary
@@ -98,19 +117,19 @@ def test_prediction_matches_arithmetic_by_hand():
 
     prof2 = synthetic_profile(plan, cheap, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0), emulated=["gpu"])
     busy = 2 * (1.32e-3 + 5e-5) + 2 * 5.32e-5
-    got = predict(plan, prof2, Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64)).step_s
+    got = predict(plan, prof2, *Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64)).step_s
     assert got == pytest.approx(busy + 5.32e-5 + ps - 2.5e-5)
     # a real gpu's kernels take no CPU core: on one shared core the cpu, the gpu's messages and PS
     # calls and the shard come in turn, and the gpu's kernels overlap them
     real = predict(
         plan,
         synthetic_profile(plan, gemm_price, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0)),
-        Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1),
+        *Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1),
     )
     assert real.step_s == pytest.approx(gpu)  # (the CPU work, 2.3e-3, is less than the gpu busy time)
     assert {r.role: r for r in real.roles}["gpu"].cpu_s == pytest.approx(2 * 5.32e-5 + ps)
     # one shared core: every process's CPU work (the emulated gpu counts) in turn
-    one_core = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
+    one_core = predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
     assert one_core.step_s == pytest.approx(2 * 5.32e-5 + gpu + ps + ps)
     assert "1 CPU core" in one_core.limit
 
@@ -121,13 +140,13 @@ def test_a_held_dense_table_costs_its_trainer_one_pass_and_the_shard_nothing():
     plan = transpile(dense_model())
 
     prof = synthetic_profile(plan, gemm_price, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0), emulated=["gpu"])
-    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
+    p = predict(plan, prof, *setting({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
     gpu = 2 * 3.96e-3 + 2 * 5.32e-5  # as in test_prediction_matches_arithmetic_by_hand
     roles = {r.role: r for r in p.roles}
     assert roles["ps"].busy_s == 0.0
     assert roles["gpu"].ps_s == pytest.approx(20 * 1e-6)  # w [4, 1] + b [1]: 20 B, one pass
     assert p.step_s == pytest.approx(gpu + 20e-6)
-    two = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 2}, 2, 1, "async", 64))
+    two = predict(plan, prof, *setting({"cpu": 1, "gpu": 2}, 2, 1, "async", 64))
     per_gpu = 2 * 5e-4 + 2 * 20 * 1e-6  # each gpu trainer's pull + push, as on the servers' path
     assert {r.role: r for r in two.roles}["ps"].busy_s == pytest.approx(2 * per_gpu)
 
@@ -139,24 +158,24 @@ def test_runtime_overhead_by_hand():
     prof = synthetic_profile(plan, lambda k, op: None)
     ov = Overhead(reader_item_s=1e-4, reader_step_s=2e-4, item_s=3e-4, step_s=4e-4, serve_trainer_s=5e-5)
     prof.overhead = {"async": ov, "sync": ov}
-    p = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
+    p = predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
     roles = {r.role: r for r in p.roles}
     assert roles["cpu"].compute_s == pytest.approx(2 * 1e-4 + 2e-4)
     assert roles["gpu"].compute_s == pytest.approx(2 * 3e-4 + 4e-4)
     assert roles["ps"].busy_s == pytest.approx(5e-5)  # only the gpu talks to the shard (dense tables)
     # the driver (1e-4 per item, 1e-3 per step) counts only where processes share cores: one core
     ov.driver_item_s, ov.driver_step_s = 1e-4, 1e-3
-    assert predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64)).step_s == pytest.approx(1e-3)
-    shared = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
+    assert predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64)).step_s == pytest.approx(1e-3)
+    shared = predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
     # the gpu here is a real one: its kernels (free here) would not count, its own overhead does
     assert shared.step_s == pytest.approx(4e-4 + 1e-3 + 5e-5 + 2 * 1e-4 + 1e-3)
     ov.driver_item_s, ov.driver_step_s = 0.0, 0.0
     # sync: + the cpu's item (its share of the step overhead included: (2e-4 + 2 * 1e-4) / 2)
-    sync = predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
+    sync = predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64))
     assert sync.step_s == pytest.approx(1e-3 + 2e-4)
     # each mode has its own calibration; a mode without one has none
     prof.overhead = {"async": ov}
-    assert predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64)).step_s < 1e-9  # all free
+    assert predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64)).step_s < 1e-9  # all free
 
 
 def test_sparse_rows_and_shards_by_hand():
@@ -164,7 +183,7 @@ def test_sparse_rows_and_shards_by_hand():
     plan = transpile(model.main)
     prof = synthetic_profile(plan, lambda k, op: None, ps=(1e-3, 0.0, 1e-6, 1e-5, 1e-6))
     s = Served({"cpu": 2, "gpu": 1}, 1, servers=2, mode="async", batch_size=100, unique_fraction=0.5)
-    p = predict(plan, prof, s)
+    p = predict(plan, prof, *s)
     # each reader: 50 examples x 2 slots x 0.5 = 50 unique rows, for two sparse tables (dim 4 and 1),
     # pulled and pushed: 2 * 50 * ((1e-5 + 16e-6) + (1e-5 + 4e-6)) = 4e-3, plus 2 requests per shard
     # it touches (both) = 2e-3 on its side; each shard serves half of the rows of both readers
@@ -190,7 +209,7 @@ def test_sync_step_waits_for_every_types_ps_round_trips_by_hand():
 
     prof = synthetic_profile(plan, price, ps=(1e-3, 0.0, 1e-6, 1e-5, 1e-6))
     s = Served({"cpu": 1, "gpu": 1}, 1, servers=1, mode="sync", batch_size=100, unique_fraction=0.5)
-    p = predict(plan, prof, s)
+    p = predict(plan, prof, *s)
     # the reader (one item of 100 examples): its own work per id, 100 x 2 slots x 2 tables x 1e-6 =
     # 4e-4; its PS round trips: 50 unique rows per slot of both sparse tables (dim 4 and 1) pulled and
     # pushed, 2 * 50 * 2 * ((1e-5 + 16e-6) + (1e-5 + 4e-6)) = 8e-3, plus 2 requests = 2e-3.
@@ -204,7 +223,7 @@ def test_sync_step_waits_for_every_types_ps_round_trips_by_hand():
     assert p.step_s == pytest.approx(gpu_item + reader_item + reader_ps + gpu_ps)
     # async: trainers' PS calls run on a background thread, off the step's chain; the reader's next
     # step overlaps this one (2 items in flight), so the busiest process, the gpu, sets the step
-    assert predict(plan, prof, Served({"cpu": 1, "gpu": 1}, 1, 1, "async", 100, None, 0.5)).step_s == (
+    assert predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 1, 1, "async", 100, None, 0.5)).step_s == (
         pytest.approx(gpu_item)
     )
 
@@ -215,9 +234,9 @@ def test_missing_kernel_names_the_op():
     with pytest.raises(KeyError, match="no gpu time for op 'gemm'"):
         PlanCost(plan, prof)
     with pytest.raises(ValueError, match="mode 'geo'"):
-        RunSettings({"cpu": 1}, mode="geo")
+        ScaleConfig({"cpu": 1}, mode="geo")
     with pytest.raises(ValueError, match="a count for exactly"):
-        predict(plan, synthetic_profile(plan, lambda k, op: None), RunSettings({"cpu": 1}))
+        predict(plan, synthetic_profile(plan, lambda k, op: None), ScaleConfig({"cpu": 1}))
 
 
 def test_profile_round_trip():
@@ -248,8 +267,8 @@ def test_tuner_finds_the_hand_derived_optimum():
 
     prof = synthetic_profile(plan, price)
     res = tune(model.main, prof, Budget(cpu=4, gpu=1), batch_size=512, placement=False)
-    assert res.settings.trainers == {"cpu": 1, "gpu": 1}
-    assert res.settings.micro_batches == 4 and res.settings.servers == 1 and res.settings.mode == "sync"
+    assert res.scale.trainers == {"cpu": 1, "gpu": 1}
+    assert res.scale.micro_batches == 4 and res.scale.servers == 1 and res.scale.mode == "sync"
     assert res.prediction.step_s == pytest.approx(4e-4 + 512e-5 + 4e-4)
     assert res.config.num_servers == 1
 
@@ -282,7 +301,7 @@ def test_budget_errors():
 def test_summary_shows_prediction():
     plan = transpile(dense_model())
     prof = synthetic_profile(plan, lambda k, op: KernelCost(1e-4, 1e-6))
-    text = plan.summary(prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
+    text = plan.summary(prof, *setting({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
     assert "predicted" in text and "examples/s" in text and "bottleneck: gpu" in text
     assert "predicted" not in plan.summary()
 
@@ -394,7 +413,7 @@ def test_more_trainers_than_items_do_not_split_an_item():
     prof = synthetic_profile(
         plan, lambda k, op: KernelCost(1e-3, 0.0) if k == "gpu" and op.type == "gemm" else None
     )
-    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 2}, micro_batches=3, batch_size=60, mode="async"))
+    p = predict(plan, prof, *setting({"cpu": 1, "gpu": 2}, micro_batches=3, batch_size=60, mode="async"))
     assert {r.role: r for r in p.roles}["gpu"].compute_s == pytest.approx(2e-3)
     assert p.step_s == pytest.approx(2e-3)
 
@@ -445,7 +464,11 @@ def test_cli_inspect_refuses_prediction_options_without_predict(tmp_path, capsys
     plan_dir = tmp_path / "p"
     transpile(dense_model()).save(plan_dir)
     run = tmp_path / "run.yaml"
-    run.write_text(yaml.safe_dump(RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 64).to_dict()))
+    run.write_text(
+        yaml.safe_dump(
+            {"trainers": {"cpu": 1, "gpu": 1}, "micro_batches": 2, "mode": "async", "batch_size": 64}
+        )
+    )
     assert main(["inspect", str(plan_dir), "--settings", str(run)]) == 2
     err = capsys.readouterr().err
     assert "--settings" in err and "add --predict" in err
@@ -482,19 +505,19 @@ def test_async_items_in_flight_by_hand():
     # (data only) pays the other half of that message, 0.5e-4
     gpu_item = 1e-3 + 0.5e-4
     # one micro-batch: 2 items in flight, the gpu (busiest, 1.05e-3) > half an item's way (0.55e-3)
-    assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 64)).step_s == pytest.approx(
+    assert predict(plan, prof, *setting({"cpu": 1, "gpu": 1}, 1, 1, "async", 64)).step_s == pytest.approx(
         gpu_item
     )
     # with two trainer types half an item's way never exceeds the busiest of the two
-    assert "in flight" not in predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 1, 1, "async", 64)).limit
+    assert "in flight" not in predict(plan, prof, *setting({"cpu": 1, "gpu": 1}, 1, 1, "async", 64)).limit
     # sync: one step's items only (the next step waits for this one to be applied)
     assert items_in_flight("sync", 4) == 4 and items_in_flight("async", 4) == 8
     # 4 items in flight: the gpu runs 4 items per step back to back
-    assert predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 4, 1, "async", 64)).step_s == pytest.approx(
+    assert predict(plan, prof, *setting({"cpu": 1, "gpu": 1}, 4, 1, "async", 64)).step_s == pytest.approx(
         4 * gpu_item
     )
     # 2 readers with one item each: the gpu runs 2 per step, more than one item's way (1.1e-3)
-    assert predict(plan, prof, RunSettings({"cpu": 2, "gpu": 1}, 1, 1, "async", 64)).step_s == pytest.approx(
+    assert predict(plan, prof, *setting({"cpu": 2, "gpu": 1}, 1, 1, "async", 64)).step_s == pytest.approx(
         2 * gpu_item
     )
 
@@ -506,11 +529,11 @@ def test_reader_union_of_a_steps_ids_by_hand():
     plan = transpile(model.main)
     prof = synthetic_profile(plan, lambda k, op: None)
     prof.ps.union_s = 1e-5
-    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 100))
+    p = predict(plan, prof, *setting({"cpu": 1, "gpu": 1}, 2, 1, "async", 100))
     # 100 examples x 2 ids (one column of 2 slots) x 1e-5, over the step's 2 items
     assert {r.role: r for r in p.roles}["cpu"].compute_s == pytest.approx(100 * 2 * 1e-5)
     prof.ps.lookup_s = 1e-6  # + per id and table (2 tables): 100 x 2 x 2 x 1e-6
-    p = predict(plan, prof, RunSettings({"cpu": 1, "gpu": 1}, 2, 1, "async", 100))
+    p = predict(plan, prof, *setting({"cpu": 1, "gpu": 1}, 2, 1, "async", 100))
     assert {r.role: r for r in p.roles}["cpu"].compute_s == pytest.approx(2e-3 + 4e-4)
 
 
