@@ -134,7 +134,7 @@ KILLER = """
 import os, signal, sys
 sys.path.insert(0, {repo!r})
 from pathlib import Path
-from tests.test_ps_checkpoint import _saved_shards
+from tests.runtime.ps.test_ps_checkpoint import _saved_shards
 real_replace, count = os.replace, []
 def replace_then_die(src, dst):
     real_replace(src, dst)
