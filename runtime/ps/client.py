@@ -360,7 +360,7 @@ class PSClient:
         return math.sqrt(total)
 
     def hold(self, tables: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
-        """Hold dense `tables` (runtime/ps/hold.py): {table: its state (Param, optimizer slots)}."""
+        """Hold dense `tables` (runtime/ps/held_tables.py): {table: its state (Param, optimizer slots)}."""
         got = self._exchange([(self._dense[t], p.Hold(t)) for t in tables])
         return {t: dict(zip(h["keys"], a, strict=True)) for t, (h, a) in zip(tables, got, strict=True)}
 

@@ -1,14 +1,16 @@
 """The parameter-server process: one Shard behind a ZeroMQ ROUTER socket.
 
-Requests and replies use the wire format (runtime/wire.py). A request header has `op` (hello, pull,
-push, push_pull, norm, apply, hold, write_back, assign, save, load, stats, trace, shutdown; norm and
-apply: gradient clipping by global norm, runtime/ps/clip.py; hold and write_back: a dense table its
-only trainer keeps, runtime/ps/held_tables.py), `rid` (echoed in the reply) and the op's fields; a
-reply has `ok` and, when false, `error`. No request ends the server: a bad one (unknown table, wrong
-shape, NaN gradient, malformed, oversized or unauthenticated frames, a limit exceeded, even a server
-bug) gets an error reply and a log line, and the server goes on serving. In sync mode a pull that
-must wait for its step is parked, not blocking the loop, and answered as soon as that step is
-applied. With `trace=True` the server records the time it spends on each pull and push
+Requests and replies use the wire format (runtime/transport/wire.py). A request is one of the
+records of runtime/ps/protocol.py (hello, pull, push, push_pull, norm, apply, hold, write_back,
+assign, save, load, stats, trace, shutdown), its header read into the record once
+(`protocol.parse`) and served by its handler (`HANDLERS`: record type -> function of the explicit
+`Context` and the record), plus the transport's fields: `rid` (echoed in the reply), `cid` / `seq`
+/ `to` (below), `shm` / `shm_reply` (shared memory). A reply has `ok` and, when false, `error`. No
+request ends the server: a bad one (unknown table, wrong shape, NaN gradient, malformed, oversized
+or unauthenticated frames, a limit exceeded, even a server bug) gets an error reply and a log
+line, and the server goes on serving. In sync mode a pull that must wait for its step is parked
+(`Parked`), not blocking the loop, and answered as soon as that step is applied. With
+`trace=True` the server records the time it spends on each pull and push
 (`runtime.telemetry.outputs.Recorder`) and hands the spans out on a `trace` request.
 
 Security: with a `secret`, every request must carry its MAC (wire.py), a sender id and sequence number newer
@@ -16,12 +18,12 @@ than that sender's last (`wire.ReplayGuard`) and the index of the shard it is fo
 captured request cannot be replayed, reordered or sent to another shard. Admin requests
 (`ADMIN_OPS`: assign, save, load, shutdown) must be signed with `admin_secret` when one is given
 (only the driver holds it; trainers get `secret` alone), and save / load only touch directories
-inside `checkpoint_root`. `Servers` makes both keys at random. Limits on what a request may cost:
-`shard.Limits`.
+inside `checkpoint_root`. `Servers` (runtime/ps/local.py) makes both keys at random. Limits on what
+a request may cost: `shard.Limits`.
 
 The server binds 127.0.0.1 by default; `ipc://` endpoints work too. It stops on SIGTERM/SIGINT, a
 `shutdown` request, or when its parent process dies, closing its socket before exiting. `Servers`
-(runtime/ps/servers.py) runs shards as local processes.
+(runtime/ps/local.py) runs shards as local processes.
 """
 
 from __future__ import annotations
