@@ -24,7 +24,6 @@ memory tracks the rows in use.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -32,82 +31,20 @@ import numpy as np
 from ops_registry import SparseRows, get_op, init_rows, scatter_add
 from ops_registry.base import RowMerge
 from ops_registry.embedding import id_range_error
-from ops_registry.optimizer import STATE, state_init, state_slots, update_attrs
-from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST, WAITING, Entry, check_entry
+from ops_registry.optimizer import state_init, state_slots
+from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST, WAITING, Entry
 from runtime.ps.index import make_index, strictly_increasing
+from runtime.ps.table_specs import check_spec, optimizer_attrs
 from runtime.ps.types import PSError, Table, check_ids_given
-from transpiler.tables import OptimizerSpec, TableSpec
+from transpiler.tables import TableSpec
 
 __all__ = ["DenseTable", "PSError", "SparseTable", "Table", "check_spec", "make_table"]
-
-
-def _optimizer_attrs(name: str, spec: OptimizerSpec) -> dict[str, Any]:
-    """The update op's attrs of a table's optimizer (`ops_registry.optimizer.update_attrs`)."""
-    hyper = spec.hyper
-    if spec.type not in STATE or "lr" not in hyper:
-        raise PSError(
-            f"table {name!r}: optimizer {spec.to_dict()!r} needs 'type' in {sorted(STATE)} and 'lr'"
-        )
-    try:
-        return update_attrs(spec.type, hyper)
-    except (TypeError, ValueError) as e:
-        raise PSError(f"table {name!r}: bad {spec.type} hyper-parameters {hyper}: {e}") from None
 
 
 def _count_distinct(ids: np.ndarray) -> int:
     """len(np.unique(ids)), by a sort: numpy 2.4's hash-based unique is ~15x slower on 1M int64."""
     s = np.sort(ids)
     return int(np.count_nonzero(s[1:] != s[:-1])) + 1 if s.size else 0
-
-
-def check_spec(spec: TableSpec) -> TableSpec:
-    """`spec` with its shape and dtype normalised; PSError naming the table and field when malformed."""
-    if not isinstance(spec, TableSpec):
-        raise TypeError(
-            f"a table spec must be a transpiler.tables.TableSpec (TableSpec.from_dict makes one "
-            f"from a dict), got {type(spec).__name__}"
-        )
-    name = spec.name
-    if not isinstance(name, str) or not name:
-        raise PSError(f"table spec {spec!r} needs a non-empty string 'name'")
-    kind, shape = spec.kind, spec.shape
-    if kind not in ("dense", "sparse"):
-        raise PSError(f"table {name!r}: kind {kind!r} is not 'dense' or 'sparse'")
-    if (
-        not isinstance(shape, (list, tuple))
-        or not all(isinstance(d, int) for d in shape)
-        or (kind == "sparse" and (len(shape) != 2 or shape[1] <= 0 or shape[0] == 0 or shape[0] < -1))
-        or (kind == "dense" and any(d <= 0 for d in shape))
-    ):
-        want = "[vocab or -1, dim]" if kind == "sparse" else "positive ints"
-        raise PSError(f"table {name!r}: shape {shape!r} must be {want}")
-    dtype = np.dtype(spec.dtype)
-    if dtype.kind != "f":
-        raise PSError(f"table {name!r}: dtype {dtype} is not a float type")
-    init = spec.initializer
-    if init is not None and init.get("type") == "xavier" and kind == "sparse" and shape[0] == -1:
-        raise PSError(f"table {name!r}: a xavier initializer needs a known vocab (shape[0] = -1)")
-    if spec.optimizer is not None:
-        _optimizer_attrs(name, spec.optimizer)
-    clip = spec.clip_norm
-    if clip is not None and (
-        isinstance(clip, bool)
-        or not isinstance(clip, (int, float))
-        or not 0 < clip < float("inf")
-        or spec.optimizer is None
-    ):
-        raise PSError(
-            f"table {name!r}: clip_norm {clip!r} must be a positive finite number, on a "
-            "table with an optimizer"
-        )
-    if spec.entry is not None or spec.evict_after is not None:
-        if kind != "sparse":
-            raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")
-        try:
-            check_entry(name, spec.entry, spec.evict_after)
-        except ValueError as e:
-            raise PSError(str(e)) from None
-    return replace(spec, shape=list(shape), dtype=dtype.name)
 
 
 class _Base:
@@ -123,7 +60,7 @@ class _Base:
         self.kernel, self.attrs, self.out_slot, self.state_init = None, {}, {}, {}
         slots: list = []
         if self.spec.optimizer is not None:
-            self.attrs = _optimizer_attrs(self.name, self.spec.optimizer)
+            self.attrs = optimizer_attrs(self.name, self.spec.optimizer)
             self.kernel = get_op(self.spec.optimizer.type).kernel
             slots = list(state_slots(self.spec.optimizer.type, self.attrs))
             given = self.spec.optimizer.state or {}

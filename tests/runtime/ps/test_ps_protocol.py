@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from runtime.ps import protocol as p
-from runtime.ps.server import HANDLERS
+from runtime.ps.handlers import HANDLERS
 from runtime.ps.types import PSError
 from runtime.transport.wire import decode, encode
 
