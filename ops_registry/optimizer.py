@@ -5,6 +5,8 @@ Adagrad, lazy Adam); non-lazy Adam treats it as dense, as Paddle does. The param
 these same kernels, so server-side updates are numerically the trainer-side ones.
 
 Facts kept here, read by the builder, the PS pass, the tables and the Paddle import:
+- `update_attrs(type, hyper)`: an update op's attrs from its hyper-parameters, checked (the
+  parameter servers' tables build their optimizer step from it).
 - `STATE[type]`: the per-parameter state slots (`Slot`): name, output slot, scalar or parameter
   shaped, and the start value (a number, or the hyper-parameter that gives it).
 - Rules every update op takes as attrs, applied around its kernel (`_with_rules`), in this order:
@@ -69,6 +71,32 @@ def state_slots(type: str, attrs: dict[str, Any]) -> tuple[Slot, ...]:
 def state_init(slot: Slot, attrs: dict[str, Any]) -> float:
     """The start value of `slot` under hyper-parameters `attrs`."""
     return float(attrs[slot.init]) if isinstance(slot.init, str) else float(slot.init)
+
+
+def update_attrs(type: str, hyper: dict[str, Any]) -> dict[str, Any]:
+    """The attrs of update op `type` for hyper-parameters `hyper` (`lr` and any of the op's attrs, as
+    the builder's optimizers and a table spec's optimizer give them; `grad_clip_norm` is checked and
+    left out): the op's defaults overridden, numbers normalised. ValueError naming what is wrong."""
+    if type not in STATE:
+        raise ValueError(f"optimizer {type!r} is not one of {sorted(STATE)}")
+    defaults = _DEFAULTS[type]
+    unknown = sorted(set(hyper) - set(defaults) - {"grad_clip_norm"})
+    if unknown:
+        raise ValueError(f"unknown hyper-parameters {unknown}; {type} takes {sorted(defaults)}")
+    check_schedule(hyper.get("lr_schedule"))
+    clip = hyper.get("grad_clip_norm")
+    if clip is not None and not clip > 0:
+        raise ValueError(f"grad_clip_norm must be > 0, got {clip}")
+    attrs = {**defaults, **{k: v for k, v in hyper.items() if k != "grad_clip_norm"}}
+    for key, kind in (
+        ("l2_decay", float),
+        ("weight_decay", float),
+        ("lazy_mode", int),
+        ("paddle_sparse", int),
+    ):
+        if key in attrs:
+            attrs[key] = kind(attrs[key])
+    return attrs
 
 
 def check_schedule(spec: dict[str, Any] | None) -> None:
@@ -145,8 +173,12 @@ def _with_rules(update):
     return kernel
 
 
+_DEFAULTS: dict[str, dict[str, Any]] = {}  # update op type -> its attrs' defaults (`_register`)
+
+
 def _register(type: str, update, defaults: dict[str, Any]) -> None:
     slots = STATE[type]
+    _DEFAULTS[type] = {**defaults, "l2_decay": 0.0, "lr_schedule": None}
     register(
         OpDef(
             type,
@@ -154,7 +186,7 @@ def _register(type: str, update, defaults: dict[str, Any]) -> None:
             ("Param", "Grad", *(s.name for s in slots), "Step?"),
             ("ParamOut", *(s.out for s in slots), "StepOut?"),
             _with_rules(update),
-            attrs={**defaults, "l2_decay": 0.0, "lr_schedule": None},
+            attrs=dict(_DEFAULTS[type]),
         )
     )
 

@@ -15,7 +15,8 @@ from runtime.ps.local import Servers
 from runtime.ps.server import serve
 from runtime.ps.shard import MODES, Limits, NotReady, Shard, save_shards
 from runtime.ps.sharding import place_dense, shard_of
-from runtime.ps.table import DenseTable, PSError, SparseTable, check_spec, make_table
+from runtime.ps.table import DenseTable, SparseTable, check_spec, make_table
+from runtime.ps.types import PSError, Table
 
 __all__ = [
     "MODES",
@@ -30,6 +31,7 @@ __all__ = [
     "Servers",
     "Shard",
     "SparseTable",
+    "Table",
     "check_spec",
     "make_table",
     "place_dense",

@@ -29,12 +29,11 @@ from ops_registry import SparseRows
 from ops_registry.base import RowMerge
 from ops_registry.optimizer import global_norm_scale
 from runtime.ps import checkpoint
+from runtime.ps import protocol as p
 from runtime.ps.index import strictly_increasing
 from runtime.ps.pulls import ALL, assemble, one_pull_per_table
-from runtime.ps.server import ADMIN_OPS, PS_RING_BYTES
-from runtime.ps.shard import check_ids_given
 from runtime.ps.sharding import place_dense, shard_of
-from runtime.ps.table import PSError
+from runtime.ps.types import PSError, check_ids_given
 from runtime.telemetry.outputs import unpack_spans
 from runtime.transport.shm import ShmRing, ShmSegments, shm_dir
 from runtime.transport.wire import AuthError, WireError, decode, encode, wire_array
@@ -72,7 +71,7 @@ class PSClient:
         self._segments = None if shm is None else ShmSegments(shm)
         self._rings: list[ShmRing | None] = [None] * len(self.endpoints)
         try:
-            hello = self._call({k: ({"op": "hello"}, []) for k in range(len(self._socks))})
+            hello = self._call({k: p.Hello() for k in range(len(self._socks))})
         except BaseException:
             self.close()
             raise
@@ -90,20 +89,20 @@ class PSClient:
         self._dense = place_dense(list(self.specs.values()), len(self.endpoints))
 
     # -- requests ---------------------------------------------------------------------------
-    def _call(self, requests: dict[int, tuple[dict, list]]) -> dict[int, tuple[dict, list]]:
+    def _call(self, requests: dict[int, p.Request]) -> dict[int, tuple[dict, list]]:
         """Send one request to each named shard, then wait for all replies."""
         keys = list(requests)
-        return dict(zip(keys, self._exchange([(k, *requests[k]) for k in keys]), strict=True))
+        return dict(zip(keys, self._exchange([(k, requests[k]) for k in keys]), strict=True))
 
-    def _exchange(self, requests: list[tuple[int, dict, list]]) -> list[tuple[dict, list]]:
-        """Send every (shard, header, arrays) request at once — several to one shard are pipelined,
-        so n requests cost one round trip — then wait for all replies (matched by request id)."""
+    def _exchange(self, requests: list[tuple[int, p.Request]]) -> list[tuple[dict, list]]:
+        """Send every (shard, request) at once — several to one shard are pipelined, so n requests
+        cost one round trip — then wait for all replies (matched by request id)."""
         pending: dict[int, int] = {}  # rid -> index in requests
-        due = dict.fromkeys((k for k, _, _ in requests), 0)
-        for i, (k, header, arrays) in enumerate(requests):
-            rid = next(self._rid)
-            key = self.admin_secret if header.get("op") in ADMIN_OPS else self.secret
-            header = {**header, "rid": rid, "cid": self._cid, "seq": rid, "to": k}
+        due = dict.fromkeys((k for k, _ in requests), 0)
+        for i, (k, req) in enumerate(requests):
+            rid, arrays = next(self._rid), req.arrays()
+            key = self.admin_secret if req.OP in p.ADMIN_OPS else self.secret
+            header = {**req.header(), "rid": rid, "cid": self._cid, "seq": rid, "to": k}
             if self._segments is not None:
                 header["shm_reply"] = True
                 ring = self._ring(k) if arrays else None
@@ -127,7 +126,7 @@ class PSClient:
                 late = sorted(
                     {f"shard {requests[i][0]} ({self.endpoints[requests[i][0]]})" for i in pending.values()}
                 )
-                op = requests[0][1].get("op")
+                op = requests[0][1].OP
                 raise PSTimeoutError(
                     f"no reply to {op!r} within {self.timeout} s from {', '.join(late)}; "
                     "is the server running and reachable?"
@@ -145,7 +144,7 @@ class PSClient:
                     poller.unregister(self._socks[k])
         errors = [
             f"shard {k} ({self.endpoints[k]}): {h['error']}"
-            for (k, _, _), (h, _) in zip(requests, out, strict=True)
+            for (k, _), (h, _) in zip(requests, out, strict=True)
             if not h.get("ok")
         ]
         if errors:
@@ -156,7 +155,7 @@ class PSClient:
         """The shared-memory ring of requests to shard k (None: it cannot be made, e.g. /dev/shm full)."""
         if self._rings[k] is None:
             try:
-                self._rings[k] = ShmRing(self._segments.dir, f"ps{k}-requests", PS_RING_BYTES)
+                self._rings[k] = ShmRing(self._segments.dir, f"ps{k}-requests", p.PS_RING_BYTES)
             except OSError:
                 return None
         return self._rings[k]
@@ -280,10 +279,10 @@ class PSClient:
             flat = ids.reshape(-1).astype(np.int64)
             uniq, inv = (flat, None) if strictly_increasing(flat) else np.unique(flat, return_inverse=True)
             where = []
-            for k, p in enumerate(self._split(uniq)):
-                if p is ALL or p.size:
-                    where.append((len(parts), p))
-                    parts.append((k, table, [uniq[p]]))
+            for k, pos in enumerate(self._split(uniq)):
+                if pos is ALL or pos.size:
+                    where.append((len(parts), pos))
+                    parts.append((k, table, [uniq[pos]]))
             plans.append((spec, ids.shape, uniq.size, inv, where))
         return parts, plans
 
@@ -311,7 +310,7 @@ class PSClient:
                 if last is None or not np.array_equal(last[0], ids):
                     last = (ids, RowMerge.of(np, ids))
                 ids, grad = last[1].unique_rows, last[1].sum(np, grad)
-            parts += [(k, table, [ids[p], grad[p]]) for k, p in enumerate(self._split(ids))]
+            parts += [(k, table, [ids[pos], grad[pos]]) for k, pos in enumerate(self._split(ids))]
         return parts
 
     def _send(
@@ -325,34 +324,27 @@ class PSClient:
     ) -> list[np.ndarray]:
         """One request per shard for its push and pull parts (a plain push or pull when it has one
         part, else a push_pull); the reply array of each pull part, in order."""
-        by_shard: dict[int, tuple[list, list]] = {}
+        by_shard: dict[int, tuple[list, list, list]] = {}  # shard -> pushes, pulls, indices of pulls
         for k, table, arrays in pushes:
-            by_shard.setdefault(k, ([], []))[0].append((table, arrays))
+            by_shard.setdefault(k, ([], [], []))[0].append((table, arrays))
         for i, (k, table, arrays) in enumerate(pulls):  # (one part per table and shard: pulls.py)
-            by_shard.setdefault(k, ([], []))[1].append((i, table, arrays))
-        flags = {"peek": True} if peek else {}
-        sends = []
-        for k, (push, pull) in by_shard.items():
-            if len(push) + len(pull) == 1:
-                sends.append(
-                    (k, {"op": "push", "table": push[0][0], "step": step, "pusher": self.pusher}, push[0][1])
-                    if push
-                    else (k, {"op": "pull", "table": pull[0][1], "step": pull_step, **flags}, pull[0][2])
-                )
-                continue
-            header = {
-                "op": "push_pull",
-                "push": [[t, len(a)] for t, a in push],
-                "pull": [[t, len(a)] for _, t, a in pull],
-                "step": step,
-                "pull_step": pull_step,
-                "pusher": self.pusher,
-                **flags,
-            }
-            sends.append((k, header, [x for _, a in push for x in a] + [x for _, _, a in pull for x in a]))
+            part = by_shard.setdefault(k, ([], [], []))
+            part[1].append((table, arrays))
+            part[2].append(i)
+        sends: list[tuple[int, p.Request]] = []
+        for k, (push, pull, _) in by_shard.items():
+            if len(push) + len(pull) > 1:
+                sends.append((k, p.PushPull(push, pull, step, pull_step, self.pusher, peek)))
+            elif push:
+                ((table, arrays),) = push
+                ids, grad = arrays if len(arrays) == 2 else (None, arrays[0])
+                sends.append((k, p.Push(table, grad, ids, step, self.pusher)))
+            else:
+                ((table, arrays),) = pull
+                sends.append((k, p.Pull(table, arrays[0] if arrays else None, pull_step, peek)))
         got: list[Any] = [None] * len(pulls)
-        for (_, pull), (_, arrays) in zip(by_shard.values(), self._exchange(sends), strict=True):
-            for j, (i, _, _) in enumerate(pull):
+        for (_, _, where), (_, arrays) in zip(by_shard.values(), self._exchange(sends), strict=True):
+            for j, i in enumerate(where):
                 got[i] = arrays[j]
         return got
 
@@ -361,26 +353,22 @@ class PSClient:
         (each answers once every pusher's step is in), the scale from their total, then `apply` on
         every shard. Returns the step's global gradient norm."""
         shards = range(len(self._socks))
-        got = self._call({k: ({"op": "norm", "step": step}, []) for k in shards})
+        got = self._call({k: p.Norm(step) for k in shards})
         total = sum(float(got[k][0]["sum_squares"]) for k in shards)
         scale = float(global_norm_scale(total, clip_norm, dtype))
-        self._call({k: ({"op": "apply", "step": step, "scale": scale}, []) for k in shards})
+        self._call({k: p.Apply(step, scale) for k in shards})
         return math.sqrt(total)
 
     def hold(self, tables: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
-        """Hold dense `tables` (runtime/ps/hold.py): {table: its state (Param, optimizer slots)}."""
-        got = self._exchange([(self._dense[t], {"op": "hold", "table": t}, []) for t in tables])
+        """Hold dense `tables` (runtime/ps/held_tables.py): {table: its state (Param, optimizer slots)}."""
+        got = self._exchange([(self._dense[t], p.Hold(t)) for t in tables])
         return {t: dict(zip(h["keys"], a, strict=True)) for t, (h, a) in zip(tables, got, strict=True)}
 
     def write_back(self, states: dict[str, dict[str, np.ndarray]], steps: int, final: bool) -> None:
         """Write held tables' states back, `steps` steps applied since the hold (`final`: release them)."""
         self._exchange(
             [
-                (
-                    self._dense[t],
-                    {"op": "write_back", "table": t, "keys": list(st), "steps": steps, "final": final},
-                    list(st.values()),
-                )
+                (self._dense[t], p.WriteBack(t, list(st), list(st.values()), steps, final))
                 for t, st in states.items()
             ]
         )
@@ -389,14 +377,14 @@ class PSClient:
         """Set a table's values: dense, the whole array; sparse, rows `ids` (e.g. imported weights,
         `ids=np.arange(vocab)`). Optimizer state is untouched."""
         if self._check_ids(table, ids, "assign").kind == "dense":
-            self._call({self._dense[table]: ({"op": "assign", "table": table}, [np.asarray(values)])})
+            self._call({self._dense[table]: p.Assign(table, np.asarray(values))})
             return
         ids, values = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(values)
         self._call(
             {
-                k: ({"op": "assign", "table": table}, [ids[p], values[p]])
-                for k, p in enumerate(self._split(ids))
-                if p is ALL or p.size
+                k: p.Assign(table, values[where], ids[where])
+                for k, where in enumerate(self._split(ids))
+                if where is ALL or where.size
             }
         )
 
@@ -407,9 +395,7 @@ class PSClient:
         `meta` (JSON values) goes into the manifest (e.g. `train`'s run state)."""
         stage = checkpoint.begin(path)
         try:
-            replies = self._call(
-                {k: ({"op": "save", "dir": str(stage.resolve())}, []) for k in range(len(self._socks))}
-            )
+            replies = self._call({k: p.Save(str(stage.resolve())) for k in range(len(self._socks))})
             files = [e for k in sorted(replies) for e in replies[k][0]["files"]]
             checkpoint.finish(
                 stage,
@@ -426,17 +412,17 @@ class PSClient:
         """Load checkpoint `path` (saved with any shard count) into every shard. `step`: count the
         tables' applied sync steps from there (a run resumed at `step`; else the saved counts)."""
         path = os.path.abspath(path)
-        header = {"op": "load", "dir": path, **({"step": int(step)} if step is not None else {})}
-        self._call({k: (header, []) for k in range(len(self._socks))})
+        req = p.Load(path, None if step is None else int(step))
+        self._call(dict.fromkeys(range(len(self._socks)), req))
 
     def stats(self) -> list[dict]:
         """Per shard: {table: {"rows": n, "bytes": memory held, "version": applied sync steps}}."""
-        r = self._call({k: ({"op": "stats"}, []) for k in range(len(self._socks))})
+        r = self._call(dict.fromkeys(range(len(self._socks)), p.Stats()))
         return [r[k][0]["tables"] for k in sorted(r)]
 
     def trace(self) -> list[list]:
         """Per shard, the spans it recorded since the last call (servers started with trace=True)."""
-        r = self._call({k: ({"op": "trace"}, []) for k in range(len(self._socks))})
+        r = self._call(dict.fromkeys(range(len(self._socks)), p.Trace()))
         return [unpack_spans(r[k][1][0]) for k in sorted(r)]
 
     def close(self) -> None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.ps.client import PSClient
-from runtime.ps.table import DenseTable, PSError, SparseTable, make_table
+from runtime.ps.table import DenseTable, SparseTable, make_table
+from runtime.ps.types import PSError
 
 
 class GeoTable:
@@ -23,8 +24,8 @@ class GeoTable:
             raise PSError(f"GeoTable {table!r}: push interval k must be >= 1, got {k}")
         self.client, self.name, self.k, self.steps = client, table, k, 0
         spec = client.specs[table]
-        self.local: DenseTable | SparseTable = make_table(spec)
-        self.sparse = isinstance(self.local, SparseTable)
+        self.local: DenseTable | SparseTable = make_table(spec)  # type: ignore[assignment]
+        self.sparse = spec.kind == "sparse"
         if self.sparse:
             self.base = make_table(spec)
             self.touched: list[np.ndarray] = []

@@ -21,11 +21,12 @@ before it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.ps.table import DenseTable, PSError
+from runtime.ps.table import DenseTable
+from runtime.ps.types import PSError
 from runtime.telemetry.outputs import Recorder, timed
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def hold(shard: Shard, name: str, holder: str = "") -> dict[str, np.ndarray]:
     `write_back(final=True)`."""
     t = shard.table(name)
     refusals = (
-        (not isinstance(t, DenseTable), "it is not a dense table"),
+        (t.spec.kind != "dense", "it is not a dense table"),
         (t.kernel is None, "it is frozen (no optimizer)"),
         (name in shard.clip_tables, "it is clipped by global norm (the servers clip)"),
         (shard.expected[name] != 1, f"{shard.expected[name]} trainers push it each step, not one"),
@@ -55,17 +56,15 @@ def hold(shard: Shard, name: str, holder: str = "") -> dict[str, np.ndarray]:
 
 
 def write_back(
-    shard: Shard, name: str, keys: Any, arrays: list, steps: int, final: bool, holder: str = ""
+    shard: Shard, name: str, keys: list[str], arrays: list, steps: int, final: bool, holder: str = ""
 ) -> None:
-    """Load a held table's state (`arrays`, named by `keys`) from its holder, which has applied `steps`
-    steps since the hold (all checked: the arrays and shapes are the table's, finite, and the count
-    never goes back)."""
+    """Load a held table's state (`arrays`, named by `keys`, one each: `protocol.WriteBack` checks a
+    request's) from its holder, which has applied `steps` steps since the hold (all checked: the
+    arrays and shapes are the table's, finite, and the count never goes back)."""
     if name not in shard.holds:
         raise PSError(f"write_back of table {name!r} refused: no trainer holds it")
     if shard.holds[name][2] != holder:
         raise PSError(f"write_back of table {name!r} refused: another client holds it")
-    if not isinstance(keys, list) or len(keys) != len(arrays) or not all(isinstance(k, str) for k in keys):
-        raise PSError(f"write_back needs field 'keys', one name per array, got {keys!r:.200}")
     t, state = shard.table(name), dict(zip(keys, arrays, strict=True))
     want = t.state_dict()
     if sorted(state) != sorted(want) or len(state) != len(keys):
@@ -82,15 +81,6 @@ def write_back(
         shard.version[name] = version + steps
     if final:
         del shard.holds[name]
-
-
-def check_not_held(shard: Shard, name: str, what: str) -> None:
-    """PSError for a push or (non-peek) pull of a held table."""
-    if name in shard.holds:
-        raise PSError(
-            f"{what} of table {name!r} refused: the trainer that updates it holds it (a dense table "
-            "only one trainer uses; runtime/ps/hold.py) until it writes it back at the end of the run"
-        )
 
 
 # -- the trainer's side -----------------------------------------------------------------------------

@@ -1,27 +1,29 @@
 """The parameter-server process: one Shard behind a ZeroMQ ROUTER socket.
 
-Requests and replies use the wire format (runtime/wire.py). A request header has `op` (hello, pull,
-push, push_pull, norm, apply, hold, write_back, assign, save, load, stats, trace, shutdown; norm and
-apply: gradient clipping by global norm, runtime/ps/clip.py; hold and write_back: a dense table its
-only trainer keeps, runtime/ps/held_tables.py), `rid` (echoed in the reply) and the op's fields; a
-reply has `ok` and, when false, `error`. No request ends the server: a bad one (unknown table, wrong
-shape, NaN gradient, malformed, oversized or unauthenticated frames, a limit exceeded, even a server
-bug) gets an error reply and a log line, and the server goes on serving. In sync mode a pull that
-must wait for its step is parked, not blocking the loop, and answered as soon as that step is
-applied. With `trace=True` the server records the time it spends on each pull and push
-(`runtime.telemetry.outputs.Recorder`) and hands the spans out on a `trace` request.
+Requests and replies use the wire format (runtime/transport/wire.py). A request is one of the
+records of runtime/ps/protocol.py (hello, pull, push, push_pull, norm, apply, hold, write_back,
+assign, save, load, stats, trace, shutdown), its header read into the record once (`protocol.parse`)
+and served by its handler (handlers.py `HANDLERS`: record type -> function of the explicit `Context`
+and the record), plus the transport's fields: `rid` (echoed in the reply), `cid` / `seq` / `to`
+(below), `shm` / `shm_reply` (shared memory). A reply has `ok` and, when false, `error`. No request
+ends the server: a bad one (unknown table, wrong shape, NaN gradient, malformed, oversized or
+unauthenticated frames, a limit exceeded, even a server bug) gets an error reply and a log line, and
+the server goes on serving. In sync mode a pull that must wait for its step is parked (`Parked`),
+not blocking the loop, and answered as soon as that step is applied. With `trace=True` the server
+records the time it spends on each pull and push (`runtime.telemetry.outputs.Recorder`) and hands
+the spans out on a `trace` request.
 
 Security: with a `secret`, every request must carry its MAC (wire.py), a sender id and sequence number newer
 than that sender's last (`wire.ReplayGuard`) and the index of the shard it is for (`to`), so a
 captured request cannot be replayed, reordered or sent to another shard. Admin requests
 (`ADMIN_OPS`: assign, save, load, shutdown) must be signed with `admin_secret` when one is given
 (only the driver holds it; trainers get `secret` alone), and save / load only touch directories
-inside `checkpoint_root`. `Servers` makes both keys at random. Limits on what a request may cost:
-`shard.Limits`.
+inside `checkpoint_root`. `Servers` (runtime/ps/local.py) makes both keys at random. Limits on what
+a request may cost: `shard.Limits`.
 
 The server binds 127.0.0.1 by default; `ipc://` endpoints work too. It stops on SIGTERM/SIGINT, a
 `shutdown` request, or when its parent process dies, closing its socket before exiting. `Servers`
-(runtime/ps/servers.py) runs shards as local processes.
+(runtime/ps/local.py) runs shards as local processes.
 """
 
 from __future__ import annotations
@@ -30,17 +32,17 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import zmq
 
-from runtime.ps import held_tables
-from runtime.ps.clip import CLIP
-from runtime.ps.requests import ParkPulls, describe, field, parts, span_name
-from runtime.ps.shard import Limits, NotReady, Shard
-from runtime.ps.table import PSError, SparseTable
-from runtime.telemetry.outputs import Recorder, pack_spans, timed
+from runtime.ps import protocol as p
+from runtime.ps.handlers import HANDLERS, Context, ParkPulls, describe
+from runtime.ps.shard import Limits, Shard
+from runtime.ps.types import CLIP, NotReady, PSError
+from runtime.telemetry.outputs import Recorder, timed
 from runtime.transport.shm import ShmRing, ShmSegments, shm_dir
 from runtime.transport.wire import (
     AuthError,
@@ -51,28 +53,21 @@ from runtime.transport.wire import (
     encode,
     wire_array,
 )
-from transpiler.tables import tables_from_dicts, tables_to_dicts
+from transpiler.tables import tables_from_dicts
 
 log = logging.getLogger("hetps.ps")
-OPS = (
-    "hello",
-    "pull",
-    "push",
-    "push_pull",
-    "norm",
-    "apply",
-    "hold",
-    "write_back",
-    "assign",
-    "save",
-    "load",
-    "stats",
-    "trace",
-    "shutdown",
-)
-ADMIN_OPS = frozenset({"assign", "save", "load", "shutdown"})
-PS_RING_BYTES = 8 << 20  # a reply ring per same-host client (runtime.transport.shm.ShmRing)
+ADMIN_OPS, OPS = p.ADMIN_OPS, p.OPS
 MAX_REPLY_RINGS = 64  # clients beyond these get their replies as ZeroMQ frames
+
+
+@dataclass
+class Parked:
+    """A request waiting for its sync step: whom to answer, and how."""
+
+    ident: Any
+    rid: Any
+    shm_reply: bool
+    request: p.Request
 
 
 class _Loop:
@@ -94,7 +89,8 @@ class _Loop:
         self.roots = [os.path.realpath(r) for r in roots]
         self.limits = shard.limits
         self.rec = Recorder(trace)
-        self.parked: dict[str, list[tuple[Any, dict, list]]] = {}
+        self.cx = Context(shard, self.roots, self.rec, self.release)
+        self.parked: dict[str, list[Parked]] = {}
         self.segments: ShmSegments | None = None  # requests' arrays in clients' shm segments
         self.rings: dict[bytes, ShmRing | None] = {}  # replies' arrays to clients that read shm
         self.borrowed: list[Callable[[], None]] = []  # hands a request's shm bytes back (_shm_arrays)
@@ -128,7 +124,7 @@ class _Loop:
                 return None
             try:
                 self.rings[ident] = ShmRing(
-                    self.segments.dir, f"ps{self.shard.shard}-reply{len(self.rings)}", PS_RING_BYTES
+                    self.segments.dir, f"ps{self.shard.shard}-reply{len(self.rings)}", p.PS_RING_BYTES
                 )
             except OSError:
                 self.rings[ident] = None
@@ -191,8 +187,8 @@ class _Loop:
             self.reply(ident, None, {"ok": False, "error": f"malformed request: {e}"})
             return False
         header, arrays = msg.header, msg.arrays
-        rid, op = header.get("rid"), header.get("op")
-        if op in ADMIN_OPS and self.admin_key is not None and msg.key != self.admin_key:
+        rid, op, shm_reply = header.get("rid"), header.get("op"), header.get("shm_reply") is True
+        if op in p.ADMIN_OPS and self.admin_key is not None and msg.key != self.admin_key:
             log.error(
                 "shard %d: refused %r signed with the data key, not the admin key", self.shard.shard, op
             )
@@ -206,37 +202,52 @@ class _Loop:
                 },
             )
             return False
-        rec = self.rec if op in ("pull", "push", "push_pull") else None
-        with timed(
-            span_name(header),
-            "ps",
-            rec=rec,
-            table=header.get("table"),
-            step=header.get("step"),
-            by=header.get("pusher"),
-        ) as span:
-            try:
-                if op == "shutdown":
-                    self.reply(ident, rid, {"ok": True})
-                    return True
-                out, out_arrays = self.dispatch(op, header, arrays)
-            except NotReady as e:
-                span.skip()
-                self.park(ident, header, arrays, e.args[0])
-                return False
-            except ParkPulls as p:
-                span.skip()
-                self.park(ident, p.header, p.arrays, p.table)
-                return False
-            except Exception as e:  # the server must outlive any bad request
-                span.skip()
-                if not isinstance(e, PSError):
-                    log.exception("shard %d: request %r failed", self.shard.shard, op)
-                self.reply(ident, rid, {"ok": False, "error": describe(e)})
-                return False
-            self._hand_back()  # (the request's arrays are used up; its client may reuse their bytes)
-            self.reply(ident, rid, {"ok": True, **out}, out_arrays, shm=header.get("shm_reply") is True)
+        try:
+            req = p.parse(header, arrays)
+        except PSError as e:
+            self.reply(ident, rid, {"ok": False, "error": str(e)})
+            return False
+        if isinstance(req, p.Shutdown):
+            self.reply(ident, rid, {"ok": True})
+            return True
+        self.serve_request(Parked(ident, rid, shm_reply, req), hand_back=True)
         return False
+
+    def serve_request(self, w: Parked, hand_back: bool = False, released: str | None = None) -> None:
+        """Answer one request, or park it when it must wait for its sync step. `hand_back`: give
+        the request's shared-memory bytes back before its reply (they are used up); `released`:
+        the table whose applied step let a parked request go on."""
+        r = w.request
+        if released is not None:
+            span = dict(name="pull", rec=self.rec, table=released, step=getattr(r, "step", None), parked=True)
+        else:
+            span = dict(
+                name=r.span(),
+                rec=self.rec if r.OP in p.TRACED_OPS else None,
+                table=getattr(r, "table", None),
+                step=getattr(r, "step", None),
+                by=getattr(r, "pusher", None),
+            )
+        with timed(span.pop("name"), "ps", **span) as sp:
+            try:
+                out, out_arrays = HANDLERS[type(r)](self.cx, r)
+            except NotReady as e:
+                sp.skip()
+                self.park(w, e.args[0])
+                return
+            except ParkPulls as e:
+                sp.skip()
+                self.park(replace(w, request=e.request), e.table)
+                return
+            except Exception as e:  # the server must outlive any bad request
+                sp.skip()
+                if not isinstance(e, PSError):
+                    log.exception("shard %d: request %r failed", self.shard.shard, r.OP)
+                self.reply(w.ident, w.rid, {"ok": False, "error": describe(e)})
+                return
+            if hand_back:
+                self._hand_back()  # (the request's arrays are used up; its client may reuse their bytes)
+            self.reply(w.ident, w.rid, {"ok": True, **out}, out_arrays, shm=w.shm_reply)
 
     def _shm_arrays(self, desc: Any, frames: list) -> list:
         """The arrays a request left in its client's shared-memory segment (bounds-checked there):
@@ -259,178 +270,32 @@ class _Loop:
         self.borrowed.append(done)
         return views
 
-    def park(self, ident: Any, header: dict, arrays: list, table: str) -> None:
-        """Hold a sync pull until `table` has applied its step, or refuse it when `max_parked` are held."""
+    def park(self, w: Parked, table: str) -> None:
+        """Hold a sync request until `table` has applied its step, or refuse it when `max_parked`
+        are held."""
         held, limit = sum(len(v) for v in self.parked.values()), self.limits.max_parked
         if held >= limit:
             self.reply(
-                ident,
-                header.get("rid"),
+                w.ident,
+                w.rid,
                 {
                     "ok": False,
                     "error": (
-                        f"sync pull of {table!r} for step {header.get('step')}: {held} pulls already "
-                        f"wait for their step, the limit max_parked={limit}"
+                        f"sync pull of {table!r} for step {getattr(w.request, 'step', None)}: {held} pulls "
+                        f"already wait for their step, the limit max_parked={limit}"
                     ),
                 },
             )
             return
-        self.parked.setdefault(table, []).append((ident, header, arrays))
-
-    def checkpoint_dir(self, h: dict) -> str:
-        """The request's `dir`, when it lies inside the checkpoint root the server was started with."""
-        d = field(h, "dir", str)
-        if not self.roots:
-            raise PSError(
-                f"{h.get('op')!r} refused: this server was started without a checkpoint root "
-                "(serve / Servers checkpoint_root=...), so it saves and loads nowhere"
-            )
-        real = os.path.realpath(d)
-        if not any(os.path.commonpath([real, r]) == r for r in self.roots):
-            where = self.roots[0] if len(self.roots) == 1 else self.roots
-            raise PSError(
-                f"{h.get('op')!r} refused: {d!r} is outside the checkpoint root {where!r} "
-                "this server was started with"
-            )
-        return real
-
-    def dispatch(self, op: Any, h: dict, arrays: list) -> tuple[dict, list]:
-        s = self.shard
-        if op == "hello":
-            return {
-                "shard": s.shard,
-                "num_shards": s.num_shards,
-                "mode": s.mode,
-                "tables": tables_to_dicts(s.specs),
-            }, []
-        if op == "pull":
-            if len(arrays) > 1:
-                raise PSError(f"pull takes at most one array (ids), got {len(arrays)}")
-            rows = s.pull(
-                field(h, "table", str),
-                arrays[0] if arrays else None,
-                field(h, "step", int, optional=True),
-                peek=h.get("peek") is True,
-                copy=False,
-            )
-            return {}, [rows]
-        if op == "push":
-            if len(arrays) not in (1, 2):
-                raise PSError(f"push takes [grad] or [ids, grad], got {len(arrays)} arrays")
-            table = field(h, "table", str)
-            if s.push(
-                table,
-                arrays[-1],
-                arrays[0] if len(arrays) == 2 else None,
-                field(h, "step", int, optional=True),
-                str(h.get("pusher", "0")),
-            ):
-                self.release(table)
-            return {}, []
-        if op == "push_pull":
-            return self.push_pull(h, arrays)
-        if op == "norm":
-            return {"sum_squares": s.clip_sum_squares(field(h, "step", int))}, []
-        if op == "apply":
-            for table in s.clip_apply(field(h, "step", int), h.get("scale")):
-                self.release(table)
-            return {}, []
-        if op == "hold":
-            state = held_tables.hold(s, field(h, "table", str), str(h.get("cid", "")))
-            return {"keys": list(state)}, list(state.values())
-        if op == "write_back":
-            held_tables.write_back(
-                s,
-                field(h, "table", str),
-                h.get("keys"),
-                arrays,
-                field(h, "steps", int),
-                h.get("final") is True,
-                str(h.get("cid", "")),
-            )
-            return {}, []
-        if op == "assign":
-            if len(arrays) not in (1, 2):
-                raise PSError(f"assign takes [values] or [ids, values], got {len(arrays)} arrays")
-            s.assign(field(h, "table", str), arrays[-1], arrays[0] if len(arrays) == 2 else None)
-            return {}, []
-        if op == "save":
-            return {"files": s.save(self.checkpoint_dir(h))}, []
-        if op == "load":
-            s.load(self.checkpoint_dir(h), field(h, "step", int, optional=True))
-            return {}, []
-        if op == "trace":
-            return {}, [pack_spans(self.rec.take())]
-        if op == "stats":
-            return {
-                "tables": {
-                    n: {
-                        "rows": len(t) if isinstance(t, SparseTable) else t.param.shape[0],
-                        "bytes": t.memory_bytes(),
-                        "version": s.version[n],
-                        "applied": s.applied[n],
-                    }
-                    for n, t in s.tables.items()
-                }
-            }, []
-        raise PSError(f"unknown request op {op!r}; known ops: {', '.join(OPS)}")
-
-    def push_pull(self, h: dict, arrays: list) -> tuple[dict, list]:
-        """Several tables in one request: `push` parts (at `step`) are applied first, then `pull`
-        parts (at `pull_step`) are answered, one reply array each, in order. In sync mode a client
-        pushes step t and pulls step t + 1: the pulls are parked until every pusher's step t is
-        applied (fused push + pull: one round trip per step)."""
-        s, n_push = (
-            self.shard,
-            sum(
-                p[1]
-                for p in h.get("push", [])
-                if isinstance(p, list) and len(p) == 2 and isinstance(p[1], int)
-            ),
-        )
-        pushes = parts(h, "push", (1, 2), arrays[:n_push])
-        pulls = parts(h, "pull", (0, 1), arrays[n_push:])
-        step, pusher = field(h, "step", int, optional=True), str(h.get("pusher", "0"))
-        applied = []
-        try:
-            for t, a in pushes:
-                if s.push(t, a[-1], a[0] if len(a) == 2 else None, step, pusher):
-                    applied.append(t)
-        finally:  # (a refused part refuses the request; what was applied before it stays applied)
-            for table in applied:
-                self.release(table)
-        pull_step, peek = field(h, "pull_step", int, optional=True), h.get("peek") is True
-        try:
-            return {}, [s.pull(t, a[0] if a else None, pull_step, peek=peek, copy=False) for t, a in pulls]
-        except NotReady as e:
-            if not pushes:
-                raise ParkPulls(e.args[0], h, arrays) from None
-            raise ParkPulls(e.args[0], {**h, "push": []}, arrays[n_push:]) from None  # pushes are done
+        self.parked.setdefault(table, []).append(w)
 
     def release(self, table: str) -> None:
-        """Answer the parked sync pulls of `table` whose step has now been applied."""
+        """Answer the parked sync requests of `table` whose step has now been applied."""
         waiting, self.parked[table] = self.parked.get(table, []), []
         if table in self.shard.clip_tables:  # a held step may complete a parked norm request
             waiting += self.parked.pop(CLIP, [])
-        for ident, h, arrays in waiting:
-            with timed("pull", "ps", rec=self.rec, table=table, step=h.get("step"), parked=True) as span:
-                try:
-                    out, out_arrays = self.dispatch(h.get("op"), h, arrays)
-                except NotReady as e:
-                    span.skip()
-                    self.parked.setdefault(e.args[0], []).append((ident, h, arrays))
-                    continue
-                except ParkPulls as p:
-                    span.skip()
-                    self.park(ident, p.header, p.arrays, p.table)
-                    continue
-                except Exception as e:
-                    span.skip()
-                    self.reply(ident, h.get("rid"), {"ok": False, "error": describe(e)})
-                    continue
-                self.reply(
-                    ident, h.get("rid"), {"ok": True, **out}, out_arrays, shm=h.get("shm_reply") is True
-                )
+        for w in waiting:
+            self.serve_request(w, released=table)
 
 
 def serve(
@@ -510,6 +375,4 @@ def serve(
         ctx.term()
 
 
-from runtime.ps.local import Servers  # noqa: E402  (its home is servers.py; importable from here as before)
-
-__all__ = ["ADMIN_OPS", "OPS", "Servers", "serve"]
+__all__ = ["ADMIN_OPS", "HANDLERS", "OPS", "Context", "serve"]

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from runtime.ps import checkpoint, clip, held_tables
-from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST, WAITING
+from runtime.ps import checkpoint, clip
 from runtime.ps.sharding import shard_of, tables_of_shard
-from runtime.ps.table import DenseTable, PSError, SparseTable, check_spec, make_table
+from runtime.ps.table import check_spec, make_table
+from runtime.ps.types import CLIP, Held, NotReady, PSError, Table, check_ids_given
 from runtime.transport.wire import MAX_MESSAGE_BYTES
 from transpiler.config import MODES as PLAN_MODES
 from transpiler.tables import TableSpec
@@ -42,13 +41,7 @@ MAX_STEPS_AHEAD = 64  # how far past the applied steps a sync push or pull may b
 MAX_BUFFERED = 1024  # sync pushes per table waiting for later steps
 MAX_PARKED = 4096  # sync pulls a server holds until their step is applied
 
-
-def check_ids_given(kind: str, table: str, ids: Any, what: str) -> None:
-    """PSError unless ids come with a sparse table and only with one (`what`: pull, push, assign);
-    the clients check before sending, the shards again on receipt."""
-    if (ids is None) == (kind == "sparse"):
-        need = "needs ids" if ids is None else "takes no ids"
-        raise PSError(f"{what} of {kind} table {table!r} {need}")
+__all__ = ["MODES", "Limits", "NotReady", "Shard", "check_ids_given", "save_shards"]
 
 
 @dataclass(frozen=True)
@@ -60,24 +53,6 @@ class Limits:
     max_steps_ahead: int = MAX_STEPS_AHEAD
     max_buffered: int = MAX_BUFFERED
     max_parked: int = MAX_PARKED
-
-
-def _count_distinct(ids: np.ndarray) -> int:
-    """len(np.unique(ids)), by a sort: numpy 2.4's hash-based unique is ~15x slower on 1M int64."""
-    s = np.sort(ids)
-    return int(np.count_nonzero(s[1:] != s[:-1])) + 1 if s.size else 0
-
-
-def _sum_parts(grads: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    """The sum of dense gradients, accumulated in place into one fresh array (no stacked copy)."""
-    out = np.array(grads[0], dtype=dtype)
-    for g in grads[1:]:
-        out += g
-    return out
-
-
-class NotReady(Exception):
-    """A sync-mode pull for a step whose predecessor has not been applied yet."""
 
 
 class Shard:
@@ -102,7 +77,7 @@ class Shard:
             raise PSError(f"table names repeat: {names}")
         self.shard, self.num_shards, self.mode = shard, num_shards, mode
         self.check_finite, self.limits = check_finite, limits or Limits()
-        self.tables: dict[str, DenseTable | SparseTable] = {
+        self.tables: dict[str, Table] = {
             s.name: make_table(s, check_finite) for s in tables_of_shard(self.specs, shard, num_shards)
         }
         if isinstance(pushes_per_step, dict):
@@ -119,13 +94,11 @@ class Shard:
         self.version = dict.fromkeys(self.tables, 0)
         self.applied = dict.fromkeys(self.tables, 0)  # pushes applied since start (not checkpointed)
         self.pending: dict[str, dict[int, dict[str, tuple]]] = {n: {} for n in self.tables}
-        self.clip_tables = clip.clipped_tables(self)
-        self.held: dict[str, clip.Held] = {}  # clipped table -> its step's gradient, awaiting the scale
-        self.holds: dict[
-            str, tuple[int, int, str]
-        ] = {}  # held -> (version, applied, holder) (held_tables.py)
+        self.clip_tables = clip.clipped_tables(self.tables, mode)
+        self.held: dict[str, Held] = {}  # clipped table -> its step's gradient, awaiting the scale
+        self.holds: dict[str, tuple[int, int, str]] = {}  # held -> (version, applied, holder): held_tables.py
 
-    def table(self, name: str) -> DenseTable | SparseTable:
+    def table(self, name: str) -> Table:
         try:
             return self.tables[name]
         except KeyError:
@@ -134,25 +107,27 @@ class Shard:
             ) from None
 
     # -- pull / push ------------------------------------------------------------------------
-    def _ids_args(self, t: DenseTable | SparseTable, ids: np.ndarray | None, what: str) -> tuple:
-        """(ids,) for a sparse table, () for a dense one; PSError when ids are missing / extra."""
-        check_ids_given(t.spec.kind, t.name, ids, what)
-        return () if ids is None else (ids,)
+    def check_not_held(self, name: str, what: str) -> None:
+        """PSError for a push or (non-peek) pull of a table a trainer holds (held_tables.py)."""
+        if name in self.holds:
+            raise PSError(
+                f"{what} of table {name!r} refused: the trainer that updates it holds it (a dense table "
+                "only one trainer uses; runtime/ps/held_tables.py) until it writes it back at the end of "
+                "the run"
+            )
 
-    def _check_new_rows(self, t: DenseTable | SparseTable, ids: np.ndarray | None, what: str) -> None:
+    def _check_new_rows(self, t: Table, ids: np.ndarray | None, what: str) -> None:
         """PSError when `ids` would create more than `max_new_rows` rows of an unbounded table."""
         limit = self.limits.max_new_rows
-        if not isinstance(t, SparseTable) or t.vocab > 0 or ids is None or np.size(ids) <= limit:
+        if not t.unbounded or ids is None or np.size(ids) <= limit:
             return  # (fewer ids than the limit cannot create more rows than it)
-        ids = t.check_ids(ids)
-        missing = ids[t.index.find(ids) < 0]
-        if missing.size > limit and (new := _count_distinct(missing)) > limit:
+        if (new := t.new_rows(ids)) > limit:
             raise PSError(
                 f"{what} of unbounded table {t.name!r} would create {new} rows in one request, "
                 f"more than max_new_rows={limit}; send fewer new ids per request"
             )
 
-    def _check_step(self, t: DenseTable | SparseTable, step: int | None, what: str) -> None:
+    def _check_step(self, t: Table, step: int | None, what: str) -> None:
         ahead = self.limits.max_steps_ahead  # (a frozen table never counts steps: nothing to bound)
         if (
             self.mode == "sync"
@@ -175,21 +150,18 @@ class Shard:
         copy: bool = True,
     ) -> np.ndarray:
         """A dense table or sparse rows. `peek`: read without creating rows or touching counters
-        (evaluation; `SparseTable.peek`). `copy=False`: a dense table as a read-only view of its
-        parameter (`DenseTable.pull`), for a caller that copies it at once; sparse rows are always
-        fresh arrays."""
+        (evaluation; `Table.peek`). `copy=False`: a dense table as a read-only view of its
+        parameter, for a caller that copies it at once; sparse rows are always fresh arrays."""
         t = self.table(name)
-        args = self._ids_args(t, ids, "pull")
-        if isinstance(t, DenseTable):
-            args = (copy,)
+        check_ids_given(t.spec.kind, name, ids, "pull")
         if peek:
-            return t.peek(*args) if isinstance(t, SparseTable) else t.pull(*args)
-        held_tables.check_not_held(self, name, "pull")
+            return t.peek(ids, copy=copy)
+        self.check_not_held(name, "pull")
         self._check_step(t, step, "pull")
         if self.mode == "sync" and step is not None and self.version[name] < step and t.kernel is not None:
             raise NotReady(name, step)  # (a frozen table never changes: nothing to wait for)
         self._check_new_rows(t, ids, "pull")
-        return t.pull(*args)
+        return t.pull(ids, copy=copy)
 
     def push(
         self,
@@ -201,16 +173,18 @@ class Shard:
     ) -> bool:
         """Apply or buffer one push; True when a step was applied (sync: parked pulls may go on)."""
         t = self.table(name)
-        held_tables.check_not_held(self, name, "push")
-        args = self._ids_args(t, ids, "push")
+        self.check_not_held(name, "push")
+        check_ids_given(t.spec.kind, name, ids, "push")
         self._check_new_rows(t, ids, "push")
         if self.mode == "sync":
             return self._sync_push(t, grad, ids, step, str(pusher))
-        (t.add if self.mode == "geo" else t.push)(grad, *args)
+        (t.add if self.mode == "geo" else t.push)(grad, ids)
         self.applied[name] += 1
         return True
 
-    def _sync_push(self, t, grad, ids, step, pusher) -> bool:
+    def _sync_push(
+        self, t: Table, grad: np.ndarray, ids: np.ndarray | None, step: int | None, pusher: str
+    ) -> bool:
         name, v = t.name, self.version[t.name]
         if step is None or step < v:
             raise PSError(
@@ -229,18 +203,14 @@ class Shard:
                 f"sync push to {name!r} for step {step}: {waiting} pushes already wait for "
                 f"steps after {v}, the limit max_buffered={self.limits.max_buffered}"
             )
-        if isinstance(t, SparseTable):
-            ids = t.check_ids(ids)
-            grad = t.check_grad(grad, (ids.size, t.dim), "gradient")
-        else:
-            grad = t.check_grad(grad, t.shape, "gradient")
+        grad, ids = t.check_push(grad, ids)
         got = self.pending[name].setdefault(step, {})
         if pusher in got:
             raise PSError(f"sync push to {name!r}: pusher {pusher!r} already pushed step {step}")
         got[pusher] = (grad, ids)
         return self.advance(t)
 
-    def advance(self, t: DenseTable | SparseTable) -> bool:
+    def advance(self, t: Table) -> bool:
         """Apply table t's complete sync steps in order (a clipped table's next one is held for its
         scale instead: runtime/ps/clip.py); True when a step was applied or held."""
         name, applied = t.name, False
@@ -250,36 +220,53 @@ class Shard:
         ):
             parts = [p for _, p in sorted(self.pending[name].pop(self.version[name]).items())]
             if name in self.clip_tables:
-                self.held[name] = clip.hold(t, parts)
+                self.held[name] = Held(*t.sum_parts(parts, merge=True), len(parts))
                 return True
-            if isinstance(t, SparseTable):  # (each part was checked on arrival)
-                if len(parts) == 1:
-                    t.push(parts[0][0], parts[0][1], checked=True)
-                else:
-                    t.push(
-                        np.concatenate([g for g, _ in parts]),
-                        np.concatenate([i for _, i in parts]),
-                        checked=True,
-                    )
-            else:
-                t.push(_sum_parts([g for g, _ in parts], t.dtype), checked=True)
+            t.push(*t.sum_parts(parts), checked=True)  # (each part was checked on arrival)
             self.version[name] += 1
             self.applied[name] += len(parts)
             applied = True
         return applied
 
     def clip_sum_squares(self, step: int) -> float:
-        """The sum of squares of this shard's clipped gradients of `step` (`clip.sum_squares`)."""
-        return clip.sum_squares(self, step)
+        """The sum of squares of this shard's held step-`step` gradients of its clipped tables
+        (clip.py); NotReady until all of them hold that step."""
+        if not self.clip_tables:
+            return 0.0
+        clip.check_step(self.version, self.clip_tables, step, self.limits.max_steps_ahead, "norm")
+        if any(n not in self.held or self.version[n] != step for n in self.clip_tables):
+            raise NotReady(CLIP, step)
+        return sum(float(np.sum(np.square(h.grad))) for h in self.held.values())
 
     def clip_apply(self, step: int, scale: float) -> list[str]:
-        """Apply the held gradients of `step` scaled by `scale` (`clip.apply`); the tables applied."""
-        return clip.apply(self, step, scale)
+        """Apply the held gradients of `step` scaled by `scale` (clip.py); the tables applied (then
+        the next complete steps of them are held in turn)."""
+        scale = clip.check_scale(scale)
+        if not self.clip_tables:
+            return []
+        clip.check_step(self.version, self.clip_tables, step, self.limits.max_steps_ahead, "apply")
+        missing = sorted(n for n in self.clip_tables if n not in self.held or self.version[n] != step)
+        if missing:
+            raise PSError(
+                f"apply for step {step}: tables {missing} do not hold that step's gradients yet "
+                "(send norm first and wait for its answer); refused, nothing applied"
+            )
+        for name in sorted(self.clip_tables):
+            h, t = self.held.pop(name), self.tables[name]
+            t.push((h.grad * t.dtype.type(scale)).astype(t.dtype, copy=False), h.ids, checked=True)
+            self.version[name] += 1
+            self.applied[name] += h.parts
+        for name in sorted(self.clip_tables):
+            self.advance(self.tables[name])
+        return sorted(self.clip_tables)
 
     def assign(self, name: str, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """Set values (imported weights); optimizer state and sync step counts are untouched."""
-        t = self.table(name)
-        t.assign(values, *self._ids_args(t, ids, "assign"))  # (admin only: imports may be large)
+        self.table(name).assign(values, ids)  # (admin only: imports may be large)
+
+    def _mine(self, ids: np.ndarray) -> np.ndarray:
+        """Which of `ids` this shard holds."""
+        return shard_of(ids, self.num_shards) == self.shard
 
     # -- checkpoints --------------------------------------------------------------------------
     def save(self, path: str | Path) -> list[dict]:
@@ -321,14 +308,7 @@ class Shard:
                 arrays = checkpoint.read_arrays(path, e)
                 _check_shapes(path, e, new, arrays)
                 version = int(arrays.pop("version")[0])
-                if isinstance(new, SparseTable):
-                    mine = shard_of(arrays["ids"], self.num_shards) == self.shard
-                    per_row = {"ids", "Param", ENTRY_LAST, *new.state_slots}
-                    arrays = {k: (a[mine] if k in per_row else a) for k, a in arrays.items()}
-                    if WAITING[0] in arrays:  # ids waiting for admission: this shard's
-                        wait = shard_of(arrays[WAITING[0]], self.num_shards) == self.shard
-                        arrays.update({k: arrays[k][wait] for k in WAITING})
-                new.load_state(arrays)
+                new.load_state(new.select_rows(arrays, self._mine))
             fresh[name] = (new, version)
         for name, (new, version) in fresh.items():
             self.tables[name], self.version[name] = new, version if step is None else step
@@ -336,21 +316,9 @@ class Shard:
             self.held.pop(name, None)
 
 
-def _check_shapes(
-    path: str | Path, entry: dict, t: DenseTable | SparseTable, arrays: dict[str, np.ndarray]
-) -> None:
+def _check_shapes(path: str | Path, entry: dict, t: Table, arrays: dict[str, np.ndarray]) -> None:
     """CheckpointError unless the file holds exactly the arrays table `t` needs, in its shapes."""
-    n = arrays["ids"].shape[0] if isinstance(t, SparseTable) and "ids" in arrays else 0
-    want = {"version": (1,), **{s: (1,) for s in t.scalars}}
-    if isinstance(t, SparseTable):
-        want.update({"ids": (n,), "Param": (n, t.dim), **{s: (n, t.dim) for s in t.state_slots}})
-        if t.entry is not None and ENTRY_CLOCK in arrays:  # (checkpoints before issue 15 lack it)
-            want.update({ENTRY_CLOCK: (1,), ENTRY_LAST: (n,)})
-            if t.entry.waiting is not None:
-                w = arrays[WAITING[0]].shape[0] if WAITING[0] in arrays else 0
-                want.update(dict.fromkeys(WAITING, (w,)))
-    else:
-        want.update({"Param": t.shape, **{s: t.shape for s in t.state_slots}})
+    want = {"version": (1,), **t.state_shapes(arrays)}
     got = {k: a.shape for k, a in arrays.items()}
     if got != want:
         shapes = lambda d: {k: list(v) for k, v in sorted(d.items())}

@@ -23,89 +23,34 @@ memory tracks the rows in use.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ops_registry import SparseRows, get_op, init_rows, scatter_add
+from ops_registry.base import RowMerge
 from ops_registry.embedding import id_range_error
-from ops_registry.optimizer import state_init
-from runtime.ps.entry import ENTRY_CLOCK, Entry, check_entry
+from ops_registry.optimizer import state_init, state_slots
+from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST, WAITING, Entry
 from runtime.ps.index import make_index, strictly_increasing
-from transpiler.frontends.builder import OPTIMIZERS, Optimizer
-from transpiler.tables import OptimizerSpec, TableSpec
+from runtime.ps.table_specs import check_spec, optimizer_attrs
+from runtime.ps.types import PSError, Table, check_ids_given
+from transpiler.tables import TableSpec
+
+__all__ = ["DenseTable", "PSError", "SparseTable", "Table", "check_spec", "make_table"]
 
 
-class PSError(ValueError):
-    """A request the parameter server refuses; the message says what was expected."""
+def _count_distinct(ids: np.ndarray) -> int:
+    """len(np.unique(ids)), by a sort: numpy 2.4's hash-based unique is ~15x slower on 1M int64."""
+    s = np.sort(ids)
+    return int(np.count_nonzero(s[1:] != s[:-1])) + 1 if s.size else 0
 
 
-def _optimizer(name: str, spec: OptimizerSpec) -> Optimizer:
-    hyper = spec.hyper
-    cls = OPTIMIZERS.get(spec.type)
-    if cls is None or "lr" not in hyper:
-        raise PSError(
-            f"table {name!r}: optimizer {spec.to_dict()!r} needs 'type' in {sorted(OPTIMIZERS)} and 'lr'"
-        )
-    try:
-        return cls(**hyper)
-    except (TypeError, ValueError) as e:
-        raise PSError(f"table {name!r}: bad {spec.type} hyper-parameters {hyper}: {e}") from None
-
-
-def check_spec(spec: TableSpec) -> TableSpec:
-    """`spec` with its shape and dtype normalised; PSError naming the table and field when malformed."""
-    if not isinstance(spec, TableSpec):
-        raise TypeError(
-            f"a table spec must be a transpiler.tables.TableSpec (TableSpec.from_dict makes one "
-            f"from a dict), got {type(spec).__name__}"
-        )
-    name = spec.name
-    if not isinstance(name, str) or not name:
-        raise PSError(f"table spec {spec!r} needs a non-empty string 'name'")
-    kind, shape = spec.kind, spec.shape
-    if kind not in ("dense", "sparse"):
-        raise PSError(f"table {name!r}: kind {kind!r} is not 'dense' or 'sparse'")
-    if (
-        not isinstance(shape, (list, tuple))
-        or not all(isinstance(d, int) for d in shape)
-        or (kind == "sparse" and (len(shape) != 2 or shape[1] <= 0 or shape[0] == 0 or shape[0] < -1))
-        or (kind == "dense" and any(d <= 0 for d in shape))
-    ):
-        want = "[vocab or -1, dim]" if kind == "sparse" else "positive ints"
-        raise PSError(f"table {name!r}: shape {shape!r} must be {want}")
-    dtype = np.dtype(spec.dtype)
-    if dtype.kind != "f":
-        raise PSError(f"table {name!r}: dtype {dtype} is not a float type")
-    init = spec.initializer
-    if init is not None and init.get("type") == "xavier" and kind == "sparse" and shape[0] == -1:
-        raise PSError(f"table {name!r}: a xavier initializer needs a known vocab (shape[0] = -1)")
-    if spec.optimizer is not None:
-        _optimizer(name, spec.optimizer)
-    clip = spec.clip_norm
-    if clip is not None and (
-        isinstance(clip, bool)
-        or not isinstance(clip, (int, float))
-        or not 0 < clip < float("inf")
-        or spec.optimizer is None
-    ):
-        raise PSError(
-            f"table {name!r}: clip_norm {clip!r} must be a positive finite number, on a "
-            "table with an optimizer"
-        )
-    if spec.entry is not None or spec.evict_after is not None:
-        if kind != "sparse":
-            raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")
-        try:
-            check_entry(name, spec.entry, spec.evict_after)
-        except ValueError as e:
-            raise PSError(str(e)) from None
-    return replace(spec, shape=list(shape), dtype=dtype.name)
-
-
-class Table:
+class _Base:
     """What dense and sparse tables share: the spec, the optimizer kernel and its scalar state."""
+
+    unbounded = False
 
     def __init__(self, spec: TableSpec, check_finite: bool = True) -> None:
         self.spec = check_spec(spec)
@@ -115,10 +60,9 @@ class Table:
         self.kernel, self.attrs, self.out_slot, self.state_init = None, {}, {}, {}
         slots: list = []
         if self.spec.optimizer is not None:
-            opt = _optimizer(self.name, self.spec.optimizer)
-            opdef = get_op(opt.type)
-            self.kernel, self.attrs = opdef.kernel, {**opdef.attrs, **opt.attrs()}
-            slots = list(opt.state)
+            self.attrs = optimizer_attrs(self.name, self.spec.optimizer)
+            self.kernel = get_op(self.spec.optimizer.type).kernel
+            slots = list(state_slots(self.spec.optimizer.type, self.attrs))
             given = self.spec.optimizer.state or {}
             self.state_init = {
                 s.name: float(given[s.name].init) if s.name in given else state_init(s, self.attrs)
@@ -156,8 +100,14 @@ class Table:
         for slot in self.scalars:
             self.scalars[slot] = res[self.out_slot[slot]]
 
+    def _ids(self, ids: Any, what: str) -> None:
+        check_ids_given(self.spec.kind, self.name, ids, what)
 
-class DenseTable(Table):
+    def peek(self, ids: np.ndarray | None = None, *, copy: bool = True) -> np.ndarray:
+        return self.pull(ids, copy=copy)
+
+
+class DenseTable(_Base):
     def __init__(self, spec: TableSpec, check_finite: bool = True) -> None:
         super().__init__(spec, check_finite)
         init = self.spec.initializer
@@ -175,9 +125,13 @@ class DenseTable(Table):
             )
         return self.param
 
-    def pull(self, copy: bool = True) -> np.ndarray:
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def pull(self, ids: None = None, *, copy: bool = True) -> np.ndarray:
         """The parameter: a copy, or (`copy=False`) a read-only view of the table's own array, which
         later pushes change in place (for a caller that copies it at once, e.g. into a reply)."""
+        self._ids(ids, "pull")
         if copy:
             return self._value().copy()
         view = self._value().view()
@@ -187,18 +141,34 @@ class DenseTable(Table):
     def memory_bytes(self) -> int:
         return self.param.nbytes + sum(a.nbytes for a in self.state.values())
 
-    def push(self, grad: np.ndarray, *, checked: bool = False) -> None:
-        """One optimizer step with `grad` (`checked`: already through `check_grad`)."""
-        self._apply(
-            self._value(), grad if checked else self.check_grad(grad, self.shape, "gradient"), self.state
-        )
+    def push(self, grad: np.ndarray, ids: None = None, *, checked: bool = False) -> None:
+        """One optimizer step with `grad` (`checked`: already through `check_push`)."""
+        if not checked:
+            grad, _ = self.check_push(grad, ids)
+        self._apply(self._value(), grad, self.state)
 
-    def add(self, delta: np.ndarray) -> None:
+    def check_push(self, grad: np.ndarray, ids: None) -> tuple[np.ndarray, None]:
+        self._ids(ids, "push")
+        return self.check_grad(grad, self.shape, "gradient"), None
+
+    def sum_parts(self, parts: list[tuple[np.ndarray, None]], merge: bool = False) -> tuple[np.ndarray, None]:
+        """The sum, accumulated in place into one fresh array (no stacked copy)."""
+        out = np.array(parts[0][0], dtype=self.dtype)
+        for g, _ in parts[1:]:
+            out += g
+        return out, None
+
+    def new_rows(self, ids: None) -> int:
+        return 0
+
+    def add(self, delta: np.ndarray, ids: None = None) -> None:
         """param += delta (GEO merge)."""
+        self._ids(ids, "add")
         self._value()[...] += self.check_grad(delta, self.shape, "delta")
 
-    def assign(self, values: np.ndarray) -> None:
+    def assign(self, values: np.ndarray, ids: None = None) -> None:
         """param = values (optimizer state untouched)."""
+        self._ids(ids, "assign")
         self.param[...] = self.check_grad(values, self.shape, "values")
         self.has_value = True
 
@@ -210,8 +180,20 @@ class DenseTable(Table):
             target[...] = arrays[key]
         self.has_value = True
 
+    def state_shapes(self, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        return {
+            **{s: (1,) for s in self.scalars},
+            "Param": self.shape,
+            **{s: self.shape for s in self.state_slots},
+        }
 
-class SparseTable(Table):
+    def select_rows(
+        self, arrays: dict[str, np.ndarray], keep: Callable[[np.ndarray], np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        return arrays
+
+
+class SparseTable(_Base):
     def __init__(self, spec: TableSpec, check_finite: bool = True) -> None:
         super().__init__(spec, check_finite)
         self.vocab, self.dim = self.shape
@@ -220,9 +202,15 @@ class SparseTable(Table):
         self.row_state = {s: np.empty((0, self.dim), self.dtype) for s in self.state_slots}
         streaming = self.spec.entry is not None or self.spec.evict_after is not None
         self.entry = Entry(self.spec, self.vocab) if streaming else None  # admission / eviction
+        self.unbounded = self.vocab < 0
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def new_rows(self, ids: np.ndarray) -> int:
+        """The distinct ids of `ids` without a row."""
+        ids = self.check_ids(ids)
+        return _count_distinct(ids[self.index.find(ids) < 0])
 
     def check_ids(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids)
@@ -275,8 +263,9 @@ class SparseTable(Table):
                 arr[old:new] = self.state_init[s]
         return slots
 
-    def pull(self, ids: np.ndarray) -> np.ndarray:
+    def pull(self, ids: np.ndarray | None = None, *, copy: bool = True) -> np.ndarray:
         """Rows of `ids` ([len(ids), dim], a copy); zeros for ids not admitted (runtime/ps/entry.py)."""
+        self._ids(ids, "pull")
         ids = self.check_ids(ids)
         if self.entry is not None and self.entry.waiting is not None:
             found = self.index.find(ids)
@@ -290,10 +279,11 @@ class SparseTable(Table):
             self.entry.touch(slots, len(self.index))
         return self.rows.take(slots, axis=0)
 
-    def peek(self, ids: np.ndarray) -> np.ndarray:
+    def peek(self, ids: np.ndarray | None = None, *, copy: bool = True) -> np.ndarray:
         """Rows of `ids` as a pull would return them, creating nothing and touching no admission or
         eviction counters (evaluation): missing rows are the initializer's values for those ids
         (zeros while admission is on), which is what a later pull would create."""
+        self._ids(ids, "pull")
         ids = self.check_ids(ids)
         found = self.index.find(ids)
         have = found >= 0
@@ -309,13 +299,29 @@ class SparseTable(Table):
             out[~have] = init_rows(self.spec.initializer, self.shape, self.dtype.name, missing)
         return out
 
-    def push(self, grad: np.ndarray, ids: np.ndarray, *, checked: bool = False) -> None:
+    def check_push(self, grad: np.ndarray, ids: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        self._ids(ids, "push")
+        ids = self.check_ids(ids)
+        return self.check_grad(grad, (ids.size, self.dim), "gradient"), ids
+
+    def sum_parts(
+        self, parts: list[tuple[np.ndarray, np.ndarray]], merge: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if len(parts) == 1 and not merge:
+            return parts[0]
+        ids = np.concatenate([i for _, i in parts])
+        grad = np.concatenate([g for g, _ in parts])
+        if merge and ids.size:
+            rows = RowMerge.of(np, ids)
+            ids, grad = rows.unique_rows, rows.sum(np, grad)
+        return grad, ids
+
+    def push(self, grad: np.ndarray, ids: np.ndarray | None = None, *, checked: bool = False) -> None:
         """One optimizer step with the row-sparse gradient (`ids` may repeat; their rows are summed).
-        `checked`: ids and grad already went through `check_ids` / `check_grad` (sync mode checks a
-        push on arrival and applies it later, once every pusher's part is in)."""
+        `checked`: ids and grad already went through `check_push` (sync mode checks a push on
+        arrival and applies it later, once every pusher's part is in)."""
         if not checked:
-            ids = self.check_ids(ids)
-            grad = self.check_grad(grad, (ids.size, self.dim), "gradient")
+            grad, ids = self.check_push(grad, ids)
         if self.entry is not None and self.entry.waiting is not None:  # admission
             uniq, inv = np.unique(ids, return_inverse=True)
             ok = self.entry.admitted(self.index.find(uniq) >= 0, uniq)[inv.ravel()]
@@ -356,15 +362,17 @@ class SparseTable(Table):
             + (self.entry.nbytes() if self.entry is not None else 0)
         )
 
-    def add(self, delta: np.ndarray, ids: np.ndarray) -> None:
+    def add(self, delta: np.ndarray, ids: np.ndarray | None = None) -> None:
         """rows[ids] += delta (GEO merge; repeated ids accumulate)."""
+        self._ids(ids, "add")
         ids = self.check_ids(ids)
         delta = self.check_grad(delta, (ids.size, self.dim), "delta")
         slots = self.slots(ids)  # before reading self.rows: creating rows may reallocate it
         scatter_add(np, self.rows, slots, delta)
 
-    def assign(self, values: np.ndarray, ids: np.ndarray) -> None:
+    def assign(self, values: np.ndarray, ids: np.ndarray | None = None) -> None:
         """rows[ids] = values (optimizer state untouched)."""
+        self._ids(ids, "assign")
         ids = self.check_ids(ids)
         values = self.check_grad(values, (ids.size, self.dim), "values")
         slots = self.slots(ids, init=False)
@@ -391,7 +399,29 @@ class SparseTable(Table):
         if self.entry is not None and ENTRY_CLOCK in arrays:
             self.entry.load_state(slots, len(self.index), arrays)
 
+    def state_shapes(self, arrays: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        n = arrays["ids"].shape[0] if "ids" in arrays else 0
+        want = {s: (1,) for s in self.scalars}
+        want.update({"ids": (n,), "Param": (n, self.dim), **{s: (n, self.dim) for s in self.state_slots}})
+        if self.entry is not None and ENTRY_CLOCK in arrays:  # (older checkpoints lack it)
+            want.update({ENTRY_CLOCK: (1,), ENTRY_LAST: (n,)})
+            if self.entry.waiting is not None:
+                w = arrays[WAITING[0]].shape[0] if WAITING[0] in arrays else 0
+                want.update(dict.fromkeys(WAITING, (w,)))
+        return want
 
-def make_table(spec: TableSpec, check_finite: bool = True) -> DenseTable | SparseTable:
+    def select_rows(
+        self, arrays: dict[str, np.ndarray], keep: Callable[[np.ndarray], np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        mine = keep(arrays["ids"])
+        per_row = {"ids", "Param", ENTRY_LAST, *self.state_slots}
+        arrays = {k: (a[mine] if k in per_row else a) for k, a in arrays.items()}
+        if WAITING[0] in arrays:  # ids waiting for admission: the kept ones
+            wait = keep(arrays[WAITING[0]])
+            arrays.update({k: arrays[k][wait] for k in WAITING})
+        return arrays
+
+
+def make_table(spec: TableSpec, check_finite: bool = True) -> Table:
     """A table for `spec` (see the module docstring)."""
     return (SparseTable if getattr(spec, "kind", None) == "sparse" else DenseTable)(spec, check_finite)

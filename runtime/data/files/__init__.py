@@ -2,8 +2,8 @@
 reader trainers, parsed vectorised (pyarrow; categoricals hashed by a compiled loop, numba) on a
 background thread. See `open_dataset`."""
 
-from runtime.data.files.dataset import Dataset, Shard, open_dataset
+from runtime.data.files.dataset import Dataset, FileShard, open_dataset
 from runtime.data.files.formats import FORMATS
 from runtime.data.files.schema import Schema
 
-__all__ = ["FORMATS", "Dataset", "Schema", "Shard", "open_dataset"]
+__all__ = ["FORMATS", "Dataset", "FileShard", "Schema", "open_dataset"]

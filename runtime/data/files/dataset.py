@@ -88,7 +88,7 @@ class Dataset:
     _template: dict[str, np.ndarray] | None = field(default=None, repr=False)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        shard = Shard(self, 0, 1, self._epochs)
+        shard = FileShard(self, 0, 1, self._epochs)
         self._epochs += 1
         for feed, _ in shard:
             yield feed
@@ -126,7 +126,7 @@ class Dataset:
     def rows(self) -> int:
         return sum(p.rows for p in self.plan(1)[0])
 
-    def shard(self, index: int, count: int) -> Shard:
+    def shard(self, index: int, count: int) -> FileShard:
         """What reader `index` of `count` reads: an iterable of (local feed, global batch size)."""
         if not 0 <= index < count:
             raise ValueError(f"reader {index} of {count}: expected 0 <= index < count")
@@ -135,7 +135,7 @@ class Dataset:
                 f"batch_size {self.batch_size} is smaller than the {count} reader trainers: "
                 "each reader needs at least one row per step"
             )
-        return Shard(self, index, count)
+        return FileShard(self, index, count)
 
     def feed_shapes(self) -> dict[str, tuple[int, ...]]:
         """{feed: shape of one example} (the dense width of list columns is read off the data)."""
@@ -254,7 +254,7 @@ def _joined(feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 @dataclass
-class Shard:
+class FileShard:
     """Reader `index` of `count`: (local feed, global batch size) per step of an epoch."""
 
     dataset: Dataset

@@ -55,7 +55,7 @@ class CountingClient(PSClient):
         super().__init__(*args, **kwargs)
 
     def _exchange(self, requests):
-        self.log.append(sorted({h["op"] for _, h, _ in requests}))
+        self.log.append(sorted({req.OP for _, req in requests}))
         return super()._exchange(requests)
 
 
