@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.ps import checkpoint, clip, held_tables
+from runtime.ps import checkpoint, clip, held_tables, tiered
 from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST, WAITING
 from runtime.ps.sharding import shard_of, tables_of_shard
 from runtime.ps.table import DenseTable, PSError, SparseTable, check_spec, make_table
@@ -286,7 +286,9 @@ class Shard:
         """Write this shard's table files into `path`; their manifest entries."""
         index = {s.name: i for i, s in enumerate(self.specs)}
         return [
-            checkpoint.write_arrays(
+            tiered.save_entry(t, path, index[n], self.shard, self.num_shards, self.version[n])
+            if t.spec.storage == "disk"
+            else checkpoint.write_arrays(
                 path,
                 checkpoint.file_name(index[n], n, self.shard),
                 n,
@@ -318,6 +320,9 @@ class Shard:
             if not entries:
                 raise checkpoint.CheckpointError(f"checkpoint {str(path)!r} has no file for table {name!r}")
             for e in entries:
+                if e.get("store") == tiered.STORE:  # a tiered table's directory
+                    version = tiered.load_entry(new, path, e, self.shard, self.num_shards)
+                    continue
                 arrays = checkpoint.read_arrays(path, e)
                 _check_shapes(path, e, new, arrays)
                 version = int(arrays.pop("version")[0])
@@ -331,9 +336,21 @@ class Shard:
                 new.load_state(arrays)
             fresh[name] = (new, version)
         for name, (new, version) in fresh.items():
+            self.close_table(name)
             self.tables[name], self.version[name] = new, version if step is None else step
             self.pending[name].clear()
             self.held.pop(name, None)
+
+    def close_table(self, name: str) -> None:
+        """Release a table's resources beyond RAM (a tiered table's engine files)."""
+        close = getattr(self.tables[name], "close", None)
+        if close is not None:
+            close()
+
+    def close(self) -> None:
+        """Release every table's resources beyond RAM (a tiered table's engine files)."""
+        for name in self.tables:
+            self.close_table(name)
 
 
 def _check_shapes(
