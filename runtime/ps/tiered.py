@@ -48,7 +48,7 @@ import numpy as np
 import rocksdict
 
 from runtime.ps import checkpoint
-from runtime.ps.index import DirectIndex, make_index
+from runtime.ps.index import DirectIndex, make_index, unique_ids
 from runtime.ps.sharding import shard_of
 from runtime.ps.table import PSError, SparseTable
 from transpiler.tables import TableSpec
@@ -100,10 +100,22 @@ class TierStats:
         return self.ram_hits / self.lookups if self.lookups else 1.0
 
 
+ENGINE_WRITE_BUFFER = 16 << 20  # RocksDB memtable bytes (two at most)
+ENGINE_BLOCK_CACHE = 8 << 20  # RocksDB's cache of SST blocks (the OS page cache holds the rest)
+
+
 def _options() -> rocksdict.Options:
+    """RocksDB options of a table's engine: no compression (float rows do not compress), a bloom
+    filter per SST (misses, i.e. new ids, skip the block reads), bounded memtables and block cache."""
     opt = rocksdict.Options(raw_mode=True)
     opt.create_if_missing(True)
-    opt.set_compression_type(rocksdict.DBCompressionType.none())  # float rows do not compress
+    opt.set_compression_type(rocksdict.DBCompressionType.none())
+    opt.set_write_buffer_size(ENGINE_WRITE_BUFFER)
+    opt.set_max_write_buffer_number(2)
+    table = rocksdict.BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    table.set_block_cache(rocksdict.Cache(ENGINE_BLOCK_CACHE))
+    opt.set_block_based_table_factory(table)
     return opt
 
 
@@ -192,15 +204,19 @@ class TieredSparseTable(SparseTable):
             )
         return found, np.frombuffer(buf, self.record)
 
-    def _put(self, ids: np.ndarray, slots: np.ndarray) -> None:
-        """Write RAM rows `slots` (ids `ids`) to the engine: one WriteBatch."""
-        if not ids.size:
-            return
-        rec = np.empty(ids.size, self.record)
+    def _records(self, slots: np.ndarray) -> np.ndarray:
+        """RAM rows `slots` with their optimizer state, as engine records."""
+        rec = np.empty(slots.size, self.record)
         rec["Param"] = self.rows[slots]
         for s, a in self.row_state.items():
             rec[s] = a[slots]
-        kb, vb, size = ids.astype(KEY).tobytes(), rec.tobytes(), self.record.itemsize
+        return rec
+
+    def _put(self, ids: np.ndarray, rec: np.ndarray) -> None:
+        """Write records `rec` of `ids` to the engine: one WriteBatch over one contiguous buffer."""
+        if not ids.size:
+            return
+        kb, vb, size = ids.astype(KEY).tobytes(), np.ascontiguousarray(rec).tobytes(), self.record.itemsize
         batch = rocksdict.WriteBatch(raw_mode=True)
         for i in range(ids.size):
             batch.put(kb[8 * i : 8 * i + 8], vb[size * i : size * (i + 1)])
@@ -214,9 +230,9 @@ class TieredSparseTable(SparseTable):
 
     # -- the RAM tier --------------------------------------------------------------------------
     def _check_fits(self, ids: np.ndarray) -> None:
-        if ids.size > self.max_rows and np.unique(ids).size > self.max_rows:
+        if ids.size > self.max_rows and unique_ids(ids).size > self.max_rows:
             raise PSError(
-                f"table {self.name!r}: one request touches {np.unique(ids).size} distinct rows, more "
+                f"table {self.name!r}: one request touches {unique_ids(ids).size} distinct rows, more "
                 f"than memory_budget {self.budget} bytes holds ({self.max_rows} rows of "
                 f"{self.row_bytes} bytes); raise memory_budget or send smaller requests"
             )
@@ -228,7 +244,7 @@ class TieredSparseTable(SparseTable):
         found = self.index.find(ids)
         self.stats.lookups += ids.size
         self.stats.ram_hits += int(np.count_nonzero(found >= 0))
-        miss = np.unique(ids[found < 0])
+        miss = unique_ids(ids[found < 0])
         promoted = 0
         if miss.size and self.cold:
             on_disk, rec = self._get(miss)
@@ -260,7 +276,7 @@ class TieredSparseTable(SparseTable):
         k = n - int(self.max_rows * EVICT_TO)
         victims = np.argpartition(self.used[:n], k - 1)[:k]
         ids = self.index.ids_by_slot()
-        self._put(ids[victims], victims)
+        self._put(ids[victims], self._records(victims))
         keep = np.ones(n, bool)
         keep[victims] = False
         old = np.flatnonzero(keep)
@@ -335,24 +351,32 @@ class TieredSparseTable(SparseTable):
         return {"ids": ids, **{f: rec[f] for f in self.record.names}, **self.scalars}
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
-        """Set rows `arrays["ids"]` (with their optimizer state) and the scalar state; rows go to
-        disk in batches, RAM copies of them are replaced."""
+        """Set rows `arrays["ids"]` (distinct, with their optimizer state) and the scalar state: rows
+        resident in RAM are replaced there, the others written straight to disk, BATCH_ROWS per
+        WriteBatch."""
         ids = self.check_ids(arrays["ids"])
         for s in self.scalars:
             self.scalars[s][...] = arrays[s]
-        for lo in range(0, ids.size, self.max_rows):
-            part = slice(lo, lo + self.max_rows)
-            slots = self.slots(ids[part], init=False)
-            self.rows[slots] = arrays["Param"][part]
-            for s, a in self.row_state.items():
-                a[slots] = arrays[s][part]
-            self._spill()
+        found = self.index.find(ids)
+        ram = np.flatnonzero(found >= 0)
+        self.rows[found[ram]] = arrays["Param"][ram]
+        for s, a in self.row_state.items():
+            a[found[ram]] = arrays[s][ram]
+        rest = np.flatnonzero(found < 0)
+        for lo in range(0, rest.size, BATCH_ROWS):
+            part = rest[lo : lo + BATCH_ROWS]
+            rec = np.empty(part.size, self.record)
+            for f in self.record.names:
+                rec[f] = arrays[f][part]
+            new = part.size - (int(self._get(ids[part])[0].sum()) if self.cold else 0)
+            self._put(ids[part], rec)
+            self.cold += new
 
     # -- engine files --------------------------------------------------------------------------
     def flush(self) -> None:
         """Write every RAM row to disk (they stay resident) and flush RocksDB's memtable."""
         n = len(self.index)
-        self._put(self.index.ids_by_slot(), np.arange(n))  # (`cold` counts disk-only rows: unchanged)
+        self._put(self.index.ids_by_slot(), self._records(np.arange(n)))  # (`cold`: disk-only rows)
         self.db.flush()
 
     def meta(self) -> dict:
