@@ -104,7 +104,7 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
     }
     if kind == "disk":
         t.flush()  # every row on disk once: the bytes a row costs there
-        t.db.compact_range(None, None)
+        t.store.db.compact_range(None, None)
         out.update(
             budget_mib=round(parse_bytes(budget) / 2**20, 1),
             resident=t.resident(),

@@ -40,6 +40,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 # Left out of `to_dict` when None (plan files before TableSpec had these keys only when set).
+STORAGES = (None, "memory", "disk")  # None: "memory"
 _OMITTED_WHEN_NONE = ("sharding", "entry", "evict_after", "clip_norm", "storage", "memory_budget")
 
 
@@ -137,6 +138,8 @@ class TableSpec:
     memory_budget: int | str | None = None
 
     def __post_init__(self) -> None:
+        if self.storage not in STORAGES:
+            raise ValueError(f"table spec {self.name!r}: storage {self.storage!r} must be one of {STORAGES}")
         for name, record in (("optimizer", OptimizerSpec), ("sharding", Sharding)):
             if isinstance(getattr(self, name), dict):
                 try:

@@ -24,6 +24,7 @@ memory tracks the rows in use.
 from __future__ import annotations
 
 from dataclasses import replace
+from importlib import import_module
 from typing import Any
 
 import numpy as np
@@ -94,8 +95,6 @@ def check_spec(spec: TableSpec) -> TableSpec:
             f"table {name!r}: clip_norm {clip!r} must be a positive finite number, on a "
             "table with an optimizer"
         )
-    if spec.storage not in (None, "memory", "disk") or (spec.storage == "disk" and kind != "sparse"):
-        raise PSError(f"table {name!r}: storage {spec.storage!r} must be 'memory' or (sparse tables) 'disk'")
     if spec.entry is not None or spec.evict_after is not None:
         if kind != "sparse":
             raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")
@@ -239,18 +238,14 @@ class SparseTable(Table):
             raise PSError(f"table {self.name!r}: {error}")
         return ids
 
-    def row_limit(self) -> int:
-        """The most rows the arrays need room for (<= 0: no limit): the vocab."""
-        return self.vocab
-
     def _reserve(self, n: int, used: int) -> None:
         """Room for `n` rows, keeping the first `used`."""
         cap = self.rows.shape[0]
         if n <= cap:
             return
         cap = max(n, cap + cap // 4 + 1024)
-        if self.row_limit() > 0:
-            cap = max(n, min(cap, self.row_limit()))
+        if self.vocab > 0:
+            cap = min(cap, self.vocab)
 
         def grow(a: np.ndarray) -> np.ndarray:
             out = np.empty((cap, self.dim), self.dtype)
@@ -337,23 +332,20 @@ class SparseTable(Table):
             if keep is not None:
                 self._keep(keep)
 
-    def _keep(self, keep: np.ndarray, room: int = 0) -> np.ndarray:
-        """Drop the rows (and their optimizer state) whose slot is unset in `keep` (eviction), with
-        capacity for `room` more rows; the kept rows' new slots, in their old slot order."""
+    def _keep(self, keep: np.ndarray, room: int = 0) -> None:
+        """Drop the rows (and optimizer state) whose slot is unset in `keep`; room for `room` more."""
         ids, old = self.index.ids_by_slot()[keep], np.flatnonzero(keep)
         self.index = make_index(self.vocab)
         slots, _, _ = self.index.find_or_add(ids)
 
         def moved(a: np.ndarray) -> np.ndarray:
-            out = np.empty((ids.size + max(room, 0), self.dim), self.dtype)
+            out = np.empty((ids.size + room, self.dim), self.dtype)
             out[slots] = a[old]
             return out
 
-        self.rows = moved(self.rows)
-        self.row_state = {s: moved(a) for s, a in self.row_state.items()}
-        if self.entry is not None:
+        self.rows, self.row_state = moved(self.rows), {s: moved(a) for s, a in self.row_state.items()}
+        if self.entry is not None:  # (a tiered table's eviction: runtime/ps/tiered.py)
             self.entry.kept(keep, slots)
-        return slots
 
     def memory_bytes(self) -> int:
         """Bytes held: rows and optimizer state (allocated capacity), the id index, admission and
@@ -401,16 +393,8 @@ class SparseTable(Table):
             self.entry.load_state(slots, len(self.index), arrays)
 
 
-def make_table(
-    spec: TableSpec, check_finite: bool = True, store_dir: str | None = None
-) -> DenseTable | SparseTable:
-    """A table for `spec` (see the module docstring); a sparse spec with `storage="disk"` makes a
-    `runtime.ps.tiered.TieredSparseTable`, its engine directory made under `store_dir` (default:
-    the system's temporary directory)."""
-    if getattr(spec, "kind", None) != "sparse":
-        return DenseTable(spec, check_finite)
-    if spec.storage == "disk":
-        from runtime.ps.tiered import TieredSparseTable  # (imports rocksdict only for disk tables)
-
-        return TieredSparseTable(spec, check_finite, store_dir=store_dir)
-    return SparseTable(spec, check_finite)
+def make_table(spec: TableSpec, check_finite: bool = True) -> Table:
+    """A table for `spec` (see the module docstring; `storage="disk"`: `runtime.ps.tiered`)."""
+    if getattr(spec, "storage", None) == "disk":  # (imported on use: runtime.ps.tiered imports this module)
+        return import_module("runtime.ps.tiered").TieredSparseTable(spec, check_finite)
+    return (SparseTable if getattr(spec, "kind", None) == "sparse" else DenseTable)(spec, check_finite)
