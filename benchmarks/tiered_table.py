@@ -15,6 +15,7 @@ peak RSS), disk bytes per row.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import resource
 import subprocess
@@ -40,7 +41,9 @@ INIT = {"type": "uniform", "low": -0.05, "high": 0.05, "seed": 1}
 
 def rss() -> int:
     """Anonymous resident bytes (RssAnon: the process's own memory; file pages the OS may drop,
-    such as RocksDB's SST files in the page cache, are not counted)."""
+    such as RocksDB's SST files in the page cache, are not counted), after returning freed heap
+    memory to the OS (malloc_trim)."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssAnon:"))
 
@@ -120,7 +123,7 @@ def main() -> None:
     ap.add_argument("--rows", default="100000,1000000", help="table sizes, comma-separated")
     ap.add_argument("--kinds", default="memory,disk", help="memory (RAM table) and/or disk (tiered)")
     ap.add_argument("--budget", default="64MiB", help="the tiered table's memory_budget")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--one", nargs=2, metavar=("KIND", "ROWS"), help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -16,6 +16,7 @@ from runtime.ps.server import serve
 from runtime.ps.shard import MODES, Limits, NotReady, Shard, save_shards
 from runtime.ps.sharding import place_dense, shard_of
 from runtime.ps.table import DenseTable, PSError, SparseTable, check_spec, make_table
+from runtime.ps.tiered import TieredSparseTable
 
 __all__ = [
     "MODES",
@@ -30,6 +31,7 @@ __all__ = [
     "Servers",
     "Shard",
     "SparseTable",
+    "TieredSparseTable",
     "check_spec",
     "make_table",
     "place_dense",

@@ -172,7 +172,8 @@ def test_shard_checkpoint_loads_into_another_shard_count_and_into_ram_tables(tmp
     doc = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())
     assert {e["store"] for e in doc["files"]} == {"tiered"}
     probe = np.arange(300)
-    for target, n in ((disk, 3), (disk, 2), (spec(opt, vocab=-1, rows=None), 3)):
+    ram = spec(opt, vocab=-1, rows=None)
+    for target, n in ((disk, 3), (disk, 2), (ram, 3), (ram, 2)):
         loaded = [Shard([target], shard=k, num_shards=n) for k in range(n)]
         for s in loaded:
             s.load(tmp_path / "ckpt")
