@@ -265,3 +265,31 @@ def test_close_removes_engine_files_but_not_saves(tmp_path):
     np.testing.assert_array_equal(back.peek(np.arange(10)), want)
     assert len(back) == 20
     back.close()
+
+
+def test_server_processes_serve_save_and_load_a_disk_table(tmp_path):
+    from runtime.ps import Servers
+
+    opt = {"type": "adagrad", "lr": 0.05, "epsilon": 1e-6}
+    disk, ref = spec(opt, rows=30), SparseTable(spec(opt, rows=None))
+    rng = np.random.default_rng(5)
+    with (
+        Servers([disk], num_shards=2, checkpoint_root=tmp_path) as two,
+        Servers([disk], num_shards=3, checkpoint_root=tmp_path) as three,
+    ):
+        c2, c3 = two.client(), three.client()
+        for _ in range(25):
+            ids = np.unique(rng.integers(0, 600, 40))
+            np.testing.assert_array_equal(c2.pull("emb", ids), ref.pull(ids))
+            grad = rng.normal(size=(ids.size, DIM)).astype(np.float32)
+            c2.push("emb", grad, ids)
+            ref.push(grad, ids)
+        c2.save(tmp_path / "ckpt")
+        c3.load(tmp_path / "ckpt")
+        for lo in range(0, 600, 40):  # (a request of more distinct rows than a budget holds is refused)
+            probe = np.arange(lo, lo + 40)
+            np.testing.assert_array_equal(c3.pull("emb", probe), ref.pull(probe))
+        with pytest.raises(PSError, match="distinct rows, more than memory_budget"):
+            c3.pull("emb", np.arange(600))
+        c2.close()
+        c3.close()
