@@ -24,6 +24,7 @@ setup(
         "numba>=0.59",
         "cryptography>=41",
         "msgspec>=0.18",
+        "rocksdict>=0.3.20",
     ],
     extras_require={
         "test": [

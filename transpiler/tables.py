@@ -26,6 +26,9 @@ Fields:
   themselves, `runtime.ps.sharding.place_dense`).
 - `entry`, `evict_after`: feature admission and eviction of a streaming sparse table
   (`runtime.ps.entry`); None: every id is admitted, nothing is evicted.
+- `storage`: where a sparse table's rows live: None / "memory" (numpy arrays in RAM) or "disk"
+  (RocksDB under a RAM tier of hot rows, `runtime.ps.tiered`), with `memory_budget` (bytes, or a
+  string such as "4GiB") bounding the RAM tier.
 - `clip_norm`: the table's gradient is clipped by the global norm of the step's gradients of every
   table with a `clip_norm` (Paddle's ClipGradByGlobalNorm; sync servers, `runtime.ps.clip`);
   None: not clipped.
@@ -37,7 +40,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 # Left out of `to_dict` when None (plan files before TableSpec had these keys only when set).
-_OMITTED_WHEN_NONE = ("sharding", "entry", "evict_after", "clip_norm")
+STORAGES = (None, "memory", "disk")  # None: "memory"
+_OMITTED_WHEN_NONE = ("sharding", "entry", "evict_after", "clip_norm", "storage", "memory_budget")
 
 
 @dataclass(frozen=True)
@@ -130,8 +134,12 @@ class TableSpec:
     entry: dict[str, Any] | None = None
     evict_after: int | None = None
     clip_norm: float | None = None
+    storage: str | None = None
+    memory_budget: int | str | None = None
 
     def __post_init__(self) -> None:
+        if self.storage not in STORAGES:
+            raise ValueError(f"table spec {self.name!r}: storage {self.storage!r} must be one of {STORAGES}")
         for name, record in (("optimizer", OptimizerSpec), ("sharding", Sharding)):
             if isinstance(getattr(self, name), dict):
                 try:
@@ -140,8 +148,8 @@ class TableSpec:
                     raise ValueError(f"table spec {self.name!r}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        """The spec as plain JSON data, keys in field order; `sharding`, `entry`, `evict_after` and
-        `clip_norm` only when set."""
+        """The spec as plain JSON data, keys in field order; `sharding`, `entry`, `evict_after`,
+        `clip_norm`, `storage` and `memory_budget` only when set."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in ("optimizer", "sharding"):
             if d[name] is not None:

@@ -12,10 +12,12 @@ from runtime.ps.checkpoint import CheckpointError
 from runtime.ps.client import PSClient, PSTimeoutError
 from runtime.ps.geo import GeoTable
 from runtime.ps.local import Servers
+from runtime.ps.make import make_table
 from runtime.ps.server import serve
 from runtime.ps.shard import MODES, Limits, NotReady, Shard, save_shards
 from runtime.ps.sharding import place_dense, shard_of
-from runtime.ps.table import DenseTable, SparseTable, check_spec, make_table
+from runtime.ps.table import DenseTable, SparseTable, check_spec
+from runtime.ps.tiered import TieredSparseTable
 from runtime.ps.types import PSError, Table
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "Shard",
     "SparseTable",
     "Table",
+    "TieredSparseTable",
     "check_spec",
     "make_table",
     "place_dense",

@@ -4,6 +4,7 @@ Layout of a checkpoint directory:
 
     manifest.json                        written last; lists every file with its size and sha256
     NNN-<table>.shard<k>.npz             one file per (table, shard that held it)
+    NNN-<table>.shard<k>.tiered/         a disk-backed table's directory instead (runtime/ps/tiered.py)
 
 A sparse file holds `ids`, `Param`, the per-row optimizer state and the scalar state; a dense file
 the whole array and its state. Loading into any number of shards reads every file of a table and
@@ -79,7 +80,9 @@ def file_name(table_index: int, table: str, shard: int) -> str:
     return f"{table_index:03d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', table)}.shard{shard}.npz"
 
 
-_CHECKPOINT_FILE = re.compile(r"(manifest\.json|\d{3}-.+\.shard\d+\.npz|\..+\.tmp-[0-9a-f]{32})")
+_CHECKPOINT_FILE = re.compile(
+    r"(manifest\.json|\d{3}-.+\.shard\d+\.(npz|tiered)|\..+\.tmp-[0-9a-f]{32})"
+)  # (.tiered: a tiered table's directory, runtime/ps/tiered.py)
 
 
 def check_target(path: str | os.PathLike) -> Path:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.ps.client import PSClient
-from runtime.ps.table import DenseTable, SparseTable, make_table
+from runtime.ps.make import make_table
+from runtime.ps.table import DenseTable, SparseTable
 from runtime.ps.types import PSError
 
 

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.ps import checkpoint, clip
+from runtime.ps import checkpoint, clip, tiered
+from runtime.ps.make import make_table
 from runtime.ps.sharding import shard_of, tables_of_shard
-from runtime.ps.table import check_spec, make_table
+from runtime.ps.table import check_spec
 from runtime.ps.types import CLIP, Held, NotReady, PSError, Table, check_ids_given
 from runtime.transport.wire import MAX_MESSAGE_BYTES
 from transpiler.config import MODES as PLAN_MODES
@@ -273,7 +274,9 @@ class Shard:
         """Write this shard's table files into `path`; their manifest entries."""
         index = {s.name: i for i, s in enumerate(self.specs)}
         return [
-            checkpoint.write_arrays(
+            tiered.save_entry(t, path, index[n], self.shard, self.num_shards, self.version[n])
+            if t.spec.storage == "disk"
+            else checkpoint.write_arrays(
                 path,
                 checkpoint.file_name(index[n], n, self.shard),
                 n,
@@ -305,15 +308,30 @@ class Shard:
             if not entries:
                 raise checkpoint.CheckpointError(f"checkpoint {str(path)!r} has no file for table {name!r}")
             for e in entries:
+                if e.get("store") == tiered.STORE:  # a tiered table's directory
+                    version = tiered.load_entry(new, path, e, self.shard, self.num_shards)
+                    continue
                 arrays = checkpoint.read_arrays(path, e)
                 _check_shapes(path, e, new, arrays)
                 version = int(arrays.pop("version")[0])
                 new.load_state(new.select_rows(arrays, self._mine))
             fresh[name] = (new, version)
         for name, (new, version) in fresh.items():
+            self.close_table(name)
             self.tables[name], self.version[name] = new, version if step is None else step
             self.pending[name].clear()
             self.held.pop(name, None)
+
+    def close_table(self, name: str) -> None:
+        """Release a table's resources beyond RAM (a tiered table's engine files)."""
+        close = getattr(self.tables[name], "close", None)
+        if close is not None:
+            close()
+
+    def close(self) -> None:
+        """Release every table's resources beyond RAM (a tiered table's engine files)."""
+        for name in self.tables:
+            self.close_table(name)
 
 
 def _check_shapes(path: str | Path, entry: dict, t: Table, arrays: dict[str, np.ndarray]) -> None:

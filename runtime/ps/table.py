@@ -38,7 +38,7 @@ from runtime.ps.table_specs import check_spec, optimizer_attrs
 from runtime.ps.types import PSError, Table, check_ids_given
 from transpiler.tables import TableSpec
 
-__all__ = ["DenseTable", "PSError", "SparseTable", "Table", "check_spec", "make_table"]
+__all__ = ["DenseTable", "PSError", "SparseTable", "Table", "check_spec"]
 
 
 def _count_distinct(ids: np.ndarray) -> int:
@@ -337,20 +337,20 @@ class SparseTable(_Base):
             if keep is not None:
                 self._keep(keep)
 
-    def _keep(self, keep: np.ndarray) -> None:
-        """Drop the rows (and their optimizer state) whose slot is unset in `keep` (eviction)."""
+    def _keep(self, keep: np.ndarray, room: int = 0) -> None:
+        """Drop the rows (and optimizer state) whose slot is unset in `keep`; room for `room` more."""
         ids, old = self.index.ids_by_slot()[keep], np.flatnonzero(keep)
         self.index = make_index(self.vocab)
         slots, _, _ = self.index.find_or_add(ids)
 
         def moved(a: np.ndarray) -> np.ndarray:
-            out = np.empty((ids.size, self.dim), self.dtype)
+            out = np.empty((ids.size + room, self.dim), self.dtype)
             out[slots] = a[old]
             return out
 
-        self.rows = moved(self.rows)
-        self.row_state = {s: moved(a) for s, a in self.row_state.items()}
-        self.entry.kept(keep, slots)
+        self.rows, self.row_state = moved(self.rows), {s: moved(a) for s, a in self.row_state.items()}
+        if self.entry is not None:  # (a tiered table's eviction: runtime/ps/tiered.py)
+            self.entry.kept(keep, slots)
 
     def memory_bytes(self) -> int:
         """Bytes held: rows and optimizer state (allocated capacity), the id index, admission and
@@ -420,8 +420,3 @@ class SparseTable(_Base):
             wait = keep(arrays[WAITING[0]])
             arrays.update({k: arrays[k][wait] for k in WAITING})
         return arrays
-
-
-def make_table(spec: TableSpec, check_finite: bool = True) -> Table:
-    """A table for `spec` (see the module docstring)."""
-    return (SparseTable if getattr(spec, "kind", None) == "sparse" else DenseTable)(spec, check_finite)

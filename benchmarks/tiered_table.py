@@ -1,0 +1,147 @@
+"""Tiered sparse table (rows in RocksDB under a RAM tier, `storage="disk"`) against the RAM table.
+
+A Zipf-distributed id stream (bounded power law over the table's ids, alpha 1.1, ranks scattered
+over the id space by a multiplicative hash), batches of 4096 x 26 ids unique'd per step, dim 16,
+Adagrad. Each table is first filled with `rows` rows (the initializer's values, zero moments: what
+lazily created rows hold), then runs `warmup` + `steps` steps of pull + push. Per (table, rows), in
+a fresh subprocess: throughput (pulled + pushed rows/s), the RAM hit rate of the pulls, the process's
+anonymous resident memory growth (RssAnon after the fill and after the steps, against the budget;
+peak RSS), disk bytes per row.
+
+    python benchmarks/tiered_table.py                       # --rows 100000,1000000 --budget 64MiB
+    python benchmarks/tiered_table.py --rows 10000000 --kinds disk --steps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+from ops_registry import init_rows  # noqa: E402
+from runtime.ps import make_table  # noqa: E402
+from runtime.ps.index import unique_ids  # noqa: E402
+from runtime.ps.tiered import parse_bytes  # noqa: E402
+from transpiler.tables import TableSpec  # noqa: E402
+
+DIM, BATCH, SLOTS, ALPHA = 16, 4096, 26, 1.1
+INIT = {"type": "uniform", "low": -0.05, "high": 0.05, "seed": 1}
+
+
+def rss() -> int:
+    """Anonymous resident bytes (RssAnon: the process's own memory; file pages the OS may drop,
+    such as RocksDB's SST files in the page cache, are not counted), after returning freed heap
+    memory to the OS (malloc_trim)."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssAnon:"))
+
+
+def zipf_ids(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
+    """`size` ids in [0, n): rank r (1-based) with probability ~ r^-ALPHA, ranks hashed over ids."""
+    u = rng.random(size)
+    rank = np.floor(((n ** (1 - ALPHA) - 1) * u + 1) ** (1 / (1 - ALPHA))).astype(np.int64) - 1
+    return (np.minimum(rank, n - 1) * 2654435761) % n  # a permutation of [0, n) for n not divisible by it
+
+
+def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
+    rng = np.random.default_rng(0)
+    batches = [unique_ids(zipf_ids(rng, rows, BATCH * SLOTS)) for _ in range(warmup + steps)]
+    grads = [rng.normal(0, 1e-3, (b.size, DIM)).astype(np.float32) for b in batches]
+    base = rss()
+    spec = TableSpec(
+        "emb",
+        "sparse",
+        [rows, DIM],
+        initializer=INIT,
+        optimizer={"type": "adagrad", "lr": 0.01},
+        storage=kind,
+        memory_budget=budget if kind == "disk" else None,
+    )
+    t = make_table(spec)
+    t0 = time.perf_counter()
+    chunk = 1 << 19
+    for lo in range(0, rows, chunk):
+        ids = np.arange(lo, min(rows, lo + chunk))
+        param = init_rows(INIT, (rows, DIM), "float32", ids)
+        t.load_state({"ids": ids, "Param": param, "Moment": np.zeros_like(param)})
+    fill_s = time.perf_counter() - t0
+    filled = rss()
+    moved, hits, lookups, t0, c0 = 0, 0, 0, 0.0, 0.0
+    for i, (ids, g) in enumerate(zip(batches, grads, strict=True)):
+        if i == warmup:
+            t0, c0 = time.perf_counter(), time.process_time()
+        before = (t.stats.ram_hits, t.stats.lookups) if kind == "disk" else (0, 0)
+        t.pull(ids)
+        if kind == "disk" and i >= warmup:
+            hits += t.stats.ram_hits - before[0]
+            lookups += t.stats.lookups - before[1]
+        t.push(g, ids)
+        if i >= warmup:
+            moved += 2 * ids.size
+    run_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    out = {
+        "kind": kind,
+        "rows": len(t),
+        "fill_s": round(fill_s, 1),
+        "unique_per_step": int(np.mean([b.size for b in batches])),
+        "rows_per_s": round(moved / run_s),
+        "rows_per_cpu_s": round(moved / cpu_s),
+        "ms_per_step": round(1000 * run_s / steps, 1),
+        "hit_rate": round(hits / lookups, 3) if lookups else 1.0,
+        "rss_growth_mib": round((rss() - base) / 2**20, 1),
+        "rss_after_fill_mib": round((filled - base) / 2**20, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10, 1),
+        "table_mib": round(t.memory_bytes() / 2**20, 1),
+    }
+    if kind == "disk":
+        t.flush()  # every row on disk once: the bytes a row costs there
+        t.store.db.compact_range(None, None)
+        out.update(
+            budget_mib=round(parse_bytes(budget) / 2**20, 1),
+            resident=t.resident(),
+            disk_bytes_per_row=round(t.disk_bytes() / len(t), 1),
+            evicted=t.stats.evicted,
+        )
+        t.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="100000,1000000", help="table sizes, comma-separated")
+    ap.add_argument("--kinds", default="memory,disk", help="memory (RAM table) and/or disk (tiered)")
+    ap.add_argument("--budget", default="64MiB", help="the tiered table's memory_budget")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--one", nargs=2, metavar=("KIND", "ROWS"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.one:
+        with threadpool_limits(1):
+            print(json.dumps(one(a.one[0], int(a.one[1]), a.budget, a.warmup, a.steps)))
+        return
+    print(
+        f"Zipf alpha {ALPHA}, {BATCH} x {SLOTS} ids per step (unique'd), dim {DIM}, Adagrad, "
+        f"budget {a.budget}"
+    )
+    for rows in (int(r) for r in a.rows.split(",")):
+        for kind in a.kinds.split(","):
+            cmd = [sys.executable, __file__, "--one", kind, str(rows), "--budget", a.budget]
+            cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            print(res.stdout.strip().splitlines()[-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+"""`make_table`: the table a spec asks for — dense, sparse in RAM, or sparse on disk under a RAM tier."""
+
+from __future__ import annotations
+
+from runtime.ps.table import DenseTable, SparseTable
+from runtime.ps.tiered import TieredSparseTable
+from runtime.ps.types import Table
+from transpiler.tables import TableSpec
+
+
+def make_table(spec: TableSpec, check_finite: bool = True) -> Table:
+    """A `DenseTable`, a `SparseTable`, or (`storage="disk"`) a `TieredSparseTable` for `spec`."""
+    if spec.storage == "disk":
+        return TieredSparseTable(spec, check_finite)
+    return (SparseTable if spec.kind == "sparse" else DenseTable)(spec, check_finite)

@@ -1,0 +1,349 @@
+"""Tiered sparse tables: rows on disk (RocksDB, `runtime.ps.tiered_store`) under a RAM tier of hot
+rows bounded by a memory budget (a sparse `TableSpec` with `storage="disk"`, `memory_budget`).
+
+`TieredSparseTable` is a `SparseTable` whose RAM arrays hold only the hot rows. It keeps the RAM
+table's methods and signatures (pull, peek, push, add, assign, state_dict, load_state,
+memory_bytes, len) and its arithmetic: updates run the same optimizer kernels (`SparseTable.push`)
+on the same RAM arrays and rows are created from the same per-id initializer, so a pull/push
+sequence gives exactly the RAM table's values whatever the budget.
+
+- Engine files: one fresh `tempfile` directory per table (under `store_dir` when given, else the
+  system's temporary directory, `TMPDIR`), removed by `close` and at interpreter exit.
+- A request (pull, push, add, assign) looks its ids up in RAM; the misses go to disk in one
+  multi-get; rows found there are promoted into RAM, the others created from the initializer.
+- Eviction is LRU: each request stamps its rows with a request counter; when more than `max_rows`
+  rows are resident after a request, the least recently stamped are written back in one WriteBatch
+  until 90% of `max_rows` remain (eviction amortised over ~10% of the budget) and the RAM arrays
+  are compacted. `max_rows` = budget // bytes per resident row (record + LRU stamp + id index entry).
+  Outside the budget: the id index of a table with a known vocab <= 2^24 (`DirectIndex`: 4 bytes per
+  possible id, pages touched only when used), RocksDB's bounded caches (`tiered_store`), and the
+  transient arrays of the request being served (its rows may briefly exceed `max_rows`).
+- A request with more distinct rows than `max_rows` is refused (PSError naming table and budget).
+- Admission / eviction by age (`entry`, `evict_after`) are refused for now: their per-row clocks
+  would have to follow the rows to disk.
+
+`save(dir)` writes the RAM rows to disk, then saves a RocksDB checkpoint (hard links: no row goes
+through Python) and `meta.json` atomically; `load(dir)` links a saved directory into a fresh engine.
+In a shard checkpoint (`runtime.ps.checkpoint`) a tiered table is the directory
+`NNN-<table>.shard<k>.tiered` (`save_entry`); `load_entry` links it back with as many shards, or
+streams it in batches into any sparse table with another shard count.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import uuid
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from shutil import rmtree
+
+import numpy as np
+
+from runtime.ps import checkpoint
+from runtime.ps.index import DirectIndex, make_index, unique_ids
+from runtime.ps.sharding import shard_of
+from runtime.ps.table import PSError, SparseTable
+from runtime.ps.tiered_store import BATCH_ROWS, RowStore, batches, open_copy, parse_bytes, read_meta, save_dir
+from runtime.ps.tiered_store import record_dtype as _record_dtype
+from transpiler.tables import TableSpec
+
+EVICT_TO = 0.9  # an eviction leaves this share of max_rows resident
+STORE = "tiered"  # a checkpoint manifest entry's "store" for a tiered table's directory
+
+
+@dataclass
+class TierStats:
+    """Counters since the table was made: ids looked up by requests (repeats counted) and those
+    found in RAM; rows promoted from disk, created, evicted."""
+
+    lookups: int = 0
+    ram_hits: int = 0
+    disk_hits: int = 0
+    created: int = 0
+    evicted: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of looked-up ids found in RAM (1.0 before any lookup)."""
+        return self.ram_hits / self.lookups if self.lookups else 1.0
+
+
+class TieredSparseTable(SparseTable):
+    """A sparse table whose rows live in RocksDB under a RAM tier of at most `max_rows` hot rows (see
+    the module docstring). `memory_budget` (bytes or "4GiB") defaults to the spec's."""
+
+    def __init__(
+        self,
+        spec: TableSpec,
+        check_finite: bool = True,
+        *,
+        memory_budget: int | str | None = None,
+        store_dir: str | os.PathLike | None = None,
+    ) -> None:
+        if spec.kind != "sparse" or spec.entry is not None or spec.evict_after is not None:
+            raise PSError(
+                f"table {spec.name!r}: storage 'disk' is for sparse tables without entry / evict_after "
+                f"(got kind {spec.kind!r}, entry {spec.entry!r}, evict_after {spec.evict_after!r})"
+            )
+        super().__init__(spec, check_finite)
+        budget = memory_budget if memory_budget is not None else self.spec.memory_budget
+        if budget is None:
+            raise PSError(f"table {self.name!r}: storage 'disk' needs a memory_budget (bytes or '4GiB')")
+        try:
+            self.budget = parse_bytes(budget)
+        except ValueError as e:
+            raise PSError(f"table {self.name!r}: {e}") from None
+        self.record = _record_dtype(self.dtype, self.dim, ["Param", *self.state_slots])
+        index_bytes = 0 if isinstance(self.index, DirectIndex) else 16
+        self.row_bytes = self.record.itemsize + 8 + index_bytes  # + the LRU stamp (int64)
+        self.max_rows = self.budget // self.row_bytes
+        if self.max_rows < 1:
+            raise PSError(
+                f"table {self.name!r}: memory_budget {self.budget} bytes holds no row "
+                f"({self.row_bytes} bytes each)"
+            )
+        self.tick, self.cold = 0, 0  # requests served; rows on disk and not in RAM
+        self.stats = TierStats()
+        self._empty_ram()
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)
+        self.path = Path(tempfile.mkdtemp(prefix=f"hetps-{name}-", dir=store_dir))
+        self._cleanup = weakref.finalize(self, rmtree, str(self.path), ignore_errors=True)
+        self.store = RowStore(self.path / "rows", self.record, f"tiered table {self.name!r}")
+
+    def _empty_ram(self) -> None:
+        """No resident row; room for max_rows (the arrays' pages are touched only when used)."""
+        self.index = make_index(self.vocab)
+        self._keep(np.zeros(0, bool), room=self.row_room())
+        self.used = np.zeros(self.rows.shape[0], np.int64)  # per RAM slot: the request that last used it
+
+    def row_room(self) -> int:
+        return min(self.vocab, self.max_rows) if self.vocab > 0 else self.max_rows
+
+    # -- the RAM tier --------------------------------------------------------------------------
+    def slots(self, ids: np.ndarray, init: bool = True) -> np.ndarray:
+        """RAM slots of `ids`: rows found on disk are promoted first, the rest created as in
+        `SparseTable.slots`; every row of the request is stamped as just used."""
+        if ids.size > self.max_rows and unique_ids(ids).size > self.max_rows:
+            raise PSError(
+                f"table {self.name!r}: one request touches {unique_ids(ids).size} distinct rows, more "
+                f"than memory_budget {self.budget} bytes holds ({self.max_rows} rows of "
+                f"{self.row_bytes} bytes); raise memory_budget or send smaller requests"
+            )
+        found = self.index.find(ids)
+        self.stats.lookups += ids.size
+        self.stats.ram_hits += int(np.count_nonzero(found >= 0))
+        miss = unique_ids(ids[found < 0])
+        promoted = 0
+        if miss.size and self.cold:
+            on_disk, rec = self.store.get(miss)
+            promoted = rec.size
+            if promoted:
+                slots = SparseTable.slots(self, miss[on_disk], init=False)
+                self.rows[slots] = rec["Param"]
+                for s, a in self.row_state.items():
+                    a[slots] = rec[s]
+                self.cold -= promoted
+        out = SparseTable.slots(self, ids, init)
+        self.stats.disk_hits += promoted
+        self.stats.created += miss.size - promoted
+        self.tick += 1
+        if self.used.size < self.rows.shape[0]:
+            self.used = np.concatenate([self.used, np.zeros(self.rows.shape[0] - self.used.size, np.int64)])
+        self.used[out] = self.tick
+        return out
+
+    def _records(self, slots: np.ndarray) -> np.ndarray:
+        """RAM rows `slots` with their optimizer state, as disk records."""
+        rec = np.empty(slots.size, self.record)
+        rec["Param"] = self.rows[slots]
+        for s, a in self.row_state.items():
+            rec[s] = a[slots]
+        return rec
+
+    def _spill(self) -> None:
+        """Evict least recently used rows to disk while more than max_rows are resident."""
+        n = len(self.index)
+        if n <= self.max_rows:
+            return
+        k = n - int(self.max_rows * EVICT_TO)
+        victims = np.argpartition(self.used[:n], k - 1)[:k]
+        ids = self.index.ids_by_slot()
+        self.store.put(ids[victims], self._records(victims))
+        keep = np.ones(n, bool)
+        keep[victims] = False
+        stamps = self.used[:n][keep]
+        self._keep(keep, room=self.row_room() - (n - k))
+        self.used = np.zeros(self.rows.shape[0], np.int64)
+        self.used[self.index.find(ids[keep])] = stamps
+        self.cold += k
+        self.stats.evicted += k
+
+    def __len__(self) -> int:
+        return len(self.index) + self.cold
+
+    def resident(self) -> int:
+        """Rows in the RAM tier."""
+        return len(self.index)
+
+    def memory_bytes(self) -> int:
+        """Bytes of the RAM tier: rows and optimizer state (allocated capacity), LRU stamps, the id
+        index (RocksDB's caches are not counted)."""
+        return super().memory_bytes() + self.used.nbytes
+
+    def disk_bytes(self) -> int:
+        return self.store.disk_bytes()
+
+    # -- the table interface -------------------------------------------------------------------
+    def pull(self, ids: np.ndarray) -> np.ndarray:
+        out = super().pull(ids)
+        self._spill()
+        return out
+
+    def peek(self, ids: np.ndarray) -> np.ndarray:
+        """As `SparseTable.peek`: rows from RAM or disk, promoting, creating and stamping nothing."""
+        ids = self.check_ids(ids)
+        found = self.index.find(ids)
+        have = found >= 0
+        out = np.zeros((ids.size, self.dim), self.dtype)
+        out[have] = self.rows.take(found[have], axis=0)
+        rest = np.flatnonzero(~have)
+        if rest.size and self.cold:
+            uniq, inv = np.unique(ids[rest], return_inverse=True)
+            on_disk, rec = self.store.get(uniq)
+            pos = np.full(uniq.size, -1)
+            pos[on_disk] = np.arange(rec.size)
+            where = pos[inv.ravel()]
+            out[rest[where >= 0]] = rec["Param"][where[where >= 0]]
+            rest = rest[where < 0]
+        if rest.size:
+            out[rest] = super().peek(ids[rest])  # none is in RAM: the initializer's rows
+        return out
+
+    def push(self, grad: np.ndarray, ids: np.ndarray, *, checked: bool = False) -> None:
+        super().push(grad, ids, checked=checked)
+        self._spill()
+
+    def add(self, delta: np.ndarray, ids: np.ndarray) -> None:
+        super().add(delta, ids)
+        self._spill()
+
+    def assign(self, values: np.ndarray, ids: np.ndarray) -> None:
+        super().assign(values, ids)
+        self._spill()
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Every row, RAM and disk, as `SparseTable.state_dict` gives them (in id order). This holds
+        the whole table in RAM: a table larger than memory is saved with `save`."""
+        self.flush()
+        parts = list(self.store.items())
+        ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+        rec = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, self.record)
+        return {"ids": ids, **{f: rec[f] for f in self.record.names}, **self.scalars}
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Set rows `arrays["ids"]` (distinct, with their optimizer state) and the scalar state: rows
+        resident in RAM are replaced there, the others written straight to disk, BATCH_ROWS rows per
+        WriteBatch."""
+        ids = self.check_ids(arrays["ids"])
+        for s in self.scalars:
+            self.scalars[s][...] = arrays[s]
+        found = self.index.find(ids)
+        ram = np.flatnonzero(found >= 0)
+        self.rows[found[ram]] = arrays["Param"][ram]
+        for s, a in self.row_state.items():
+            a[found[ram]] = arrays[s][ram]
+        rest = np.flatnonzero(found < 0)
+        for lo in range(0, rest.size, BATCH_ROWS):
+            part = rest[lo : lo + BATCH_ROWS]
+            rec = np.empty(part.size, self.record)
+            for f in self.record.names:
+                rec[f] = arrays[f][part]
+            new = part.size - (int(self.store.get(ids[part])[0].sum()) if self.cold else 0)
+            self.store.put(ids[part], rec)
+            self.cold += new
+
+    # -- engine files --------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write every RAM row to disk (they stay resident; `cold` counts the rows only on disk)."""
+        self.store.put(self.index.ids_by_slot(), self._records(np.arange(len(self.index))))
+        self.store.flush()
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the table to directory `path` atomically: a RocksDB checkpoint (`rows/`, hard links)
+        and `meta.json` (layout, row count, scalar state)."""
+        self.flush()
+        scalars = {s: a.tolist() for s, a in self.scalars.items()}
+        save_dir(
+            path, self.store, {"table": self.name, **layout(self), "rows": len(self), "scalars": scalars}
+        )
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Replace every row and the scalar state by those of saved directory `path` (`save`)."""
+        meta = read_meta(path)
+        check_layout(self, path, meta)
+        fresh = open_copy(Path(path), self.path / f"rows.{uuid.uuid4().hex}", self.record, self.store.what)
+        old, self.store = self.store, fresh
+        old.close()
+        rmtree(old.path, ignore_errors=True)
+        self._empty_ram()
+        self.cold = int(meta["rows"])
+        for s in self.scalars:
+            self.scalars[s][...] = meta["scalars"][s]
+
+    def close(self) -> None:
+        """Close the engine and remove its files (saved directories stay)."""
+        if self._cleanup.alive:
+            self.store.close()
+            self._cleanup()
+
+
+def save_entry(
+    table: TieredSparseTable, path: str | os.PathLike, index: int, shard: int, num_shards: int, version: int
+) -> dict:
+    """Save `table` (table number `index` of shard `shard` of `num_shards`) into the checkpoint
+    directory `path` being written (`runtime.ps.checkpoint`); its manifest entry."""
+    name = checkpoint.file_name(index, table.name, shard).removesuffix(".npz") + ".tiered"
+    table.save(Path(path) / name)
+    return {
+        "table": table.name,
+        "file": name,
+        "store": STORE,
+        "rows": len(table),
+        "shard": shard,
+        "num_shards": num_shards,
+        "version": int(version),
+    }
+
+
+def layout(table: SparseTable) -> dict:
+    """What a saved directory's rows must match to load into `table`."""
+    return {"dim": table.dim, "dtype": table.dtype.name, "fields": ["Param", *table.state_slots]}
+
+
+def check_layout(table: SparseTable, path: str | os.PathLike, meta: dict) -> None:
+    """PSError unless saved directory `path` (its `meta`) holds rows of `table`'s layout."""
+    want, got = layout(table), {k: meta.get(k) for k in layout(table)}
+    if got != want:
+        raise PSError(f"table {table.name!r}: saved directory {str(path)!r} has rows {got}, the table {want}")
+
+
+def load_entry(table: SparseTable, path: str | os.PathLike, entry: dict, shard: int, num_shards: int) -> int:
+    """Load the rows of manifest entry `entry` (a tiered table's directory in checkpoint `path`) that
+    belong to shard `shard` of `num_shards` into sparse `table` (tiered or in RAM); the entry's
+    version. A tiered table saved by the same shard of as many shards is linked in whole (`load`)."""
+    where = Path(path) / entry["file"]
+    if entry.get("num_shards") == num_shards:
+        if entry.get("shard") == shard and isinstance(table, TieredSparseTable):
+            table.load(where)
+        elif entry.get("shard") == shard:
+            for arrays in batches(where, lambda meta: check_layout(table, where, meta)):
+                table.load_state(arrays)
+        return int(entry["version"])  # (another shard's directory of as many shards: none of its rows)
+    per_row = {"ids", *layout(table)["fields"]}
+    for arrays in batches(where, lambda meta: check_layout(table, where, meta)):
+        mine = shard_of(arrays["ids"], num_shards) == shard
+        table.load_state({k: (a[mine] if k in per_row else a) for k, a in arrays.items()})
+    return int(entry["version"])

@@ -1,0 +1,241 @@
+"""The on-disk engine of a tiered sparse table (`runtime.ps.tiered`): RocksDB through `rocksdict`.
+
+A `RowStore` maps ids to rows in one RocksDB directory. Key: the id as 8 big-endian bytes (key
+order = id order); value: one record of the table's `record` dtype (Param and the per-row optimizer
+state, raw bytes). Every call is batched: `get` is one multi-get for a request's ids, decoded by one
+`np.frombuffer` over the joined values; `put` is one WriteBatch over one contiguous buffer. The WAL
+is off (the engine is a spill area; durability comes from saved directories). RocksDB's own memory
+is bounded: two memtables of ENGINE_WRITE_BUFFER bytes, a block cache of ENGINE_BLOCK_CACHE bytes,
+plus the SST index and bloom blocks (~2 bytes per row); the OS page cache holds the SST files.
+
+A saved directory (`save_dir`): `rows/`, a RocksDB checkpoint (hard links to the immutable SST
+files), and `meta.json` (format, layout, row count, scalar state), written into a staging directory
+renamed into place. `batches` reads one back as `load_state` arrays, BATCH_ROWS rows at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import rocksdict
+
+from runtime.ps.table import PSError
+
+KEY = np.dtype(">u8")
+META, ROWS = "meta.json", "rows"
+FORMAT = "hetps-tiered/1"
+BATCH_ROWS = 1 << 16  # rows per WriteBatch when loading, and per batch when reading a store back
+ENGINE_WRITE_BUFFER = 16 << 20  # RocksDB memtable bytes (two at most)
+ENGINE_BLOCK_CACHE = 8 << 20  # RocksDB's cache of SST blocks
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_bytes(value: int | str, what: str = "memory_budget") -> int:
+    """Bytes of `value`: an int, or a string such as "4GiB", "512 MiB", "1.5GB", "100000" (KiB/MiB/
+    GiB/TiB: powers of 1024; KB/MB/GB/TB: powers of 1000). ValueError naming `what` otherwise."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?)b?\s*", str(value).lower())
+        if not isinstance(value, str) or m is None or (m[3] and not m[2]):
+            raise ValueError(
+                f"{what} {value!r} is not a byte count: give an int or a string like '4GiB', '512MiB'"
+            )
+        n = int(float(m[1]) * (1024 ** ("kmgt".index(m[2]) + 1) if m[3] else _UNITS[m[2]]))
+    if n <= 0:
+        raise ValueError(f"{what} {value!r} must be a positive number of bytes")
+    return n
+
+
+def record_dtype(dtype: np.dtype, dim: int, fields: list[str]) -> np.dtype:
+    """One row's record: a [dim] array of `dtype` per field (Param, then the optimizer state)."""
+    return np.dtype([(f, dtype, (dim,)) for f in fields])
+
+
+def _options() -> rocksdict.Options:
+    """No compression (float rows do not compress), a bloom filter per SST (ids never stored skip
+    the block reads), bounded memtables and block cache."""
+    opt = rocksdict.Options(raw_mode=True)
+    opt.create_if_missing(True)
+    opt.set_compression_type(rocksdict.DBCompressionType.none())
+    opt.set_write_buffer_size(ENGINE_WRITE_BUFFER)
+    opt.set_max_write_buffer_number(2)
+    table = rocksdict.BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    table.set_block_cache(rocksdict.Cache(ENGINE_BLOCK_CACHE))
+    opt.set_block_based_table_factory(table)
+    return opt
+
+
+class RowStore:
+    """id -> record in the RocksDB directory `path` (see the module docstring); `what` names the
+    table in errors. Counts its engine calls (`multi_gets`, `write_batches`)."""
+
+    def __init__(self, path: Path, record: np.dtype, what: str, read_only: bool = False) -> None:
+        self.path, self.record, self.what = Path(path), record, what
+        self.multi_gets = self.write_batches = 0
+        try:
+            access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
+            self.db = rocksdict.Rdict(str(self.path), _options(), access_type=access)
+        except Exception as e:  # rocksdict raises plain Exceptions for I/O errors and corruption
+            raise PSError(
+                f"{what}: store {str(self.path)!r} cannot be opened (corrupt or unreadable?): {e}"
+            ) from None
+        wopt = rocksdict.WriteOptions()
+        wopt.disable_wal = True
+        self.db.set_write_options(wopt)
+
+    def _error(self, doing: str, e: BaseException) -> PSError:
+        return PSError(f"{self.what}: {doing} store {str(self.path)!r} failed (corrupt?): {e}")
+
+    def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found mask, the found rows' records in order) of the distinct `ids`: one multi-get."""
+        kb = ids.astype(KEY).tobytes()
+        try:
+            values = self.db.get([kb[i : i + 8] for i in range(0, len(kb), 8)])
+        except Exception as e:
+            raise self._error("reading", e) from None
+        self.multi_gets += 1
+        found = np.fromiter((v is not None for v in values), bool, len(values))
+        buf = b"".join(v for v in values if v is not None)
+        if len(buf) != int(found.sum()) * self.record.itemsize:
+            raise PSError(
+                f"{self.what}: store {str(self.path)!r} holds values of the wrong size (expected "
+                f"{self.record.itemsize} bytes per row of {self.record}): corrupt, or another layout"
+            )
+        return found, np.frombuffer(buf, self.record)
+
+    def put(self, ids: np.ndarray, rec: np.ndarray) -> None:
+        """Write records `rec` of `ids`: one WriteBatch over one contiguous buffer."""
+        if not ids.size:
+            return
+        kb, vb, size = ids.astype(KEY).tobytes(), np.ascontiguousarray(rec).tobytes(), self.record.itemsize
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for i in range(ids.size):
+            batch.put(kb[8 * i : 8 * i + 8], vb[size * i : size * (i + 1)])
+        try:
+            self.db.write(batch)
+        except Exception as e:
+            raise self._error("writing", e) from None
+        self.write_batches += 1
+
+    def items(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids, records) of every stored row, BATCH_ROWS at a time, in id order."""
+        keys, values = [], []
+        try:
+            for k, v in self.db.items():
+                keys.append(k)
+                values.append(v)
+                if len(keys) == BATCH_ROWS:
+                    yield self._decode(keys, values)
+                    keys, values = [], []
+        except PSError:
+            raise
+        except Exception as e:
+            raise self._error("reading", e) from None
+        if keys:
+            yield self._decode(keys, values)
+
+    def _decode(self, keys: list[bytes], values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        kb, vb = b"".join(keys), b"".join(values)
+        if len(kb) != 8 * len(keys) or len(vb) != self.record.itemsize * len(values):
+            raise PSError(
+                f"{self.what}: store {str(self.path)!r} holds keys or values of the wrong size "
+                f"(8-byte ids, {self.record.itemsize}-byte rows expected): corrupt, or another layout"
+            )
+        return np.frombuffer(kb, KEY).astype(np.int64), np.frombuffer(vb, self.record)
+
+    def flush(self) -> None:
+        """Write the memtable to SST files."""
+        self.db.flush()
+
+    def checkpoint(self, path: Path) -> None:
+        """A RocksDB checkpoint of the store at `path` (new): hard links to its SST files."""
+        self.flush()
+        rocksdict.Checkpoint(self.db).create_checkpoint(str(path))
+
+    def disk_bytes(self) -> int:
+        """Bytes of the store's files (SST files, logs, manifest)."""
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """SST files are immutable: hard-link them; copy the small mutable ones (manifest, options)."""
+    if src.endswith(".sst"):
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
+
+
+def open_copy(saved: Path, path: Path, record: np.dtype, what: str) -> RowStore:
+    """A store at `path` (new) holding the rows of saved directory `saved` (SST files linked)."""
+    shutil.copytree(Path(saved) / ROWS, path, copy_function=_link_or_copy)
+    try:
+        return RowStore(path, record, what)
+    except PSError as e:
+        shutil.rmtree(path, ignore_errors=True)
+        raise PSError(f"{what}: saved directory {str(saved)!r} is corrupt: {e}") from None
+
+
+def save_dir(path: str | os.PathLike, store: RowStore, meta: dict) -> None:
+    """Write `store` (a checkpoint) and `meta` as the saved directory `path`, atomically: into a
+    staging directory beside it, renamed into place (a previous save is replaced only then)."""
+    path = Path(path).absolute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stage = path.parent / f".{path.name}.new-{uuid.uuid4().hex}"
+    stage.mkdir()
+    try:
+        store.checkpoint(stage / ROWS)
+        (stage / META).write_text(json.dumps({"format": FORMAT, **meta}, indent=1))
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex}"
+        if path.exists():
+            os.rename(path, old)
+        os.rename(stage, path)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """The `meta.json` of a saved directory; PSError naming the path when missing or corrupt."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, ValueError) as e:
+        raise PSError(f"saved tiered table {str(path)!r}: {META} is missing or corrupt: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not (path / ROWS).is_dir():
+        raise PSError(
+            f"saved tiered table {str(path)!r} is not a {FORMAT} directory (format or rows/ missing)"
+        )
+    return meta
+
+
+def batches(path: str | os.PathLike, check: Callable[[dict], None] | None = None) -> Iterator[dict]:
+    """The rows of saved directory `path` as `load_state` arrays ("ids", "Param", the state slots,
+    the scalar state), BATCH_ROWS rows at a time; `check(meta)` first, when given."""
+    path = Path(path)
+    meta = read_meta(path)
+    if check is not None:
+        check(meta)
+    dtype = np.dtype(meta["dtype"])
+    store = RowStore(path / ROWS, record_dtype(dtype, meta["dim"], meta["fields"]), str(path), read_only=True)
+    scalars = {s: np.asarray(v, dtype) for s, v in meta["scalars"].items()}
+    try:
+        for ids, rec in store.items():
+            yield {"ids": ids, **{f: rec[f] for f in meta["fields"]}, **scalars}
+    finally:
+        store.close()
