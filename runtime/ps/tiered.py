@@ -197,13 +197,14 @@ class TieredSparseTable(SparseTable):
         return self.store.disk_bytes()
 
     # -- the table interface -------------------------------------------------------------------
-    def pull(self, ids: np.ndarray) -> np.ndarray:
-        out = super().pull(ids)
+    def pull(self, ids: np.ndarray | None = None, *, copy: bool = True) -> np.ndarray:
+        out = super().pull(ids, copy=copy)
         self._spill()
         return out
 
-    def peek(self, ids: np.ndarray) -> np.ndarray:
+    def peek(self, ids: np.ndarray | None = None, *, copy: bool = True) -> np.ndarray:
         """As `SparseTable.peek`: rows from RAM or disk, promoting, creating and stamping nothing."""
+        self._ids(ids, "pull")
         ids = self.check_ids(ids)
         found = self.index.find(ids)
         have = found >= 0
