@@ -61,11 +61,7 @@ class Servers:
         if self._tmp:  # its shared-memory twin: same-host clients' arrays go through it
             with contextlib.suppress(OSError):
                 os.mkdir(shm_dir_for(self._tmp), 0o700)
-        if "forkserver" in mp.get_all_start_methods():  # imports once, then each shard forks fast
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload([__name__])
-        else:
-            ctx = mp.get_context("spawn")
+        ctx = _start_context()
         self.processes, self.endpoints, pipes = [], [], []
         try:
             for k in range(num_shards):
@@ -94,12 +90,7 @@ class Servers:
                 send.close()
                 self.processes.append(p)
                 pipes.append(recv)
-            for k, recv in enumerate(pipes):
-                late = ("error", f"not ready within {start_timeout} s")
-                msg = recv.recv() if recv.poll(start_timeout) else late
-                if isinstance(msg, tuple):
-                    raise PSError(f"parameter server shard {k} failed to start: {msg[1]}")
-                self.endpoints.append(msg)
+            self.endpoints = _ready_endpoints(pipes, start_timeout, self.endpoints)
         except EOFError:
             self.stop()
             raise PSError(
@@ -134,3 +125,24 @@ class Servers:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _start_context() -> Any:
+    """forkserver where there is one (imports once, then each shard forks fast), else spawn."""
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _ready_endpoints(pipes: list, start_timeout: float, endpoints: list[str]) -> list[str]:
+    """Each shard's endpoint, as it reports it once ready (appended to `endpoints` as they come, so a
+    failure names the first shard that did not report); a shard's start error is raised."""
+    for k, recv in enumerate(pipes):
+        late = ("error", f"not ready within {start_timeout} s")
+        msg = recv.recv() if recv.poll(start_timeout) else late
+        if isinstance(msg, tuple):
+            raise PSError(f"parameter server shard {k} failed to start: {msg[1]}")
+        endpoints.append(msg)
+    return endpoints

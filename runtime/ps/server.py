@@ -298,6 +298,16 @@ class _Loop:
             self.serve_request(w, released=table)
 
 
+def _log_to(log_file: str | None, shard: int) -> None:
+    """Send this process's stderr (its log, any traceback) to `log_file` too, and prefix log lines."""
+    if log_file is not None:
+        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format=f"[hetps ps shard {shard}] %(levelname)s %(message)s")
+
+
 def serve(
     endpoint: str,
     specs: list[dict[str, Any]],
@@ -320,12 +330,7 @@ def serve(
     writes to stderr (its log, any traceback) is appended there. `secret` / `admin_secret` /
     `checkpoint_root` / `limits`: see the module docstring (without a secret, anyone who reaches the
     endpoint may do anything: use it only on a private endpoint)."""
-    if log_file is not None:
-        fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(fd, 2)
-        os.close(fd)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(format=f"[hetps ps shard {shard}] %(levelname)s %(message)s")
+    _log_to(log_file, shard)
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
@@ -337,22 +342,16 @@ def serve(
     # (memory stays bounded); a message up to that size gets decode's clear error reply instead
     sock.maxmsgsize = 2 * (limits or Limits()).max_message_bytes
     try:
-        loop = _Loop(
-            sock,
-            Shard(
-                tables_from_dicts(specs),
-                shard=shard,
-                num_shards=num_shards,
-                mode=mode,
-                pushes_per_step=pushes_per_step,
-                check_finite=check_finite,
-                limits=limits,
-            ),
-            secret,
-            trace,
-            admin_secret,
-            checkpoint_root,
+        tables = Shard(
+            tables_from_dicts(specs),
+            shard=shard,
+            num_shards=num_shards,
+            mode=mode,
+            pushes_per_step=pushes_per_step,
+            check_finite=check_finite,
+            limits=limits,
         )
+        loop = _Loop(sock, tables, secret, trace, admin_secret, checkpoint_root)
         sock.bind(endpoint)
         loop.attach_shm(sock.getsockopt_string(zmq.LAST_ENDPOINT))
     except Exception as e:

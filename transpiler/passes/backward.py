@@ -85,6 +85,33 @@ class _Emitter:
         self.bw.emit(self.op, type, inputs, outputs, attrs)
 
 
+def _requiring(block, ops: list, requires: set[str], blocked: set[str]) -> set[str]:
+    """The vars that depend on a var of `requires` (forward order), stopped by stop_gradient / `blocked`."""
+    for op in ops:
+        opdef = get_op(op.type, where=f"op id {op.id}")
+        if not opdef.differentiable:
+            continue
+        if any(n in requires for s in opdef.diff_inputs() for n in op.inputs.get(s, [])):
+            requires.update(
+                n for n in op.output_names() if not block.var(n).stop_gradient and n not in blocked
+            )
+    return requires
+
+
+def _reaching(ops: list, loss: str) -> tuple[set[str], list]:
+    """The vars `loss` depends on through differentiable ops, and those ops (in reverse order)."""
+    reach, relevant = {loss}, []
+    for op in reversed(ops):
+        if not set(op.output_names()) & reach:
+            continue
+        opdef = get_op(op.type)
+        if not opdef.differentiable:
+            continue
+        relevant.append(op)
+        reach.update(n for s in opdef.diff_inputs() for n in op.inputs.get(s, []))
+    return reach, relevant
+
+
 def append_backward(
     program: Program,
     loss: str | Var,
@@ -112,24 +139,8 @@ def append_backward(
     params = [v.name for v in block.vars.values() if v.is_parameter and v.trainable and not v.stop_gradient]
     if parameter_list is not None:
         params = [p.name if isinstance(p, Var) else p for p in parameter_list]
-    requires = set(params) - blocked
-    for op in ops:
-        opdef = get_op(op.type, where=f"op id {op.id}")
-        if not opdef.differentiable:
-            continue
-        if any(n in requires for s in opdef.diff_inputs() for n in op.inputs.get(s, [])):
-            requires.update(
-                n for n in op.output_names() if not block.var(n).stop_gradient and n not in blocked
-            )
-    reach, relevant = {loss}, []
-    for op in reversed(ops):
-        if not set(op.output_names()) & reach:
-            continue
-        opdef = get_op(op.type)
-        if not opdef.differentiable:
-            continue
-        relevant.append(op)
-        reach.update(n for s in opdef.diff_inputs() for n in op.inputs.get(s, []))
+    requires = _requiring(block, ops, set(params) - blocked, blocked)
+    reach, relevant = _reaching(ops, loss)
     need = requires & reach
     if loss not in need:
         raise ValueError(f"loss {loss!r} does not depend on any trainable parameter")

@@ -30,9 +30,33 @@ from transpiler.passes.types import Channels
 def insert_comm(program: Program) -> Channels:
     """Add send/recv ops to placed `program` (in place); return the channels and the inserted ops'
     placement reasons."""
-    prog = program
-    block = prog.global_block()
+    recvs, sends, channels = _crossings(program)
     reasons: dict[str, str] = {}
+    block = program.global_block()
+    new_ops = []
+    for op in program.ops:
+        for n, src in recvs.get(op.id, ()):
+            var = block.vars.get(n)
+            attrs = {"tensor": n, "src": src, "shape": _shape(var), "dtype": var.dtype if var else None}
+            why = f"receives {n!r} from {src} before its first reader here, op id {op.id} {op.type!r}"
+            new_ops.append(_comm(program, "recv", {}, {"Out": [n]}, attrs, op.device, why, reasons))
+        new_ops.append(op)
+        for n, dst in sends.get(op.id, ()):
+            why = f"sends {n!r} to {dst} right after its producer, op id {op.id} {op.type!r}"
+            attrs = {"tensor": n, "dst": dst}
+            new_ops.append(_comm(program, "send", {"X": [n]}, {}, attrs, op.device, why, reasons))
+    block.set_ops(new_ops)
+    return Channels(channels, reasons)
+
+
+def _shape(var) -> list | None:
+    return list(var.shape) if var and var.shape is not None else None
+
+
+def _crossings(prog: Program) -> tuple[dict, dict, list[dict]]:
+    """Where each tensor crosses a device boundary, walking the ops in order: {reader op id: [(tensor,
+    src)]}, {producer op id: [(tensor, dst)]} and one channel record per (tensor, destination)."""
+    block = prog.global_block()
     where: dict[str, tuple[str, Op]] = {}  # tensor -> (device, producer) of its latest write
     have: dict[str, set[str]] = defaultdict(set)  # device -> tensors it holds
     recvs: dict[int, list[tuple[str, str]]] = defaultdict(list)  # reader id -> [(tensor, src)]
@@ -42,74 +66,33 @@ def insert_comm(program: Program) -> Channels:
     for op in prog.ops:
         dev = op.attrs["op_device"]
         mine = have[dev]
-        for names in op.inputs.values():
-            for n in names:
-                if n in mine or n not in where:
-                    continue
-                src, producer = where[n]
-                recvs[op.id].append((n, src))
-                sends[producer.id].append((n, dev))
-                mine.add(n)
-                var = block.vars.get(n)
-                channels.append(
-                    {
-                        "tensor": n,
-                        "src": src,
-                        "dst": dev,
-                        "shape": list(var.shape) if var and var.shape is not None else None,
-                        "dtype": var.dtype if var else None,
-                        "bytes_per_example": bytes_per_example(var, batch),
-                        "direction": "backward" if producer.role == "backward" else "forward",
-                    }
-                )
-        local_copy = op.attrs.get("op_role") == "ps"
-        for names in op.outputs.values():
-            for n in names:
-                if not n:
-                    continue
-                if not local_copy:
-                    for held in have.values():
-                        held.discard(n)
-                mine.add(n)
-                where[n] = (dev, op)
-
-    new_ops = []
-    for op in prog.ops:
-        for n, src in recvs.get(op.id, ()):
+        for n in (n for names in op.inputs.values() for n in names):
+            if n in mine or n not in where:
+                continue
+            src, producer = where[n]
+            recvs[op.id].append((n, src))
+            sends[producer.id].append((n, dev))
+            mine.add(n)
             var = block.vars.get(n)
-            new_ops.append(
-                _comm(
-                    prog,
-                    "recv",
-                    {},
-                    {"Out": [n]},
-                    {
-                        "tensor": n,
-                        "src": src,
-                        "shape": list(var.shape) if var and var.shape is not None else None,
-                        "dtype": var.dtype if var else None,
-                    },
-                    op.device,
-                    f"receives {n!r} from {src} before its first reader here, op id {op.id} {op.type!r}",
-                    reasons,
-                )
+            channels.append(
+                {
+                    "tensor": n,
+                    "src": src,
+                    "dst": dev,
+                    "shape": _shape(var),
+                    "dtype": var.dtype if var else None,
+                    "bytes_per_example": bytes_per_example(var, batch),
+                    "direction": "backward" if producer.role == "backward" else "forward",
+                }
             )
-        new_ops.append(op)
-        for n, dst in sends.get(op.id, ()):
-            new_ops.append(
-                _comm(
-                    prog,
-                    "send",
-                    {"X": [n]},
-                    {},
-                    {"tensor": n, "dst": dst},
-                    op.device,
-                    f"sends {n!r} to {dst} right after its producer, op id {op.id} {op.type!r}",
-                    reasons,
-                )
-            )
-    block.set_ops(new_ops)
-    return Channels(channels, reasons)
+        local_copy = op.attrs.get("op_role") == "ps"
+        for n in (n for names in op.outputs.values() for n in names if n):
+            if not local_copy:
+                for held in have.values():
+                    held.discard(n)
+            mine.add(n)
+            where[n] = (dev, op)
+    return recvs, sends, channels
 
 
 def _comm(
