@@ -3,8 +3,8 @@
 For every setting of the grid (cpu trainers x micro-batches x PS shards x modes; one gpu trainer,
 EMULATED on the CPU when there is no CUDA device) this trains the model of benchmarks/ctr.py for
 `--warmup` + `--steps` steps on the local engine, measures examples/s over the timed steps and
-compares it with the cost model's prediction (transpiler/cost.py) from this machine's profile
-(runtime/profile.py, cached under ~/.cache/hetps; `--refresh` measures it again). All processes
+compares it with the cost model's prediction (transpiler/cost/model.py) from this machine's profile
+(runtime/profile/machine.py, cached under ~/.cache/hetps; `--refresh` measures it again). All processes
 share this machine's cores, so the prediction is made with cores = the cores this process may use.
 
 Throughput on a shared machine moves between runs of the same setting (by ~20% per row on a quiet

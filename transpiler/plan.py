@@ -257,7 +257,7 @@ class Plan:
         opset: int | None = None,
     ) -> Path:
         """One servable ONNX model at `path`: the forward graph predicting `output`, with `tables`
-        (full arrays by table name) as initializers (see transpiler/export_inference.py). With a
+        (full arrays by table name) as initializers (see transpiler/exporters/servable.py). With a
         checkpoint: `runtime.export(plan, path, checkpoint=DIR)` (or `hetps export --inference`)."""
         from transpiler.exporters.servable import export_inference
 
@@ -266,7 +266,7 @@ class Plan:
     def draw(self, path: str | Path) -> Path:
         """A picture of the op graph laid out by Graphviz `dot` (`.png`, `.svg` for big graphs, `.pdf`):
         ops in one box per trainer type, data feeds and boundary tensors labelled with their names,
-        dtype[shape] and bytes per example, a legend (see transpiler/draw.py)."""
+        dtype[shape] and bytes per example, a legend (see transpiler/exporters/draw.py)."""
         from transpiler.exporters.draw import draw_plan
 
         return draw_plan(self, Path(path))

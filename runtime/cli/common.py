@@ -1,4 +1,4 @@
-"""What the `hetps` commands share (runtime/cli.py wires them): usage errors, reading a MODEL or a
+"""What the `hetps` commands share (runtime/cli/app.py wires them): usage errors, reading a MODEL or a
 PLAN_DIR, --trainers / --feeds / --data, the run options a --settings file fills, a run's summary."""
 
 from __future__ import annotations

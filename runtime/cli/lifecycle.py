@@ -1,4 +1,4 @@
-"""The `hetps` commands and train options of a model's life after training (runtime/cli.py wires them):
+"""The `hetps` commands and train options of a model's life after training (runtime/cli/app.py wires them):
 
     hetps train PLAN_DIR ... --checkpoint DIR --checkpoint-every N [--keep K] [--resume DIR]
                              --eval-data D [--eval-every N]

@@ -1,5 +1,5 @@
-"""`hetps tune` and `inspect --predict`: placement and resources by measured cost (transpiler/cost.py,
-transpiler/tune.py, runtime/profile.py)."""
+"""`hetps tune` and `inspect --predict`: placement and resources by measured cost (transpiler/cost/model.py,
+transpiler/cost/tune.py, runtime/profile/machine.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """CTR models built from a dataset's feeds, and their held-out AUC (what `hetps train --model` runs;
-the AUC is `train(eval_data=...)`'s final evaluation, runtime/evaluation.py).
+the AUC is `train(eval_data=...)`'s final evaluation, runtime/evaluation/evaluate.py).
 
 Every categorical feature is a field: each `sparse` column, and each multi-valued column as the
 sum of its bag's embeddings (pad id 0 has a row of its own, so the sum also tells the bag's

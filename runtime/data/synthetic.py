@@ -74,7 +74,7 @@ class CriteoReader:
     Categorical strings are hashed with (slot, value) into `vocab` (crc32: stable across processes
     and runs); empty fields map to id 0 of their slot's hash. Integer features become log(1 + max(x, 0))
     as in DLRM; empty ones are 0. `shard=(i, n)` keeps every n-th line starting at i, for readers of
-    your own; `runtime.driver.train` instead slices each global batch among its readers (runtime/sources.py).
+    your own; `train` instead slices each global batch among its readers (runtime/data/sources.py).
     """
 
     def __init__(

@@ -73,7 +73,7 @@ class History:
     def steps_done(self, at: float) -> float:
         """How many of the run's steps had ended at `at` (the driver's `time.perf_counter()`),
         interpolated between the steps' end times: to relate what is measured at a step callback,
-        which runs up to 0.1 s after its step (runtime/reports.py), to the steps done meanwhile."""
+        which runs up to 0.1 s after its step (runtime/transport/reports.py), to the steps done meanwhile."""
         return float(np.interp(at - self.started_at, self.time, np.arange(1, len(self.time) + 1)))
 
     def examples_per_s(self, skip: int = 1) -> float:

@@ -107,7 +107,7 @@ class Listener:
         try:
             msg = parse(h, TO_DRIVER)
             now = time.perf_counter()
-            if isinstance(msg, Reports):  # a trainer's step reports together (runtime/reports.py)
+            if isinstance(msg, Reports):  # a trainer's step reports together (runtime/transport/reports.py)
                 for sub, sub_arrays, age in reports.unpack(msg, arrays):
                     self._take(sub, sub_arrays, now - age)
             else:

@@ -364,7 +364,9 @@ class TrainerSpec:
     trace: bool = False
     start: int = 0  # the run's first step (a resumed run starts later)
     grant: int | None = None  # readers may start steps < grant (None: no limit from the driver)
-    report_s: float = 0.0  # how long it may keep its step reports to the driver (runtime/reports.py)
+    report_s: float = (
+        0.0  # how long it may keep its step reports to the driver (runtime/transport/reports.py)
+    )
 
     @property
     def is_reader(self) -> bool:

@@ -74,7 +74,7 @@ def evaluate(
 ) -> dict[str, float]:
     """Held-out {"loss", "auc", "examples"} of `plan` with the tables of `checkpoint` (see the
     module docstring); forward only, nothing is updated. `workers=N`: on N worker processes and
-    `servers` parameter-server shards (default: the plan's), see runtime/evaluation_workers.py."""
+    `servers` parameter-server shards (default: the plan's), see runtime/evaluation/workers.py."""
     if workers is not None or servers is not None:
         from runtime.evaluation.workers import evaluate_parallel
 
@@ -183,7 +183,7 @@ def export(
     rows: str = "all",
 ) -> Path:
     """Write the servable ONNX model of `plan` with the tables of `checkpoint` (see
-    transpiler/export_inference.py; `external_over`: bytes of tables beyond which the initializers
+    transpiler/exporters/servable.py; `external_over`: bytes of tables beyond which the initializers
     go to `<path>.data`); `Plan.export_inference` does the same from table values.
 
     `rows`: "all" (a sparse table as its full [vocab, dim] array: the model takes raw ids) or

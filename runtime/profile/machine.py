@@ -1,6 +1,6 @@
-"""This machine's cost profile for the cost model (transpiler/cost.py), measured once and cached.
+"""This machine's cost profile for the cost model (transpiler/cost/model.py), measured once and cached.
 
-The parts are measured by runtime/profile_measure.py (kernels, the link, the parameter server);
+The parts are measured by runtime/profile/measure.py (kernels, the link, the parameter server);
 this module adds the runtime's own overhead, calibrated from short training runs of a small
 Wide&Deep (1 and 8 micro-batches, sync and async, seconds): each process's CPU per step beyond what
 the measured parts explain, fitted per item and per step, per mode.

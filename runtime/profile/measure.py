@@ -1,4 +1,4 @@
-"""Measure the parts of a cost profile on this machine (runtime/profile.py caches them):
+"""Measure the parts of a cost profile on this machine (runtime/profile/machine.py caches them):
 
 - kernels: every kernel op of a plan's sub-programs, on each trainer kind (cpu: numpy; gpu: cupy on a
   CUDA device, else numpy, marked *emulated*), at two micro-batch sizes, fitted as

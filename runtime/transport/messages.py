@@ -10,7 +10,7 @@ Between trainers: `Tensors` (one micro-batch's tensors for one destination; the 
 buffers, see `channels.pack_tensors`), `Announce` (a reader's items of a step, to the trainers of
 the other types), `End` (a reader's last step). From the driver to readers: `Grant`. From every
 process to the driver, each naming its sender (`who`): `Ready`, `StepReport`, `Losses` (scores and
-labels as buffers), `Reports` (a trainer's step reports together: runtime/reports.py), `End`,
+labels as buffers), `Reports` (a trainer's step reports together: runtime/transport/reports.py), `End`,
 `Done` (statistics; trace spans as a buffer) and `Failed` (a traceback).
 From evaluation workers to the driver of a parallel `evaluate` / `predict`: `Scored`, `Done`, `Failed`.
 """
@@ -76,7 +76,7 @@ class Grant:
 
 @dataclass(slots=True)
 class WriteBack:
-    """To a trainer holding dense tables (runtime/ps/hold.py): write them back once steps < `step`
+    """To a trainer holding dense tables (runtime/ps/held_tables.py): write them back once steps < `step`
     are applied (the driver pauses there for a checkpoint or an evaluation)."""
 
     KIND: ClassVar[str] = "write_back"
@@ -124,7 +124,7 @@ class Losses:
 @dataclass(slots=True)
 class Reports:
     """A trainer's step reports (`StepReport`, `Losses`) in one message: [[header, number of its
-    arrays]], the arrays in that order (runtime/reports.py)."""
+    arrays]], the arrays in that order (runtime/transport/reports.py)."""
 
     KIND: ClassVar[str] = "reports"
     KEYS: ClassVar[tuple[tuple[str, str], ...]] = (("who", "who"), ("msgs", "r"))
@@ -150,7 +150,7 @@ class Failed:
 
 @dataclass(slots=True)
 class Scored:
-    """An evaluation worker's forward pass of one batch (runtime/evaluation_workers.py): where the
+    """An evaluation worker's forward pass of one batch (runtime/evaluation/workers.py): where the
     batch sits in the data (`order`), its loss (None for predict); the prediction (and labels) as
     buffers."""
 

@@ -1,6 +1,6 @@
-"""The cost model: predict a plan's throughput from a measured profile (the search: transpiler/tune.py).
+"""The cost model: predict a plan's throughput from a measured profile (the search: transpiler/cost/tune.py).
 
-A `Profile` holds what was measured on one machine (runtime/profile.py measures it and caches it):
+A `Profile` holds what was measured on one machine (runtime/profile/machine.py measures it and caches it):
 each op's kernel time on each trainer kind as `fixed_s + per_example_s * examples` (keyed by the op's
 signature: type, input shapes, attrs, so it serves any plan with the same ops), the link between
 processes (`latency_s` per message + `per_byte_s`), and the parameter server (per request, per byte

@@ -1,6 +1,6 @@
 """What a cost profile holds: kernel times per op signature and trainer kind, the link, the
-parameter server and the per-process overheads, measured on one machine (runtime/profile.py
-measures them; transpiler/cost.py predicts from them)."""
+parameter server and the per-process overheads, measured on one machine (runtime/profile/machine.py
+measures them; transpiler/cost/model.py predicts from them)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ class Profile:
     emulated: list[str] = field(default_factory=list)
     machine: str = ""
     overhead: dict[str, Overhead] = field(default_factory=dict)  # by PS mode (sync, async)
-    method: int = 0  # the version of the measuring code (runtime/profile.py METHOD) that made it
+    method: int = 0  # the version of the measuring code (runtime/profile/machine.py METHOD) that made it
 
     def overhead_for(self, mode: str) -> Overhead:
         return self.overhead.get(mode) or Overhead()

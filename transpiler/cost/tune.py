@@ -1,5 +1,5 @@
 """The tuner: the best resource setting within a budget, and op moves the cost model predicts faster
-(`hetps tune`; the cost model itself is transpiler/cost.py)."""
+(`hetps tune`; the cost model itself is transpiler/cost/model.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ trainer step, in step order), so a sync run is unchanged to the bit.
 `held_dense` decides it from the plan alone: a dense table with an optimizer, not clipped by global
 norm (a clipped step needs every table's gradient on the servers, runtime/ps/clip.py), whose pulls
 and pushes are all in one trainer type's program, of which the run starts one trainer. The cost
-model (transpiler/cost.py) and the runtime (runtime/train.py) both ask it.
+model (transpiler/cost/model.py) and the runtime (runtime/driver/train.py) both ask it.
 """
 
 from __future__ import annotations

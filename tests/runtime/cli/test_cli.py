@@ -133,7 +133,7 @@ def test_trace_is_chrome_trace_json_with_one_track_per_process(round_trip):
     for trainer in ("trainer cpu:0", "trainer gpu:0"):
         assert by_track[trainer] >= {"segment 0", "segment 1", "send", "recv"}, by_track[trainer]
     # the reader pulls and pushes its rows; the gpu trainer holds its MLP's tables and applies their
-    # steps itself (runtime/ps/hold.py), writing them back at the end
+    # steps itself (runtime/ps/held_tables.py), writing them back at the end
     assert {"pull sparse", "push"} <= by_track["trainer cpu:0"], by_track["trainer cpu:0"]
     assert {"apply", "write back"} <= by_track["trainer gpu:0"], by_track["trainer gpu:0"]
     segs = [e for e in spans if e["name"].startswith("segment") and names[e["pid"]] == "trainer cpu:0"]

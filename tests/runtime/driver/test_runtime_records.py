@@ -154,7 +154,7 @@ def test_run_settings_are_derived_from_the_plan_and_checked_once():
     want = {"deep_emb.w_0": 2, "wide_emb.w_0": 2, **{f"fc_{i}.{p}_0": 1 for i in range(3) for p in "wb"}}
     assert (s.reader, s.loss_reduction, s.counts, s.pushes) == ("cpu", "mean", {"cpu": 2, "gpu": 1}, want)
     assert s.trainer_names() == ["cpu:0", "cpu:1", "gpu:0"]
-    # the one gpu trainer holds the MLP's tables (transpiler/held.py); the embeddings are shared
+    # the one gpu trainer holds the MLP's tables (transpiler/passes/held.py); the embeddings are shared
     assert s.held == {f"fc_{i}.{p}_0": "gpu" for i in range(3) for p in "wb"}
     assert make(steps=5, allow_emulation=True, dense_on_trainer=False).held == {}
     # micro-batches by default: the fewest that give every trainer an item each step (items go round

@@ -1,4 +1,4 @@
-"""Dense tables held by the one trainer that uses them (transpiler/held.py, runtime/ps/hold.py).
+"""Dense tables held by the one trainer that uses them (transpiler/passes/held.py, runtime/ps/held_tables.py).
 
 Which tables qualify (by hand from each plan), the shard's side of the protocol (hold, refusals
 while held, checked write-backs that count as applied steps), and whole runs: a sync run with held

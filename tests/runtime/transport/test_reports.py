@@ -1,4 +1,4 @@
-"""A trainer's step reports to the driver go together (runtime/reports.py): what is kept, when it
+"""A trainer's step reports to the driver go together (runtime/transport/reports.py): what is kept, when it
 goes, in what order, and what the driver refuses to unpack."""
 
 from __future__ import annotations

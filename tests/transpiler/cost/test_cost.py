@@ -1,4 +1,4 @@
-"""The cost model (transpiler/cost.py) and `hetps tune`.
+"""The cost model (transpiler/cost/model.py) and `hetps tune`.
 
 Predictions are checked against arithmetic done by hand on synthetic profiles (every kernel free but
 the ones a test prices), the tuner against optima derived by hand on synthetic cost surfaces, and
@@ -135,7 +135,7 @@ def test_prediction_matches_arithmetic_by_hand():
 
 
 def test_a_held_dense_table_costs_its_trainer_one_pass_and_the_shard_nothing():
-    """With one gpu trainer it holds w and b (transpiler/held.py): no request, one optimizer step of
+    """With one gpu trainer it holds w and b (transpiler/passes/held.py): no request, one optimizer step of
     its own (one pass at dense_byte_s); two gpu trainers share them through the servers."""
     plan = transpile(dense_model())
 
