@@ -20,11 +20,12 @@ import numpy as np
 
 from ops_registry import compiled
 from ops_registry.compiled import COMPILED_FROM
+from ops_registry.errors import HetpsError
 
 CATEGORIES = ("io", "sparse", "dense", "light", "loss", "optimizer", "comm", "init")
 
 
-class UnknownOpError(KeyError):
+class UnknownOpError(HetpsError, KeyError):
     """An op type that the registry does not know."""
 
     def __init__(self, op_type: str, where: str = "") -> None:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import OpDef, register
-from .nn import _sigmoid
+from ops_registry.base import OpDef, register
+from ops_registry.errors import HetpsError
+from ops_registry.nn import _sigmoid
 
 DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
 DEFAULT_ACTIVATIONS = {"gru": ("sigmoid", "tanh"), "lstm": ("sigmoid", "tanh", "tanh")}
@@ -39,7 +40,7 @@ _ATTRS = {
 }
 
 
-class RnnAttributeError(NotImplementedError):
+class RnnAttributeError(HetpsError, NotImplementedError):
     """A GRU / LSTM attribute (or input) hetps does not implement."""
 
 

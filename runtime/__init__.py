@@ -1,6 +1,7 @@
 """hetps runtime: executes programs and plans (executor, simulate, train, evaluate / predict / export,
 data, metrics)."""
 
+from ops_registry.errors import HetpsError
 from runtime.driver.settings import CheckpointConfig, EvalConfig, RunConfig, TelemetryConfig
 from runtime.driver.train import History, TrainingError, train
 from runtime.evaluation.evaluate import evaluate, export, predict
@@ -12,6 +13,7 @@ __all__ = [
     "CheckpointConfig",
     "EvalConfig",
     "ExecutionError",
+    "HetpsError",
     "Executor",
     "History",
     "InMemoryServer",

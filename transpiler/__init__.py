@@ -1,7 +1,8 @@
 """hetps transpiler: the IR, frontends (builder, ONNX, Paddle), passes, and the Plan."""
 
+from ops_registry.errors import HetpsError
 from transpiler.config import TranspileConfig
-from transpiler.errors import DeadlockError, PlanError
+from transpiler.errors import DeadlockError, ModelImportError, PlanError
 from transpiler.exporters.forward import inference_program
 from transpiler.exporters.onnx import to_onnx
 from transpiler.frontends import builder
@@ -22,6 +23,8 @@ __all__ = [
     "Block",
     "builder",
     "DeadlockError",
+    "HetpsError",
+    "ModelImportError",
     "LintError",
     "Op",
     "OnnxImportError",

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ops_registry.errors import ConfigError
 from ops_registry.optimizer import STATE, check_schedule
 
 MODES = ("sync", "async")  # parameter-server modes, read by the runtime
@@ -28,7 +29,7 @@ KINDS = ("cpu", "gpu")  # device kinds of trainer types
 def check_mode(mode: Any, what: str = "mode") -> str:
     """`mode` if it is a parameter-server mode (MODES), else a ValueError naming `what`."""
     if mode not in MODES:
-        raise ValueError(f"{what} {mode!r}: expected 'sync' or 'async' (the parameter-server modes)")
+        raise ConfigError(f"{what} {mode!r}: expected 'sync' or 'async' (the parameter-server modes)")
     return mode
 
 
@@ -100,9 +101,9 @@ class TranspileConfig:
                 ("light" if k == "elementwise" else k): v for k, v in self.category_map.items()
             }
         if not self.trainer_types:
-            raise ValueError("TranspileConfig.trainer_types is empty; name at least one trainer type")
+            raise ConfigError("TranspileConfig.trainer_types is empty; name at least one trainer type")
         if "ps" in self.trainer_types:
-            raise ValueError("'ps' is reserved for the parameter server; pick another trainer type name")
+            raise ConfigError("'ps' is reserved for the parameter server; pick another trainer type name")
         for what, mapping in (
             ("category_map", self.category_map),
             ("op_type_devices", self.op_type_devices),
@@ -110,27 +111,27 @@ class TranspileConfig:
         ):
             for key, dev in mapping.items():
                 if dev not in self.trainer_types:
-                    raise ValueError(
+                    raise ConfigError(
                         f"TranspileConfig.{what}[{key!r}] = {dev!r} is not a trainer type; "
                         f"trainer_types = {self.trainer_types}"
                     )
         if self.mode == "geo":
-            raise ValueError(
+            raise ConfigError(
                 "TranspileConfig.mode 'geo' is not supported: hetps's trainers do not run "
                 "GEO-SGD (local steps + delta pushes); use mode 'sync' (single-process "
                 "results) or 'async'"
             )
         check_mode(self.mode, "TranspileConfig.mode")
         if self.optimizer.get("type") not in OPTIMIZERS:
-            raise ValueError(
+            raise ConfigError(
                 f"TranspileConfig.optimizer type {self.optimizer.get('type')!r} is not one of {OPTIMIZERS}"
             )
         try:
             check_schedule(self.optimizer.get("lr_schedule"))
         except ValueError as e:
-            raise ValueError(f"TranspileConfig.optimizer: {e}") from None
+            raise ConfigError(f"TranspileConfig.optimizer: {e}") from None
         if self.num_servers < 1:
-            raise ValueError(f"TranspileConfig.num_servers must be >= 1, got {self.num_servers}")
+            raise ConfigError(f"TranspileConfig.num_servers must be >= 1, got {self.num_servers}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,7 +141,7 @@ class TranspileConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown TranspileConfig keys {unknown}; valid keys: {sorted(known)}")
+            raise ConfigError(f"unknown TranspileConfig keys {unknown}; valid keys: {sorted(known)}")
         return cls(**d)
 
     @classmethod
@@ -155,7 +156,9 @@ class TranspileConfig:
         else:
             data = json.loads(text)
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping of TranspileConfig keys, got {type(data).__name__}")
+            raise ConfigError(
+                f"{path}: expected a mapping of TranspileConfig keys, got {type(data).__name__}"
+            )
         return cls.from_dict(data)
 
 
@@ -163,5 +166,5 @@ def kind_of(trainer_type: str, device_map: dict[str, str] | None = None) -> str:
     """ "cpu" | "gpu": the device kind of a trainer type (default: a type named "gpu*" is a GPU type)."""
     kind = (device_map or {}).get(trainer_type, "gpu" if trainer_type.startswith("gpu") else "cpu")
     if kind not in KINDS:
-        raise ValueError(f"device_map[{trainer_type!r}] = {kind!r}; expected 'cpu' or 'gpu'")
+        raise ConfigError(f"device_map[{trainer_type!r}] = {kind!r}; expected 'cpu' or 'gpu'")
     return kind

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ops_registry import get_op, has_op
+from ops_registry.errors import HetpsError
 from transpiler.values import copy_json, json_default, load_params, save_params
 
 OP_ROLES = ("forward", "loss", "backward", "optimize", "comm", "ps")
@@ -400,7 +401,7 @@ def _slots(d: dict | None) -> dict[str, list[str]]:
     return out
 
 
-class LintError(ValueError):
+class LintError(HetpsError, ValueError):
     """A program that breaks an invariant of the IR; the message names the op."""
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from ops_registry.errors import ConfigError
 from transpiler.config import check_mode, default_micro_batches, kind_of
 
 DEFAULT_COUNTS = {"cpu": 2, "gpu": 1}  # trainers per type when none are given (1 for other types)
@@ -23,30 +24,30 @@ def check_positive(value: Any, what: str, *, optional: bool = False) -> None:
     if value is None and optional:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
+        raise ConfigError(f"{what} must be a positive int, got {value!r}")
 
 
 def check_counts(counts: Any, what: str) -> None:
     """A ValueError naming `what` unless `counts` maps names to positive ints."""
     if not isinstance(counts, dict):
-        raise ValueError(f"{what} must map trainer types to counts, e.g. {{'cpu': 2}}, got {counts!r}")
+        raise ConfigError(f"{what} must map trainer types to counts, e.g. {{'cpu': 2}}, got {counts!r}")
     for t, n in counts.items():
         check_positive(n, f"{what}[{t!r}]")
 
 
 def check_bool(value: Any, what: str) -> None:
     if not isinstance(value, bool):
-        raise ValueError(f"{what} must be True or False, got {value!r}")
+        raise ConfigError(f"{what} must be True or False, got {value!r}")
 
 
 def record_from_dict(cls: type, data: Any) -> Any:
     """`cls(**data)` for a settings record read from a file; ValueError names unknown keys."""
     known = [f.name for f in fields(cls)]
     if not isinstance(data, dict):
-        raise ValueError(f"{cls.__name__}: expected a mapping of any of {known}, got {data!r}")
+        raise ConfigError(f"{cls.__name__}: expected a mapping of any of {known}, got {data!r}")
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ValueError(f"unknown setting(s) {unknown} of {cls.__name__}: expected any of {known}")
+        raise ConfigError(f"unknown setting(s) {unknown} of {cls.__name__}: expected any of {known}")
     return cls(**data)
 
 
@@ -94,7 +95,7 @@ class ScaleConfig:
         if self.trainers is None:
             counts = {t: DEFAULT_COUNTS.get(t, 1) for t in types}
         elif set(self.trainers) != set(types):
-            raise ValueError(
+            raise ConfigError(
                 f"ScaleConfig.trainers {self.trainers} must give a count for exactly the plan's "
                 f"trainer types {types}"
             )
@@ -102,14 +103,14 @@ class ScaleConfig:
             counts = dict(self.trainers)
         for t in self.kernel_threads:
             if t not in counts:
-                raise ValueError(
+                raise ConfigError(
                     f"ScaleConfig.kernel_threads names trainer type {t!r}; "
                     f"the run's types are {sorted(counts)}"
                 )
         mode = self.mode or plan.config.mode
         clipped = plan.clipped_tables
         if clipped and mode != "sync":
-            raise ValueError(
+            raise ConfigError(
                 f"the plan clips gradients by global norm (tables {clipped}), which needs every gradient "
                 f"of a step, and {mode} mode has no such step (each push is applied on arrival): "
                 "train with mode='sync', or drop grad_clip_norm (ClipGradByGlobalNorm)"

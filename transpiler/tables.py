@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from ops_registry.errors import ConfigError
+
 # Left out of `to_dict` when None (plan files before TableSpec had these keys only when set).
 STORAGES = (None, "memory", "disk")  # None: "memory"
 _OMITTED_WHEN_NONE = ("sharding", "entry", "evict_after", "clip_norm", "storage", "memory_budget")
@@ -73,14 +75,14 @@ class OptimizerSpec:
     def from_dict(cls, d: Any) -> OptimizerSpec:
         """The spec of `to_dict`; a ValueError names what is missing or malformed."""
         if not isinstance(d, dict) or not isinstance(d.get("type"), str):
-            raise ValueError(
+            raise ConfigError(
                 f"an optimizer spec must be a mapping with a 'type' (e.g. {{'type': 'sgd', "
                 f"'lr': 0.1}}), got {d!r}"
             )
         state = d.get("state")
         if state is not None:
             if not isinstance(state, dict):
-                raise ValueError(
+                raise ConfigError(
                     f"optimizer {d['type']!r}: 'state' must map slot -> {{out, shape, init}}, got {state!r}"
                 )
             state = {k: _state_spec(d["type"], k, v) for k, v in state.items()}
@@ -90,7 +92,7 @@ class OptimizerSpec:
 def _state_spec(type: str, slot: str, d: Any) -> StateSpec:
     want = [f.name for f in fields(StateSpec)]
     if not isinstance(d, dict) or sorted(d) != sorted(want):
-        raise ValueError(
+        raise ConfigError(
             f"optimizer {type!r}: state slot {slot!r} must have exactly the keys {want}, got {d!r}"
         )
     return StateSpec(**d)
@@ -114,7 +116,7 @@ class Sharding:
         """The sharding of `to_dict`; a ValueError names what is missing or unknown."""
         keys = {"by", "shard", "num_shards"}
         if not isinstance(d, dict) or not {"by", "num_shards"} <= set(d) or not set(d) <= keys:
-            raise ValueError(
+            raise ConfigError(
                 f"a sharding must be a mapping with 'by', 'num_shards' and optionally 'shard', got {d!r}"
             )
         return cls(d["by"], d["num_shards"], d.get("shard"))
@@ -139,13 +141,13 @@ class TableSpec:
 
     def __post_init__(self) -> None:
         if self.storage not in STORAGES:
-            raise ValueError(f"table spec {self.name!r}: storage {self.storage!r} must be one of {STORAGES}")
+            raise ConfigError(f"table spec {self.name!r}: storage {self.storage!r} must be one of {STORAGES}")
         for name, record in (("optimizer", OptimizerSpec), ("sharding", Sharding)):
             if isinstance(getattr(self, name), dict):
                 try:
                     object.__setattr__(self, name, record.from_dict(getattr(self, name)))
                 except ValueError as e:
-                    raise ValueError(f"table spec {self.name!r}: {e}") from None
+                    raise ConfigError(f"table spec {self.name!r}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain JSON data, keys in field order; `sharding`, `entry`, `evict_after`,
@@ -160,7 +162,7 @@ class TableSpec:
     def from_dict(cls, d: Any) -> TableSpec:
         """The spec of `to_dict`; a ValueError names the table and its missing or unknown keys."""
         if not isinstance(d, dict):
-            raise ValueError(
+            raise ConfigError(
                 f"a table spec must be a mapping of TableSpec keys, got {type(d).__name__} {d!r}"
             )
         known = [f.name for f in fields(cls)]
@@ -175,7 +177,7 @@ class TableSpec:
                 )
                 if p
             )
-            raise ValueError(
+            raise ConfigError(
                 f"table spec {d.get('name', '?')!r}: {what}; a table spec has the keys {known} "
                 f"(required: {[f.name for f in fields(cls) if f.default is MISSING]})"
             )
@@ -185,7 +187,7 @@ class TableSpec:
 def tables_from_dicts(specs: list[Any]) -> list[TableSpec]:
     """`TableSpec.from_dict` of each entry (a plan file's or a process message's "tables")."""
     if not isinstance(specs, list):
-        raise ValueError(f"'tables' must be a list of table specs, got {type(specs).__name__}")
+        raise ConfigError(f"'tables' must be a list of table specs, got {type(specs).__name__}")
     return [TableSpec.from_dict(s) for s in specs]
 
 

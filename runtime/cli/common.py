@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ops_registry.errors import HetpsError
+
 if TYPE_CHECKING:
     from runtime.driver.settings import Settings
     from transpiler.cost.model import Workload
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
-class UsageError(Exception):
+class UsageError(HetpsError):
     """Arguments that cannot work; reported with the subcommand's usage and exit code 2."""
 
 

@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ops_registry.errors import HetpsError
 from runtime.evaluation.metrics import auc
 
 
-class TrainingError(RuntimeError):
+class TrainingError(HetpsError, RuntimeError):
     """A process of the run failed (the message names it and holds its traceback or signal)."""
 
     def __init__(self, who: str, detail: str) -> None:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ops_registry.errors import ConfigError
 from runtime.data import sources
 from runtime.exec.device import array_module
 from runtime.exec.executor import check_feed
@@ -49,14 +50,14 @@ __all__ = [
 
 def _check_path(value: Any, what: str) -> None:
     if value is not None and not isinstance(value, (str, Path)):
-        raise ValueError(f"{what} must be a path (str or Path) or None, got {value!r}")
+        raise ConfigError(f"{what} must be a path (str or Path) or None, got {value!r}")
 
 
 def _check_number(value: Any, what: str, *, positive: bool = False, optional: bool = False) -> None:
     if value is None and optional:
         return
     if not isinstance(value, (int, float)) or isinstance(value, bool) or (positive and not value > 0):
-        raise ValueError(f"{what} must be a {'positive ' if positive else ''}number, got {value!r}")
+        raise ConfigError(f"{what} must be a {'positive ' if positive else ''}number, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class RunConfig:
 
     def check_end(self) -> None:
         if self.steps is None and self.epochs is None and self.until_loss is None:
-            raise ValueError("train needs an end condition: steps=, epochs= or until_loss= (RunConfig)")
+            raise ConfigError("train needs an end condition: steps=, epochs= or until_loss= (RunConfig)")
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class CheckpointConfig:
         check_positive(self.keep, "CheckpointConfig.keep")
         _check_path(self.resume, "CheckpointConfig.resume")
         if self.every is not None and self.dir is None:
-            raise ValueError(
+            raise ConfigError(
                 "CheckpointConfig.every (checkpoint_every=N) needs a dir (checkpoint=DIR) to save to"
             )
 
@@ -118,7 +119,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         check_positive(self.every, "EvalConfig.every", optional=True)
         if self.every is not None and self.data is None:
-            raise ValueError("EvalConfig.every (eval_every=N) needs data (eval_data=, the held-out set)")
+            raise ConfigError("EvalConfig.every (eval_every=N) needs data (eval_data=, the held-out set)")
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class TelemetryConfig:
         if self.progress is not None:
             check_bool(self.progress, "TelemetryConfig.progress")
         if self.callback is not None and not callable(self.callback):
-            raise ValueError(f"TelemetryConfig.callback must be callable, got {self.callback!r}")
+            raise ConfigError(f"TelemetryConfig.callback must be callable, got {self.callback!r}")
 
 
 GROUPS: dict[str, type] = {
@@ -220,18 +221,18 @@ class Settings:
         """The records of a settings file: groups (`scale:`, `run:`, ... each a record's fields) or
         flat `train` keywords (`trainers:`, `steps:`, ...); ValueError names what is wrong."""
         if not isinstance(data, dict):
-            raise ValueError(
+            raise ConfigError(
                 "expected a mapping with 'trainers' (e.g. {cpu: 2, gpu: 1}) or the groups "
                 f"{sorted(GROUPS)}, got {data!r}"
             )
         if cls.grouped(data):
             unknown = sorted(set(data) - set(GROUPS))
             if unknown:
-                raise ValueError(f"unknown setting group(s) {unknown}: expected any of {sorted(GROUPS)}")
+                raise ConfigError(f"unknown setting group(s) {unknown}: expected any of {sorted(GROUPS)}")
             return cls(**{g: record_from_dict(GROUPS[g], v or {}) for g, v in data.items()})
         unknown = sorted(set(data) - set(FLAT))
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown setting(s) {unknown}: expected any of {sorted(FLAT)} or the groups {sorted(GROUPS)}"
             )
         return cls.of(data)
@@ -260,7 +261,7 @@ class ResolvedRun:
         run.check_end()
         sources.check_source(data, run.batch_size, run.epochs)
         if not plan.loss_name:
-            raise ValueError("the plan has no loss: train needs a program with a loss (minimize(loss))")
+            raise ConfigError("the plan has no loss: train needs a program with a loss (minimize(loss))")
         reader = plan.reader
         scale = settings.scale.resolved(plan)
         for t in scale.trainers:  # refuses a gpu type without CUDA (unless emulated) before anything starts
@@ -328,7 +329,7 @@ def check_first_batch(plan: Plan, settings: ResolvedRun) -> None:
     feeds = program.attrs.get("feeds", [])
     missing = [n for n in feeds if n not in batch]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"the data's first batch lacks the feeds {missing} the plan reads; it has {sorted(batch)}"
         )
     try:

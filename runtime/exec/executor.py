@@ -15,15 +15,16 @@ from typing import Any
 import numpy as np
 
 from ops_registry import get_op
+from ops_registry.errors import HetpsError
 from runtime.exec.device import to_host
 from transpiler.ir import Op, Program, Var
 
 
-class ExecutionError(RuntimeError):
+class ExecutionError(HetpsError, RuntimeError):
     """A kernel failed; the message names the op, its inputs with shapes, and the cause."""
 
 
-class MissingFeedError(KeyError):
+class MissingFeedError(HetpsError, KeyError):
     def __str__(self) -> str:
         return self.args[0]
 

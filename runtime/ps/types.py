@@ -13,12 +13,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ops_registry.errors import HetpsError
 from transpiler.tables import TableSpec
 
 CLIP = "@clip"  # the key sync `norm` requests wait under (no table name starts with "@"): clip.py
 
 
-class PSError(ValueError):
+class PSError(HetpsError, ValueError):
     """A request the parameter server refuses; the message says what was expected."""
 
 

@@ -20,8 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ops_registry.errors import HetpsError
 
-class ProtocolError(RuntimeError):
+
+class ProtocolError(HetpsError, RuntimeError):
     """A message of an unknown kind, or one that lacks a field of its kind."""
 
 

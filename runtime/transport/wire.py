@@ -52,6 +52,8 @@ import msgspec
 import numpy as np
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
+from ops_registry.errors import HetpsError
+
 MAX_MESSAGE_BYTES = 1 << 30  # all frames of one request to a parameter server together
 MAX_HEADER_BYTES = 1 << 20
 # nesting of the header's maps and arrays (the header itself: 1); hetps's deepest message has 7
@@ -115,7 +117,7 @@ def _numpy_scalar(obj: Any) -> Any:
 _ENCODER = msgspec.msgpack.Encoder(enc_hook=_numpy_scalar)
 
 
-class WireError(ValueError):
+class WireError(HetpsError, ValueError):
     """A message that does not follow the frame format (the text says which part is wrong)."""
 
 

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from transpiler.errors import ModelImportError
 from transpiler.ir import Program
 
 
-class ModelFileError(ValueError):
+class ModelFileError(ModelImportError):
     """A path that holds no model hetps can read; the message says what was expected."""
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ops_registry import get_op
+from transpiler.errors import PlanError
 from transpiler.ir import Op, Program, Var, grad_name
 
 
@@ -132,7 +133,7 @@ def append_backward(
     ops = [op for op in block.ops if op.role in ("forward", "loss")]
     prod = _producers(ops)
     if loss not in prod:
-        raise ValueError(f"loss {loss!r} is not produced by any forward op")
+        raise PlanError(f"loss {loss!r} is not produced by any forward op")
     ops = ops[: ops.index(prod[loss]) + 1]
     prod[loss].attrs["op_role"] = "loss"
 
@@ -143,7 +144,7 @@ def append_backward(
     reach, relevant = _reaching(ops, loss)
     need = requires & reach
     if loss not in need:
-        raise ValueError(f"loss {loss!r} does not depend on any trainable parameter")
+        raise PlanError(f"loss {loss!r} does not depend on any trainable parameter")
 
     bw = _Backward(program, need)
     loss_grad = bw.grad_var(loss, grad_name(loss))

@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ops_registry.errors import ConfigError
 from runtime.data.files import fnv
 
 TRANSFORMS = ("none", "log1p", "standardize")
@@ -79,7 +80,7 @@ class Schema:
             raise FileNotFoundError(f"no schema file at {path}")
         d = yaml.safe_load(path.read_text())
         if not isinstance(d, dict):
-            raise ValueError(f"schema {path}: expected a mapping (label:, dense:, sparse:, ...), got {d!r}")
+            raise ConfigError(f"schema {path}: expected a mapping (label:, dense:, sparse:, ...), got {d!r}")
         return cls.from_dict(d, f"schema {path}", path.parent)
 
     @classmethod
@@ -87,41 +88,43 @@ class Schema:
         """A checked schema from a dict; `vocab_files` paths are relative to `base` (default: cwd)."""
         unknown = set(d) - _KEYS
         if unknown:
-            raise ValueError(f"{where}: unknown keys {sorted(unknown)}; a schema has {sorted(_KEYS)}")
+            raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; a schema has {sorted(_KEYS)}")
         if not isinstance(d.get("label"), str):
-            raise ValueError(f"{where}: 'label' must name the label column, got {d.get('label')!r}")
+            raise ConfigError(f"{where}: 'label' must name the label column, got {d.get('label')!r}")
         dense, sparse = (
             _names(d.get("dense", []), "dense", where),
             _names(d.get("sparse", []), "sparse", where),
         )
         multi = d.get("multi") or {}
         if not isinstance(multi, dict) or not all(isinstance(s, str) and s for s in multi.values()):
-            raise ValueError(
+            raise ConfigError(
                 f"{where}: 'multi' maps each multi-valued column to its separator, "
                 f'e.g. {{genres: "|"}}; got {multi!r}'
             )
         if not dense and not sparse and not multi:
-            raise ValueError(f"{where}: no feature columns; give dense:, sparse: or multi:")
+            raise ConfigError(f"{where}: no feature columns; give dense:, sparse: or multi:")
         seen = [d["label"], *dense, *sparse, *multi]
         dup = sorted({c for c in seen if seen.count(c) > 1})
         if dup:
-            raise ValueError(f"{where}: columns {dup} appear more than once (label, dense, sparse, multi)")
+            raise ConfigError(f"{where}: columns {dup} appear more than once (label, dense, sparse, multi)")
         t = d.get("transform", "none")
         per = dict.fromkeys(dense, t) if isinstance(t, str) else dict(t)
         bad = {c: v for c, v in per.items() if v not in TRANSFORMS or c not in dense}
         if bad:
-            raise ValueError(f"{where}: transform {bad}: each must be one of {TRANSFORMS} for a dense column")
+            raise ConfigError(
+                f"{where}: transform {bad}: each must be one of {TRANSFORMS} for a dense column"
+            )
         vocab, max_len = d.get("vocab", 1_000_000), d.get("max_len", 8)
         for what, v in (("vocab", vocab), ("max_len", max_len)):
             if not isinstance(v, int) or isinstance(v, bool) or v < (2 if what == "vocab" else 1):
-                raise ValueError(f"{where}: {what} must be a positive int (vocab >= 2), got {v!r}")
+                raise ConfigError(f"{where}: {what} must be a positive int (vocab >= 2), got {v!r}")
         thr = d.get("label_threshold")
         if thr is not None and not isinstance(thr, (int, float)):
-            raise ValueError(f"{where}: label_threshold must be a number, got {thr!r}")
+            raise ConfigError(f"{where}: label_threshold must be a number, got {thr!r}")
         stats = tuple((c, float(m), float(s)) for c, (m, s) in (d.get("stats") or {}).items())
         known = _vocab_files(d.get("vocab_files") or {}, [*sparse, *multi], base or Path.cwd(), where)
         if sum(len(v) for _, v in known) + 2 > vocab:
-            raise ValueError(
+            raise ConfigError(
                 f"{where}: vocab {vocab} must exceed the {sum(len(v) for _, v in known)} values "
                 "of the vocab files by 2 or more (id 0 pads, one id at least for other values)"
             )
@@ -183,7 +186,7 @@ class Schema:
     def _label(self, col) -> np.ndarray:
         col = _single(col, self.label)
         if col.null_count:
-            raise ValueError(f"label column {self.label!r} has {col.null_count} missing values")
+            raise ConfigError(f"label column {self.label!r} has {col.null_count} missing values")
         y = _numeric(col, self.label)
         if self.label_threshold is not None:
             y = (y >= self.label_threshold).astype(np.float32)
@@ -197,7 +200,7 @@ class Schema:
         elif how == "standardize":
             stats = {c: (m, s) for c, m, s in self.stats}
             if name not in stats:
-                raise ValueError(
+                raise ConfigError(
                     f"dense column {name!r} is standardized but the schema has no stats for "
                     "it: open it with runtime.data.open_dataset (which measures them) or give "
                     "stats: {column: [mean, std]}"
@@ -225,7 +228,7 @@ class Schema:
 
 def _names(v: Any, what: str, where: str) -> tuple[str, ...]:
     if isinstance(v, str) or not all(isinstance(c, str) for c in v):
-        raise ValueError(f"{where}: '{what}' must be a list of column names, got {v!r}")
+        raise ConfigError(f"{where}: '{what}' must be a list of column names, got {v!r}")
     return tuple(v)
 
 
@@ -234,7 +237,7 @@ def _single(col, name: str):
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         if len(col) and pc.max(pc.list_value_length(col)).as_py() > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"column {name!r} has rows with several values; list it under multi: "
                 "to read it as a bag of ids"
             )
@@ -251,7 +254,7 @@ def numeric_values(col, name: str) -> np.ndarray:
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         lengths = pc.list_value_length(pc.fill_null(col, pa.scalar([], col.type)))
         if len(col) and pc.min(lengths).as_py() != pc.max(lengths).as_py():
-            raise ValueError(
+            raise ConfigError(
                 f"dense column {name!r} holds lists of {pc.min(lengths)} to "
                 f"{pc.max(lengths)} values; a dense list column needs a fixed width"
             )
@@ -266,7 +269,7 @@ def _numeric(col, name: str) -> np.ndarray:
         try:
             col = pc.cast(col, pa.float64())
         except pa.ArrowInvalid as e:
-            raise ValueError(f"column {name!r} should be numeric: {e}") from None
+            raise ConfigError(f"column {name!r} should be numeric: {e}") from None
     col = pc.fill_null(col, 0)
     out = col.to_numpy() if isinstance(col, pa.ChunkedArray) else col.to_numpy(zero_copy_only=False)
     return np.asarray(out, dtype=np.float64)
@@ -282,7 +285,9 @@ def _as_text(col):
 
 def _vocab_files(files: Any, columns: list[str], base: Path, where: str) -> tuple:
     if not isinstance(files, dict) or any(c not in columns for c in files):
-        raise ValueError(f"{where}: vocab_files maps categorical columns ({columns}) to files, got {files!r}")
+        raise ConfigError(
+            f"{where}: vocab_files maps categorical columns ({columns}) to files, got {files!r}"
+        )
     out = []
     for column, name in files.items():
         path = base / name
@@ -291,7 +296,7 @@ def _vocab_files(files: Any, columns: list[str], base: Path, where: str) -> tupl
         values = path.read_text(encoding="utf-8").splitlines()
         if len(set(values)) != len(values):
             dup = next(v for v in values if values.count(v) > 1)
-            raise ValueError(f"{where}: vocab file {path} lists {dup!r} more than once")
+            raise ConfigError(f"{where}: vocab file {path} lists {dup!r} more than once")
         out.append((column, tuple(values)))
     return tuple(out)
 

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ops_registry.errors import HetpsError
 from runtime.data.files.dataset import _joined, _split
 from runtime.data.files.schema import Schema
 from runtime.data.sources import share
@@ -34,7 +35,7 @@ Feed = dict[str, np.ndarray]
 _UNIT, _ROW = "_stream_unit", "_stream_row"  # per-row position marks carried through the batching
 
 
-class StreamStalled(TimeoutError):
+class StreamStalled(HetpsError, TimeoutError):
     """A stream made no progress within its timeout: a pass directory without its done flag, no
     new pass, no new message, or a broker that stayed unreachable. The message names what."""
 

@@ -36,12 +36,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ops_registry.errors import HetpsError
 from runtime.data.files import formats
 from runtime.data.files.dataset import _joined, column_types
 from runtime.data.streams.base import Feed, Pass, StreamPosition, StreamSource, StreamStalled, marked, rebatch
 
 
-class NoAnswer(Exception):
+class NoAnswer(HetpsError):
     """A call on the event-loop thread did not finish in time."""
 
 

@@ -12,10 +12,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference, version_converter
 
+from transpiler.errors import ModelImportError
 from transpiler.frontends.onnx.static import default_opset
 
 
-class OnnxImportError(ValueError):
+class OnnxImportError(ModelImportError):
     """The model cannot be imported; the message says what to change."""
 
 

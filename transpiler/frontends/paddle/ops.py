@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ops_registry import get_op
+from transpiler.errors import ModelImportError
 
 
-class PaddleImportError(ValueError):
+class PaddleImportError(ModelImportError):
     """A Paddle program that hetps cannot import; the message names the Paddle op and its call site."""
 
 
