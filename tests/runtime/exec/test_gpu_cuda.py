@@ -71,5 +71,5 @@ def test_sync_training_with_a_real_gpu_trainer_equals_single_process():
         return_params=True,
     )
     want = single_process(model, [data.batch(t, 256) for t in range(10)])
-    tables = [t["name"] for t in transpile(model.main).tables]
+    tables = [t.name for t in transpile(model.main).tables]
     assert_same_params(hist.params, want, tables)
