@@ -55,7 +55,8 @@ BEST_KERNEL_THREADS = "gpu=2"
 REPO = Path(__file__).resolve().parents[1]
 BATCH, SLOTS, VOCAB, DIM, DENSE, HIDDEN, LR = 512, 26, 100_000, 16, 13, (400, 400, 400), 0.01
 NUM_BATCHES = 20
-END_MARGIN = 20  # steps before the end of a run where its CPU times are taken (see `hetps`)
+END_MARGIN = 20  # steps before the end of a run where its CPU times are taken (see `hetps`; at most
+# half the timed steps)
 
 
 def batches() -> list[dict[str, np.ndarray]]:
@@ -65,8 +66,10 @@ def batches() -> list[dict[str, np.ndarray]]:
     return [data.batch(i, BATCH) for i in range(NUM_BATCHES)]
 
 
-def _mlp_step(batch: int = BATCH, xp=np):
-    """A function running the MLP's forward + backward GEMMs once (float32; numpy, or cupy)."""
+def _mlp_step(batch: int | None = None, xp=np):
+    """A function running the MLP's forward + backward GEMMs once at `batch` examples (default
+    `BATCH`; float32; numpy, or cupy)."""
+    batch = batch or BATCH
     rng = np.random.default_rng(0)
     dims = [SLOTS * DIM + DENSE, *HIDDEN, 1]
     shapes = zip(dims, dims[1:], strict=False)
@@ -85,13 +88,14 @@ def _mlp_step(batch: int = BATCH, xp=np):
     return step
 
 
-def dense_stage_ms(repeats: int = 50) -> dict[str, float]:
-    """The dense stage's (the MLP's forward + backward) median ms per step: "cpu", the CPU time of
-    one BLAS thread (so time the core spent on others' processes does not count), and "gpu", the
-    wall time on the CUDA device with a device sync, when there is one (cupy)."""
+def dense_stage_ms(repeats: int = 50, batch: int | None = None) -> dict[str, float]:
+    """The dense stage's (the MLP's forward + backward at `batch` examples, default `BATCH`) median ms
+    per step: "cpu", the CPU time of one BLAS thread (so time the core spent on others' processes
+    does not count), and "gpu", the wall time on the CUDA device with a device sync, when there is
+    one (cupy)."""
     from threadpoolctl import threadpool_limits
 
-    from runtime.exec.device import cuda_available
+    from runtime.exec.device import cuda_available, cupy_module
 
     def median_ms(step, clock, sync=lambda: None) -> float:
         step()
@@ -105,11 +109,10 @@ def dense_stage_ms(repeats: int = 50) -> dict[str, float]:
         return 1e3 * float(np.median(times))
 
     with threadpool_limits(1):
-        out = {"cpu": median_ms(_mlp_step(), time.process_time)}
+        out = {"cpu": median_ms(_mlp_step(batch), time.process_time)}
     if cuda_available():
-        import cupy
-
-        out["gpu"] = median_ms(_mlp_step(xp=cupy), time.perf_counter, cupy.cuda.Device().synchronize)
+        cupy = cupy_module()
+        out["gpu"] = median_ms(_mlp_step(batch, cupy), time.perf_counter, cupy.cuda.Device().synchronize)
     return out
 
 
@@ -204,7 +207,8 @@ def paddle(steps: int, warmup: int, threads: int) -> dict:
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
     proc = subprocess.run(
-        [sys.executable, __file__, "--paddle-worker", "--steps", str(steps), "--warmup", str(warmup)],
+        [sys.executable, __file__, "--paddle-worker", "--steps", str(steps), "--warmup", str(warmup)]
+        + ["--batch", str(BATCH)],
         env=env,
         capture_output=True,
         text=True,
@@ -304,7 +308,7 @@ def hetps(
     # runtime.transport.reports.EVERY_S late, so what the processes did between the marks is counted in steps
     # done between those times (from the steps' own times, History.time)
     def mark(record: dict) -> None:
-        if record["step"] in (warmup - 1, total - 1 - END_MARGIN):
+        if record["step"] in (warmup - 1, total - 1 - min(END_MARGIN, steps // 2)):
             got = {"at": time.perf_counter(), "driver": time.process_time()}
             for n, p in eng.pids().items():
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError):
@@ -395,7 +399,9 @@ def parse_trainers(text: str) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=BATCH, help="examples per step (the model's batch)")
     ap.add_argument("--steps", type=int, default=400, help="timed steps (after warm-up)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--trainers", type=parse_trainers, default=parse_trainers("cpu=1,gpu=1"))
@@ -424,6 +430,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=1, help="alternate Paddle and hetps this many times")
     ap.add_argument("--paddle-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    BATCH = args.batch
     if args.paddle_worker:
         paddle_worker(args.steps, args.warmup)
         return {}
@@ -437,7 +444,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"MLP {'-'.join(map(str, HIDDEN))}, SGD; {args.warmup} warm-up + {args.steps} timed steps; "
         f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
     )
-    out: dict = {"bound": bound()}
+    out: dict = {"bound": bound(repeats=max(3, 30 * 512 // BATCH))}  # ~the same seconds at any batch
     print(f"bound (MLP GEMMs, 1 BLAS thread x {os.cpu_count()} cores):  {out['bound']:8,.0f} examples/s")
     cores = os.cpu_count() or 1
     one, out["parallel"] = parallel_gemms(1), parallel_gemms(cores)

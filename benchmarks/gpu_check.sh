@@ -1,38 +1,67 @@
 #!/usr/bin/env bash
-# The GPU check (issue 18): on a machine with a CUDA 12 GPU, one command
+# The GPU check: on a machine with a CUDA GPU and cupy already installed (cupy-cuda13x), no network,
+# and none of hetps's own dependencies but numpy and scipy, one command
 #
-#     bash benchmarks/gpu_check.sh [--steps 200]
+#     bash benchmarks/gpu_check.sh [--steps 100]
 #
-# 1. installs cupy-cuda12x (hetps[gpu]) into the current Python environment;
-# 2. runs the tests that need CUDA (tests/test_gpu_cuda.py) with HETPS_REQUIRE_CUDA=1, so they fail
-#    rather than skip when cupy cannot reach a device;
-# 3. runs benchmarks/ctr.py with a real gpu trainer (cupy) in async and sync mode, which prints the
-#    dense stage's time per step on the GPU against the CPU's (one BLAS thread), the run's examples/s,
-#    and its prediction for a 16-core host from the dense stage measured on this GPU.
+# 1. installs the wheels of the carried `.whl/` folder (benchmarks/make_gpu_wheels.sh builds it; see
+#    benchmarks/README.md) into /tmp/site, without network or dependency resolution, and checks that
+#    hetps imports; it never installs cupy;
+# 2. checks the GPU: nvidia-smi lists one, and cupy computes on it;
+# 3. runs the tests that need CUDA (tests/runtime/exec/test_gpu_cuda.py) with HETPS_REQUIRE_CUDA=1,
+#    so they fail rather than skip when cupy cannot reach a device;
+# 4. times the dense stage (the CTR MLP's forward + backward) on the GPU against one CPU core, at
+#    batch 512, 4096 and 16384;
+# 5. runs benchmarks/ctr.py with one real gpu trainer (cupy) in async and sync mode at the same three
+#    batch sizes (fewer steps for the larger ones), each bounded in time.
 #
-# Without a CUDA GPU it stops at once with exit status 2 and says so: it makes no GPU claim.
-# Run from anywhere; it works in the repository it belongs to. PYTHON picks the interpreter.
+# Results go to $OUT (a device run's output folder) or else out/gpu_check/: one file per stage
+# (*.txt: its output; dense_stage.json; cuda_tests.xml). The whole check takes under 8 minutes.
+# Without a CUDA GPU it stops at stage 2 with exit status 2 and says so: it makes no GPU claim
+# (stage 1 still runs, which is the dry run on a machine without one). PYTHON picks the interpreter;
+# WHEELS the wheel folder (default .whl).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
-STEPS=200
+PY=${PYTHON:-python3}
+STEPS=100
 if [[ "${1:-}" == "--steps" && -n "${2:-}" ]]; then
     STEPS=$2
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+RESULTS=${OUT:-$PWD/out/gpu_check}
+mkdir -p "$RESULTS"
+START=$SECONDS
 
-fail() { echo "gpu_check: $*" >&2; exit 2; }
+fail() { echo "gpu_check: $*" | tee -a "$RESULTS/summary.txt" >&2; exit 2; }
+stage() { echo "== $* ($((SECONDS - START)) s)" | tee -a "$RESULTS/summary.txt"; }
 
-echo "== 1/4 the GPU"
-command -v nvidia-smi >/dev/null 2>&1 || fail "no nvidia-smi: this machine has no NVIDIA driver; nothing was checked"
-nvidia-smi -L 2>/dev/null | grep -q . || fail "nvidia-smi lists no GPU; nothing was checked"
-nvidia-smi -L
+stage "1/5 hetps's dependencies from .whl/"
+WHEELS=${WHEELS:-.whl}
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$WHEELS"/*.whl \
+        || fail "pip could not install the wheels of .whl/ (built for another Python? see benchmarks/README.md)"
+    export PYTHONPATH="/tmp/site:$PWD"
+else
+    echo "no $WHEELS/ folder: using the packages this interpreter has"
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+"$PY" - <<'EOF' 2>&1 | tee "$RESULTS/imports.txt" || fail "hetps does not import (a wheel missing from .whl/?); nothing was checked"
+import sys
 
-echo "== 2/4 installing cupy-cuda12x"
-"$PY" -m pip install --quiet "cupy-cuda12x>=13" || fail "pip could not install cupy-cuda12x"
-"$PY" - <<'EOF' || fail "cupy is installed but cannot use a CUDA device (driver / CUDA 12 runtime?); nothing was checked"
+import msgspec, pytest, pytest_timeout, threadpoolctl, zmq  # noqa: F401
+import runtime, transpiler  # noqa: F401
+from runtime.engines import LocalEngine  # noqa: F401
+
+print(f"python {sys.version.split()[0]}; hetps imports from {runtime.__file__}")
+EOF
+
+stage "2/5 the GPU"
+command -v nvidia-smi >/dev/null 2>&1 || fail "no nvidia-smi: this machine has no NVIDIA driver; no GPU was checked"
+nvidia-smi -L 2>/dev/null | grep -q . || fail "nvidia-smi lists no GPU; no GPU was checked"
+nvidia-smi -L | tee "$RESULTS/gpu.txt"
+"$PY" - <<'EOF' 2>&1 | tee -a "$RESULTS/gpu.txt" || fail "cupy is missing or cannot use a CUDA device (driver / CUDA runtime?); no GPU was checked"
 import cupy
+
 n = cupy.cuda.runtime.getDeviceCount()
 props = cupy.cuda.runtime.getDeviceProperties(0)
 x = cupy.arange(10, dtype=cupy.float32)
@@ -41,8 +70,34 @@ print(f"cupy {cupy.__version__}: {n} device(s); device 0: {props['name'].decode(
       f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
 EOF
 
-echo "== 3/4 the tests that need CUDA"
-HETPS_REQUIRE_CUDA=1 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu_cuda.py
+status=0
+stage "3/5 the tests that need CUDA"
+HETPS_REQUIRE_CUDA=1 timeout 150 "$PY" -m pytest -q -p no:cacheprovider --junitxml="$RESULTS/cuda_tests.xml" \
+    tests/runtime/exec/test_gpu_cuda.py 2>&1 | tee "$RESULTS/cuda_tests.txt" || status=1
 
-echo "== 4/4 benchmarks/ctr.py with a real gpu trainer"
-"$PY" benchmarks/ctr.py --skip-paddle --modes async,sync --steps "$STEPS"
+stage "4/5 the dense stage: GPU against one CPU core"
+timeout 60 "$PY" - "$RESULTS/dense_stage.json" <<'EOF' 2>&1 | tee "$RESULTS/dense_stage.txt" || status=1
+import json
+import sys
+
+sys.path.insert(0, "benchmarks")
+import ctr
+
+got = {}
+for batch in (512, 4096, 16384):
+    ms = got[batch] = ctr.dense_stage_ms(repeats=20 if batch < 16384 else 5, batch=batch)
+    print(f"batch {batch:>5}: cpu {ms['cpu']:9.2f} CPU ms per step (1 BLAS thread), gpu {ms['gpu']:7.3f} ms "
+          f"per step: {ms['cpu'] / ms['gpu']:.1f}x")
+json.dump(got, open(sys.argv[1], "w"), indent=1)
+EOF
+
+stage "5/5 benchmarks/ctr.py with a real gpu trainer, async and sync"
+for spec in "512 $STEPS 20 120" "4096 20 5 60" "16384 8 3 60"; do
+    read -r batch steps warmup limit <<<"$spec"
+    echo "-- batch $batch: $warmup warm-up + $steps timed steps (at most $limit s)"
+    timeout "$limit" "$PY" benchmarks/ctr.py --skip-paddle --modes async,sync --batch "$batch" \
+        --steps "$steps" --warmup "$warmup" 2>&1 | tee "$RESULTS/ctr_batch$batch.txt" || status=1
+done
+
+stage "done: exit status $status"
+exit $status

@@ -169,9 +169,18 @@ def scatter_add(xp, target, index, values, unique: bool = False) -> None:
     elif xp.__name__ == "numpy":
         xp.add.at(target, index, values)
     else:  # cupy
-        import cupyx
+        cupyx_of(xp).scatter_add(target, index, values)
 
-        cupyx.scatter_add(target, index, values)
+
+def cupyx_of(xp) -> Any:
+    """The cupyx module that goes with array library `xp` (cupy); a stand-in for cupy (the tests'
+    `fake_cupy`) carries its own as `xp.cupyx`."""
+    own = getattr(xp, "cupyx", None)
+    if own is not None:
+        return own
+    import cupyx
+
+    return cupyx
 
 
 class GradEmitter(Protocol):

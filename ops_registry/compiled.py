@@ -1,17 +1,20 @@
 """The compiled (numba) sparse kernels: each a cached getter that imports numba and compiles on first
 use (`cache=True`: once per machine, the compiled code kept beside this file). `ops_registry.base`
 calls them from `COMPILED_FROM` rows on (`stable_argsort`, `RowMerge.sum`, `scatter_add`); below
-that, plain numpy."""
+that, and on a machine without numba (the GPU check's, benchmarks/gpu_check.sh), plain numpy: the
+same results, slower on large arrays."""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
 
 import numpy as np
 
 # From this many rows the compiled kernels pay: numba's import costs a process ~0.4 s once, which
-# small arrays never repay (tests, tutorials, small batches stay on plain numpy).
-COMPILED_FROM = 4096
+# small arrays never repay (tests, tutorials, small batches stay on plain numpy). Without numba: never.
+COMPILED_FROM = 4096 if importlib.util.find_spec("numba") is not None else sys.maxsize
 
 
 @functools.cache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ops_registry.base import OpDef, SparseRows, register, scatter_add
+from ops_registry.base import OpDef, SparseRows, cupyx_of, register, scatter_add
 
 
 def id_range_error(ids, height: int) -> str | None:
@@ -91,9 +91,7 @@ def _scatter_max(xp, target, index, values) -> None:
     if xp.__name__ == "numpy":
         xp.maximum.at(target, index, values)
     else:  # cupy
-        import cupyx
-
-        cupyx.scatter_max(target, index, values)
+        cupyx_of(xp).scatter_max(target, index, values)
 
 
 def _embedding_bag_vjp(xp, ins, outs, douts, attrs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ops_registry.base import OpDef, register, unbroadcast
+from ops_registry.base import OpDef, cupyx_of, register, unbroadcast
 from ops_registry.math import _binary, _sum_shape
 from ops_registry.nn import _unary
 from ops_registry.shapes import binary
@@ -97,7 +97,7 @@ def _erf(xp, x, a):
     if xp.__name__ == "numpy":
         from scipy.special import erf
     else:  # cupy
-        from cupyx.scipy.special import erf
+        erf = cupyx_of(xp).scipy.special.erf
     return erf(x).astype(x.dtype, copy=False)
 
 

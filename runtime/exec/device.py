@@ -3,11 +3,17 @@
 `cpu` trainers use numpy. `gpu` trainers use cupy on a CUDA device; on a machine without one they
 run only when emulation is allowed explicitly, and that is always logged, so nobody mistakes an
 emulated run's speed for a GPU's.
+
+Test-only hook: when the environment variable `HETPS_FAKE_CUPY` names a module (the tests use
+`fake_cupy`, a strict host-memory stand-in for cupy), that module is imported in place of cupy.
+Trainer processes inherit the variable. Never set it outside tests: nothing then runs on a GPU.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -17,11 +23,14 @@ from transpiler.config import kind_of
 log = logging.getLogger("hetps.device")
 
 
+def cupy_module() -> Any:
+    """cupy, or the test stand-in named by `HETPS_FAKE_CUPY` (see the module docstring)."""
+    return importlib.import_module(os.environ.get("HETPS_FAKE_CUPY") or "cupy")
+
+
 def cuda_available() -> bool:
     try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
+        return cupy_module().cuda.runtime.getDeviceCount() > 0
     except Exception:  # no cupy, no driver, no device: all mean "no CUDA here"
         return False
 
@@ -38,8 +47,7 @@ def array_module(
     if kind_of(trainer_type, device_map) == "cpu":
         return np, "cpu (numpy)"
     if cuda_available():
-        import cupy
-
+        cupy = cupy_module()
         return cupy, f"gpu (cupy, CUDA device {cupy.cuda.runtime.getDevice()})"
     if not allow_emulation:
         raise RuntimeError(

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.exec.device import cuda_available
+from runtime.exec.device import cuda_available, cupy_module
 from runtime.profile.measure import measure_link, measure_ps, profile_kernels
 from transpiler.config import TranspileConfig
 from transpiler.cost.model import Workload
@@ -60,9 +60,7 @@ def machine_key() -> str:
         pass
     gpu = "none"
     if cuda_available():
-        import cupy
-
-        gpu = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        gpu = cupy_module().cuda.runtime.getDeviceProperties(0)["name"].decode()
     text = f"{platform.node()}|{cpu}|{os.cpu_count()}|{gpu}"
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", platform.node())[:40] or "host"
     return f"{host}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.exec.device import cuda_available
+from runtime.exec.device import cuda_available, cupy_module
 from runtime.exec.executor import Executor
 from runtime.transport.channels import Inbox, Outbox, pack_tensors
 from transpiler.config import KINDS
@@ -38,9 +38,7 @@ SIZES = (32, 256)
 def _xp(kind: str) -> tuple[Any, bool]:
     """(array module, emulated) for a trainer kind."""
     if kind == "gpu" and cuda_available():
-        import cupy
-
-        return cupy, False
+        return cupy_module(), False
     return np, kind == "gpu"
 
 

@@ -2,8 +2,9 @@
 (benchmarks/gpu_check.sh sets it), in which case they fail, so a GPU check cannot pass by skipping.
 
 References: numpy on the CPU (the same kernels' host results) and single-process training with
-hetps's Executor, which sync training must equal (tests/test_runtime_train.py does the same with the
-gpu trainer emulated on numpy)."""
+hetps's Executor, which sync training must equal (tests/runtime/driver/test_runtime_train.py does the
+same with the gpu trainer emulated on numpy; tests/runtime/exec/test_fake_device.py on a strict cupy
+stand-in)."""
 
 from __future__ import annotations
 
@@ -71,5 +72,5 @@ def test_sync_training_with_a_real_gpu_trainer_equals_single_process():
         return_params=True,
     )
     want = single_process(model, [data.batch(t, 256) for t in range(10)])
-    tables = [t["name"] for t in transpile(model.main).tables]
+    tables = [t.name for t in transpile(model.main).tables]
     assert_same_params(hist.params, want, tables)
