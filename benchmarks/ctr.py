@@ -12,7 +12,7 @@ In one run this measures, on the same 20 pre-generated synthetic batches (cycled
 3. for reference, the untranspiled program in one process with hetps's own Executor (1 kernel
    thread; and with the hetps run's kernel threads, when it has more than 1);
 4. hetps: the program transpiled by type (embeddings on cpu trainers, MLP on the emulated gpu
-   trainer, tables on parameter-server shards), trained with `runtime.driver.train` on the local engine,
+   trainer, tables on parameter-server shards), trained with `runtime.train` on the local engine,
    in each of `--modes` (async first: the best setting measured on this 2-core machine);
 and prints examples/s, the ratios and where hetps's time goes (each trainer's time use, and the CPU
 milliseconds every process spends per step). Each side trains `--warmup` steps, then is timed over

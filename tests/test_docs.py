@@ -256,7 +256,7 @@ def test_cluster_python_blocks(ray_local):
         if is_cluster(b):  # a two-node cluster: the call's arguments must be train's
             call = re.search(r"train\((.*)\)", code, re.S).group(1)
             args = eval(f"(lambda *a, **k: (a, k))({call})", {**ns})
-            inspect.signature(runtime.driver.train).bind(*args[0], **args[1])
+            inspect.signature(runtime.train).bind(*args[0], **args[1])
             continue
         exec(compile(code if "import" in code else "from runtime import train\n" + code, str(b), "exec"), ns)
         assert ns["hist"].steps == STEPS, b

@@ -1,5 +1,5 @@
 """`ScaleConfig`: what a run puts where (trainer processes per type, shards, micro-batches, mode), the
-record the tuner returns (`transpiler.cost.tune`) and `runtime.driver.train(scale=...)` takes as it
+record the tuner returns (`transpiler.cost.tune`) and `runtime.train(scale=...)` takes as it
 is; and the checks every settings record shares (`runtime/driver/settings.py` holds the others).
 
 A record checks its own values in `__post_init__` (types and ranges, each named as

@@ -7,7 +7,7 @@ What it shows, continuing tutorial 1 (same model, same data):
   1. `transpile` places every forward and backward op by its type — embedding lookups on `cpu`
      trainers, the MLP and the loss on the `gpu` trainer — and moves the parameters to
      parameter-server tables; `plan.summary()` shows the result;
-  2. `runtime.driver.train` runs the plan on the local engine: parameter-server shards and one process per
+  2. `runtime.train` runs the plan on the local engine: parameter-server shards and one process per
      trainer, tensors crossing between them over ZeroMQ, each global batch split over the cpu
      trainers and into micro-batches that flow through the pipeline;
   3. it reports the loss and AUC per step (here every `--log-every` steps), where each trainer's time

@@ -14,7 +14,7 @@ to hetps's heterogeneous parameter-server runtime:
   4. `transpile` places every op: the `device_guard` marks win, everything unmarked goes by op type
      (embedding lookups -> cpu trainers, dense math -> gpu trainers), and the grad ops follow their
      forward ops; then it splits the program into a cpu and a gpu sub-program;
-  5. `runtime.driver.train` runs 2 cpu trainers, 1 gpu trainer and a parameter server (local engine).
+  5. `runtime.train` runs 2 cpu trainers, 1 gpu trainer and a parameter server (local engine).
      Without a CUDA GPU the gpu trainer is *emulated* on CPU kernels — allowed explicitly, and logged.
 
 Why the legacy IR: Paddle 3.x builds PIR programs by default, and PIR ignores `device_guard`;

@@ -105,7 +105,7 @@ class Executor:
             if kernel is None:
                 raise ExecutionError(
                     f"op #{i} {op.type!r} has no kernel and no runtime handler; it "
-                    "runs only inside the hetps runtime (runtime.driver.train / simulate)"
+                    "runs only inside the hetps runtime (train / simulate)"
                 )
             attrs = {**opdef.attrs, **op.attrs}
             ins = [

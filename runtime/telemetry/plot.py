@@ -33,7 +33,7 @@ def plot_metrics(paths: Sequence[str | Path], out: str | Path, labels: Sequence[
         if not steps:
             raise ValueError(
                 f'{p} holds no step records (lines with "kind": "step"); '
-                "write one with runtime.driver.train(..., metrics=PATH) or hetps train --metrics"
+                "write one with runtime.train(..., metrics=PATH) or hetps train --metrics"
             )
         runs.append((steps, eval_records(read_metrics(p))))
     fig = Figure(figsize=(12, 3.6))
