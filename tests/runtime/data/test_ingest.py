@@ -639,3 +639,12 @@ def test_a_truncated_parquet_file_is_named(tmp_path):
     path.write_bytes(path.read_bytes()[:-20])  # its footer cut off, as an interrupted copy leaves it
     with pytest.raises(ValueError, match=rf"{re.escape(str(path))} is not a readable Parquet file"):
         list(open_dataset(path, {"label": "click", "dense": ["row"], "vocab": 10}, batch_size=8))
+
+
+def test_a_missing_label_names_the_file_and_the_row(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("click,row\n1,2\n,3\n0,4\n")
+    with pytest.raises(
+        ValueError, match=r"train\.csv \(data rows 1\.\.3\): label column 'click' has 1 missing .*row 2"
+    ):
+        list(open_dataset(path, {"label": "click", "dense": ["row"], "vocab": 10}, batch_size=8))
