@@ -253,7 +253,7 @@ def _check_entry(path: Path, i: int | None, entry: Any) -> None:
         if not isinstance(entry.get(key), kind) or isinstance(entry.get(key), bool):
             got = "missing" if key not in entry else f"{entry[key]!r}"
             raise CheckpointError(
-                f"{where} (file {entry.get('file')!r}): field {key!r} is {got}, expected a {kind.__name__}"
+                f"{where} (file {entry.get('file')!r}): field {key!r} is {got}, expected type {kind.__name__}"
             )
     _inside(path, entry["file"], f"{where} (table {entry['table']!r})")
 
