@@ -11,9 +11,24 @@ from ops_registry.nn import _sigmoid, log_softmax, softmax
 from ops_registry.shapes import broadcast, same_as
 
 
+def check_binary_labels(y, op: str, slot: str) -> None:
+    """ValueError unless every label of binary cross-entropy `op` lies in [0, 1]: 0/1 labels, or soft
+    ones (probabilities); a rating, a class index or a NaN fed as its `slot` is refused. Checked in
+    the loss kernels (the one place that knows a tensor is a bce label), on the batch's labels."""
+    bad = ~((y >= 0) & (y <= 1))
+    if bool(bad.any()):
+        got = y[bad].reshape(-1)[:5].tolist()
+        raise ValueError(
+            f"{op}: {slot} holds {int(bad.sum())} values outside [0, 1] (e.g. {got}); a binary "
+            "cross-entropy needs 0/1 labels (or probabilities): map them to 0/1 (a data schema's "
+            "label_threshold does) or use another loss"
+        )
+
+
 def _sce(xp, ins, attrs):
     """Out = max(X, 0) - X * Label + log(1 + exp(-|X|)): log loss on logits, elementwise."""
     x, y = ins["X"], ins["Label"]
+    check_binary_labels(y, "sigmoid_cross_entropy_with_logits", "Label")
     return {"Out": (xp.maximum(x, 0) - x * y + xp.log1p(xp.exp(-xp.abs(x)))).astype(x.dtype)}
 
 
@@ -35,6 +50,7 @@ def _log_loss(xp, ins, attrs):
     """Loss = -Labels * log(Predicted + epsilon) - (1 - Labels) * log(1 - Predicted + epsilon)
     (Paddle's log_loss: a log loss on probabilities, elementwise)."""
     p, y, eps = ins["Predicted"], ins["Labels"], attrs["epsilon"]
+    check_binary_labels(y, "log_loss", "Labels")
     return {"Loss": (-y * xp.log(p + eps) - (1 - y) * xp.log(1 - p + eps)).astype(p.dtype, copy=False)}
 
 
@@ -138,6 +154,7 @@ def _log_clamped(xp, p):
 def _bce(xp, ins, attrs):
     """Out = -(Label * log X + (1 - Label) * log(1 - X)) on probabilities X, logs floored at -100."""
     x, y = ins["X"], ins["Label"]
+    check_binary_labels(y, "bce_loss", "Label")
     return {"Out": (-(y * _log_clamped(xp, x) + (1 - y) * _log_clamped(xp, 1 - x))).astype(x.dtype)}
 
 

@@ -157,7 +157,7 @@ class Plan:
         path = Path(path)
         if not (path / "plan.json").exists():
             raise FileNotFoundError(f"{path} is not a plan directory: no plan.json (make one with Plan.save)")
-        meta = json.loads(_inside(path, "plan.json").read_text())
+        meta = _read_json(_inside(path, "plan.json"))
         types = meta.get("trainer_types") if isinstance(meta, dict) else None
         if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
             raise PlanError(f"{path / 'plan.json'}: 'trainer_types' must be a list of names, got {types!r}")
@@ -167,7 +167,7 @@ class Plan:
                     f"{path / 'plan.json'}: trainer type {t!r} is not a plain name (like "
                     "'cpu'); a plan reads only its own files, programs/<type>.json"
                 )
-        programs = {t: Program.from_json(_inside(path, "programs", f"{t}.json").read_text()) for t in types}
+        programs = {t: Program.from_dict(_read_json(_inside(path, "programs", f"{t}.json"))) for t in types}
         params = load_params(_inside(path, "params.npz")) if (path / "params.npz").exists() else {}
         try:
             tables = tables_from_dicts(meta.get("tables"))
@@ -270,6 +270,14 @@ class Plan:
         from transpiler.exporters.draw import draw_plan
 
         return draw_plan(self, Path(path))
+
+
+def _read_json(f: Path) -> Any:
+    """The JSON document in plan file `f`; PlanError naming the file when it is not JSON."""
+    try:
+        return json.loads(f.read_bytes())
+    except ValueError as e:
+        raise PlanError(f"{f} is not valid JSON ({e}); a plan directory is written by Plan.save") from None
 
 
 def _inside(root: Path, *parts: str) -> Path:

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, out: Path) -> dict:
     # 3. One command: read, build, transpile, train, score the held-out file.
     files = {"--data": out / "train.csv", "--schema": out / "schema.yaml", "--eval-data": out / "test.csv"}
     options = f"--model {args.model} --epochs {args.epochs} --batch-size 256 --trainers cpu=2,gpu=1"
-    cmd = [sys.executable, "-m", "runtime.cli.app", "train", *(str(x) for kv in files.items() for x in kv)]
+    cmd = [sys.executable, "-m", "runtime.cli", "train", *(str(x) for kv in files.items() for x in kv)]
     cmd += [*options.split(), "--allow-emulation", "--no-progress"]
     print("$ hetps " + " ".join(cmd[3:]))
     root = Path(__file__).resolve().parents[1]  # run from this checkout, as `pip install -e .` would

@@ -70,7 +70,7 @@ def interrupted_run(plan_dir: Path, ckpt: Path, steps: int, every: int, log: Pat
     cmd = [
         sys.executable,
         "-m",
-        "runtime.cli.app",
+        "runtime.cli",
         "train",
         str(plan_dir),
         "--data",

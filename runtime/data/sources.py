@@ -113,6 +113,33 @@ def batch_size_of(feed: dict[str, Any]) -> int:
     return next(iter(sizes.values()))
 
 
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def check_values(feed: dict[str, Any], names: list[str], lo: int, hi: int, step: int) -> None:
+    """ValueError naming the feed, the step and a row when rows [lo, hi) of a float feed of `names`
+    hold NaN or Inf, or an unsigned one holds a value an int64 id cannot (>= 2^63, shown unsigned).
+    The reader checks its share of each batch here, before it becomes work items."""
+    for n in names:
+        a = feed.get(n)
+        if not isinstance(a, np.ndarray):
+            continue
+        part = a[lo:hi]
+        if part.dtype.kind == "f":
+            bad = ~np.isfinite(part)
+        elif part.dtype.kind == "u" and part.dtype.itemsize == 8:
+            bad = part > _INT64_MAX
+        else:
+            continue
+        if bad.any():
+            row = int(np.argwhere(bad)[0][0])
+            what = "NaN or Inf" if part.dtype.kind == "f" else "values above 2^63 - 1 (ids are int64)"
+            raise ValueError(
+                f"feed {n!r} in the batch of step {step} holds {what}: {int(bad.sum())} of them, "
+                f"the first in row {lo + row} of the batch, e.g. {part[bad].reshape(-1)[:5].tolist()}"
+            )
+
+
 def rows(feed: dict[str, Any], names: list[str], lo: int, hi: int) -> dict[str, np.ndarray]:
     """Rows [lo, hi) of the arrays `names` of `feed` (views, no copies)."""
     missing = [n for n in names if n not in feed]

@@ -14,7 +14,10 @@ count; a streaming table also its admission and eviction state, runtime/ps/entry
 - `settings`: the run's mode, batch size, micro-batches and trainer counts (for the record).
 
 `train(..., resume=DIR)` starts from `latest(DIR)` (the newest complete checkpoint, or DIR itself
-when it is one); a checkpoint of another plan is refused by `check_resume` with the reason.
+when it is one); a newer checkpoint that cannot be read (no manifest, a corrupt one) is skipped with a
+RuntimeWarning naming it and the reason, so a resume falls back to the older one visibly. A
+checkpoint of another plan is refused by `check_resume` with the reason. Both a save and `latest`
+first remove staging directories of saves whose process died (`remove_stale_stages`).
 
 A periodic save happens between steps: the driver stops granting steps at the save step, waits
 until the servers have applied every push of the steps before it (`wait_applied`), saves (and
@@ -29,12 +32,19 @@ import json
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from runtime.ps import PSClient
-from runtime.ps.checkpoint import MANIFEST, CheckpointError, check_target, read_manifest
+from runtime.ps.checkpoint import (
+    MANIFEST,
+    CheckpointError,
+    check_target,
+    read_manifest,
+    remove_stale_stages,
+)
 from transpiler.plan import Plan
 
 STEP_DIR = re.compile(r"step-(\d{8})")
@@ -120,11 +130,15 @@ def latest(root: str | Path) -> Path:
         return root
     if not root.is_dir():
         raise CheckpointError(f"nothing to resume from: {str(root)!r} is not a directory")
+    remove_stale_stages(root)
     for path in reversed(checkpoints(root)):
         try:
             read_manifest(path)
-        except CheckpointError:
-            continue  # incomplete (its save was killed): an older one is used
+        except CheckpointError as e:
+            warnings.warn(
+                f"skipping checkpoint {str(path)!r}, an older one is used: {e}", RuntimeWarning, stacklevel=2
+            )
+            continue
         return path
     raise CheckpointError(
         f"nothing to resume from: {str(root)!r} holds no complete checkpoint "
@@ -139,6 +153,12 @@ def read_state(path: str | Path) -> RunState:
         raise CheckpointError(
             f"checkpoint {str(path)!r} has no run state (it was saved by PSClient.save, "
             "not train): it can be loaded into servers but not resumed"
+        )
+    names = {f.name for f in fields(RunState)}
+    if not {"step", "plan"} <= set(run) <= names or not isinstance(run["step"], int):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: {MANIFEST} has run state with fields {sorted(run)}, expected "
+            f"'step' (an int) and 'plan', and only {sorted(names)}"
         )
     return RunState(**run)
 

@@ -17,7 +17,14 @@ manifest, is written there and fsynced; `finish` swaps it with the target in one
 parent and removes the old one. A save that fails (full disk, read-only directory) or is killed
 leaves the previous checkpoint as it was, and at most a `.new-` directory, which `abort` (called on
 failure) removes. A directory that holds anything but checkpoint files is never replaced. Reading
-checks each file's size, sha256 and array shapes against the manifest and the table specs.
+checks each file's size, sha256 and array shapes against the manifest and the table specs, and
+refuses a manifest entry whose file resolves outside the checkpoint directory (`..`, an absolute
+path, a symbolic link pointing out).
+
+Staging directories of killed saves: a stage is named `.<name>.new-<random>-<pid>-<host>` after the
+process that began the save. `begin` first removes (`remove_stale_stages`) every stage beside the
+target whose creator ran on this host and is no longer alive; a stage of a live process (a save in
+progress, whichever run it belongs to) or of another host is never touched.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ import json
 import os
 import re
 import shutil
+import socket
 import uuid
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -113,16 +122,53 @@ def check_target(path: str | os.PathLike) -> Path:
     return path
 
 
+_STAGE = re.compile(r"\..+\.new-[0-9a-f]{32}-(\d+)-(.+)")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64] or "host"
+
+
 def _new_stage(path: Path) -> Path:
-    """A new, empty hidden directory beside `path` (the staging area of a save)."""
-    stage = path.parent / f".{path.name}.new-{uuid.uuid4().hex}"
+    """A new, empty hidden directory beside `path` (the staging area of a save), named after the
+    process making it (see the module docstring)."""
+    stage = path.parent / f".{path.name}.new-{uuid.uuid4().hex}-{os.getpid()}-{_host()}"
     stage.mkdir()
     return stage
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def remove_stale_stages(parent: str | os.PathLike) -> list[Path]:
+    """Remove the staging directories in `parent` left by saves whose process is gone: those made on
+    this host by a pid that no longer runs. A stage of a live process, of another host, or not named
+    by `begin` is kept. The removed paths."""
+    parent, host, gone = Path(parent), _host(), []
+    if not parent.is_dir():
+        return gone
+    for p in parent.iterdir():
+        m = _STAGE.fullmatch(p.name)
+        if m and m.group(2) == host and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+                gone.append(p)
+    return gone
+
+
 def begin(path: str | os.PathLike) -> Path:
-    """The staging directory for a new checkpoint at `path` (see the module docstring)."""
-    return _new_stage(check_target(path))
+    """The staging directory for a new checkpoint at `path`, after removing stale stages beside it
+    (see the module docstring)."""
+    path = check_target(path)
+    remove_stale_stages(path.parent)
+    return _new_stage(path)
 
 
 def abort(stage: str | os.PathLike) -> None:
@@ -187,18 +233,65 @@ def read_manifest(path: str | os.PathLike) -> dict:
         ) from None
     except ValueError as e:
         raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} is not valid JSON: {e}") from None
-    if doc.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {str(path)!r}: format {doc.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        got = doc.get("format") if isinstance(doc, dict) else doc
+        raise CheckpointError(f"checkpoint {str(path)!r}: format {got!r}, expected {FORMAT!r}")
+    if not isinstance(doc.get("tables"), list) or not isinstance(doc.get("files"), list):
+        raise CheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} has no 'tables' or 'files' list")
+    for i, entry in enumerate(doc["files"]):
+        _check_entry(path, i, entry)
     return doc
 
 
-def read_arrays(path: str | os.PathLike, entry: dict) -> dict[str, np.ndarray]:
-    """The arrays of one manifest entry, after checking its size and sha256."""
-    target = Path(path) / entry["file"]
-    if not target.is_file() or target.stat().st_size != entry["bytes"] or _sha256(target) != entry["sha256"]:
+_ENTRY = {"table": str, "file": str, "bytes": int, "sha256": str}
+
+
+def _check_entry(path: Path, i: int | None, entry: Any) -> None:
+    """CheckpointError unless manifest entry `entry` (number `i`) has every field of `_ENTRY` in its
+    type and names a file inside checkpoint `path`."""
+    where = f"checkpoint {str(path)!r}: {MANIFEST} entry" + ("" if i is None else f" {i}")
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{where} is {entry!r}, not an object with fields {sorted(_ENTRY)}")
+    for key, kind in _ENTRY.items():
+        if not isinstance(entry.get(key), kind) or isinstance(entry.get(key), bool):
+            got = "missing" if key not in entry else f"{entry[key]!r}"
+            raise CheckpointError(
+                f"{where} (file {entry.get('file')!r}): field {key!r} is {got}, expected type {kind.__name__}"
+            )
+    _inside(path, entry["file"], f"{where} (table {entry['table']!r})")
+
+
+def _inside(path: Path, name: str, where: str) -> Path:
+    """path/name, refused (CheckpointError) unless it resolves, links followed, to a file inside
+    directory `path`."""
+    root = Path(os.path.realpath(path))
+    target = Path(os.path.realpath(Path(path) / name))
+    if target == root or not target.is_relative_to(root):
         raise CheckpointError(
-            f"checkpoint {str(path)!r}: file {entry['file']!r} of table "
-            f"{entry['table']!r} is missing or does not match its manifest entry"
+            f"{where}: file {name!r} resolves to {str(target)!r}, outside the checkpoint directory; "
+            "a checkpoint reads only its own files"
         )
-    with np.load(target, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+    return target
+
+
+def read_arrays(path: str | os.PathLike, entry: dict) -> dict[str, np.ndarray]:
+    """The arrays of one manifest entry, after checking it names a file inside `path` with the
+    entry's size and sha256."""
+    path = Path(path)
+    _check_entry(path, None, entry)
+    target = path / entry["file"]
+    where = f"checkpoint {str(path)!r}: file {entry['file']!r} of table {entry['table']!r}"
+    if not target.is_file():
+        raise CheckpointError(f"{where} is missing")
+    if target.stat().st_size != entry["bytes"] or _sha256(target) != entry["sha256"]:
+        raise CheckpointError(
+            f"{where} does not match its manifest entry (size {target.stat().st_size} bytes, manifest "
+            f"{entry['bytes']}; or its sha256 differs): it is corrupt or was changed after the save"
+        )
+    try:
+        with np.load(target, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise CheckpointError(
+            f"{where} is not a readable .npz archive ({type(e).__name__}: {e}); it is truncated or corrupt"
+        ) from None

@@ -308,6 +308,7 @@ class Trainer:
         return self.ahead is not None
 
     def _make_items(self, t: int, batch: dict, n: int, lo: int, hi: int) -> list[Item]:
+        sources.check_values(batch, self.feeds, lo, hi, t)
         return [
             Item(t, self.index, m, b - a, n, sources.rows(batch, self.feeds, a, b))
             for m, (a, b) in enumerate(sources.split(lo, hi, self.mb_count))

@@ -148,19 +148,30 @@ class Dataset:
     def _chunks(
         self, pieces: list[formats.Piece], columns: list[str]
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(file, {column: values}) of the pieces' rows, a block at a time."""
+        """(where, {column: values}) of the pieces' rows, a block at a time; `where` names the file
+        and the block's rows (`_where`)."""
         types = self._types(columns)
         for p in pieces:
             got = 0
             for cols in formats.read_piece(p, self.format, self.names, types, self.batch_size):
-                got += len(next(iter(cols.values())))
-                yield p.path, cols
+                n = len(next(iter(cols.values())))
+                yield self._where(p, got, n), cols
+                got += n
             if got != p.rows:
                 raise ValueError(
                     f"{p.path} (bytes / row groups {p.start}..{p.stop}): counted {p.rows} rows "
                     f"but read {got}; blank lines or quoted newlines in a text file break the "
                     "line-aligned split: remove them"
                 )
+
+    def _where(self, p: formats.Piece, got: int, n: int) -> str:
+        """The file of piece `p` and the rows got + 1 .. got + n of the piece (a file's data rows
+        when the piece starts the file)."""
+        rows = f"data rows {got + 1}..{got + n}"
+        if p.start == 0:
+            return f"{p.path} ({rows})"
+        start = f"row group {p.start}" if self.format == "parquet" else f"the first line after byte {p.start}"
+        return f"{p.path} ({rows} counted from {start})"
 
     def _empty(self) -> dict[str, np.ndarray]:
         """A feed of no rows (what a reader whose shard is done adds to a step)."""
@@ -186,11 +197,11 @@ class Dataset:
         window = -(-self.shuffle // size) * size if self.shuffle else size
         pending: list[dict[str, np.ndarray]] = []
         have = 0
-        for path, cols in self._chunks(pieces, self.schema.columns):
+        for where, cols in self._chunks(pieces, self.schema.columns):
             try:
                 feed = self.schema.feeds(cols)
             except ValueError as e:
-                raise ValueError(f"{path}: {e}") from None
+                raise ValueError(f"{where}: {e}") from None
             pending.append(feed)
             have += len(feed["label"])
             while have >= window:

@@ -112,7 +112,7 @@ def plan(files: list[str], fmt: str, readers: int) -> list[list[Piece]]:
     """Each reader's pieces: plain text split into `readers` byte ranges of the files end to end;
     .gz files and Parquet row groups whole, each to the reader its middle byte / row falls to."""
     if fmt == "parquet":
-        metas = [(f, pq.ParquetFile(f).metadata) for f in files]
+        metas = [(f, parquet_file(f).metadata) for f in files]
         units = [(f, g, g + 1, m.row_group(g).num_rows) for f, m in metas for g in range(m.num_row_groups)]
         return _by_middle(units, readers, lambda u: u[3], lambda f, a, b, rows: Piece(f, a, b, rows))
     plain = [f for f in files if not f.endswith(".gz")]
@@ -211,21 +211,38 @@ def _parse_options(fmt: str) -> pcsv.ParseOptions:
     )  # slot: whole lines
 
 
+def parquet_file(path: str) -> pq.ParquetFile:
+    """The Parquet file at `path`; ValueError naming it when it is not one (e.g. truncated: its footer
+    is missing)."""
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f"{path} is not a readable Parquet file (truncated or corrupt?): {e}") from None
+
+
 def read_piece(
     piece: Piece, fmt: str, names: list[str] | None, types: dict[str, pa.DataType], rows: int
 ) -> Iterator[dict[str, pa.Array]]:
     """Batches of the piece's rows as {column: arrow array} for the columns of `types` (Parquet:
     batches of up to `rows` rows)."""
     if fmt == "parquet":
-        f = pq.ParquetFile(piece.path)
+        f = parquet_file(piece.path)
         missing = [c for c in types if c not in f.schema_arrow.names]
         if missing:
             raise ValueError(f"{piece.path} has no columns {missing}; its columns: {f.schema_arrow.names}")
-        for b in f.iter_batches(
+        batches = f.iter_batches(
             rows, row_groups=range(piece.start, piece.stop), columns=list(types), use_threads=False
-        ):
+        )
+        while True:
+            try:
+                b = next(batches, None)
+            except (pa.ArrowException, OSError) as e:
+                raise ValueError(
+                    f"{piece.path}: cannot read row groups {piece.start}..{piece.stop} as Parquet: {e}"
+                ) from None
+            if b is None:
+                return
             yield {c: b.column(c) for c in types}
-        return
     skip = int(piece.start == 0 and fmt in ("csv", "tsv"))  # the header line
     for offset, block in line_blocks(piece):
         try:

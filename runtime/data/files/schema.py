@@ -186,7 +186,11 @@ class Schema:
     def _label(self, col) -> np.ndarray:
         col = _single(col, self.label)
         if col.null_count:
-            raise ConfigError(f"label column {self.label!r} has {col.null_count} missing values")
+            first = int(np.flatnonzero(np.asarray(col.is_null()))[0])
+            raise ConfigError(
+                f"label column {self.label!r} has {col.null_count} missing values (the first in row "
+                f"{first + 1} of these)"
+            )
         y = _numeric(col, self.label)
         if self.label_threshold is not None:
             y = (y >= self.label_threshold).astype(np.float32)

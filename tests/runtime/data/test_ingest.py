@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -630,3 +631,20 @@ def test_train_refuses_a_dataset_whose_feeds_do_not_fit_the_program(tmp_path):
         train(wide_deep(optimizer=nn.SGD(0.1)).main, ds, epochs=1, allow_emulation=True)
     with pytest.raises(ValueError, match="reads the feeds \\['slot_0'"):
         train(dlrm(optimizer=nn.SGD(0.1)).main, ds, epochs=1, allow_emulation=True)
+
+
+def test_a_truncated_parquet_file_is_named(tmp_path):
+    path = tmp_path / "part-0.parquet"
+    pq.write_table(pa.table({"click": [0, 1] * 8, "row": np.arange(16.0)}), path)
+    path.write_bytes(path.read_bytes()[:-20])  # its footer cut off, as an interrupted copy leaves it
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))} is not a readable Parquet file"):
+        list(open_dataset(path, {"label": "click", "dense": ["row"], "vocab": 10}, batch_size=8))
+
+
+def test_a_missing_label_names_the_file_and_the_row(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("click,row\n1,2\n,3\n0,4\n")
+    with pytest.raises(
+        ValueError, match=r"train\.csv \(data rows 1\.\.3\): label column 'click' has 1 missing .*row 2"
+    ):
+        list(open_dataset(path, {"label": "click", "dense": ["row"], "vocab": 10}, batch_size=8))

@@ -94,7 +94,7 @@ def log_loss_by_hand(y: np.ndarray, p: np.ndarray) -> float:
 # -- kill and resume ------------------------------------------------------------------------------
 KILLED_RUN = """
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {root!r}]
 from test_lifecycle import RUN, data, model
 from runtime.driver.train import train
 
@@ -127,7 +127,12 @@ def test_a_run_killed_after_its_step_20_checkpoint_resumes_to_the_uninterrupted_
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "killed.jsonl"
     script = tmp_path / "killed.py"
     script.write_text(
-        KILLED_RUN.format(tests=str(Path(__file__).resolve().parent), ckpt=str(ckpt), metrics=str(metrics))
+        KILLED_RUN.format(
+            tests=str(Path(__file__).resolve().parent),
+            root=str(Path(__file__).resolve().parents[2]),
+            ckpt=str(ckpt),
+            metrics=str(metrics),
+        )
     )
     proc = subprocess.Popen(
         [sys.executable, str(script)],

@@ -218,7 +218,7 @@ def test_sigterm_to_hetps_train_cleans_up_like_ctrl_c_and_exits_143(tmp_path):
         [
             sys.executable,
             "-m",
-            "runtime.cli.app",
+            "runtime.cli",
             "train",
             "plan",
             "--data",
