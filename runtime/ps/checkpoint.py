@@ -244,15 +244,19 @@ def read_manifest(path: str | os.PathLike) -> dict:
 
 
 _ENTRY = {"table": str, "file": str, "bytes": int, "sha256": str}
+# A tiered table's entry names its directory (runtime/ps/tiered.py): RocksDB's own checksums and the
+# directory's meta.json guard its content, so it carries no size or hash of its own.
+_DIRECTORY_ENTRY = {"table": str, "file": str, "store": str}
 
 
 def _check_entry(path: Path, i: int | None, entry: Any) -> None:
-    """CheckpointError unless manifest entry `entry` (number `i`) has every field of `_ENTRY` in its
-    type and names a file inside checkpoint `path`."""
+    """CheckpointError unless manifest entry `entry` (number `i`) has every field of `_ENTRY` (a
+    directory entry: of `_DIRECTORY_ENTRY`) in its type and names a file inside checkpoint `path`."""
     where = f"checkpoint {str(path)!r}: {MANIFEST} entry" + ("" if i is None else f" {i}")
     if not isinstance(entry, dict):
         raise CheckpointError(f"{where} is {entry!r}, not an object with fields {sorted(_ENTRY)}")
-    for key, kind in _ENTRY.items():
+    fields = _DIRECTORY_ENTRY if "store" in entry else _ENTRY
+    for key, kind in fields.items():
         if not isinstance(entry.get(key), kind) or isinstance(entry.get(key), bool):
             got = "missing" if key not in entry else f"{entry[key]!r}"
             raise CheckpointError(
