@@ -2,8 +2,8 @@
 
 - kernels: every kernel op of a plan's sub-programs, on each trainer kind (cpu: numpy; gpu: cupy on a
   CUDA device, else numpy, marked *emulated*), at two micro-batch sizes, fitted as
-  fixed + per example; recv / pull ops are fed random values of their declared shapes, sends and
-  pushes do nothing, so only the kernels are timed (the fastest of a few repeats; numpy kernels by
+  fixed + per example; recv / pull ops are fed random values of their declared shapes (recv: in
+  [0, 1)), sends and pushes do nothing, so only the kernels are timed (the fastest of a few repeats; numpy kernels by
   the thread's CPU time, so other processes taking the cores do not inflate them);
 - the link: ZeroMQ messages as the trainers send them (their encoding, signed with a secret as
   every trainer's messages are), of two sizes, fitted as latency + per byte;
@@ -54,8 +54,9 @@ def _stubs(xp: Any, state: dict[str, int], rng: np.random.Generator) -> dict[str
         return tuple(state["m"] if d == -1 else d for d in s)
 
     def recv(op, values, ctx):
+        # values in [0, 1): what any received tensor may hold, labels of a bce loss included
         a = op.attrs
-        values[op.outputs["Out"][0]] = xp.asarray(rng.standard_normal(shape(a["shape"])).astype(a["dtype"]))
+        values[op.outputs["Out"][0]] = xp.asarray(rng.random(shape(a["shape"])).astype(a["dtype"]))
 
     def pull_dense(op, values, ctx):
         a = op.attrs
