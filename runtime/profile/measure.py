@@ -3,8 +3,8 @@
 - kernels: every kernel op of a plan's sub-programs, on each trainer kind (cpu: numpy; gpu: cupy on a
   CUDA device, else numpy, marked *emulated*), at two micro-batch sizes, fitted as
   fixed + per example; recv / pull ops are fed random values of their declared shapes (recv: in
-  [0, 1)), sends and pushes do nothing, so only the kernels are timed (the fastest of a few repeats; numpy kernels by
-  the thread's CPU time, so other processes taking the cores do not inflate them);
+  [0, 1)), sends and pushes do nothing, so only the kernels are timed (the fastest of a few
+  repeats; numpy kernels by the thread's CPU time, so other processes taking the cores do not inflate them);
 - the link: ZeroMQ messages as the trainers send them (their encoding, signed with a secret as
   every trainer's messages are), of two sizes, fitted as latency + per byte;
 - the parameter server: a real shard process, dense pulls / pushes of two sizes and sparse row
