@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from runtime.ps.table import DenseTable, SparseTable
+from runtime.ps.table_specs import check_spec
 from runtime.ps.tiered import TieredSparseTable
 from runtime.ps.types import Table
 from transpiler.tables import TableSpec
@@ -10,6 +11,7 @@ from transpiler.tables import TableSpec
 
 def make_table(spec: TableSpec, check_finite: bool = True) -> Table:
     """A `DenseTable`, a `SparseTable`, or (`storage="disk"`) a `TieredSparseTable` for `spec`."""
+    spec = check_spec(spec)
     if spec.storage == "disk":
         return TieredSparseTable(spec, check_finite)
     return (SparseTable if spec.kind == "sparse" else DenseTable)(spec, check_finite)
