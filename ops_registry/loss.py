@@ -14,7 +14,11 @@ from ops_registry.shapes import broadcast, same_as
 def check_binary_labels(y, op: str, slot: str) -> None:
     """ValueError unless every label of binary cross-entropy `op` lies in [0, 1]: 0/1 labels, or soft
     ones (probabilities); a rating, a class index or a NaN fed as its `slot` is refused. Checked in
-    the loss kernels (the one place that knows a tensor is a bce label), on the batch's labels."""
+    the loss kernels (the one place that knows a tensor is a bce label), on the batch's labels.
+    Not on a device array: reading the check's answer would copy it to the host and wait for the
+    device on every micro-batch (the gpu trainer's labels come from its readers' host feeds)."""
+    if hasattr(y, "__cuda_array_interface__"):
+        return
     bad = ~((y >= 0) & (y <= 1))
     if bool(bad.any()):
         got = y[bad].reshape(-1)[:5].tolist()

@@ -5,8 +5,19 @@ arrays, as on a GPU.
 any `fake_cupy` function other than `asarray` / `array` raise `TypeError`, as cupy does (cupy's
 "Implicit conversion to a NumPy array is not allowed"). The only crossings are `asarray` / `array`
 (host -> device) and `asnumpy` / `ndarray.get()` (device -> host); `COUNTS` tallies each direction's
-crossings and bytes. Python and numpy scalars mix freely, as in cupy; host integer arrays are
-accepted as indices, as cupy accepts them.
+crossings and bytes (`float(dev)`, `bool(dev)`, `.item()`, `.tolist()` too: cupy syncs and copies
+for them). Python and numpy scalars mix freely, as in cupy; host integer arrays are accepted as
+indices, as cupy accepts them.
+
+Streams are modelled as far as hetps relies on them: `ndarray.set(pinned, stream=s)` on a stream
+other than the compute (null) stream leaves the array *pending* until the compute stream waited for
+an event recorded on `s` after the copy (`get_current_stream().wait_event(e)`) or `s` was synchronized;
+reading a pending array raises `RuntimeError` (on a GPU it would read a half-copied buffer).
+`cupyx.empty_pinned` buffers are remembered, and copies from or into them counted apart
+(`h2d_pinned`, `d2h_pinned`). With `HETPS_FAKE_CUPY_COUNTS` naming a folder, every process that
+uses the stand-in keeps its counts in a file there as they change (`<pid>.counts`, int64s in the
+order of `Counts`' fields, read with `read_counts`): trainer processes end with `os._exit`, which
+runs no exit hook.
 
 This checks hetps's device logic (which values cross, and where), not cupy itself: kernels run on
 numpy underneath. Use it through `HETPS_FAKE_CUPY=fake_cupy` (see `runtime.exec.device`), which
@@ -15,6 +26,8 @@ spawned trainer processes inherit.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 import sys
 import types
 from dataclasses import dataclass
@@ -30,12 +43,50 @@ class Counts:
     h2d_bytes: int = 0
     d2h: int = 0
     d2h_bytes: int = 0
+    h2d_pinned: int = 0  # of h2d: copies out of a cupyx.empty_pinned buffer on a non-null stream
+    d2h_pinned: int = 0  # of d2h: copies into a pinned buffer on a non-null stream
 
     def reset(self) -> None:
-        self.h2d = self.h2d_bytes = self.d2h = self.d2h_bytes = 0
+        for k in self.__dataclass_fields__:
+            setattr(self, k, 0)
+
+    def d2h_add(self, nbytes: int, pinned: bool = False) -> None:
+        self.d2h += 1
+        self.d2h_bytes += nbytes
+        self.d2h_pinned += pinned
+        _mirror()
+
+    def h2d_add(self, nbytes: int, pinned: bool = False) -> None:
+        self.h2d += 1
+        self.h2d_bytes += nbytes
+        self.h2d_pinned += pinned
+        _mirror()
 
 
 COUNTS = Counts()
+_PINNED: set[int] = set()  # data addresses of the pinned buffers handed out (kept alive in _KEEP)
+_KEEP: list[np.ndarray] = []
+
+
+_FILE: list = []  # this process's counts file (a memory map), once it counts anything
+
+
+def _mirror() -> None:
+    folder = os.environ.get("HETPS_FAKE_CUPY_COUNTS")
+    if not folder:
+        return
+    if not _FILE:
+        path = Path(folder) / f"{os.getpid()}.counts"
+        _FILE.append(np.memmap(path, np.int64, "w+", shape=(len(Counts.__dataclass_fields__),)))
+    _FILE[0][:] = list(COUNTS.__dict__.values())
+
+
+def read_counts(folder: str | Path) -> dict[int, Counts]:
+    """The counts of each process that used the stand-in under `HETPS_FAKE_CUPY_COUNTS=folder`, by pid."""
+    return {
+        int(f.stem): Counts(*(int(x) for x in np.fromfile(f, np.int64)))
+        for f in sorted(Path(folder).glob("*.counts"))
+    }
 
 
 def _host_error(what: Any) -> TypeError:
@@ -48,6 +99,8 @@ def _host_error(what: Any) -> TypeError:
 def _unwrap(v: Any) -> Any:
     """The numpy value under device values; host arrays (not numpy scalars) raise."""
     if isinstance(v, ndarray):
+        if v._pend is not None:
+            v._settled()
         return v._a
     if isinstance(v, np.ndarray):
         raise _host_error(v)
@@ -61,7 +114,7 @@ def _unwrap(v: Any) -> Any:
 def _unwrap_index(v: Any) -> Any:
     """An index: device arrays unwrapped; host integer/bool arrays accepted (cupy copies them)."""
     if isinstance(v, ndarray):
-        return v._a
+        return _unwrap(v)
     if isinstance(v, tuple):
         return tuple(_unwrap_index(x) for x in v)
     return v
@@ -88,17 +141,47 @@ def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
 class ndarray:  # noqa: N801  (cupy's name)
     """A device array: a numpy array that refuses implicit conversion to the host."""
 
-    __slots__ = ("_a",)
+    __slots__ = ("_a", "_pend")
     __array_priority__ = 1000
 
     def __init__(self, a: np.ndarray) -> None:
         self._a = a
+        self._pend: tuple[_Stream, int] | None = None  # (stream, its op) of a copy not waited for
+
+    def _settled(self) -> None:
+        """Refuse a read of this array on the compute stream before its copy was waited for."""
+        stream, seq = self._pend
+        if stream.synced < seq and cuda.Stream.null.waited.get(stream, 0) < seq:
+            raise RuntimeError(
+                "fake_cupy: a device array was read before its copy on another stream was waited "
+                "for (record an event after the copy and make the compute stream wait_event it)"
+            )
+        self._pend = None
 
     # --- crossings and the refusals
-    def get(self) -> np.ndarray:
-        COUNTS.d2h += 1
-        COUNTS.d2h_bytes += self._a.nbytes
-        return self._a.copy()
+    def get(self, stream: Any = None, order: str = "C", out: Any = None, blocking: bool = True) -> np.ndarray:
+        a = _unwrap(self)
+        pinned = out is not None and _is_pinned(out) and stream not in (None, cuda.Stream.null)
+        COUNTS.d2h_add(a.nbytes, pinned)
+        if out is None:
+            return a.copy()
+        if not isinstance(out, np.ndarray) or out.shape != a.shape or out.dtype != a.dtype:
+            raise ValueError("fake_cupy: get(out=) needs a host array of the same shape and dtype")
+        np.copyto(out, a)
+        if stream is not None and blocking:
+            stream.synchronize()
+        return out
+
+    def set(self, arr: Any, stream: Any = None) -> None:
+        """Host -> device into this array, on `stream` (pending until waited for, off the null one)."""
+        if not isinstance(arr, np.ndarray) or arr.shape != self._a.shape:
+            raise ValueError("fake_cupy: set() needs a host array of the array's shape")
+        np.copyto(self._a, arr.astype(self._a.dtype, copy=False))
+        off_null = stream is not None and stream is not cuda.Stream.null
+        COUNTS.h2d_add(arr.nbytes, off_null and _is_pinned(arr))
+        if off_null:
+            stream.seq += 1
+            self._pend = (stream, stream.seq)
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
         raise TypeError(
@@ -136,34 +219,40 @@ class ndarray:  # noqa: N801  (cupy's name)
     def __repr__(self) -> str:
         return f"fake_cupy.{self._a!r}"
 
+    # implicit device -> host copies (cupy syncs and copies for them): counted
+    def _scalar(self) -> np.ndarray:
+        a = _unwrap(self)
+        COUNTS.d2h_add(a.nbytes)
+        return a
+
     def __bool__(self) -> bool:
-        return bool(self._a)
+        return bool(self._scalar())
 
     def __float__(self) -> float:
-        return float(self._a)
+        return float(self._scalar())
 
     def __int__(self) -> int:
-        return int(self._a)
+        return int(self._scalar())
 
     def __index__(self) -> int:
-        return self._a.__index__()
+        return self._scalar().__index__()
 
     def item(self) -> Any:
-        return self._a.item()
+        return self._scalar().item()
 
     def tolist(self) -> Any:
-        return self._a.tolist()
+        return self._scalar().tolist()
 
     def __getitem__(self, key: Any) -> Any:
-        return _wrap(self._a[_unwrap_index(key)])
+        return _wrap(_unwrap(self)[_unwrap_index(key)])
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._a[_unwrap_index(key)] = _unwrap(value)
+        _unwrap(self)[_unwrap_index(key)] = _unwrap(value)
 
     def __getattr__(self, name: str) -> Any:  # methods: reshape, astype, sum, ...
         if name.startswith("__"):  # no __array_interface__ / __array_struct__: numpy must not see in
             raise AttributeError(name)
-        attr = getattr(self._a, name)
+        attr = getattr(_unwrap(self), name)
         if not callable(attr):
             return _wrap(attr)
         return lambda *args, **kwargs: _call(attr, args, kwargs)
@@ -174,7 +263,7 @@ class ndarray:  # noqa: N801  (cupy's name)
 
 def _operator(name: str) -> Any:
     def op(self: ndarray, *args: Any) -> Any:
-        return _call(getattr(self._a, name), args, {})
+        return _call(getattr(_unwrap(self), name), args, {})
 
     return op
 
@@ -231,14 +320,13 @@ def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
     if isinstance(a, ndarray):
         return a if dtype is None or a.dtype == dtype else a.astype(dtype)
     host = np.asarray(a, dtype=dtype, order=order)
-    COUNTS.h2d += 1
-    COUNTS.h2d_bytes += host.nbytes
+    COUNTS.h2d_add(host.nbytes)
     return ndarray(host.copy())
 
 
 def array(a: Any, dtype: Any = None, copy: bool = True, order: Any = "K", ndmin: int = 0) -> ndarray:
     if isinstance(a, ndarray):
-        return ndarray(np.array(a._a, dtype=dtype, copy=copy, order=order, ndmin=ndmin))
+        return ndarray(np.array(_unwrap(a), dtype=dtype, copy=copy, order=order, ndmin=ndmin))
     return asarray(np.array(a, dtype=dtype, order=order, ndmin=ndmin))
 
 
@@ -298,17 +386,83 @@ class _Runtime:
         return {"name": b"fake_cupy device"}
 
 
+_STREAMS: list = []
+
+
+def _is_pinned(a: np.ndarray) -> bool:
+    return a.__array_interface__["data"][0] in _PINNED
+
+
+def _empty_pinned(shape: Any, dtype: Any = np.float64) -> np.ndarray:
+    """A host buffer standing for page-locked memory (remembered, so copies through it count apart)."""
+    a = np.empty(shape, dtype)
+    _KEEP.append(a)
+    _PINNED.add(a.__array_interface__["data"][0])
+    return a
+
+
+cupyx.empty_pinned = _empty_pinned
+
+
 class _Stream:
+    """A stream: `seq` counts the copies enqueued on it, `synced` how far the host knows them done,
+    `waited` how far this stream waited for each other stream's (through events)."""
+
+    def __init__(self, null: bool = False, non_blocking: bool = False) -> None:
+        self.seq, self.synced, self.waited = 0, 0, {}
+        self.null = null
+        _STREAMS.append(self)
+
     def synchronize(self) -> None:
-        pass
+        self.synced = self.seq
+
+    def record(self, event: Any = None) -> _Event:
+        event = event or _Event()
+        event.record(self)
+        return event
+
+    def wait_event(self, event: _Event) -> None:
+        if event.stream is not None and event.stream is not self:
+            self.waited[event.stream] = max(self.waited.get(event.stream, 0), event.seq)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+class _Event:
+    def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
+        self.stream, self.seq = None, 0
+
+    def record(self, stream: _Stream | None = None) -> None:
+        self.stream = stream or _NULL
+        self.seq = self.stream.seq
+
+    def synchronize(self) -> None:
+        if self.stream is not None:
+            self.stream.synced = max(self.stream.synced, self.seq)
+
+    @property
+    def done(self) -> bool:  # (the stand-in's copies are done when enqueued)
+        return True
+
+
+_NULL = _Stream(null=True)
+
+
+class _StreamType:
+    null = _NULL
+
+    def __call__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False) -> _Stream:
+        return _NULL if null else _Stream(non_blocking=non_blocking)
 
 
 class _Device:
     def __init__(self, i: int = 0) -> None:
         self.id = i
 
-    def synchronize(self) -> None:
-        pass
+    def synchronize(self) -> None:  # every stream's work is done
+        for stream in _STREAMS:
+            stream.synchronize()
 
     def __enter__(self) -> _Device:
         return self
@@ -320,6 +474,7 @@ class _Device:
 cuda = types.SimpleNamespace(
     runtime=_Runtime(),
     Device=_Device,
-    get_current_stream=lambda: _Stream(),
-    Stream=types.SimpleNamespace(null=_Stream()),
+    Event=_Event,
+    get_current_stream=lambda: _NULL,
+    Stream=_StreamType(),
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,11 +63,112 @@ def array_module(
     return np, "gpu EMULATED on cpu (numpy)"
 
 
+@dataclass
+class Crossings:
+    """Host <-> device copies this process made through hetps (`to_device`, `to_host`, `Copies`): how
+    many, and their bytes, each way. A gpu trainer reports them in its stats (`History.trainers`)."""
+
+    h2d: int = 0
+    h2d_bytes: int = 0
+    d2h: int = 0
+    d2h_bytes: int = 0
+
+    def add(self, to_device: bool, nbytes: int) -> None:
+        if to_device:
+            self.h2d += 1
+            self.h2d_bytes += nbytes
+        else:
+            self.d2h += 1
+            self.d2h_bytes += nbytes
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+CROSSINGS = Crossings()
+
+
+def on_device(v: Any) -> bool:
+    return hasattr(v, "__cuda_array_interface__")
+
+
 def to_host(v: Any) -> Any:
-    """A numpy array of `v`, copied off the GPU for cupy arrays; a row-sparse value (`SparseRows`)
-    is returned as it is (its parts stay where they are)."""
-    if hasattr(v, "__cuda_array_interface__"):
+    """A numpy array of `v`, copied off the GPU for cupy arrays (counted in `CROSSINGS`); a row-sparse
+    value (`SparseRows`) is returned as it is (its parts stay where they are)."""
+    if on_device(v):
+        CROSSINGS.add(False, v.nbytes)
         return v.get()
     if hasattr(v, "to_dense"):
         return v
     return np.asarray(v)
+
+
+def to_device(xp: Any, v: Any) -> Any:
+    """`v` on `xp`'s device (a host array copied there, counted in `CROSSINGS`; a device array, or
+    anything on numpy, as it is); a row-sparse value part by part."""
+    if xp is np or on_device(v):
+        return v
+    if hasattr(v, "to_dense"):
+        return type(v)(to_device(xp, v.rows), to_device(xp, v.values), v.height)
+    host = np.asarray(v)
+    CROSSINGS.add(True, host.nbytes)
+    return xp.asarray(host)
+
+
+class Copies:
+    """Host <-> device copies of a gpu trainer's boundary tensors on a stream of their own, through
+    pinned staging buffers (the pattern of TorchRec's `TrainPipelineSparseDist`): `to_device` only
+    enqueues its copy and makes the compute stream wait for it, so a tensor that arrives for the
+    next micro-batch is copied while the current one's kernels run; `to_host` waits for the compute
+    that made the value, then for its copy only (not for the whole device). Every copy is counted in
+    `CROSSINGS`. A pinned buffer is reused once the copy out of it has completed."""
+
+    def __init__(self, xp: Any) -> None:
+        self.xp = xp
+        self.cupyx = importlib.import_module("cupyx") if xp.__name__ == "cupy" else xp.cupyx
+        self.stream = xp.cuda.Stream(non_blocking=True)
+        self.free: dict[tuple, list[np.ndarray]] = {}
+        self.busy: list[tuple[Any, tuple, np.ndarray]] = []  # (event, key, buffer) of copies in flight
+
+    def _pinned(self, shape: tuple, dtype: Any) -> tuple[tuple, np.ndarray]:
+        if self.busy:
+            done = [b for b in self.busy if b[0].done]
+            for b in done:
+                self.busy.remove(b)
+                self.free.setdefault(b[1], []).append(b[2])
+        key = (tuple(shape), np.dtype(dtype).str)
+        free = self.free.get(key)
+        return key, free.pop() if free else self.cupyx.empty_pinned(shape, dtype)
+
+    def to_device(self, v: Any) -> Any:
+        """`v` (a host array, or `SparseRows` of them) on the device, its copy enqueued on the copy
+        stream; kernels on the compute stream run after it."""
+        if on_device(v):
+            return v
+        if hasattr(v, "to_dense"):
+            return type(v)(self.to_device(v.rows), self.to_device(v.values), v.height)
+        host = np.asarray(v)
+        key, buf = self._pinned(host.shape, host.dtype)
+        np.copyto(buf, host)
+        dev = self.xp.empty(host.shape, host.dtype)
+        dev.set(buf, stream=self.stream)
+        event = self.stream.record()
+        self.xp.cuda.get_current_stream().wait_event(event)
+        self.busy.append((event, key, buf))
+        CROSSINGS.add(True, host.nbytes)
+        return dev
+
+    def to_host(self, v: Any) -> Any:
+        """A numpy copy of device array `v` (anything else as `to_host` gives it), copied on the copy
+        stream once the compute stream has made it."""
+        if hasattr(v, "to_dense"):
+            return type(v)(self.to_host(v.rows), self.to_host(v.values), v.height)
+        if not on_device(v):
+            return to_host(v)
+        self.stream.wait_event(self.xp.cuda.get_current_stream().record())
+        key, buf = self._pinned(v.shape, v.dtype)
+        v.get(stream=self.stream, out=buf)  # (blocking: waits for this copy only)
+        CROSSINGS.add(False, v.nbytes)
+        out = buf.copy()  # (the sender may keep the array: the pinned buffer goes back to the pool)
+        self.free.setdefault(key, []).append(buf)
+        return out

@@ -14,6 +14,13 @@ The protocol, per held table (in sync and async mode alike):
   loads it and counts those steps as applied pushes (and, in sync mode, as applied steps), so
   checkpoints, `wait_applied` and resumed runs see what they would have seen without the hold.
 
+On a gpu trainer (`xp` cupy) the held tables, their optimizer state and scalars live on the device
+from the hold to the end of the run: `pull` gives the device array, `apply` runs the optimizer
+kernel on the device with the device gradient, and only a write-back copies the state to the host.
+The NaN / Inf check of the gradients then stays on the device too (a flag, folded over the steps)
+and is read at each write-back: non-finite gradients fail the write-back, naming the table, and the
+shard keeps the state written back before.
+
 If the holder dies, the steps since the last write-back are lost with it, and the run fails naming
 it (as it would anyway); a resumed run starts from the last checkpoint, which has every step
 before it.
@@ -21,10 +28,11 @@ before it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from runtime.exec.device import to_device, to_host
 from runtime.ps.table import DenseTable
 from runtime.ps.types import PSError
 from runtime.telemetry.outputs import Recorder, timed
@@ -88,11 +96,16 @@ class HeldTables:
     """The dense tables one trainer holds: its copies, the steps applied since the hold (from step
     `start`), and when to write them back (`due`: (steps pushed, final))."""
 
-    def __init__(self, client: PSClient, names: list[str], start: int, sync: bool) -> None:
+    def __init__(self, client: PSClient, names: list[str], start: int, sync: bool, xp: Any = np) -> None:
         self.tables: dict[str, DenseTable] = {}
+        self.xp, self.finite = xp, {}  # (device: table -> its gradients' finite flag, on the device)
         for name, state in client.hold(names).items():
             t = self.tables[name] = DenseTable(client.specs[name])
             t.load_state(state)
+            if xp is not np:  # the whole state on the device, once
+                t.param = to_device(xp, t.param)
+                t.state = {k: to_device(xp, a) for k, a in t.state.items()}
+                t.scalars = {k: to_device(xp, a) for k, a in t.scalars.items()}
         self.start, self.sync, self.steps = start, sync, 0
         self.due: tuple[int, bool] | None = None
         self.lent: dict[str, int] = {}  # table -> the latest step given a view of its value
@@ -106,7 +119,7 @@ class HeldTables:
                 f"{self.start + self.steps - 1} were applied: a sync step must see every step before it"
             )
         self.lent[name] = max(step, self.lent.get(name, step))
-        return self.tables[name].pull(copy=False)
+        return self.tables[name].pull(copy=False) if self.xp is np else self.tables[name].param
 
     def apply(self, grads: dict[str, np.ndarray], step: int) -> None:
         """Step `step` (every step before it is done with the tables): every held table's optimizer
@@ -116,13 +129,45 @@ class HeldTables:
             if self.lent.pop(name, step) > step:
                 t.param = t.param.copy()
             grad = grads.get(name)
-            t.push(np.zeros(t.shape, t.dtype) if grad is None else grad)
+            if self.xp is np:
+                t.push(np.zeros(t.shape, t.dtype) if grad is None else grad)
+            else:
+                self._apply_on_device(name, t, grad)
         self.steps += 1
+
+    def _apply_on_device(self, name: str, t: DenseTable, grad: Any) -> None:
+        """The optimizer step on the device: shape and dtype checked on the host (metadata), the
+        finite check folded into the table's device flag (read at the write-back)."""
+        xp = self.xp
+        grad = xp.zeros(t.shape, t.dtype) if grad is None else to_device(xp, grad)
+        if tuple(grad.shape) != t.shape:
+            raise PSError(
+                f"held table {name!r}: a gradient of shape {list(grad.shape)}, expected {list(t.shape)}"
+            )
+        grad = grad.astype(t.dtype, copy=False)
+        ok = xp.isfinite(grad).all()
+        self.finite[name] = ok if name not in self.finite else self.finite[name] & ok
+        res = t.kernel(xp, {"Param": t.param, "Grad": grad, **t.state, **t.scalars}, t.attrs)
+        for slot in t.scalars:
+            t.scalars[slot] = res[t.out_slot[slot]]
+
+    def _host_states(self) -> dict[str, dict[str, np.ndarray]]:
+        """Every table's state on the host (copies off the device; refused after a non-finite
+        gradient since the last write-back)."""
+        if self.xp is np:
+            return {n: t.state_dict() for n, t in self.tables.items()}
+        bad = [n for n, ok in self.finite.items() if not bool(to_host(ok))]
+        if bad:
+            raise PSError(
+                f"held table(s) {bad}: a gradient contained NaN or Inf since the last write-back; the "
+                "state is not written back (the shard keeps the one written back before)"
+            )
+        self.finite = {}
+        return {n: {k: to_host(a) for k, a in t.state_dict().items()} for n, t in self.tables.items()}
 
     def write_back_due(self, client: PSClient, pushed: int, rec: Recorder) -> None:
         """Write the tables back when `due` (once `pushed` steps have been pushed)."""
         if self.due is not None and pushed >= self.due[0]:
             with timed("write back", "ps", rec=rec, step=pushed - 1, final=self.due[1]):
-                states = {n: t.state_dict() for n, t in self.tables.items()}
-                client.write_back(states, self.steps, self.due[1])
+                client.write_back(self._host_states(), self.steps, self.due[1])
             self.due = None

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ops_registry import SparseRows
+from runtime.exec.device import Copies, to_host
 
 
 def route(
@@ -42,10 +42,15 @@ class Item:
 class Mail:
     """Tensors between trainers, for the send / recv ops (a `comm_ops.CommBackend`): what a
     segment sends waits in `outgoing` until the trainer takes it after the segment
-    (`take_outgoing`); what arrives (`deliver`) waits per item in `arrived` until its recv runs."""
+    (`take_outgoing`); what arrives (`deliver`) waits per item in `arrived` until its recv runs.
+
+    On a gpu trainer a tensor's copy to the device starts when it arrives (`Copies`: pinned buffer,
+    copy stream), so it overlaps the kernels of the item running meanwhile; `to_host` copies what
+    a segment sends back off the device the same way."""
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
+        self.copies = Copies(xp) if xp is not np else None
         self.arrived: dict[tuple[int, int, int], dict[str, Any]] = {}
         self.outgoing: list[tuple[str, str, Any]] = []
 
@@ -60,6 +65,8 @@ class Mail:
     def deliver(self, key: tuple[int, int, int], tensors: dict[str, Any]) -> None:
         """Tensors of item `key` arrived; each waits for its recv. One arriving while a tensor of the
         same name still waits for the item is refused (one send/recv pair per tensor and crossing)."""
+        if self.copies is not None:
+            tensors = {name: self.copies.to_device(v) for name, v in tensors.items()}
         box = self.arrived.get(key)
         if box is None:
             self.arrived[key] = tensors
@@ -74,15 +81,13 @@ class Mail:
         self.arrived.pop(key, None)
 
     def recv(self, it: Item, name: str) -> Any:
-        v = self.arrived[it.key].pop(name)
-        return v if self.xp is np else _device(self.xp, v)
+        return self.arrived[it.key].pop(name)
+
+    def to_host(self, value: Any) -> Any:
+        """A sent value on the host (off the device through the copy stream, on a gpu trainer)."""
+        return to_host(value) if self.copies is None else self.copies.to_host(value)
 
     def missing(self, it: Item, names: list[str]) -> list[str]:
         got = self.arrived.get(it.key, {})
         return [n for n in names if n not in got]
 
-
-def _device(xp: Any, v: Any) -> Any:
-    if isinstance(v, SparseRows):
-        return SparseRows(xp.asarray(v.rows), xp.asarray(v.values), v.height)
-    return xp.asarray(v)

@@ -44,7 +44,7 @@ from ops_registry import parallel
 from runtime.data import sources
 from runtime.driver.settings import TrainerSpec
 from runtime.exec.comm_ops import comm_handlers, seeded_fill
-from runtime.exec.device import array_module
+from runtime.exec.device import CROSSINGS, array_module
 from runtime.exec.device import to_host as _host
 from runtime.exec.executor import Executor
 from runtime.ps import PSClient
@@ -154,6 +154,8 @@ class Trainer:
             self.stats["ring_full"] = self.out.ring_full()  # (messages that found no room in shared memory)
             self.stats["kernel_threads"] = parallel.threads()
             self.stats["refused_messages"] = self.inbox.refused  # (unsigned or replayed: skipped)
+            if self.xp is not np:  # host <-> device copies (runtime.exec.device.Crossings)
+                self.stats.update(CROSSINGS.as_dict())
             spans = [pack_spans(self.rec.take())] if self.rec.on else []
             self.reports.now(Done(self.name, self.stats), spans)
         finally:
@@ -360,7 +362,7 @@ class Trainer:
         with timed(stats=self.stats, key="send_s"):
             by_ep: dict[str, list] = {}
             for dst, name, value in self.mail.take_outgoing():
-                by_ep.setdefault(self._endpoint(dst, it), []).append((name, _host(value)))
+                by_ep.setdefault(self._endpoint(dst, it), []).append((name, self.mail.to_host(value)))
             for ep, values in by_ep.items():
                 where = {"step": it.step, "reader": it.origin, "mb": it.mb, "to": self.peer_of[ep]}
                 with timed("send", "comm", rec=self.rec, **where) as t:
@@ -375,10 +377,20 @@ class Trainer:
         self.stats["items"] += 1
         report = None
         if self.loss is not None:
-            scores = [_host(it.env[n]).reshape(-1).astype(np.float32) for n in self.score or ()]
-            report = (it.size, _host(it.env[self.loss]).item(), scores)
+            report = self._report(it)
         self.book.item_done(it.step, report)
         self._maybe_flush()
+
+    def _report(self, it: Item) -> tuple[int, float, list]:
+        """(size, loss, [scores, labels]) of a finished item; on a device, off it in one copy (the
+        loss and the item's scores and labels as one array of the loss's dtype)."""
+        loss, scores = it.env[self.loss], [it.env[n] for n in self.score or ()]
+        if self.xp is np:
+            return it.size, np.asarray(loss).item(), [np.ravel(v).astype(np.float32) for v in scores]
+        xp = self.xp
+        one = _host(xp.concatenate([xp.ravel(v).astype(loss.dtype) for v in (loss, *scores)]))
+        parts = np.split(one, np.cumsum([loss.size, *(v.size for v in scores)])[:-1])
+        return it.size, parts[0].item(), [v.astype(np.float32) for v in parts[1:]]
 
     def _maybe_flush(self) -> None:
         """Push the gradients of every completed step, in step order (on the background thread)."""

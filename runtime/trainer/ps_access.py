@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ops_registry import SparseRows, get_op
+from runtime.exec.device import to_device
 from runtime.exec.device import to_host as _host
 from runtime.ps import PSClient
 from runtime.ps.held_tables import HeldTables
@@ -91,7 +92,7 @@ class PSAccess:
         self.client = make_client()
         self.bg = Background(make_client)
         if self.held:
-            self.kept = HeldTables(self.client, self.held, self.book.flushed, self.mode == "sync")
+            self.kept = HeldTables(self.client, self.held, self.book.flushed, self.mode == "sync", self.xp)
 
     def write_back(self, before: int | None = None) -> None:
         """Write the held tables back once the steps < `before` are pushed (a pause, which the driver
@@ -191,7 +192,7 @@ class PSAccess:
                 tables = self.dense_tables
                 got = dict(zip(tables, self.prefetch[it.step].arrays(len(tables)), strict=True))
                 t.args["tables"] = list(got)
-        st.dense.update(got if self.xp is np else {k: self.xp.asarray(v) for k, v in got.items()})
+        st.dense.update(got if self.xp is np else {k: to_device(self.xp, v) for k, v in got.items()})
         return st.dense[table]
 
     def pull_sparse(self, it: Any, table: str, ids_name: str, ids: Any) -> Any:
@@ -218,10 +219,14 @@ class PSAccess:
                     self.bg.settle()
                 rows = self.client.pull(table, ids, step=self.ps_step(it.step))
             t.args["rows"] = len(rows)
-        return rows if self.xp is np else self.xp.asarray(rows)
+        return to_device(self.xp, rows)
 
     def push_dense(self, it: Any, table: str, grad: Any) -> None:
-        grad = _host(grad.to_dense(self.xp) if isinstance(grad, SparseRows) else grad)
+        """Accumulate the step's gradient of `table`: on the host for the servers, where it was made
+        (the device, on a gpu trainer) for a table this trainer holds."""
+        grad = grad.to_dense(self.xp) if isinstance(grad, SparseRows) else grad
+        if table not in self.held:
+            grad = _host(grad)
         st = self.book.step(it.step)
         acc = st.grads.get(table)
         if acc is None:  # the op's own output (fresh; nothing writes it again): no copy
@@ -269,8 +274,9 @@ class PSAccess:
             for name, buf in p[1]:
                 self.free_bufs.setdefault(name, []).append(buf)
         free = self.free_bufs.get(table)
-        buf = free.pop() if free else np.empty_like(grad)
-        np.copyto(buf, grad)
+        xp = self.xp if table in self.held else np
+        buf = free.pop() if free else xp.empty_like(grad)
+        xp.copyto(buf, grad)
         return buf
 
     # -- the step's push ------------------------------------------------------------------------
