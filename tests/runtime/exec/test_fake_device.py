@@ -175,3 +175,124 @@ def test_every_differentiable_op_runs_forward_and_backward_on_the_device(fake_gp
         for k, w in want.items():
             np.testing.assert_allclose(got[k], w, rtol=1e-9, atol=1e-12, err_msg=f"{name}: {k}")
     assert not failed, "\n".join(f"{k}: {v}" for k, v in failed.items())
+
+
+def _per_step_from_plan(plan, items: int, rows: int) -> dict[str, int]:
+    """What must cross per step on the gpu trainer, from its sub-program alone: each recv'd tensor to
+    the device and each sent one off it, per item (rows x the var's declared dims x its dtype's
+    size); one report per item off the device (its loss, scores and labels, in the loss's dtype);
+    nothing for the dense tables it holds (pull_dense / push_dense of held tables)."""
+    prog = plan.programs["gpu"]
+    assert not [op for op in prog.ops if op.type in ("pull_sparse", "push_sparse")]  # (none here)
+
+    def nbytes(name: str) -> int:
+        var = prog.vars[name]
+        return rows * int(np.prod([d for d in var.shape if d != -1])) * np.dtype(var.dtype).itemsize
+
+    recvs = [op.attrs["tensor"] for op in prog.ops if op.type == "recv"]
+    sends = [op.attrs["tensor"] for op in prog.ops if op.type == "send"]
+    loss = next(
+        op for op in prog.ops if op.type == "sigmoid_cross_entropy_with_logits" and op.role != "backward"
+    )
+    report = (1 + 2 * rows) * np.dtype(prog.vars[loss.outputs["Out"][0]].dtype).itemsize
+    return {
+        "h2d": items * len(recvs),
+        "h2d_bytes": items * sum(nbytes(n) for n in recvs),
+        "d2h": items * (len(sends) + 1),
+        "d2h_bytes": items * (sum(nbytes(n) for n in sends) + report),
+    }
+
+
+def test_per_step_only_boundary_tensors_cross_and_nothing_for_the_held_tables(
+    fake_gpu, tmp_path, monkeypatch
+):
+    """The gpu trainer's crossings per step, counted by the stand-in in its process and by hetps
+    itself (`History.trainers`), equal what its sub-program says must cross: the boundary tensors and
+    the item reports; its held MLP tables and their optimizer state never cross during the run
+    (runs of 3 and 5 steps differ by 2 steps' crossings: hold and write-back are once per run)."""
+    monkeypatch.setenv("HETPS_FAKE_CUPY_COUNTS", str(tmp_path))
+    m, got, ours = model(), {}, {}
+    for steps in (3, 5):
+        hist = train(m.main, data(), steps=steps, mode="sync", micro_batches=2, **RUN)
+        (counts,) = fake_cupy.read_counts(tmp_path).values()  # (the gpu trainer's process only)
+        got[steps], ours[steps] = counts, hist.trainers["gpu:0"]
+        for f in tmp_path.glob("*.counts"):
+            f.unlink()
+    want = _per_step_from_plan(transpile(m.main), items=2, rows=32)
+    for key, per_step in want.items():
+        assert (getattr(got[5], key) - getattr(got[3], key)) / 2 == per_step, key
+        assert (ours[5][key] - ours[3][key]) / 2 == per_step, key
+    assert got[5].h2d_pinned - got[3].h2d_pinned == 2 * want["h2d"]  # received tensors: pinned, own stream
+    assert (got[5].d2h, got[5].h2d) == (ours[5]["d2h"], ours[5]["h2d"])  # hetps counts every copy it makes
+
+
+def test_a_received_tensor_read_before_its_copy_stream_was_waited_for_is_caught(fake_gpu, monkeypatch):
+    """Planted: the copy to the device without the compute stream waiting for it (on a GPU its
+    kernels would read a half-copied buffer); the stand-in's stream model refuses the read."""
+    from runtime.exec.device import Copies
+
+    copies = Copies(fake_cupy)
+    host = np.ones((4, 3), np.float32)
+    np.testing.assert_array_equal(to_host(copies.to_device(host) * 2), 2 * host)  # as written: fine
+    monkeypatch.setattr(fake_cupy.cuda.Stream.null, "wait_event", lambda event: None)
+    dev = copies.to_device(host)
+    with pytest.raises(RuntimeError, match="before its copy on another stream was waited for"):
+        dev * 2
+
+
+def test_a_device_sync_hidden_in_a_kernel_shows_in_the_counts(fake_gpu):
+    """Caught by the stand-in: the bce label check read its answer (`bool(bad.any())`) on the device,
+    one hidden device -> host copy and sync per micro-batch; device labels are now left unchecked
+    there and a host batch is still refused."""
+    from ops_registry.loss import check_binary_labels
+
+    check_binary_labels(fake_cupy.asarray(np.array([0.0, 1.0, 0.5])), "bce", "Label")
+    assert fake_gpu.COUNTS.d2h == 0
+    assert bool(fake_cupy.asarray(np.array([1.0])).any()) and fake_gpu.COUNTS.d2h == 1  # counted
+    with pytest.raises(ValueError, match="outside"):
+        check_binary_labels(np.array([0.0, 2.0]), "bce", "Label")
+
+
+def _adam_by_hand(p, grads, lr=0.1, b1=0.9, b2=0.999, eps=1e-8):
+    m = v = np.zeros_like(p, dtype=np.float64)
+    p = p.astype(np.float64)
+    for t, g in enumerate(grads, 1):
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        c = np.sqrt(1 - b2**t)
+        p = p - lr * c / (1 - b1**t) * m / (np.sqrt(v) + eps * c)
+    return p, m, v
+
+
+def test_held_tables_and_their_adam_state_live_on_the_device_until_the_write_back(fake_gpu):
+    """HeldTables on the device: the hold copies the state there once, steps with device gradients
+    cross nothing, the write-back copies the state (and the finite flag) back: Adam by hand."""
+    from test_held_dense import _ShardClient, _specs
+
+    from runtime.ps.held_tables import HeldTables
+    from runtime.ps.shard import Shard
+    from runtime.ps.types import PSError
+
+    shard = Shard(_specs({"type": "adam", "lr": 0.1}), mode="async")
+    held = HeldTables(_ShardClient(shard), ["w"], start=0, sync=False, xp=fake_cupy)
+    t = held.tables["w"]
+    assert all(isinstance(a, fake_cupy.ndarray) for a in t.state_dict().values())
+    hold_copies = fake_gpu.COUNTS.h2d
+    assert hold_copies == len(t.state_dict())  # Param, 2 moments, 2 powers: once
+    rng = np.random.default_rng(1)
+    grads = [rng.normal(size=(3, 2)).astype(np.float32) for _ in range(3)]
+    dev_grads = [fake_cupy.asarray(g) for g in grads]
+    fake_gpu.COUNTS.reset()
+    for step, g in enumerate(dev_grads):
+        assert held.pull("w", step) is t.param  # the device array itself
+        held.apply({"w": g}, step)
+    assert (fake_gpu.COUNTS.h2d, fake_gpu.COUNTS.d2h) == (0, 0)  # nothing crossed for 3 steps
+    states = held._host_states()
+    p, m, v = _adam_by_hand(np.ones((3, 2)), grads)
+    np.testing.assert_allclose(states["w"]["Param"], p, rtol=1e-5)
+    np.testing.assert_allclose(states["w"]["Moment1"], m, rtol=1e-5)
+    np.testing.assert_allclose(states["w"]["Moment2"], v, rtol=1e-5)
+    assert fake_gpu.COUNTS.d2h == len(t.state_dict()) + 1  # the state and the finite flag
+    bad = fake_cupy.asarray(np.full((3, 2), np.nan, np.float32))
+    held.apply({"w": bad}, 3)
+    with pytest.raises(PSError, match=r"\['w'\].*NaN or Inf"):
+        held._host_states()
