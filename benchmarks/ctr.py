@@ -24,6 +24,15 @@ and, for the first mode, a labelled prediction for a 16-core host with one accel
 
     python benchmarks/ctr.py                       # the default, best setting for a 2-core machine
     python benchmarks/ctr.py --trainers cpu=2,gpu=1 --micro-batches 8 --modes sync --skip-paddle
+    python benchmarks/ctr.py --stand-in --skip-paddle --steps 100   # the gpu trainer on tests/fake_cupy.py
+
+Per mode it also prints the gpu trainer's host <-> device crossings per step (count and bytes each
+way) and its host work: CPU ms per step besides its kernels. With `--stand-in` (no CUDA here) the
+gpu trainer computes on the strict cupy stand-in of the tests, which counts every crossing and the
+time inside its kernels (numpy underneath), both read over the timed steps; on a CUDA device the
+crossings are hetps's own count (`runtime.exec.device.Crossings`, the run's total per step, the
+held tables' one hold and final write-back included) and the host work is the trainer's whole CPU
+time per step (its kernels run on the device).
 """
 
 from __future__ import annotations
@@ -88,11 +97,11 @@ def _mlp_step(batch: int | None = None, xp=np):
     return step
 
 
-def dense_stage_ms(repeats: int = 50, batch: int | None = None) -> dict[str, float]:
+def dense_stage_ms(repeats: int = 50, batch: int | None = None, stand_in: bool = False) -> dict[str, float]:
     """The dense stage's (the MLP's forward + backward at `batch` examples, default `BATCH`) median ms
     per step: "cpu", the CPU time of one BLAS thread (so time the core spent on others' processes
     does not count), and "gpu", the wall time on the CUDA device with a device sync, when there is
-    one (cupy)."""
+    one (cupy; not on the stand-in, whose kernels are numpy's)."""
     from threadpoolctl import threadpool_limits
 
     from runtime.exec.device import cuda_available, cupy_module
@@ -110,7 +119,7 @@ def dense_stage_ms(repeats: int = 50, batch: int | None = None) -> dict[str, flo
 
     with threadpool_limits(1):
         out = {"cpu": median_ms(_mlp_step(batch), time.process_time)}
-    if cuda_available():
+    if cuda_available() and not stand_in:
         cupy = cupy_module()
         out["gpu"] = median_ms(_mlp_step(batch, cupy), time.perf_counter, cupy.cuda.Device().synchronize)
     return out
@@ -280,6 +289,16 @@ def steady_time_use(trace: Path, first: int, last: int) -> dict[str, dict[str, f
     return out
 
 
+def _stand_in_counts() -> dict:
+    """The stand-in's counts of each process using it, by pid (empty without `--stand-in`)."""
+    folder = os.environ.get("HETPS_FAKE_CUPY_COUNTS")
+    if not folder:
+        return {}
+    import fake_cupy
+
+    return fake_cupy.read_counts(folder)
+
+
 def hetps(
     steps: int,
     warmup: int,
@@ -290,8 +309,9 @@ def hetps(
     dense_on_trainer: bool = True,
     kernel_threads: dict[str, int] | None = None,
 ):
-    """Train the model; also returns each process's CPU ms per timed step (driver included) and
-    each trainer's waits over the timed steps (`steady_time_use`)."""
+    """Train the model; also returns each process's CPU ms per timed step (driver included), each
+    trainer's waits over the timed steps (`steady_time_use`) and, with the stand-in, each process's
+    stand-in counts per timed step (crossings, bytes, kernel ms)."""
     from runtime import train
     from runtime.engines import LocalEngine
     from runtime.profile.machine import cpu_seconds
@@ -310,9 +330,12 @@ def hetps(
     def mark(record: dict) -> None:
         if record["step"] in (warmup - 1, total - 1 - min(END_MARGIN, steps // 2)):
             got = {"at": time.perf_counter(), "driver": time.process_time()}
+            counts = _stand_in_counts()
             for n, p in eng.pids().items():
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError):
                     got[n] = cpu_seconds(p)
+                if p in counts:
+                    got[f"counts {n}"] = counts[p].__dict__
             marks.append(got)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -335,10 +358,46 @@ def hetps(
         )
         waits = steady_time_use(trace, warmup, total - 1) if steps > 1 else {}
     if len(marks) < 2:  # too few timed steps: nothing between the marks
-        return hist, {}, waits
+        return hist, {}, waits, {}
     done = [hist.steps_done(m.pop("at")) for m in marks]
-    cpu_ms = {n: 1e3 * (marks[1][n] - marks[0][n]) / (done[1] - done[0]) for n in marks[0] if n in marks[1]}
-    return hist, cpu_ms, waits
+    n = done[1] - done[0]
+    counts = {
+        k.split()[1]: {f: (marks[1][k][f] - v) / n for f, v in marks[0][k].items()}
+        for k in [k for k in marks[0] if k.startswith("counts ") and k in marks[1]]
+    }
+    cpu_ms = {k: 1e3 * (marks[1][k] - marks[0][k]) / n for k in marks[0] if k in marks[1] and k in eng.pids()}
+    return hist, cpu_ms, waits, counts
+
+
+def device_lines(
+    hist, cpu_ms: dict, counts: dict, kernel_ms: float | None
+) -> tuple[list[str], dict[str, float]]:
+    """Lines on the gpu trainer's crossings and host work per step, and those figures (`kernel_ms`:
+    the stand-in's kernels' CPU ms per step, `gpu_host_work.measure`, None on a CUDA device)."""
+    lines, figs = [], {}
+    for name, st in hist.trainers.items():
+        if "h2d" not in st:  # (not a device trainer)
+            continue
+        c = counts.get(name)
+        if c is not None:  # the stand-in, over the timed steps
+            per, where = c, "timed steps, counted by the stand-in"
+            figs[f"{name} host ms"] = host = cpu_ms.get(name, float("nan")) - kernel_ms
+            work = f"{host:.2f} CPU ms per step besides its kernels ({kernel_ms:.2f} ms, replayed alone)"
+        else:  # hetps's own count over the whole run; the kernels ran on the device
+            per, where = (
+                {k: st[k] / max(hist.steps, 1) for k in ("h2d", "h2d_bytes", "d2h", "d2h_bytes")},
+                ("the run's total per step, the held tables' hold and last write-back included"),
+            )
+            figs[f"{name} host ms"] = host = cpu_ms.get(name, float("nan"))
+            work = f"{host:.2f} CPU ms per step (its whole CPU time: kernels run on the device)"
+        figs.update({f"{name} {k}": per[k] for k in ("h2d", "h2d_bytes", "d2h", "d2h_bytes")})
+        lines.append(
+            f"  {name} crossings per step ({where}): host->device {per['h2d']:.1f} copies, "
+            f"{per['h2d_bytes'] / 1e3:.1f} kB; device->host {per['d2h']:.1f} copies, "
+            f"{per['d2h_bytes'] / 1e3:.1f} kB"
+        )
+        lines.append(f"  {name} host work: {work}; goal <= 1 at batch 512")
+    return lines, figs
 
 
 @dataclass(frozen=True)
@@ -428,6 +487,12 @@ def main(argv: list[str] | None = None) -> dict:
         help="pull and push the MLP's tables through the servers every step (train(dense_on_trainer=False))",
     )
     ap.add_argument("--rounds", type=int, default=1, help="alternate Paddle and hetps this many times")
+    ap.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="run the gpu trainer on the tests' strict cupy stand-in (tests/fake_cupy.py; no CUDA needed): "
+        "crossings and host work per step counted",
+    )
     ap.add_argument("--paddle-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     BATCH = args.batch
@@ -438,6 +503,11 @@ def main(argv: list[str] | None = None) -> dict:
     import logging
 
     logging.getLogger("hetps.device").setLevel(logging.ERROR)  # the emulation is stated below
+    if args.stand_in:  # (trainer processes inherit the variables and the path to tests/)
+        sys.path.insert(0, str(REPO / "tests"))
+        os.environ["HETPS_FAKE_CUPY"] = "fake_cupy"
+        os.environ["HETPS_FAKE_CUPY_COUNTS"] = tempfile.mkdtemp(prefix="hetps-fake-cupy-")
+        args.kernel_threads = {**args.kernel_threads, "gpu": 1}  # (the stand-in's kernels: one thread)
 
     print(
         f"CTR benchmark: batch {BATCH}, {SLOTS} slots x vocab {VOCAB} x dim {DIM} + wide, {DENSE} dense, "
@@ -455,7 +525,20 @@ def main(argv: list[str] | None = None) -> dict:
     from runtime.exec.device import cuda_available
 
     gpu_kind = "gpu on CUDA (cupy)" if cuda_available() else "gpu EMULATED on cpu"
-    stage = out["dense_stage_ms"] = dense_stage_ms()
+    if args.stand_in:
+        gpu_kind = "gpu on the cupy STAND-IN (tests/fake_cupy.py: numpy kernels, crossings counted)"
+    stage = out["dense_stage_ms"] = dense_stage_ms(stand_in=args.stand_in)
+    kernels_ms = None
+    if args.stand_in:  # the gpu trainer's step alone, in this process (benchmarks/gpu_host_work.py)
+        import gpu_host_work
+
+        ref = gpu_host_work.measure(BATCH, steps=10)
+        kernels_ms = ref["kernel_ms"]
+        print(
+            f"gpu trainer's step alone on the stand-in (gpu_host_work.py): {ref['cpu_ms']:.2f} CPU ms, "
+            f"{ref['calls']} kernels taking {kernels_ms:.2f} when replayed alone: host work "
+            f"{ref['host_ms']:.2f} CPU ms per step (no messages)"
+        )
     line = (
         f"dense stage (the MLP's forward + backward, batch {BATCH}): cpu {stage['cpu']:.2f} CPU ms per step "
         "(1 BLAS thread)"
@@ -507,7 +590,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{mode}, trainers {args.trainers}, {mbs} micro-batches, {args.servers} server(s), "
                 f"{gpu_kind}, {held}, kernel threads {args.kernel_threads}"
             )
-            hist, cpu_ms, waits = hetps(
+            hist, cpu_ms, waits, counts = hetps(
                 args.steps,
                 args.warmup,
                 args.trainers,
@@ -551,6 +634,9 @@ def main(argv: list[str] | None = None) -> dict:
                 + f"; total {sum(cpu_ms.values()):.1f} (the MLP's GEMMs alone: {gemm_ms:.1f} CPU ms "
                 "on one core)"
             )
+            dev_lines, figs = device_lines(hist, cpu_ms, counts, kernels_ms)
+            print("\n".join(dev_lines)) if dev_lines else None
+            got.update({f"{k} {mode}": v for k, v in figs.items()})
             costs = out[f"costs_{mode}"] = Costs(cpu_ms, ref_ms, gemm_ms)
             got[f"tax {mode}"], got[f"stage {mode}"] = costs.tax, costs.cpu_stage_us
             same = also = ""

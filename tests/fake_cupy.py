@@ -27,10 +27,11 @@ spawned trainer processes inherit.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 import sys
+import time
 import types
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -134,8 +135,24 @@ def _wrap(v: Any) -> Any:
     return v
 
 
+RECORD: list | None = None  # a list: every kernel call (fn, args, kwargs) is appended (see `replay`)
+
+
 def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
-    return _wrap(fn(*_unwrap(args), **_unwrap(kwargs)))
+    args, kwargs = _unwrap(args), _unwrap(kwargs)
+    if RECORD is not None:
+        RECORD.append((fn, args, kwargs))
+    return _wrap(fn(*args, **kwargs))
+
+
+def replay(calls: list, times: int = 1) -> float:
+    """CPU seconds the recorded kernel calls (`RECORD`) take, run `times` times back to back: the
+    stand-in's "device" time of what was recorded, without any of the host work around it."""
+    t0 = time.process_time()
+    for _ in range(times):
+        for fn, args, kwargs in calls:
+            fn(*args, **kwargs)
+    return time.process_time() - t0
 
 
 class ndarray:  # noqa: N801  (cupy's name)
@@ -167,6 +184,8 @@ class ndarray:  # noqa: N801  (cupy's name)
             return a.copy()
         if not isinstance(out, np.ndarray) or out.shape != a.shape or out.dtype != a.dtype:
             raise ValueError("fake_cupy: get(out=) needs a host array of the same shape and dtype")
+        if RECORD is not None:
+            RECORD.append((np.copyto, (out, a), {}))
         np.copyto(out, a)
         if stream is not None and blocking:
             stream.synchronize()
@@ -176,7 +195,10 @@ class ndarray:  # noqa: N801  (cupy's name)
         """Host -> device into this array, on `stream` (pending until waited for, off the null one)."""
         if not isinstance(arr, np.ndarray) or arr.shape != self._a.shape:
             raise ValueError("fake_cupy: set() needs a host array of the array's shape")
-        np.copyto(self._a, arr.astype(self._a.dtype, copy=False))
+        args = (self._a, arr.astype(self._a.dtype, copy=False))
+        if RECORD is not None:  # (the DMA: device work)
+            RECORD.append((np.copyto, args, {}))
+        np.copyto(*args)
         off_null = stream is not None and stream is not cuda.Stream.null
         COUNTS.h2d_add(arr.nbytes, off_null and _is_pinned(arr))
         if off_null:

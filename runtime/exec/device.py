@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ops_registry.base import cupyx_of
 from transpiler.config import kind_of
 
 log = logging.getLogger("hetps.device")
@@ -96,8 +97,9 @@ def to_host(v: Any) -> Any:
     """A numpy array of `v`, copied off the GPU for cupy arrays (counted in `CROSSINGS`); a row-sparse
     value (`SparseRows`) is returned as it is (its parts stay where they are)."""
     if on_device(v):
-        CROSSINGS.add(False, v.nbytes)
-        return v.get()
+        host = v.get()
+        CROSSINGS.add(False, host.nbytes)
+        return host
     if hasattr(v, "to_dense"):
         return v
     return np.asarray(v)
@@ -125,7 +127,7 @@ class Copies:
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
-        self.cupyx = importlib.import_module("cupyx") if xp.__name__ == "cupy" else xp.cupyx
+        self.cupyx = cupyx_of(xp)
         self.stream = xp.cuda.Stream(non_blocking=True)
         self.free: dict[tuple, list[np.ndarray]] = {}
         self.busy: list[tuple[Any, tuple, np.ndarray]] = []  # (event, key, buffer) of copies in flight

@@ -17,9 +17,9 @@ The protocol, per held table (in sync and async mode alike):
 On a gpu trainer (`xp` cupy) the held tables, their optimizer state and scalars live on the device
 from the hold to the end of the run: `pull` gives the device array, `apply` runs the optimizer
 kernel on the device with the device gradient, and only a write-back copies the state to the host.
-The NaN / Inf check of the gradients then stays on the device too (a flag, folded over the steps)
-and is read at each write-back: non-finite gradients fail the write-back, naming the table, and the
-shard keeps the state written back before.
+No per-step NaN / Inf check of the gradients there (it would cost kernels and a sync each step):
+a non-finite gradient makes the state non-finite, which the write-back refuses on the host, naming
+the table, so the shard keeps the state written back before.
 
 If the holder dies, the steps since the last write-back are lost with it, and the run fails naming
 it (as it would anyway); a resumed run starts from the last checkpoint, which has every step
@@ -98,7 +98,7 @@ class HeldTables:
 
     def __init__(self, client: PSClient, names: list[str], start: int, sync: bool, xp: Any = np) -> None:
         self.tables: dict[str, DenseTable] = {}
-        self.xp, self.finite = xp, {}  # (device: table -> its gradients' finite flag, on the device)
+        self.xp = xp
         for name, state in client.hold(names).items():
             t = self.tables[name] = DenseTable(client.specs[name])
             t.load_state(state)
@@ -136,34 +136,32 @@ class HeldTables:
         self.steps += 1
 
     def _apply_on_device(self, name: str, t: DenseTable, grad: Any) -> None:
-        """The optimizer step on the device: shape and dtype checked on the host (metadata), the
-        finite check folded into the table's device flag (read at the write-back)."""
+        """The optimizer step on the device, shape and dtype checked on the host (metadata)."""
         xp = self.xp
         grad = xp.zeros(t.shape, t.dtype) if grad is None else to_device(xp, grad)
         if tuple(grad.shape) != t.shape:
             raise PSError(
                 f"held table {name!r}: a gradient of shape {list(grad.shape)}, expected {list(t.shape)}"
             )
-        grad = grad.astype(t.dtype, copy=False)
-        ok = xp.isfinite(grad).all()
-        self.finite[name] = ok if name not in self.finite else self.finite[name] & ok
+        if grad.dtype != t.dtype:
+            grad = grad.astype(t.dtype)
         res = t.kernel(xp, {"Param": t.param, "Grad": grad, **t.state, **t.scalars}, t.attrs)
         for slot in t.scalars:
             t.scalars[slot] = res[t.out_slot[slot]]
 
     def _host_states(self) -> dict[str, dict[str, np.ndarray]]:
-        """Every table's state on the host (copies off the device; refused after a non-finite
-        gradient since the last write-back)."""
+        """Every table's state on the host (copies off the device, refused when not finite: a NaN /
+        Inf gradient since the last write-back)."""
         if self.xp is np:
             return {n: t.state_dict() for n, t in self.tables.items()}
-        bad = [n for n, ok in self.finite.items() if not bool(to_host(ok))]
+        states = {n: {k: to_host(a) for k, a in t.state_dict().items()} for n, t in self.tables.items()}
+        bad = [n for n, st in states.items() if not all(np.isfinite(a).all() for a in st.values())]
         if bad:
             raise PSError(
-                f"held table(s) {bad}: a gradient contained NaN or Inf since the last write-back; the "
-                "state is not written back (the shard keeps the one written back before)"
+                f"held table(s) {bad}: the state holds NaN or Inf (a non-finite gradient since the last "
+                "write-back); it is not written back (the shard keeps the one written back before)"
             )
-        self.finite = {}
-        return {n: {k: to_host(a) for k, a in t.state_dict().items()} for n, t in self.tables.items()}
+        return states
 
     def write_back_due(self, client: PSClient, pushed: int, rec: Recorder) -> None:
         """Write the tables back when `due` (once `pushed` steps have been pushed)."""
