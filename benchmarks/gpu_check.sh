@@ -13,7 +13,8 @@
 # 4. times the dense stage (the CTR MLP's forward + backward) on the GPU against one CPU core, at
 #    batch 512, 4096 and 16384;
 # 5. runs benchmarks/ctr.py with one real gpu trainer (cupy) in async and sync mode at the same three
-#    batch sizes (fewer steps for the larger ones), each bounded in time.
+#    batch sizes (fewer steps for the larger ones), each bounded in time; it prints the gpu
+#    trainer's host <-> device crossings and CPU ms per step (docs/gpu.md).
 #
 # Results go to $OUT (a device run's output folder) or else out/gpu_check/: one file per stage
 # (*.txt: its output; dense_stage.json; cuda_tests.xml). The whole check takes under 8 minutes.
@@ -60,6 +61,8 @@ command -v nvidia-smi >/dev/null 2>&1 || fail "no nvidia-smi: this machine has n
 nvidia-smi -L 2>/dev/null | grep -q . || fail "nvidia-smi lists no GPU; no GPU was checked"
 nvidia-smi -L | tee "$RESULTS/gpu.txt"
 "$PY" - <<'EOF' 2>&1 | tee -a "$RESULTS/gpu.txt" || fail "cupy is missing or cannot use a CUDA device (driver / CUDA runtime?); no GPU was checked"
+import os
+
 import cupy
 
 n = cupy.cuda.runtime.getDeviceCount()
@@ -67,7 +70,8 @@ props = cupy.cuda.runtime.getDeviceProperties(0)
 x = cupy.arange(10, dtype=cupy.float32)
 assert float((x * 2).sum()) == 90.0
 print(f"cupy {cupy.__version__}: {n} device(s); device 0: {props['name'].decode()}, "
-      f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}")
+      f"CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}; CUPY_TF32={os.environ.get('CUPY_TF32', '')!r} "
+      "(unset or 0: float32 GEMMs without TF32, docs/gpu.md)")
 EOF
 
 status=0

@@ -6,11 +6,12 @@
 #
 # Only what the check's code path imports: `import runtime, transpiler` and `transpile` (pyzmq,
 # msgspec, cryptography, threadpoolctl, networkx for placement, onnx with protobuf, ml_dtypes and
-# typing_extensions) and pytest with pytest-timeout (pytest.ini's --timeout) for the CUDA tests.
+# typing_extensions, rocksdict for the tiered sparse tables, which `runtime.ps` imports) and pytest
+# with pytest-timeout (pytest.ini's --timeout) for the CUDA tests.
 # Left out: numba with llvmlite (63 MiB; ops_registry/compiled.py's kernels for large numpy arrays,
 # which fall back to plain numpy without it: the same results, slower), pyarrow, tqdm, matplotlib,
 # tensorboardX, pygraphviz, PyYAML, ray (nothing on the check's path imports them).
-# The versions are the ones this repository is tested with; the folder stays under 64 MiB (~19).
+# The versions are the ones this repository is tested with; the folder stays under 64 MiB (~23).
 # PYTHON_VERSION overrides the target Python (e.g. PYTHON_VERSION=3.11 for a dry run on 3.11).
 set -euo pipefail
 
@@ -35,6 +36,7 @@ PKGS=(
     iniconfig==2.3.0
     packaging==26.4
     Pygments==2.20.0
+    rocksdict==0.3.29
 )
 mkdir -p "$DEST"
 for p in "${PKGS[@]}"; do
