@@ -74,3 +74,41 @@ def test_sync_training_with_a_real_gpu_trainer_equals_single_process():
     want = single_process(model, [data.batch(t, 256) for t in range(10)])
     tables = [t.name for t in transpile(model.main).tables]
     assert_same_params(hist.params, want, tables)
+
+
+def test_boundary_copies_go_through_pinned_buffers_on_a_copy_stream():
+    """`Copies` on real cupy: values arrive intact whichever way, kernels after a copy see it, and
+    the crossings are counted."""
+    import cupy
+
+    from runtime.exec.device import CROSSINGS, Copies
+
+    copies, before = Copies(cupy), CROSSINGS.as_dict()
+    rng = np.random.default_rng(0)
+    host = [rng.normal(size=(512, 416)).astype(np.float32) for _ in range(4)]
+    devs = [copies.to_device(h) for h in host]  # enqueued on the copy stream, one after the other
+    for h, d in zip(host, devs, strict=True):
+        np.testing.assert_array_equal(copies.to_host(d * 2), h * 2)
+    assert CROSSINGS.h2d - before["h2d"] == 4 and CROSSINGS.d2h - before["d2h"] == 4
+    assert CROSSINGS.h2d_bytes - before["h2d_bytes"] == sum(h.nbytes for h in host)
+
+
+def test_held_tables_step_on_the_device_as_on_the_host():
+    """HeldTables with cupy: Adam steps on the device equal the numpy HeldTables' steps."""
+    import cupy
+    from test_held_dense import _ShardClient, _specs
+
+    from runtime.ps.held_tables import HeldTables
+    from runtime.ps.shard import Shard
+
+    rng = np.random.default_rng(1)
+    grads = [rng.normal(size=(3, 2)).astype(np.float32) for _ in range(4)]
+    states = []
+    for xp in (np, cupy):
+        shard = Shard(_specs({"type": "adam", "lr": 0.1}), mode="async")
+        held = HeldTables(_ShardClient(shard), ["w"], start=0, sync=False, xp=xp)
+        for t, g in enumerate(grads):
+            held.apply({"w": xp.asarray(g)}, t)
+        states.append(held._host_states()["w"])
+    for k, want in states[0].items():
+        np.testing.assert_allclose(states[1][k], want, rtol=1e-5, atol=1e-7, err_msg=k)
