@@ -90,4 +90,3 @@ class Mail:
     def missing(self, it: Item, names: list[str]) -> list[str]:
         got = self.arrived.get(it.key, {})
         return [n for n in names if n not in got]
-
