@@ -167,6 +167,7 @@ class Copies:
             return type(v)(self.to_host(v.rows), self.to_host(v.values), v.height)
         if not on_device(v):
             return to_host(v)
+        v = self.xp.ascontiguousarray(v)  # (on the compute stream, before the event: one plain copy)
         self.stream.wait_event(self.xp.cuda.get_current_stream().record())
         key, buf = self._pinned(v.shape, v.dtype)
         v.get(stream=self.stream, out=buf)  # (blocking: waits for this copy only)
