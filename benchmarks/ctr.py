@@ -38,9 +38,11 @@ time per step (its kernels run on the device).
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -506,7 +508,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.stand_in:  # (trainer processes inherit the variables and the path to tests/)
         sys.path.insert(0, str(REPO / "tests"))
         os.environ["HETPS_FAKE_CUPY"] = "fake_cupy"
-        os.environ["HETPS_FAKE_CUPY_COUNTS"] = tempfile.mkdtemp(prefix="hetps-fake-cupy-")
+        os.environ["HETPS_FAKE_CUPY_COUNTS"] = counts = tempfile.mkdtemp(prefix="hetps-fake-cupy-")
+        atexit.register(shutil.rmtree, counts, ignore_errors=True)
         args.kernel_threads = {**args.kernel_threads, "gpu": 1}  # (the stand-in's kernels: one thread)
 
     print(

@@ -11,7 +11,9 @@ tests/fake_cupy.py first on PYTHONPATH and that tree after it.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +33,7 @@ def per_step(mode: str) -> dict[str, float]:
     got = {}
     for steps in (3, 5):
         os.environ["HETPS_FAKE_CUPY_COUNTS"] = folder = tempfile.mkdtemp(prefix="hetps-fake-cupy-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
         m = wide_deep(num_slots=4, vocab=300, dim=4, hidden=(16, 8), optimizer=nn.SGD(lr=0.2))
         data = SyntheticCTR(vocab=300, num_slots=4, seed=5)
         run = dict(batch_size=64, trainers={"cpu": 1, "gpu": 1}, servers=1, progress=False)
