@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from runtime.exec.device import cuda_available, cupy_module
+from runtime.profile.load import moved
+from runtime.profile.load import probe as probe_load
 from runtime.profile.measure import measure_link, measure_ps, profile_kernels
 from transpiler.config import TranspileConfig
 from transpiler.cost.model import Workload
@@ -203,6 +205,7 @@ def machine_profile(
         log("calibrating the runtime's own overhead (four short training runs) ...")
         overhead = measure_overhead(link, ps)
         prof = Profile({}, link, ps, os.cpu_count() or 1, [], machine_key(), overhead, METHOD)
+    reloaded = _check_load(prof, path, log)
     missing = prof.missing(plan.programs)
     if missing:
         log(f"profiling {sum(len(v) for v in missing.values())} kernel(s) on {', '.join(missing)} ...")
@@ -211,9 +214,40 @@ def machine_profile(
         for kind, table in kernels.items():
             prof.kernels.setdefault(kind, {}).update(table)
         prof.emulated = sorted(set(prof.emulated) | set(emulated))
-    if measured or missing:
+    if measured or missing or reloaded:
         _write_atomic(path, json.dumps(prof.to_dict(), indent=1))
     return prof
+
+
+def _check_load(prof: Profile, path: Path, log: Callable[[str], None]) -> bool:
+    """Probe the machine's load now (about a second); when the profile has none or its load moved,
+    the profile is stale: take the new load (kernels, link and PS are timed by CPU time or the
+    fastest of repeats, which other processes' load moves little; the load is what moved). True when
+    the profile changed."""
+    now = probe_load()
+    why = "it has no load measured" if prof.load is None else moved(prof.load, now)
+    if why is None:
+        return False
+    if prof.load is not None:
+        age = max(now.at - prof.load.at, 0.0) / 60
+        log(f"{path.name} is stale ({why}; measured {age:.0f} min ago): re-profiling the load")
+    prof.load = now
+    log(f"load: {now.describe()}")
+    return True
+
+
+def workload(
+    profile: Profile,
+    batch_size: int = 512,
+    cores: int | str | None = None,
+    unique_fraction: float = 1.0,
+) -> Workload:
+    """The cost model's workload: `cores` "auto": all processes share this machine's available cores
+    under the load the profile measured; N: they share N idle cores; None: a core each."""
+    if cores != "auto":
+        return Workload(batch_size, cores, unique_fraction)
+    load = profile.load or probe_load()
+    return Workload(batch_size, load.cores, unique_fraction, load.alone, load.all_cores, load.spread)
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -247,7 +281,7 @@ def tune(
     *,
     config: TranspileConfig | None = None,
     batch_size: int = 512,
-    cores: int | None = None,
+    cores: int | str | None = None,
     sample: dict[str, np.ndarray] | None = None,
     profile: Profile | None = None,
     log: Callable[[str], None] = lambda s: None,
