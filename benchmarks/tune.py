@@ -6,12 +6,12 @@ EMULATED on the CPU when there is no CUDA device) this trains the model of bench
 compares it with the cost model's prediction (transpiler/cost/model.py) from this machine's profile
 (runtime/profile/machine.py, cached under ~/.cache/hetps; `--refresh` measures it again). All processes
 share this machine's cores, so the prediction is made with cores = the cores this process may use,
-under the load other processes put on them: before each measurement the machine's load is probed
-(runtime/profile/load.py: the share of a core a busy process gets alone and with one per core; 0.4 s)
-and each row is predicted under the median of its probes, with a prediction interval (the probes'
-spread and the model's band); `--no-load` predicts as if the machine were idle. Each row prints
-the load average at its measurements; the last lines give the errors of the model without the load
-too (the same measurements).
+under the load other processes put on them: before and after each measurement the machine's load is
+probed (runtime/profile/load.py: the share of a core a busy process gets alone, with one per core
+and in a chain; ~0.6 s) and each row is predicted under the median of its probes, with a
+prediction interval (the probes' spread and the model's band); `--no-load` predicts as if the
+machine were idle. Each row prints the load average at its measurements; the last lines give the
+errors of the model without the load too (the same measurements).
 
 Throughput on a shared machine moves between runs of the same setting (by ~20% per row on a quiet
 2-core machine), so the grid is measured `--repeats` times, in rounds (every setting once per
@@ -57,7 +57,7 @@ class Row:
     prediction: Any
     rates: list[float] = field(default_factory=list)
     cpu_ms: list[dict[str, float]] = field(default_factory=list)
-    loads: list[Any] = field(default_factory=list)  # the machine's load probed before each measurement
+    loads: list[Any] = field(default_factory=list)  # the machine's load probed before and after each run
 
     def load_average(self) -> str:
         """The load average at the row's measurements (lowest-highest)."""
@@ -152,9 +152,11 @@ def prepare(args: argparse.Namespace) -> tuple[Any, list[Row]]:
     return cost, rows
 
 
-def measure(args: argparse.Namespace, rows: list[Row]) -> None:
-    """Train every setting `--repeats` times, one round through the grid after another (each after
-    a probe of the machine's load, `--load`)."""
+def measure(args: argparse.Namespace, cost: Any, rows: list[Row]) -> None:
+    """Train every setting `--repeats` times, one round through the grid after another (each between
+    two probes of the machine's load, `--load`)."""
+    from dataclasses import replace
+
     from benchmarks import ctr
     from runtime.profile.load import probe as probe_load
 
@@ -169,6 +171,25 @@ def measure(args: argparse.Namespace, rows: list[Row]) -> None:
             )
             row.rates.append(hist.examples_per_s(skip=args.warmup))
             row.cpu_ms.append(cpu_ms)
+            got = ""
+            if args.load:
+                row.loads.append(probe_load(seconds=0.2, slices=2))
+                x, y = row.loads[-2:]
+                w = replace(
+                    row.prediction.workload,
+                    share_alone=(x.alone + y.alone) / 2,
+                    share_all=(x.all_cores + y.all_cores) / 2,
+                    share_chain=(x.chain + y.chain) / 2,
+                )
+                got = (
+                    f"; a run got {x.capacity:.2f} cores before it, {y.capacity:.2f} after: predicted "
+                    f"{cost.predict(s, w).examples_per_s:,.0f}"
+                )
+            print(
+                f"    {s.describe()}: {row.rates[-1]:,.0f} examples/s (load average "
+                f"{os.getloadavg()[0]:.1f}{got})",
+                flush=True,
+            )
         print(
             f"  round {k + 1} of {args.repeats}: {len(rows)} settings in {time.perf_counter() - t0:.0f} s "
             f"(load average {os.getloadavg()[0]:.1f})",
@@ -187,6 +208,7 @@ def repredict(cost: Any, rows: list[Row]) -> Any:
             share_alone=statistics.median(x.alone for x in loads),
             share_all=statistics.median(x.all_cores for x in loads),
             share_spread=min(statistics.median(x.spread for x in loads), 1.0),
+            share_chain=statistics.median(x.chain for x in loads),
         )
 
     for row in rows:
@@ -231,7 +253,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     logging.getLogger("hetps.device").setLevel(logging.ERROR)  # the emulation is stated below
     t0 = time.perf_counter()
     cost, rows = prepare(args)
-    measure(args, rows)
+    measure(args, cost, rows)
     blind = [abs(r.error) for r in rows]  # the model as if the machine were idle
     report(cost, rows, repredict(cost, rows))
     errors = [abs(r.error) for r in rows]

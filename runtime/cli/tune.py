@@ -89,7 +89,7 @@ def tune_budget(args: argparse.Namespace, cluster):
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from runtime.profile.machine import tune, unique_fraction, workload
+    from runtime.profile.machine import tune, unique_fraction, workload_for
     from transpiler import TranspileConfig, transpile
     from transpiler.cost.paper import Cluster
 
@@ -112,7 +112,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         plan = transpile(target, config)
     profile = tune_profile(args, plan)
     sample = tune_sample(plan, args.batch_size)
-    w = workload(profile, args.batch_size, cores, unique_fraction(plan, sample) if sample else 1.0)
+    w = workload_for(profile, args.batch_size, cores, unique_fraction(plan, sample) if sample else 1.0)
     if cluster is not None:
         print(f"PREDICTION ON PAPER for {cluster.describe()}: this machine cannot run it; assumptions:")
         for line in cluster.assumptions(profile):
@@ -120,10 +120,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         profile, w = cluster.profile(profile), cluster.workload(w)
     elif cores == "auto":
         print(f"this machine now: {profile.load.describe()}")
-    try:
-        result = tune(target, budget, config=plan.config, profile=profile, objective=objective, workload=w)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    device_map = cluster.device_map(plan.trainer_types) if cluster is not None else None
+    result = tune(
+        target,
+        budget,
+        config=plan.config,
+        profile=profile,
+        objective=objective,
+        workload=w,
+        device_map=device_map,
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import yaml

@@ -6,9 +6,11 @@
   share of a core it got. Linux shares a core among the runnable threads (by their weights), so
   both shares say how a run's capacity grows with its threads beside the other processes' load
   (the scheduler shares cores among threads, and with autogroups among sessions first);
+- a chain: two processes computing in turn and waking each other (as trainers pass items), its
+  CPU time against the wall time: beside other processes every wake waits for a core;
 - the load average and the run queue (`procs_running` of /proc/stat, sampled), for the record.
 
-A probe takes about `2 * seconds`; the spread of the estimate over its slices is the `spread`.
+A probe takes about `3 * seconds`; the spread of the estimate over its slices is the `spread`.
 """
 
 from __future__ import annotations
@@ -92,6 +94,60 @@ def _shares(processes: int, seconds: float, slices: int) -> list[float]:
     return [statistics.fmean(g[k] for g in got) for k in range(slices)]
 
 
+def _burn(seconds: float, a: np.ndarray) -> None:
+    """Compute until this process has used `seconds` of CPU."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        a @ a
+
+
+def _echo(conn: Any, work_s: float) -> None:
+    from threadpoolctl import threadpool_limits
+
+    a = np.random.default_rng(0).standard_normal((64, 64))
+    with threadpool_limits(1):
+        while conn.recv() is not None:
+            _burn(work_s, a)
+            conn.send(1)
+    conn.send(time.process_time())
+
+
+def chain(seconds: float = 0.4, work_s: float = 0.002) -> float:
+    """The share of the wall time a chain of two processes progresses: each computes `work_s` of CPU
+    and wakes the other (a message through a pipe), as a run's trainers pass items along; the
+    processes' CPU time / the wall time. Beside other processes, each wake waits for a core: this
+    falls below a busy thread's share."""
+    from threadpoolctl import threadpool_limits
+
+    ctx = mp.get_context("fork")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_echo, args=(there, work_s))
+    proc.start()
+    a = np.random.default_rng(0).standard_normal((64, 64))
+    try:
+        with threadpool_limits(1):
+            here.send(1)
+            here.recv()  # the echo is up
+            w0, c0 = time.perf_counter(), time.process_time()
+            mine, rounds = 0.0, 0
+            while time.perf_counter() - w0 < seconds:
+                _burn(work_s, a)
+                here.send(1)
+                here.recv()
+                rounds += 1
+            wall, mine = time.perf_counter() - w0, time.process_time() - c0
+            here.send(None)
+            if not here.poll(30):
+                raise RuntimeError("the load probe's echo process did not answer within 30 s")
+            here.recv()
+    finally:
+        proc.join(5)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+    return min((mine + rounds * work_s) / wall, 1.0)
+
+
 def probe(seconds: float = 0.4, slices: int = 4) -> Load:
     """This machine's load now: the calibration kernel alone, then on every core at once."""
     cores = available_cores()
@@ -102,6 +158,7 @@ def probe(seconds: float = 0.4, slices: int = 4) -> Load:
         cores=cores,
         alone=statistics.median(alone),
         all_cores=mid,
+        chain=chain(seconds),
         spread=min((max(everywhere) - min(everywhere)) / 2 / mid, 1.0),
         load_average=os.getloadavg()[0],
         run_queue=run_queue(),
@@ -114,7 +171,11 @@ def moved(then: Load, now: Load) -> str | None:
     moved), or None."""
     if then.cores != now.cores:
         return f"the cores available moved from {then.cores} to {now.cores}"
-    pairs = (("alone", then.alone, now.alone), ("with one per core", then.all_cores, now.all_cores))
+    pairs = (
+        ("alone", then.alone, now.alone),
+        ("with one per core", then.all_cores, now.all_cores),
+        ("in a chain of two", then.chain, now.chain),
+    )
     for what, a, b in pairs:
         if abs(a - b) > STALE_ABS and abs(a - b) > STALE_RATIO * max(a, b):
             return (

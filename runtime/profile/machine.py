@@ -30,6 +30,7 @@ from runtime.profile.load import probe as probe_load
 from runtime.profile.measure import measure_link, measure_ps, profile_kernels
 from transpiler.config import TranspileConfig
 from transpiler.cost.model import Workload
+from transpiler.cost.money import Objective
 from transpiler.cost.profile import LinkCost, Overhead, Profile, PSCost
 from transpiler.cost.tune import Budget, TuneResult
 from transpiler.cost.tune import tune as _tune
@@ -236,7 +237,7 @@ def _check_load(prof: Profile, path: Path, log: Callable[[str], None]) -> bool:
     return True
 
 
-def workload(
+def workload_for(
     profile: Profile,
     batch_size: int = 512,
     cores: int | str | None = None,
@@ -247,7 +248,9 @@ def workload(
     if cores != "auto":
         return Workload(batch_size, cores, unique_fraction)
     load = profile.load or probe_load()
-    return Workload(batch_size, load.cores, unique_fraction, load.alone, load.all_cores, load.spread)
+    return Workload(
+        batch_size, load.cores, unique_fraction, load.alone, load.all_cores, load.spread, load.chain
+    )
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -285,26 +288,34 @@ def tune(
     sample: dict[str, np.ndarray] | None = None,
     profile: Profile | None = None,
     log: Callable[[str], None] = lambda s: None,
+    objective: Objective | None = None,
+    workload: Workload | None = None,
+    device_map: dict[str, str] | None = None,
 ) -> TuneResult:
     """Profile this machine (cached, unless `profile` is given) and search placement and resources
     for `program` within `budget` (see transpiler.cost.tune.tune). A Plan keeps its placement: only trainer
     counts, micro-batches, shards and modes are searched. `sample`: a batch of the data, for the share
-    of unique ids among a step's ids (default 1.0: every id distinct)."""
+    of unique ids among a step's ids (default 1.0: every id distinct). `cores` "auto": this machine's
+    cores under its load now (`workload`); `objective`: what to maximize (default: examples/s);
+    `workload`: the cost model's workload as it is (batch_size, cores and sample then unused);
+    `device_map`: trainer type -> the kind it runs on (as train's)."""
     if isinstance(program, Plan):
         plan, config = program, program.config
     else:
         config = config or TranspileConfig()
         plan = transpile(program, config)
     profile = profile or machine_profile(plan, log=log)
-    frac = unique_fraction(plan, sample) if sample is not None else 1.0
+    if workload is None:
+        frac = unique_fraction(plan, sample) if sample is not None else 1.0
+        workload = workload_for(profile, batch_size, cores, frac)
     return _tune(
         program if isinstance(program, Program) else None,
         profile,
         budget,
         config,
-        batch_size=batch_size,
-        cores=cores,
-        unique_fraction=frac,
         transpile_fn=(lambda p, c: plan) if isinstance(program, Plan) else None,
         placement=not isinstance(program, Plan),
+        objective=objective,
+        workload=workload,
+        device_map=device_map,
     )

@@ -64,8 +64,9 @@ class Workload:
     processes share when they run on one machine (None: each process has a core of its own);
     `unique_fraction`: unique ids / ids in a reader's step (the data's skew: 1.0 = every id
     distinct); `share_alone`, `share_all` (+- `share_spread`, relative): the share of a core a
-    busy thread got beside other processes, one alone and one on every core at once
-    (`transpiler.cost.profile.Load`; 1: an idle machine; used only with `cores`)."""
+    busy thread got beside other processes, one alone and one on every core at once, and
+    `share_chain` of two waking each other (`transpiler.cost.profile.Load`; 1: an idle machine;
+    used only with `cores`)."""
 
     batch_size: int = 512
     cores: int | None = None
@@ -73,15 +74,16 @@ class Workload:
     share_alone: float = 1.0
     share_all: float = 1.0
     share_spread: float = 0.0
+    share_chain: float = 1.0
 
     def __post_init__(self) -> None:
         check_positive(self.batch_size, "Workload.batch_size")
         check_positive(self.cores, "Workload.cores", optional=True)
-        for name in ("share_alone", "share_all", "share_spread"):
+        for name in ("share_alone", "share_all", "share_spread", "share_chain"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
                 raise ValueError(f"Workload.{name} must be a share in [0, 1], got {v!r}")
-        if self.share_alone <= 0 or self.share_all <= 0:
+        if min(self.share_alone, self.share_all, self.share_chain) <= 0:
             raise ValueError(
                 f"Workload.share_alone / share_all must be > 0 (a thread's share of a core), got "
                 f"{self.share_alone!r} / {self.share_all!r}"
@@ -379,20 +381,23 @@ class PlanCost:
 
 def _under_load(step: float, cpu_work: float, w: Workload, limit: str) -> tuple[float, float, float, str]:
     """(step under the other processes' load, interval low / high in examples/s, limit)."""
-    f = share_of_cores(cpu_work, step, w.cores, w.share_alone, w.share_all)
+    f = share_of_cores(cpu_work, step, w.cores, w.share_alone, w.share_all, w.share_chain)
     if f < 0.995:
         limit += (
             f"; other processes take a share of the cores (a busy thread of the run gets {100 * f:.0f}% "
             "of a core)"
         )
     lo, hi = 1 - w.share_spread, 1 + w.share_spread
-    low = share_of_cores(cpu_work, step, w.cores, lo * w.share_alone, lo * w.share_all)
-    high = share_of_cores(cpu_work, step, w.cores, min(hi * w.share_alone, 1), min(hi * w.share_all, 1))
+    shares = (w.share_alone, w.share_all, w.share_chain)
+    low = share_of_cores(cpu_work, step, w.cores, *(lo * x for x in shares))
+    high = share_of_cores(cpu_work, step, w.cores, *(min(hi * x, 1.0) for x in shares))
     n = w.batch_size / step
     return step / f, n * low * (1 - MODEL_BAND), n * high * (1 + MODEL_BAND), limit
 
 
-def share_of_cores(cpu_work: float, step: float, cores: int | None, alone: float, every: float) -> float:
+def share_of_cores(
+    cpu_work: float, step: float, cores: int | None, alone: float, every: float, chain: float = 1.0
+) -> float:
     """The share of a core each busy thread of a run gets while other processes run beside it, from
     the shares a calibration thread got (`alone`: one thread; `every`: each of one per core at
     once; 1, 1: an idle machine), for a run that keeps u = cpu_work / step cores busy when idle.
@@ -402,14 +407,15 @@ def share_of_cores(cpu_work: float, step: float, cores: int | None, alone: float
     among its runnable threads, and with autogroups (a session's processes share one group) among
     the groups first, so a run's capacity grows with its threads anywhere from linearly (threads
     shared, `every` == `alone`) to not at all (groups shared, `every` == `alone` / cores): the two
-    points measure which."""
-    if cores is None or step <= 0 or (alone >= 1 and every >= 1):
+    points measure which. At most `chain`: the share of the wall time two processes that compute
+    in turn and wake each other progress (every wake waits for a core), as a run's trainers do."""
+    if cores is None or step <= 0 or (alone >= 1 and every >= 1 and chain >= 1):
         return 1.0
     u = cpu_work / step
     if u <= 1 or cores == 1:
-        return min(alone, 1.0)
+        return min(alone, chain, 1.0)
     cap = alone + (cores * every - alone) * (min(u, cores) - 1) / (cores - 1)
-    return max(min(cap / u, 1.0), 1e-3)
+    return max(min(cap / u, chain, 1.0), 1e-3)
 
 
 def _itemsize(dtype: str) -> int:

@@ -19,6 +19,7 @@ import copy
 import re
 from dataclasses import dataclass, replace
 
+from transpiler.config import kind_of
 from transpiler.cost.model import Workload
 from transpiler.cost.profile import KernelCost, Profile
 
@@ -103,6 +104,12 @@ class Cluster:
         """All processes share the cluster's cores; nothing else runs there."""
         return replace(w, cores=self.nodes * self.cores, share_alone=1.0, share_all=1.0, share_spread=0.0)
 
+    def device_map(self, types: list[str]) -> dict[str, str] | None:
+        """Without GPUs, a plan's GPU trainer types run their ops on CPU cores."""
+        if self.gpus:
+            return None
+        return {t: "cpu" for t in types if kind_of(t) == "gpu"} or None
+
     def profile(self, p: Profile) -> Profile:
         """This machine's profile changed by the assumptions (`assumptions`)."""
         out = copy.deepcopy(p)
@@ -128,7 +135,9 @@ class Cluster:
             "a CPU core there is as fast as one here (kernels, the runtime's overhead: "
             f"{p.machine or 'this machine'})",
         ]
-        if "gpu" in p.emulated:
+        if not self.gpus:
+            out.append("no GPUs: the plan's GPU trainer types run on CPU cores (as CPU kernels, a core each)")
+        elif "gpu" in p.emulated:
             out.append(
                 f"GPU kernels: this CPU's emulated timings / {self.gpu_speedup:g} "
                 "(--cluster gpu-speedup=...; no CUDA device measured them)"

@@ -244,7 +244,7 @@ def tune(
                 f"the plan clips gradients by global norm (tables {plan.clipped_tables}), which trains "
                 f"in sync mode only, and the budget's modes are {budget.modes}: allow 'sync'"
             )
-        grid = resource_grid(used, budget, modes)
+        grid = [replace(g, device_map=device_map) for g in resource_grid(used, budget, modes)]
         win, second = best_setting(PlanCost(plan, profile, device_map), grid, workload, objective)
         return plan, win, second, len(grid)
 

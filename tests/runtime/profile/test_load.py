@@ -77,9 +77,9 @@ def test_cached_profile_goes_stale_when_the_load_moved(tmp_path, monkeypatch):
     said.clear()
     rp.machine_profile(plan, cache=tmp_path, log=said.append)
     assert not any("stale" in m for m in said)
-    w = rp.workload(got, 256, "auto", 0.5)
+    w = rp.workload_for(got, 256, "auto", 0.5)
     assert (w.cores, w.share_alone, w.share_all, w.share_spread) == (2, 0.5, 0.25, 0.1)
-    assert rp.workload(got, 256, 4).share_all == 1.0  # N idle cores: no load
+    assert rp.workload_for(got, 256, 4).share_all == 1.0  # N idle cores: no load
 
 
 def test_profile_round_trips_its_load():
