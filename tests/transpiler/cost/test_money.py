@@ -132,3 +132,79 @@ def test_per_dollar_tuning_of_a_real_plan_pays_for_what_it_uses():
         0.048 * (win.scale.trainers["cpu"] + win.scale.servers) + 2.5 * win.scale.trainers["gpu"]
     )
     assert won == pytest.approx(max(per_dollar))
+
+
+def _cli(tmp_path, *extra: str) -> tuple[int, str]:
+    """`hetps tune` of a small Wide&Deep's plan directory (resources only: fast) on a synthetic
+    profile (every kernel 0.1 ms + 1 us per example), with `extra` options; (exit code, output)."""
+    import contextlib
+    import io
+    import json
+
+    from runtime.cli.app import main
+    from transpiler import builder
+    from transpiler.cost.profile import KernelCost
+    from transpiler.models import wide_deep
+
+    if not (tmp_path / "plan").is_dir():
+        model = wide_deep(
+            num_slots=2, vocab=50, dim=4, num_dense=3, hidden=(8,), optimizer=builder.SGD(lr=0.1)
+        )
+        model.main.save(tmp_path / "model.json")
+        assert main(["transpile", str(tmp_path / "model.json"), "--out", str(tmp_path / "plan")]) == 0
+        prof = synthetic_profile(
+            transpile(model.main),
+            lambda k, op: KernelCost(1e-4, 1e-6),
+            link=(1e-5, 1e-9),
+            ps=(1e-4, 1e-9, 1e-9),
+        )
+        (tmp_path / "prof.json").write_text(json.dumps(prof.to_dict()))
+    out = io.StringIO()
+    argv = [
+        "tune",
+        str(tmp_path / "plan"),
+        "--out",
+        str(tmp_path / "t"),
+        "--profile",
+        str(tmp_path / "prof.json"),
+    ]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        rc = main([*argv, *extra])
+    return rc, out.getvalue()
+
+
+def test_cli_prints_the_money_of_the_chosen_setting_and_the_runner_up(tmp_path):
+    """The $ figures printed follow from the examples/s and $/h printed beside them (by hand)."""
+    import re
+
+    rc, text = _cli(
+        tmp_path, "--budget", "cpu=4,gpu=2", "--prices", "cpu=0.048,gpu=2.50", "--epoch-examples", "1000000"
+    )
+    assert rc == 0, text
+    rows = re.findall(
+        r"(chosen|runner-up): trainers cpu=(\d+),gpu=(\d+), \d+ micro-batches, (\d+) server\(s\), \w+: "
+        r"([\d,]+) examples/s for \$([\d.]+)/h .*: \$([\d.]+) per million examples, \$([\d.]+) per epoch",
+        text,
+    )
+    assert [r[0] for r in rows] == ["chosen", "runner-up"], text
+    for _, cpu, gpu, servers, eps, hourly, per_m, per_epoch in rows:
+        eps = float(eps.replace(",", ""))
+        assert float(hourly) == pytest.approx(0.048 * (int(cpu) + int(servers)) + 2.5 * int(gpu), abs=1e-3)
+        assert float(per_m) == pytest.approx(float(hourly) / 3600 / eps * 1e6, rel=0.02, abs=1e-4)
+        assert float(per_epoch) == pytest.approx(float(hourly) / 3600 * 1e6 / eps, rel=0.02, abs=0.01)
+    assert "why: the most examples per $" in text and "GPUs are" in text
+
+
+def test_cli_money_options_and_paper_predictions(tmp_path):
+    """An unreachable target, a target without prices, and predictions on paper (with and without
+    GPUs) through `hetps tune`."""
+    rc, text = _cli(tmp_path, "--budget", "cpu=4,gpu=1", "--prices", "cpu=0.048,gpu=2.50", "--target", "1e12")
+    assert rc == 1 and "reaching 1,000,000,000,000 examples/s" in text and "fastest predicted" in text
+    rc, text = _cli(tmp_path, "--budget", "cpu=4,gpu=1", "--target", "100")
+    assert rc == 2 and "need --prices" in text
+    rc, text = _cli(tmp_path, "--cluster", "nodes=2,cores=8,gpus=1,bandwidth=10Gbit,latency=50us")
+    assert rc == 0, text
+    assert "PREDICTION ON PAPER for 2 node(s) x (8 cores, 1 GPU(s))" in text and "50% of messages" in text
+    rc, text = _cli(tmp_path, "--cluster", "nodes=2,cores=8,gpus=0", "--prices", "cpu=0.05")
+    assert rc == 0 and "no GPUs: the plan's GPU trainer types run on CPU cores" in text, text
+    assert "0 GPU(s) x $0" in text  # the gpu trainer type runs on cores: no GPU paid for
