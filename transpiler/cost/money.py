@@ -109,6 +109,11 @@ class Prices:
         return best
 
 
+def dollars(x: float) -> str:
+    """An amount of $ to 3 significant digits (cents from $1 up)."""
+    return f"{x:.2f}" if x >= 1 else f"{x:.3g}" if x >= 1e-4 else f"{x:.2e}"
+
+
 def resources(scale: ScaleConfig, device_map: dict[str, str] | None = None) -> tuple[int, int]:
     """(cores, GPUs) a resolved setting uses: a core per cpu trainer and per shard, a GPU per gpu
     trainer."""

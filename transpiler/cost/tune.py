@@ -11,7 +11,7 @@ from typing import Any
 from ops_registry import get_op
 from transpiler.config import TranspileConfig, check_mode, kind_of
 from transpiler.cost.model import MICRO_BATCHES, MOVABLE, PlanCost, Prediction, Workload
-from transpiler.cost.money import Objective
+from transpiler.cost.money import Objective, dollars
 from transpiler.cost.profile import Profile
 from transpiler.ir import Op, Program
 from transpiler.settings import ScaleConfig
@@ -111,8 +111,8 @@ class TuneResult:
             c = obj.costing(p)
             lines.append(
                 f"  {what:>9}: {p.scale.describe()}: {p.examples_per_s:,.0f} examples/s for "
-                f"${c.hourly:.3f}/h ({c.rented}): ${c.per_million:.4f} per million examples, "
-                f"${c.per_epoch:.2f} per epoch of {obj.epoch:,} examples ({60 * c.epoch_hours:.1f} min)"
+                f"${c.hourly:.3f}/h ({c.rented}): ${dollars(c.per_million)} per million examples, "
+                f"${dollars(c.per_epoch)} per epoch of {obj.epoch:,} examples ({60 * c.epoch_hours:.1f} min)"
             )
         lines.append(f"  why: {self.bound()}")
         return lines
@@ -130,6 +130,10 @@ class TuneResult:
             f"{why}, with {cpu} core(s) and {gpu} GPU(s); its step is bounded by {p.bottleneck} "
             f"({p.limit}){share}"
         )
+
+
+LARGE_GRID = 2000  # settings: above this many, op moves are tried on the SHORTLIST best ones only
+SHORTLIST = 64
 
 
 def resources_of(p: Prediction) -> tuple[int, int]:
@@ -225,7 +229,9 @@ def tune(
     workload: Workload | None = None,
 ) -> TuneResult:
     """Search placement of light and dense ops (one op at a time, greedily, while the prediction
-    improves), trainer counts, micro-batches, shards and modes within `budget`; return the best by
+    improves; on a grid of over LARGE_GRID settings each move is tried on the SHORTLIST settings best
+    for the category map's placement, and the final placement on the whole grid), trainer counts,
+    micro-batches, shards and modes within `budget`; return the best by
     `objective` (default: the fastest). `workload` replaces batch_size, cores and unique_fraction."""
     from transpiler.plan import transpile
 
@@ -235,7 +241,7 @@ def tune(
     types = {t: kind_of(t, device_map) for t in config.trainer_types}
     workload = workload or Workload(batch_size, cores, unique_fraction)
 
-    def evaluate(cfg: TranspileConfig) -> tuple[Any, Prediction, Prediction | None, int]:
+    def evaluate(cfg: TranspileConfig, only: list[ScaleConfig] | None = None) -> tuple:
         plan = transpile_fn(program, cfg)
         used = {t: types[t] for t in plan.programs}
         modes = ("sync",) if plan.clipped_tables else budget.modes  # clipping: sync only
@@ -244,11 +250,16 @@ def tune(
                 f"the plan clips gradients by global norm (tables {plan.clipped_tables}), which trains "
                 f"in sync mode only, and the budget's modes are {budget.modes}: allow 'sync'"
             )
-        grid = [replace(g, device_map=device_map) for g in resource_grid(used, budget, modes)]
-        win, second = best_setting(PlanCost(plan, profile, device_map), grid, workload, objective)
-        return plan, win, second, len(grid)
+        grid = only or [replace(g, device_map=device_map) for g in resource_grid(used, budget, modes)]
+        win, second = best_setting(cost := PlanCost(plan, profile, device_map), grid, workload, objective)
+        short = None
+        if len(grid) > LARGE_GRID:  # op moves are tried on the best settings of this placement only
+            preds = [cost.predict(g, workload) for g in grid]
+            preds.sort(key=lambda p: (objective.feasible(p), objective.score(p)), reverse=True)
+            short = [p.scale for p in preds[:SHORTLIST]]
+        return plan, win, second, len(grid), short
 
-    plan, best, runner_up, evaluated = evaluate(config)
+    plan, best, runner_up, evaluated, short = evaluate(config)
     baseline, moves = best, []
     current = config
     tried: set[tuple[int, str]] = set()
@@ -260,7 +271,7 @@ def tune(
                 var = op.output_names()[0]
                 cfg = replace(current, name_devices={**current.name_devices, _glob_escape(var): dst})
                 try:
-                    cand, pred, second, n = evaluate(cfg)
+                    cand, pred, second, n, _ = evaluate(cfg, short)
                 except Exception:  # a placement the transpiler or the profile cannot serve: skip it
                     continue
                 evaluated += n
@@ -271,6 +282,9 @@ def tune(
             break
         move, plan, best, runner_up, current = found
         moves.append(move)
+    if short is not None and moves:  # the placement moved: its best over the whole grid
+        plan, best, runner_up, n, _ = evaluate(current)
+        evaluated += n
     scale = replace(best.scale, device_map=device_map)
     cfg = replace(current, num_servers=scale.servers, mode=scale.mode)
     return TuneResult(cfg, scale, workload, best, baseline, moves, runner_up, evaluated, objective)

@@ -183,7 +183,8 @@ def test_cli_prints_the_money_of_the_chosen_setting_and_the_runner_up(tmp_path):
     assert rc == 0, text
     rows = re.findall(
         r"(chosen|runner-up): trainers cpu=(\d+),gpu=(\d+), \d+ micro-batches, (\d+) server\(s\), \w+: "
-        r"([\d,]+) examples/s for \$([\d.]+)/h .*: \$([\d.]+) per million examples, \$([\d.]+) per epoch",
+        r"([\d,]+) examples/s for \$([\d.]+)/h .*: \$([\d.e+-]+) per million examples, "
+        r"\$([\d.e+-]+) per epoch",
         text,
     )
     assert [r[0] for r in rows] == ["chosen", "runner-up"], text
