@@ -89,7 +89,7 @@ def tune_budget(args: argparse.Namespace, cluster):
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from runtime.profile.machine import tune, unique_fraction, workload_for
+    from runtime.profile.machine import tune
     from transpiler import TranspileConfig, transpile
     from transpiler.cost.paper import Cluster
 
@@ -110,16 +110,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         config = TranspileConfig.load(args.config) if args.config else None
         target = load_model(path, args.loss, args.label)
         plan = transpile(target, config)
-    profile = tune_profile(args, plan)
-    sample = tune_sample(plan, args.batch_size)
-    w = workload_for(profile, args.batch_size, cores, unique_fraction(plan, sample) if sample else 1.0)
-    if cluster is not None:
-        print(f"PREDICTION ON PAPER for {cluster.describe()}: this machine cannot run it; assumptions:")
-        for line in cluster.assumptions(profile):
-            print(f"  - {line}")
-        profile, w = cluster.profile(profile), cluster.workload(w)
-    elif cores == "auto":
-        print(f"this machine now: {profile.load.describe()}")
+    profile, w = tune_machine(args, plan, cluster, cores)
     device_map = cluster.device_map(plan.trainer_types) if cluster is not None else None
     result = tune(
         target,
@@ -154,6 +145,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if is_plan:
         print("(a plan directory keeps its placement: pass the MODEL to search placement too)")
     return EXIT_OK
+
+
+def tune_machine(args: argparse.Namespace, plan, cluster, cores):
+    """(profile, workload) the prediction is for: this machine's (under its load with --cores auto),
+    or --cluster's on paper (its assumptions printed)."""
+    from runtime.profile.machine import unique_fraction, workload_for
+
+    profile = tune_profile(args, plan)
+    sample = tune_sample(plan, args.batch_size)
+    w = workload_for(profile, args.batch_size, cores, unique_fraction(plan, sample) if sample else 1.0)
+    if cluster is not None:
+        print(f"PREDICTION ON PAPER for {cluster.describe()}: this machine cannot run it; assumptions:")
+        for line in cluster.assumptions(profile):
+            print(f"  - {line}")
+        return cluster.profile(profile), cluster.workload(w)
+    if cores == "auto":
+        print(f"this machine now: {profile.load.describe()}")
+    return profile, w
 
 
 def run_yaml(result: Any) -> dict[str, Any]:

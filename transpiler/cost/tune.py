@@ -260,10 +260,32 @@ def tune(
         return plan, win, second, len(grid), short
 
     plan, best, runner_up, evaluated, short = evaluate(config)
-    baseline, moves = best, []
-    current = config
+    baseline = best
+    found = _place(evaluate, plan, best, runner_up, config, objective, short) if placement else None
+    current, moves = config, []
+    if found is not None:
+        plan, best, runner_up, current, moves, n = found
+        evaluated += n
+    scale = replace(best.scale, device_map=device_map)
+    cfg = replace(current, num_servers=scale.servers, mode=scale.mode)
+    return TuneResult(cfg, scale, workload, best, baseline, moves, runner_up, evaluated, objective)
+
+
+def _place(
+    evaluate: Callable,
+    plan: Any,
+    best: Prediction,
+    runner_up: Prediction | None,
+    current: TranspileConfig,
+    objective: Objective,
+    short: list[ScaleConfig] | None,
+) -> tuple:
+    """Best improvement: each round applies the single op move predicted best by `objective`, until
+    none gains; (plan, best, runner-up, config, moves, settings evaluated)."""
+    moves: list[Move] = []
+    evaluated = 0
     tried: set[tuple[int, str]] = set()
-    while placement:  # best improvement: each round applies the single move predicted fastest
+    while True:
         found = None
         for op in _movable_ops(plan):
             for dst in [t for t in current.trainer_types if t != op.device and (op.id, t) not in tried]:
@@ -285,9 +307,7 @@ def tune(
     if short is not None and moves:  # the placement moved: its best over the whole grid
         plan, best, runner_up, n, _ = evaluate(current)
         evaluated += n
-    scale = replace(best.scale, device_map=device_map)
-    cfg = replace(current, num_servers=scale.servers, mode=scale.mode)
-    return TuneResult(cfg, scale, workload, best, baseline, moves, runner_up, evaluated, objective)
+    return plan, best, runner_up, current, moves, evaluated
 
 
 def _movable_ops(plan: Any) -> list[Op]:
