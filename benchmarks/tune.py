@@ -5,7 +5,13 @@ EMULATED on the CPU when there is no CUDA device) this trains the model of bench
 `--warmup` + `--steps` steps on the local engine, measures examples/s over the timed steps and
 compares it with the cost model's prediction (transpiler/cost/model.py) from this machine's profile
 (runtime/profile/machine.py, cached under ~/.cache/hetps; `--refresh` measures it again). All processes
-share this machine's cores, so the prediction is made with cores = the cores this process may use.
+share this machine's cores, so the prediction is made with cores = the cores this process may use,
+under the load other processes put on them: before and after each measurement the machine's load is
+probed (runtime/profile/load.py: the share of a core a busy process gets alone, with one per core
+and in a chain; ~0.6 s) and each row is predicted under the median of its probes, with a
+prediction interval (the probes' spread and the model's band); `--no-load` predicts as if the
+machine were idle. Each row prints the load average at its measurements; the last lines give the
+errors of the model without the load too (the same measurements).
 
 Throughput on a shared machine moves between runs of the same setting (by ~20% per row on a quiet
 2-core machine), so the grid is measured `--repeats` times, in rounds (every setting once per
@@ -20,6 +26,7 @@ against the best measured one, the time the whole run took, and last `prediction
     python benchmarks/tune.py                    # the whole grid, 24 settings x 3 repeats (~7 min)
     python benchmarks/tune.py --repeats 1        # one pass (~2.5 min), noisier
     python benchmarks/tune.py --trainers 1 --micro-batches 4 --servers 1 --modes async --steps 20
+    python benchmarks/tune.py --micro-batches 1,8 --servers 1 --repeats 3 --steps 40   # 8 settings (~4 min)
 """
 
 from __future__ import annotations
@@ -50,6 +57,16 @@ class Row:
     prediction: Any
     rates: list[float] = field(default_factory=list)
     cpu_ms: list[dict[str, float]] = field(default_factory=list)
+    loads: list[Any] = field(default_factory=list)  # the machine's load probed before and after each run
+
+    def load_average(self) -> str:
+        """The load average at the row's measurements (lowest-highest)."""
+        got = [x.load_average for x in self.loads]
+        return f"{min(got):.1f}-{max(got):.1f}" if got else ""
+
+    def covered(self) -> bool:
+        """The median measured lies in the prediction interval."""
+        return self.prediction.low <= self.measured <= self.prediction.high
 
     @property
     def measured(self) -> float:
@@ -88,6 +105,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--servers", type=ints, default=[1, 2])
     ap.add_argument("--modes", default="sync,async")
     ap.add_argument("--refresh", action="store_true", help="profile this machine again")
+    ap.add_argument(
+        "--no-load",
+        dest="load",
+        action="store_false",
+        help="predict as if the machine were idle (no load probes before the measurements)",
+    )
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.steps < 2 or args.warmup < 1:
         ap.error("--repeats and --warmup must be at least 1, --steps at least 2")
@@ -97,6 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def prepare(args: argparse.Namespace) -> tuple[Any, list[Row]]:
     """The cost model of the CTR plan from this machine's profile, and one Row per grid setting."""
     from benchmarks import ctr
+    from runtime.profile.load import available_cores
     from runtime.profile.machine import machine_profile, unique_fraction
     from transpiler import transpile
     from transpiler.cost.model import PlanCost, Workload
@@ -105,7 +129,7 @@ def prepare(args: argparse.Namespace) -> tuple[Any, list[Row]]:
     plan = transpile(ctr.build().main)
     t0 = time.perf_counter()
     profile = machine_profile(plan, refresh=args.refresh, log=print)
-    cores = len(os.sched_getaffinity(0))
+    cores = available_cores()
     frac = unique_fraction(plan, ctr.batches()[0])
     print(
         f"profile {profile.machine} ({time.perf_counter() - t0:.1f} s; emulated kinds: "
@@ -114,6 +138,8 @@ def prepare(args: argparse.Namespace) -> tuple[Any, list[Row]]:
     )
     cost = PlanCost(plan, profile)
     workload = Workload(ctr.BATCH, cores, frac)
+    if args.load:
+        print(f"load now: {profile.load.describe()}")
     rows = [
         Row(s, cost.predict(s, workload))
         for s in (
@@ -126,19 +152,44 @@ def prepare(args: argparse.Namespace) -> tuple[Any, list[Row]]:
     return cost, rows
 
 
-def measure(args: argparse.Namespace, rows: list[Row]) -> None:
-    """Train every setting `--repeats` times, one round through the grid after another."""
+def measure(args: argparse.Namespace, cost: Any, rows: list[Row]) -> None:
+    """Train every setting `--repeats` times, one round through the grid after another (each between
+    two probes of the machine's load, `--load`)."""
+    from dataclasses import replace
+
     from benchmarks import ctr
+    from runtime.profile.load import probe as probe_load
 
     for k in range(args.repeats):
         t0 = time.perf_counter()
         for row in rows:
             s = row.settings
+            if args.load:
+                row.loads.append(probe_load(seconds=0.2, slices=2))
             hist, cpu_ms, _ = ctr.hetps(
                 args.steps, args.warmup, s.trainers, s.micro_batches, s.mode, s.servers
             )
             row.rates.append(hist.examples_per_s(skip=args.warmup))
             row.cpu_ms.append(cpu_ms)
+            got = ""
+            if args.load:
+                row.loads.append(probe_load(seconds=0.2, slices=2))
+                x, y = row.loads[-2:]
+                w = replace(
+                    row.prediction.workload,
+                    share_alone=(x.alone + y.alone) / 2,
+                    share_all=(x.all_cores + y.all_cores) / 2,
+                    share_chain=(x.chain + y.chain) / 2,
+                )
+                got = (
+                    f"; a run got {x.capacity:.2f} cores before it, {y.capacity:.2f} after: predicted "
+                    f"{cost.predict(s, w).examples_per_s:,.0f}"
+                )
+            print(
+                f"    {s.describe()}: {row.rates[-1]:,.0f} examples/s (load average "
+                f"{os.getloadavg()[0]:.1f}{got})",
+                flush=True,
+            )
         print(
             f"  round {k + 1} of {args.repeats}: {len(rows)} settings in {time.perf_counter() - t0:.0f} s "
             f"(load average {os.getloadavg()[0]:.1f})",
@@ -146,21 +197,45 @@ def measure(args: argparse.Namespace, rows: list[Row]) -> None:
         )
 
 
-def report(cost: Any, rows: list[Row]) -> None:
+def repredict(cost: Any, rows: list[Row]) -> Any:
+    """Each row predicted again under the load probed before its measurements (the medians of the
+    shares a thread got); returns the workload of the whole run's median load, for the tuner."""
+    from dataclasses import replace
+
+    def under(w: Any, loads: list[Any]) -> Any:
+        return replace(
+            w,
+            share_alone=statistics.median(x.alone for x in loads),
+            share_all=statistics.median(x.all_cores for x in loads),
+            share_spread=min(statistics.median(x.spread for x in loads), 1.0),
+            share_chain=statistics.median(x.chain for x in loads),
+        )
+
+    for row in rows:
+        if row.loads:
+            row.prediction = cost.predict(row.settings, under(row.prediction.workload, row.loads))
+    every = [x for r in rows for x in r.loads]
+    return under(rows[0].prediction.workload, every) if every else rows[0].prediction.workload
+
+
+def report(cost: Any, rows: list[Row], workload: Any) -> None:
     from transpiler.cost.tune import best_setting
 
     print(
-        f"{'mode':>5} {'cpu':>3} {'mb':>3} {'shards':>6} {'predicted':>10} {'measured':>10} {'spread':>9} "
-        f"{'error':>6}  {'bottleneck':<10} CPU ms per step and process, predicted/measured"
+        f"{'mode':>5} {'cpu':>3} {'mb':>3} {'shards':>6} {'predicted':>10} {'interval':>17} {'measured':>10} "
+        f"{'spread':>9} {'error':>6} {'load avg':>8}  {'bottleneck':<10} CPU ms per step and process, "
+        "predicted/measured"
     )
     for r in rows:
-        s = r.settings
+        s, p = r.settings, r.prediction
         print(
             f"{s.mode:>5} {s.trainers['cpu']:>3} {s.micro_batches:>3} {s.servers:>6} "
-            f"{r.prediction.examples_per_s:>10,.0f} {r.measured:>10,.0f} {r.spread():>9} "
-            f"{100 * r.error:>+5.0f}%  {r.prediction.bottleneck:<10} {r.cpu_use()}"
+            f"{p.examples_per_s:>10,.0f} {f'{p.low:,.0f}..{p.high:,.0f}':>17} {r.measured:>10,.0f} "
+            f"{r.spread():>9} {100 * r.error:>+5.0f}% {r.load_average():>8}  {p.bottleneck:<10} {r.cpu_use()}"
         )
-    tuned, _ = best_setting(cost, [r.settings for r in rows], rows[0].prediction.workload)
+    inside = sum(r.covered() for r in rows)
+    print(f"the median measured lies in the prediction interval in {inside} of {len(rows)} settings")
+    tuned, _ = best_setting(cost, [r.settings for r in rows], workload)
     got = next(r for r in rows if r.prediction.scale == tuned.scale)
     top = max(rows, key=lambda r: r.measured)
     overlap = got is not top and len(got.rates) > 1 and max(got.rates) >= min(top.rates)
@@ -178,13 +253,21 @@ def main(argv: list[str] | None = None) -> list[Row]:
     logging.getLogger("hetps.device").setLevel(logging.ERROR)  # the emulation is stated below
     t0 = time.perf_counter()
     cost, rows = prepare(args)
-    measure(args, rows)
-    report(cost, rows)
+    measure(args, cost, rows)
+    blind = [abs(r.error) for r in rows]  # the model as if the machine were idle
+    report(cost, rows, repredict(cost, rows))
     errors = [abs(r.error) for r in rows]
+    loads = [x.load_average for r in rows for x in r.loads]
     print(
-        f"{len(rows)} settings x {args.repeats} repeats in {(time.perf_counter() - t0) / 60:.1f} min; "
-        f"median |error| {100 * statistics.median(errors):.0f}%"
+        f"{len(rows)} settings x {args.repeats} repeats in {(time.perf_counter() - t0) / 60:.1f} min"
+        + (f"; load average {min(loads):.1f}-{max(loads):.1f}" * bool(loads))
+        + f"; median |error| {100 * statistics.median(errors):.0f}%"
     )
+    if args.load:
+        print(
+            f"without the load (the machine taken as idle): median |error| "
+            f"{100 * statistics.median(blind):.0f}%, max {100 * max(blind):.0f}%"
+        )
     print(f"prediction error: max {100 * max(errors):.0f}%")
     return rows
 

@@ -53,17 +53,53 @@ def tune_sample(plan, batch_size: int):
     return data.batch(0, batch_size)
 
 
+def tune_objective(args: argparse.Namespace):
+    """The objective of --prices / --target / --max-hourly (`transpiler.cost.money.Objective`)."""
+    from transpiler.cost.money import Objective, Prices
+
+    if args.target is not None and args.max_hourly is not None:
+        raise UsageError("give --target (the cheapest reaching it) or --max-hourly (the fastest within it)")
+    if args.prices is None:
+        if args.target is not None or args.max_hourly is not None:
+            raise UsageError("--target and --max-hourly need --prices (e.g. --prices cpu=0.048,gpu=2.50)")
+        return Objective()
+    try:
+        prices = Prices.parse(args.prices)
+        kind = "target" if args.target else "budget" if args.max_hourly else "per_dollar"
+        return Objective(kind, prices, args.target, args.max_hourly, args.epoch_examples)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--prices {args.prices}: {e}") from None
+
+
+def tune_budget(args: argparse.Namespace, cluster):
+    from transpiler.cost.tune import Budget
+
+    if args.budget is None and cluster is None:
+        raise UsageError("give --budget cpu=N[,gpu=N] (or --cluster, whose cores and GPUs are the budget)")
+    limits = (
+        parse_budget(args.budget)
+        if args.budget
+        else {"cpu": cluster.nodes * cluster.cores, "gpu": cluster.nodes * cluster.gpus}
+    )
+    modes = tuple(filter(None, args.modes.split(",")))
+    try:
+        return Budget(limits["cpu"], limits["gpu"], modes)
+    except ValueError as e:
+        raise UsageError(f"--budget {args.budget} --modes {args.modes}: {e}") from None
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from runtime.profile.machine import tune
     from transpiler import TranspileConfig, transpile
-    from transpiler.cost.tune import Budget
+    from transpiler.cost.paper import Cluster
 
-    limits = parse_budget(args.budget)
-    modes = tuple(filter(None, args.modes.split(",")))
     try:
-        budget = Budget(limits["cpu"], limits["gpu"], modes)
+        cluster = Cluster.parse(args.cluster) if args.cluster else None
     except ValueError as e:
-        raise UsageError(f"--budget {args.budget} --modes {args.modes}: {e}") from None
+        raise UsageError(f"--cluster: {e}") from None
+    objective = tune_objective(args)
+    budget = tune_budget(args, cluster)
+    cores = parse_cores(args.cores)
     path = Path(args.model)
     is_plan = path.is_dir() and (path / "plan.json").is_file()
     if is_plan:
@@ -74,15 +110,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         config = TranspileConfig.load(args.config) if args.config else None
         target = load_model(path, args.loss, args.label)
         plan = transpile(target, config)
-    profile = tune_profile(args, plan)
+    profile, w = tune_machine(args, plan, cluster, cores)
+    device_map = cluster.device_map(plan.trainer_types) if cluster is not None else None
     result = tune(
         target,
         budget,
         config=plan.config,
-        batch_size=args.batch_size,
-        cores=args.cores,
-        sample=tune_sample(plan, args.batch_size),
         profile=profile,
+        objective=objective,
+        workload=w,
+        device_map=device_map,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,8 +128,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     (out / "config.yaml").write_text(yaml.safe_dump(result.config.to_dict(), sort_keys=False))
     w, s = result.workload, result.scale
     (out / "run.yaml").write_text(yaml.safe_dump(run_yaml(result), sort_keys=False))
-    print(result.explain() if args.explain else result.prediction.describe())
-    if profile.emulated:
+    print(result.explain() if args.explain else "\n".join([result.prediction.describe(), *result.money()]))
+    if profile.emulated and cluster is None:
         print(
             f"note: the profile's {', '.join(profile.emulated)} kernels were EMULATED on the CPU (no CUDA "
             "device where it was measured): predictions for those trainers are CPU timings"
@@ -110,6 +147,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def tune_machine(args: argparse.Namespace, plan, cluster, cores):
+    """(profile, workload) the prediction is for: this machine's (under its load with --cores auto),
+    or --cluster's on paper (its assumptions printed)."""
+    from runtime.profile.machine import unique_fraction, workload_for
+
+    profile = tune_profile(args, plan)
+    sample = tune_sample(plan, args.batch_size)
+    w = workload_for(profile, args.batch_size, cores, unique_fraction(plan, sample) if sample else 1.0)
+    if cluster is not None:
+        print(f"PREDICTION ON PAPER for {cluster.describe()}: this machine cannot run it; assumptions:")
+        for line in cluster.assumptions(profile):
+            print(f"  - {line}")
+        return cluster.profile(profile), cluster.workload(w)
+    if cores == "auto":
+        print(f"this machine now: {profile.load.describe()}")
+    return profile, w
+
+
 def run_yaml(result: Any) -> dict[str, Any]:
     """The run.yaml of a `TuneResult`: train's flat names (`runtime.driver.settings.FLAT`) for the
     tuned scale and batch size, and the workload the prediction assumed (cores, unique ids)."""
@@ -125,6 +180,15 @@ def run_yaml(result: Any) -> dict[str, Any]:
         "dense_on_trainer": s.dense_on_trainer,
         **({"device_map": s.device_map} if s.device_map else {}),
     }
+
+
+def parse_cores(text: str | None) -> int | str | None:
+    """--cores: None (a core per process), 'auto' (this machine's cores under its load) or N."""
+    if text is None or text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"--cores {text!r}: expected a count >= 1 or 'auto' (this machine, under its load)")
+    return int(text)
 
 
 def predicted_summary(args: argparse.Namespace, plan) -> str:
@@ -160,14 +224,38 @@ def add_tune_command(sub: Any, command: Any) -> None:
     )
     s.add_argument("model", help="model file (placement is searched too) or plan directory (resources only)")
     s.add_argument(
-        "--budget", required=True, help="CPU processes (cpu trainers + PS shards) and GPUs, e.g. cpu=16,gpu=1"
+        "--budget",
+        help="CPU processes (cpu trainers + PS shards) and GPUs, e.g. cpu=16,gpu=1 (default with --cluster: "
+        "its cores and GPUs)",
     )
     s.add_argument("--out", required=True, help="directory for config.yaml and run.yaml")
     s.add_argument("--explain", action="store_true", help="say why the winner wins")
     s.add_argument("--modes", default="sync", help="PS modes the search may pick: sync, async or sync,async")
     s.add_argument("--batch-size", type=int, default=512, help="global batch size (default %(default)s)")
-    s.add_argument("--cores", type=int, help="all processes share this many CPU cores (one machine)")
+    s.add_argument(
+        "--cores",
+        help="all processes share this many idle CPU cores (one machine); 'auto': this machine's available "
+        "cores under the load other processes put on them now",
+    )
     s.add_argument("--profile", help="use this profile JSON instead of measuring this machine")
+    s.add_argument(
+        "--prices",
+        help="$ per core-hour and per GPU-hour (cpu=0.048,gpu=2.50) or a YAML price list (cpu:, gpu:, "
+        "machines: {name: {cpu, gpu, hourly}}); alone: the most examples per $",
+    )
+    s.add_argument("--target", type=float, help="with --prices: the cheapest setting reaching N examples/s")
+    s.add_argument("--max-hourly", type=float, help="with --prices: the fastest setting within $N per hour")
+    s.add_argument(
+        "--epoch-examples",
+        type=int,
+        default=100_000_000,
+        help="examples per epoch, for the $ per epoch printed (default %(default)s)",
+    )
+    s.add_argument(
+        "--cluster",
+        help="predict ON PAPER for machines this one cannot run: nodes=N,cores=C,gpus=G (per node),"
+        "bandwidth=10Gbit,latency=50us,gpu-speedup=10 (an emulated GPU's kernels: this CPU's / it)",
+    )
     s.add_argument("--config", help="TranspileConfig to start from (YAML or JSON)")
     s.add_argument(
         "--loss",

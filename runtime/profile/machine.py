@@ -25,9 +25,12 @@ from typing import Any
 import numpy as np
 
 from runtime.exec.device import cuda_available, cupy_module
+from runtime.profile.load import moved
+from runtime.profile.load import probe as probe_load
 from runtime.profile.measure import measure_link, measure_ps, profile_kernels
 from transpiler.config import TranspileConfig
 from transpiler.cost.model import Workload
+from transpiler.cost.money import Objective
 from transpiler.cost.profile import LinkCost, Overhead, Profile, PSCost
 from transpiler.cost.tune import Budget, TuneResult
 from transpiler.cost.tune import tune as _tune
@@ -203,6 +206,7 @@ def machine_profile(
         log("calibrating the runtime's own overhead (four short training runs) ...")
         overhead = measure_overhead(link, ps)
         prof = Profile({}, link, ps, os.cpu_count() or 1, [], machine_key(), overhead, METHOD)
+    reloaded = _check_load(prof, path, log)
     missing = prof.missing(plan.programs)
     if missing:
         log(f"profiling {sum(len(v) for v in missing.values())} kernel(s) on {', '.join(missing)} ...")
@@ -211,9 +215,42 @@ def machine_profile(
         for kind, table in kernels.items():
             prof.kernels.setdefault(kind, {}).update(table)
         prof.emulated = sorted(set(prof.emulated) | set(emulated))
-    if measured or missing:
+    if measured or missing or reloaded:
         _write_atomic(path, json.dumps(prof.to_dict(), indent=1))
     return prof
+
+
+def _check_load(prof: Profile, path: Path, log: Callable[[str], None]) -> bool:
+    """Probe the machine's load now (about a second); when the profile has none or its load moved,
+    the profile is stale: take the new load (kernels, link and PS are timed by CPU time or the
+    fastest of repeats, which other processes' load moves little; the load is what moved). True when
+    the profile changed."""
+    now = probe_load()
+    why = "it has no load measured" if prof.load is None else moved(prof.load, now)
+    if why is None:
+        return False
+    if prof.load is not None:
+        age = max(now.at - prof.load.at, 0.0) / 60
+        log(f"{path.name} is stale ({why}; measured {age:.0f} min ago): re-profiling the load")
+    prof.load = now
+    log(f"load: {now.describe()}")
+    return True
+
+
+def workload_for(
+    profile: Profile,
+    batch_size: int = 512,
+    cores: int | str | None = None,
+    unique_fraction: float = 1.0,
+) -> Workload:
+    """The cost model's workload: `cores` "auto": all processes share this machine's available cores
+    under the load the profile measured; N: they share N idle cores; None: a core each."""
+    if cores != "auto":
+        return Workload(batch_size, cores, unique_fraction)
+    load = profile.load or probe_load()
+    return Workload(
+        batch_size, load.cores, unique_fraction, load.alone, load.all_cores, load.spread, load.chain
+    )
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -247,30 +284,38 @@ def tune(
     *,
     config: TranspileConfig | None = None,
     batch_size: int = 512,
-    cores: int | None = None,
+    cores: int | str | None = None,
     sample: dict[str, np.ndarray] | None = None,
     profile: Profile | None = None,
     log: Callable[[str], None] = lambda s: None,
+    objective: Objective | None = None,
+    workload: Workload | None = None,
+    device_map: dict[str, str] | None = None,
 ) -> TuneResult:
     """Profile this machine (cached, unless `profile` is given) and search placement and resources
     for `program` within `budget` (see transpiler.cost.tune.tune). A Plan keeps its placement: only trainer
     counts, micro-batches, shards and modes are searched. `sample`: a batch of the data, for the share
-    of unique ids among a step's ids (default 1.0: every id distinct)."""
+    of unique ids among a step's ids (default 1.0: every id distinct). `cores` "auto": this machine's
+    cores under its load now (`workload`); `objective`: what to maximize (default: examples/s);
+    `workload`: the cost model's workload as it is (batch_size, cores and sample then unused);
+    `device_map`: trainer type -> the kind it runs on (as train's)."""
     if isinstance(program, Plan):
         plan, config = program, program.config
     else:
         config = config or TranspileConfig()
         plan = transpile(program, config)
     profile = profile or machine_profile(plan, log=log)
-    frac = unique_fraction(plan, sample) if sample is not None else 1.0
+    if workload is None:
+        frac = unique_fraction(plan, sample) if sample is not None else 1.0
+        workload = workload_for(profile, batch_size, cores, frac)
     return _tune(
         program if isinstance(program, Program) else None,
         profile,
         budget,
         config,
-        batch_size=batch_size,
-        cores=cores,
-        unique_fraction=frac,
         transpile_fn=(lambda p, c: plan) if isinstance(program, Plan) else None,
         placement=not isinstance(program, Plan),
+        objective=objective,
+        workload=workload,
+        device_map=device_map,
     )

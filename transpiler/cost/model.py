@@ -53,6 +53,9 @@ from transpiler.settings import ScaleConfig, check_positive, record_from_dict
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 MOVABLE = frozenset({"dense", "light", "loss"})
+# the model's own error beside the load's: half the width of a prediction interval, relative (the
+# median |error| of benchmarks/tune.py's grid on a quiet machine is 4-7%, its max ~20%)
+MODEL_BAND = 0.10
 
 
 @dataclass(frozen=True)
@@ -60,15 +63,31 @@ class Workload:
     """What the cost model assumes besides the scale: the global `batch_size`; `cores`: CPU cores all
     processes share when they run on one machine (None: each process has a core of its own);
     `unique_fraction`: unique ids / ids in a reader's step (the data's skew: 1.0 = every id
-    distinct)."""
+    distinct); `share_alone`, `share_all` (+- `share_spread`, relative): the share of a core a
+    busy thread got beside other processes, one alone and one on every core at once, and
+    `share_chain` of two waking each other (`transpiler.cost.profile.Load`; 1: an idle machine;
+    used only with `cores`)."""
 
     batch_size: int = 512
     cores: int | None = None
     unique_fraction: float = 1.0
+    share_alone: float = 1.0
+    share_all: float = 1.0
+    share_spread: float = 0.0
+    share_chain: float = 1.0
 
     def __post_init__(self) -> None:
         check_positive(self.batch_size, "Workload.batch_size")
         check_positive(self.cores, "Workload.cores", optional=True)
+        for name in ("share_alone", "share_all", "share_spread", "share_chain"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 1:
+                raise ValueError(f"Workload.{name} must be a share in [0, 1], got {v!r}")
+        if min(self.share_alone, self.share_all, self.share_chain) <= 0:
+            raise ValueError(
+                f"Workload.share_alone / share_all must be > 0 (a thread's share of a core), got "
+                f"{self.share_alone!r} / {self.share_all!r}"
+            )
         f = self.unique_fraction
         if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1:
             raise ValueError(f"Workload.unique_fraction must be in (0, 1], got {f!r}")
@@ -116,10 +135,13 @@ class Prediction:
     roles: list[RoleLoad]
     scale: ScaleConfig  # resolved for the plan
     workload: Workload
+    low: float = 0.0  # the prediction interval, examples/s: the load's spread and the model's band
+    high: float = 0.0
 
     def describe(self) -> str:
         lines = [
             f"predicted {self.examples_per_s:,.0f} examples/s ({1e3 * self.step_s:.1f} ms per step) "
+            f"(interval {self.low:,.0f} .. {self.high:,.0f}) "
             f"with {self.scale.describe()}; bottleneck: {self.bottleneck} ({self.limit})"
         ]
         for r in self.roles:
@@ -275,8 +297,9 @@ class PlanCost:
         busiest = max(roles, key=lambda r: r.busy_s)
         tc = self.types.get(busiest.role)
         boundary_s -= 0.0 if tc is None else tc.after_sends_fixed_s + tc.after_sends_per_example_s * m
-        step, limit = self._step_s(s, w, busiest, roles, item_s, sum(shard_s), boundary_s, items)
-        return Prediction(w.batch_size / step, step, busiest.role, limit, roles, s, w)
+        step, limit, cpu_work = self._step_s(s, w, busiest, roles, item_s, sum(shard_s), boundary_s, items)
+        loaded, low, high, limit = _under_load(step, cpu_work, w, limit)
+        return Prediction(w.batch_size / loaded, loaded, busiest.role, limit, roles, s, w, low, high)
 
     def _ps_work(
         self,
@@ -331,9 +354,10 @@ class PlanCost:
         shards_s: float,
         boundary_s: float,
         items: int,
-    ) -> tuple[float, str]:
-        """(seconds per step, what limits it) given each role's load; `boundary_s`: what a sync step
-        boundary waits for (PS round trips of one trainer per type) less the busiest's after-sends work."""
+    ) -> tuple[float, str, float]:
+        """(seconds per step on an otherwise idle machine, what limits it, CPU seconds of all processes
+        per step) given each role's load; `boundary_s`: what a sync step boundary waits for (PS round
+        trips of one trainer per type) less the busiest's after-sends work."""
         p = self.profile
         step, limit = busiest.busy_s, "the busiest process"
         if s.mode == "sync":
@@ -347,13 +371,51 @@ class PlanCost:
         one = max(roles, key=lambda r: r.cpu_s)  # a process's threads share its interpreter: one core
         if one.cpu_s > step:
             step, limit = one.cpu_s, f"{one.role}'s CPU work (its threads take turns on one core)"
-        if w.cores is not None:
-            cpu_work = sum(r.count * r.cpu_s for r in roles if not r.server)
-            ov = p.overhead_for(s.mode)
-            cpu_work += shards_s + ov.driver_step_s + items * ov.driver_item_s
-            if cpu_work / w.cores > step:
-                step, limit = cpu_work / w.cores, f"all processes share {w.cores} CPU core(s)"
-        return max(step, 1e-12), limit
+        ov = p.overhead_for(s.mode)
+        cpu_work = sum(r.count * r.cpu_s for r in roles if not r.server)
+        cpu_work += shards_s + ov.driver_step_s + items * ov.driver_item_s
+        if w.cores is not None and cpu_work / w.cores > step:
+            step, limit = cpu_work / w.cores, f"all processes share {w.cores} CPU core(s)"
+        return max(step, 1e-12), limit, cpu_work
+
+
+def _under_load(step: float, cpu_work: float, w: Workload, limit: str) -> tuple[float, float, float, str]:
+    """(step under the other processes' load, interval low / high in examples/s, limit)."""
+    f = share_of_cores(cpu_work, step, w.cores, w.share_alone, w.share_all, w.share_chain)
+    if f < 0.995:
+        limit += (
+            f"; other processes take a share of the cores (a busy thread of the run gets {100 * f:.0f}% "
+            "of a core)"
+        )
+    lo, hi = 1 - w.share_spread, 1 + w.share_spread
+    shares = (w.share_alone, w.share_all, w.share_chain)
+    low = share_of_cores(cpu_work, step, w.cores, *(lo * x for x in shares))
+    high = share_of_cores(cpu_work, step, w.cores, *(min(hi * x, 1.0) for x in shares))
+    n = w.batch_size / step
+    return step / f, n * low * (1 - MODEL_BAND), n * high * (1 + MODEL_BAND), limit
+
+
+def share_of_cores(
+    cpu_work: float, step: float, cores: int | None, alone: float, every: float, chain: float = 1.0
+) -> float:
+    """The share of a core each busy thread of a run gets while other processes run beside it, from
+    the shares a calibration thread got (`alone`: one thread; `every`: each of one per core at
+    once; 1, 1: an idle machine), for a run that keeps u = cpu_work / step cores busy when idle.
+
+    The cores the run gets are alone * u for u <= 1, and in between the two measured points for
+    1 < u <= cores: alone + (cores * every - alone) (u - 1) / (cores - 1). Linux shares a core
+    among its runnable threads, and with autogroups (a session's processes share one group) among
+    the groups first, so a run's capacity grows with its threads anywhere from linearly (threads
+    shared, `every` == `alone`) to not at all (groups shared, `every` == `alone` / cores): the two
+    points measure which. At most `chain`: the share of the wall time two processes that compute
+    in turn and wake each other progress (every wake waits for a core), as a run's trainers do."""
+    if cores is None or step <= 0 or (alone >= 1 and every >= 1 and chain >= 1):
+        return 1.0
+    u = cpu_work / step
+    if u <= 1 or cores == 1:
+        return min(alone, chain, 1.0)
+    cap = alone + (cores * every - alone) * (min(u, cores) - 1) / (cores - 1)
+    return max(min(cap / u, chain, 1.0), 1e-3)
 
 
 def _itemsize(dtype: str) -> int:

@@ -88,6 +88,37 @@ class Overhead:
 
 
 @dataclass
+class Load:
+    """How busy the machine was (runtime/profile/load.py measures it): the `cores` a run may use,
+    the share of a core a busy calibration thread got beside the other processes: `alone` (one
+    thread) and `all_cores` (each of one thread per core at once), +- `spread` (relative, half the
+    range over the probe's slices); the load average and the run queue (other runnable threads) then,
+    and when (`at`, seconds since the epoch)."""
+
+    cores: int
+    alone: float = 1.0
+    all_cores: float = 1.0
+    spread: float = 0.0
+    load_average: float = 0.0
+    run_queue: float = 0.0
+    at: float = 0.0
+    chain: float = 1.0  # the share of the wall time a chain of two processes waking each other progresses
+
+    @property
+    def capacity(self) -> float:
+        """Cores a run gets when it keeps every core busy."""
+        return self.cores * self.all_cores
+
+    def describe(self) -> str:
+        return (
+            f"{self.cores} core(s), of which a run gets {self.capacity:.2f} (a busy thread gets "
+            f"{100 * self.alone:.0f}% of a core alone, {100 * self.all_cores:.0f}% with one per core, "
+            f"{100 * self.chain:.0f}% in a chain; +-{100 * self.spread:.0f}%); load average "
+            f"{self.load_average:.1f}, {self.run_queue:.1f} other runnable threads"
+        )
+
+
+@dataclass
 class Profile:
     """What was measured on one machine. `kernels[kind][signature]`; `emulated`: kinds whose kernels
     ran on the CPU (a GPU type emulated with numpy), so they use CPU cores."""
@@ -100,6 +131,7 @@ class Profile:
     machine: str = ""
     overhead: dict[str, Overhead] = field(default_factory=dict)  # by PS mode (sync, async)
     method: int = 0  # the version of the measuring code (runtime/profile/machine.py METHOD) that made it
+    load: Load | None = None  # the machine's load when it was measured (None: not measured)
 
     def overhead_for(self, mode: str) -> Overhead:
         return self.overhead.get(mode) or Overhead()
@@ -130,6 +162,7 @@ class Profile:
             d.get("machine", ""),
             {mode: Overhead(**o) for mode, o in d.get("overhead", {}).items()},
             int(d.get("method", 0)),
+            Load(**d["load"]) if d.get("load") else None,
         )
 
     def missing(self, programs: dict[str, Program], kinds: Iterable[str] = KINDS) -> dict[str, list[Op]]:

@@ -1,0 +1,91 @@
+"""The machine's load in the cost model: the probe (runtime/profile/load.py), the share of the cores a
+run gets (`transpiler.cost.model.share_of_cores`, by hand), prediction intervals, and a cached
+profile that goes stale when the load moved."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from test_cost import dense_model, gemm_price, synthetic_profile
+
+from runtime.profile import load as rl
+from runtime.profile import machine as rp
+from transpiler import transpile
+from transpiler.cost.model import MODEL_BAND, Workload, predict, share_of_cores
+from transpiler.cost.profile import LinkCost, Load, Profile, PSCost
+from transpiler.settings import ScaleConfig
+
+
+def test_share_of_cores_by_hand():
+    # an idle machine: every thread a whole core
+    assert share_of_cores(3.0, 2.0, 2, 1.0, 1.0) == 1.0
+    # sessions shared (autogroups): one thread gets 0.5 of a core, two get 0.25 each, i.e. the run
+    # gets 0.5 cores whatever its threads; a run keeping u = 1.5 cores busy gets 0.5 / 1.5
+    assert share_of_cores(3.0, 2.0, 2, 0.5, 0.25) == pytest.approx(1 / 3)
+    assert share_of_cores(1.0, 2.0, 2, 0.5, 0.25) == pytest.approx(0.5)  # u = 0.5: one thread's share
+    # threads shared: one gets 0.5, two get 0.5 each; at u = 1.5 the run gets 0.5 + 0.5 * 0.5 cores
+    assert share_of_cores(3.0, 2.0, 2, 0.5, 0.5) == pytest.approx(0.75 / 1.5)
+    assert share_of_cores(3.0, 2.0, None, 0.5, 0.25) == 1.0  # no shared cores: no load modelled
+
+
+def test_prediction_under_load_and_its_interval_by_hand():
+    """With a share of 0.4 of a core alone and with one per core, a run gets 0.4 of each core it
+    would keep busy, whatever it keeps busy: 0.4 x the idle machine's examples/s; the interval is the
+    shares +-25% and the model's band."""
+    plan = transpile(dense_model())
+    prof = synthetic_profile(plan, gemm_price, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0), emulated=["gpu"])
+    s = ScaleConfig({"cpu": 1, "gpu": 1}, 2, 1, "sync")
+    idle = predict(plan, prof, s, Workload(64, 2)).examples_per_s
+    busy = predict(plan, prof, s, Workload(64, 2, 1.0, 0.4, 0.4, 0.25))
+    assert busy.examples_per_s == pytest.approx(0.4 * idle)
+    assert busy.low == pytest.approx(0.4 * 0.75 * (1 - MODEL_BAND) * idle)
+    assert busy.high == pytest.approx(0.4 * 1.25 * (1 + MODEL_BAND) * idle)
+    assert "other processes take a share" in busy.limit
+    with pytest.raises(ValueError, match="share_alone"):
+        Workload(64, 2, 1.0, 1.5)
+
+
+def test_probe_measures_this_machine():
+    got = rl.probe(seconds=0.1, slices=2)
+    assert got.cores == len(os.sched_getaffinity(0)) and 0 < got.alone <= 1 and 0 < got.all_cores <= 1
+    assert got.load_average == pytest.approx(os.getloadavg()[0], abs=5) and got.run_queue >= 0
+
+
+def test_load_moved():
+    then = Load(2, alone=0.9, all_cores=0.8, load_average=1.0)
+    assert rl.moved(then, Load(2, alone=0.85, all_cores=0.75)) is None
+    assert "moved from 80% to 30%" in rl.moved(then, Load(2, alone=0.85, all_cores=0.3, load_average=6))
+    assert "cores available moved from 2 to 4" in rl.moved(then, Load(4, alone=0.9, all_cores=0.8))
+
+
+def test_cached_profile_goes_stale_when_the_load_moved(tmp_path, monkeypatch):
+    """A cached profile keeps the load it was measured at; when the load now differs, the profile
+    says it is stale and takes the new load (the rest stays); an unchanged load leaves it as is."""
+    plan = transpile(dense_model())
+    cached = synthetic_profile(plan, lambda k, op: None)
+    cached.method, cached.load = rp.METHOD, Load(2, 1.0, 1.0, at=0.0)
+    path = tmp_path / f"profile-{rp.machine_key()}.json"
+    path.write_text(json.dumps(cached.to_dict()))
+    now = Load(2, 0.5, 0.25, 0.1, load_average=6.0, at=600.0)
+    monkeypatch.setattr(rp, "probe_load", lambda: now)
+    said = []
+    got = rp.machine_profile(plan, cache=tmp_path, log=said.append)
+    assert got.load == now and any("is stale" in m and "100% to 50%" in m for m in said)
+    assert Profile.from_dict(json.loads(path.read_text())).load == now
+    said.clear()
+    rp.machine_profile(plan, cache=tmp_path, log=said.append)
+    assert not any("stale" in m for m in said)
+    w = rp.workload_for(got, 256, "auto", 0.5)
+    assert (w.cores, w.share_alone, w.share_all, w.share_spread) == (2, 0.5, 0.25, 0.1)
+    assert rp.workload_for(got, 256, 4).share_all == 1.0  # N idle cores: no load
+
+
+def test_profile_round_trips_its_load():
+    load = Load(2, 0.5, 0.3, 0.1, 4.0, 3.0, 9.0)
+    prof = Profile({}, LinkCost(1e-5, 1e-9), PSCost(1e-4, 1e-9, 1e-9), load=load)
+    assert Profile.from_dict(json.loads(json.dumps(prof.to_dict()))) == prof
+    old = prof.to_dict()
+    del old["load"]  # a profile written before loads were measured
+    assert Profile.from_dict(old).load is None
