@@ -15,10 +15,12 @@ def split(
     trainer_types: list[str] | None = None,
     loss_name: str | None = None,
     score_names: list[str] | None = None,
+    tasks: list[dict] | None = None,
 ) -> dict[str, Program]:
     """{trainer type: sub-program} of a placed program, in `trainer_types` order (then the others, in
     the order their first op comes). The sub-program that computes `loss_name` records it, and
-    `score_names` ([prediction, label] for the AUC) when it holds both.
+    `score_names` ([prediction, label] pairs for the AUCs) when it holds them, and the `tasks` of a
+    multi-task program (transpiler/tasks.py).
 
     The sub-programs take `program`'s Op objects (no copies: transpile owns the program it splits);
     split a `program.clone()` to keep using the original. Vars are copied per sub-program.
@@ -65,5 +67,7 @@ def split(
             sub.attrs["loss_name"] = loss
             if score_names and all(n in names[dev] for n in score_names):
                 sub.attrs["score_names"] = list(score_names)
+            if tasks:
+                sub.attrs["tasks"] = [dict(t) for t in tasks]
         out[dev] = sub
     return out
