@@ -27,8 +27,8 @@ from transpiler.config import TranspileConfig
 from transpiler.errors import PlanError
 from transpiler.ir import Op, Program
 from transpiler.passes import pipeline, verify
-from transpiler.tasks import task_names
 from transpiler.tables import OptimizerSpec, TableSpec, tables_from_dicts, tables_to_dicts
+from transpiler.tasks import task_names
 from transpiler.values import load_params, save_params
 
 

@@ -10,7 +10,8 @@ with a mask), xDeepFM (CIN written with einsum, + MLP), xDeepFM with the CIN as 
 ("xdeepfm_conv"), CCPM (k x 1 Conv2d with padding, k-max pooling by topk), DIEN (nn.GRU over the
 behaviour sequence, attention, a second nn.GRU over the attention-weighted states). Each outputs the
 click probability `prob` [batch, 1], except the multi-task ESMM (outputs `ctr`, `ctcvr`) and MMOE
-(`ctr`, `cvr`), for which torch's own SGD steps on one batch are saved as `<name>_torch_steps.npz`. Exporters: "ts" (TorchScript, torch.onnx.export(dynamo=False))
+(`ctr`, `cvr`), for which torch's own SGD steps on one batch are saved as `<name>_torch_steps.npz`.
+Exporters: "ts" (TorchScript, torch.onnx.export(dynamo=False))
 and "dynamo" (torch.onnx.export(dynamo=True)). A model an exporter cannot export is skipped with its reason.
 """
 
@@ -319,7 +320,10 @@ def torch_steps(name: str, steps: int = 8, batch: int = 16, lr: float = 0.2) -> 
     torch.manual_seed(14)
     model = MODELS[name]()
     g = torch.Generator().manual_seed(21)
-    sparse, dense = torch.randint(0, VOCAB, (batch, SLOTS), generator=g), torch.randn(batch, DENSE, generator=g)
+    sparse, dense = (
+        torch.randint(0, VOCAB, (batch, SLOTS), generator=g),
+        torch.randn(batch, DENSE, generator=g),
+    )
     labels = {lab: torch.randint(0, 2, (batch, 1), generator=g).float() for lab in OUTPUTS[name].values()}
     if name == "esmm":  # a buy needs a click: the ctcvr label is click & conversion
         labels["buy"] = labels["buy"] * labels["click"]
@@ -327,7 +331,10 @@ def torch_steps(name: str, steps: int = 8, batch: int = 16, lr: float = 0.2) -> 
     got: dict[str, list[float]] = {"loss": [], **{f"loss_{o}": [] for o in OUTPUTS[name]}}
     for _ in range(steps):
         outs = model(sparse, dense)
-        parts = [nn.functional.binary_cross_entropy(p, labels[lab]) for p, lab in zip(outs, OUTPUTS[name].values())]
+        parts = [
+            nn.functional.binary_cross_entropy(p, labels[lab])
+            for p, lab in zip(outs, OUTPUTS[name].values(), strict=True)
+        ]
         loss = sum(parts)
         got["loss"].append(loss.item())
         for o, part in zip(OUTPUTS[name], parts, strict=True):
@@ -337,7 +344,9 @@ def torch_steps(name: str, steps: int = 8, batch: int = 16, lr: float = 0.2) -> 
         opt.step()
     path = HERE / f"{name}_torch_steps.npz"
     arrays = {k: v.numpy() for k, v in labels.items()}
-    np.savez(path, sparse=sparse.numpy(), dense=dense.numpy(), **arrays, **{k: np.array(v) for k, v in got.items()})
+    np.savez(
+        path, sparse=sparse.numpy(), dense=dense.numpy(), **arrays, **{k: np.array(v) for k, v in got.items()}
+    )
     return path
 
 

@@ -109,7 +109,8 @@ def from_onnx(
     if losses is not None or weights is not None:
         if loss is not None or label is not None or pred is not None or log_clamp is not None:
             raise OnnxImportError(
-                "losses= (one loss per task) replaces loss= / label= / pred= / log_clamp=; give one or the other"
+                "losses= (one loss per task) replaces loss= / label= / pred= / log_clamp=; "
+                "give one or the other"
             )
         attach_losses(program, losses or {}, weights)
         return program

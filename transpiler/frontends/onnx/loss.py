@@ -323,7 +323,9 @@ def attach_losses(
     tasks = []
     for out, spec in losses.items():
         if not (isinstance(spec, (tuple, list)) and len(spec) == 2 and all(isinstance(x, str) for x in spec)):
-            raise OnnxImportError(f"losses[{out!r}] must be (loss, label), like ('bce', 'click'), got {spec!r}")
+            raise OnnxImportError(
+                f"losses[{out!r}] must be (loss, label), like ('bce', 'click'), got {spec!r}"
+            )
         kind, label = spec
         if kind == "softmax_ce":
             raise OnnxImportError(f"losses[{out!r}]: a task loss is one of bce, bce_with_logits, mse")
