@@ -68,6 +68,13 @@ def split(
             if score_names and all(n in names[dev] for n in score_names):
                 sub.attrs["score_names"] = list(score_names)
             if tasks:
+                away = [n for n in score_names or () if n not in names[dev]]
+                if away:
+                    raise ValueError(
+                        f"the tasks' predictions and labels must reach the trainer type {dev!r} that "
+                        f"computes the loss, for their AUCs; {away} do not (name the values the task "
+                        "losses read)"
+                    )
                 sub.attrs["tasks"] = [dict(t) for t in tasks]
         out[dev] = sub
     return out
