@@ -197,3 +197,39 @@ def test_real_runtime_reports_each_task_auc(tmp_path: Path) -> None:
     np.testing.assert_allclose([r["auc_ctcvr"] for r in steps], want["ctcvr"], atol=1e-9)
     board = read_tensorboard(tmp_path / "tb")
     np.testing.assert_allclose([v for _, v in board["auc/ctcvr"]], want["ctcvr"], rtol=1e-6)
+
+
+def test_cli_transpile_with_a_loss_per_output(tmp_path: Path, capsys) -> None:
+    from runtime.cli.app import main
+    from transpiler import Plan
+
+    out = tmp_path / "plan"
+    argv = [
+        "transpile",
+        str(DIR / "esmm_ts.onnx"),
+        "--losses",
+        "ctr=bce:click,ctcvr=bce:buy:0.5",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    plan = Plan.load(out)
+    assert plan.tasks == ["ctr", "ctcvr"]
+    assert [t.weight for p in plan.programs.values() for t in tasks_of(p)] == [1.0, 0.5]
+    assert main(["transpile", str(DIR / "esmm_ts.onnx"), "--losses", "ctr=bce", "--out", str(out)]) == 2
+    assert "expected OUTPUT=LOSS:LABEL[:WEIGHT]" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "transpile",
+                str(DIR / "esmm_ts.onnx"),
+                "--losses",
+                "ctr=bce:c",
+                "--loss",
+                "bce",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
