@@ -139,8 +139,8 @@ def esmm(
         feeds, x = _shared_input(num_slots, vocab, dim, num_dense, dtype)
         click, buy = nn.data("click", [-1, 1], dtype), nn.data("buy", [-1, 1], dtype)
         ctr_logit, cvr_logit = _tower(x, hidden), _tower(x, hidden)
-        p_ctr = nn.sigmoid(ctr_logit)
-        p_ctcvr = nn.mul(p_ctr, nn.sigmoid(cvr_logit))
+        p_ctr = nn.append("sigmoid", {"X": ctr_logit}, Y="ctr")["Y"]  # outputs named by task
+        p_ctcvr = nn.append("mul", {"A": p_ctr, "B": nn.sigmoid(cvr_logit)}, C="ctcvr")["C"]
         ctr_loss = nn.reduce_mean(nn.sigmoid_cross_entropy_with_logits(ctr_logit, click))
         ctcvr_loss = nn.reduce_mean(nn.bce(p_ctcvr, buy))
         tasks = {"ctr": (p_ctr, click, ctr_loss), "ctcvr": (p_ctcvr, buy, ctcvr_loss)}
@@ -180,7 +180,7 @@ def mmoe(
             gate = nn.reshape(nn.softmax(nn.fc(x, experts), axis=1), [-1, experts, 1])
             mixed = nn.reduce_sum(nn.mul(stacked, gate), axes=[1])
             logit = _tower(mixed, tower)
-            preds[name] = nn.sigmoid(logit)
+            preds[name] = nn.append("sigmoid", {"X": logit}, Y=f"{name}_prob")["Y"]
             tasks[name] = (
                 preds[name],
                 label,

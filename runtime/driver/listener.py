@@ -167,12 +167,13 @@ class Listener:
     def _record(self, st: _StepTally) -> None:
         h = self.history
         loss = st.loss / max(st.examples, 1) if self.settings.loss_reduction == "mean" else st.loss
+        tasks = getattr(self.settings, "tasks", ())  # a multi-task plan's task names
         aucs, pairs, binary = _task_aucs(st)
         score, label = pairs[0] if pairs else (None, None)
         binary = bool(binary) and binary[0]
         h.loss.append(loss)
         h.auc.append(aucs[0] if aucs else float("nan"))
-        for name, a in zip(self.settings.tasks, aucs, strict=False):
+        for name, a in zip(tasks, aucs, strict=False):
             h.task_auc.setdefault(name, []).append(a)
         h.examples.append(st.examples)
         h.time.append(max(st.at - self.t_start, h.time[-1] if h.time else 0.0))  # (in step order)
@@ -187,11 +188,7 @@ class Listener:
                     "auc": h.auc[-1],
                     "examples": st.examples,
                     "time": h.time[-1],
-                    **(
-                        {"task_auc": dict(zip(self.settings.tasks, aucs, strict=False))}
-                        if self.settings.tasks
-                        else {}
-                    ),
+                    **({"task_auc": dict(zip(tasks, aucs, strict=False))} if tasks else {}),
                 }
             )
 
