@@ -1,7 +1,8 @@
 """The exporter matrix (issue 14 item 4): recommendation models that no one here hand-wrote as ONNX,
 written in PyTorch and in Paddle and exported by torch's own exporters (TorchScript "ts", "dynamo")
-and by paddle2onnx ("p2o") (tests/models/exporters/export_torch.py, export_paddle.py; the .onnx
-files are committed, so this needs neither torch, onnxscript nor paddle2onnx). The convolutional
+and by paddle2onnx ("p2o"), and one Keras model by tf2onnx (tests/models/exporters/export_torch.py,
+export_paddle.py, export_keras.py; the .onnx files are committed, so this needs neither torch,
+onnxscript, paddle2onnx nor tensorflow). The convolutional
 models (xDeepFM's CIN as Conv1d, CCPM) and the multi-task ones (ESMM, MMOE: two outputs, a bce
 loss each, `from_onnx(losses=...)`) are torch-only rows.
 
@@ -38,6 +39,8 @@ NOT_EXPORTED = {("dien", "p2o")}  # DIEN is written in PyTorch only (export_torc
 CELLS = [(m, e) for m in MODELS for e in EXPORTERS if (m, e) not in NOT_EXPORTED] + [
     (m, e) for m in TORCH_ONLY for e in ("ts", "dynamo")
 ]
+# Keras (TF 2.21) exported by tf2onnx 1.17 (export_keras.py): xDeepFM's CIN as 1x1 Conv2D layers.
+CELLS.append(("xdeepfm_conv", "tf2onnx"))
 # Multi-task models (torch only): per output the label of its bce loss, as in export_torch.OUTPUTS.
 MULTI_TASK = {"esmm": {"ctr": "click", "ctcvr": "buy"}, "mmoe": {"ctr": "click", "cvr": "like"}}
 MT_CELLS = [(m, e) for m in MULTI_TASK for e in ("ts", "dynamo")]
@@ -177,6 +180,17 @@ def test_multi_task_trains_heterogeneously(model: str, exporter: str) -> None:
     feed = {**_feed(model, 16, seed=4), **_labels(model, 16, 5)}
     losses = [float(x[0]) for x in simulate(plan, [feed] * 12)]
     assert np.all(np.isfinite(losses)) and losses[-1] < 0.9 * losses[0], losses
+
+
+def test_keras_cell_follows_tensorflow_own_steps() -> None:
+    """The tf2onnx cell trained (transpiled, SGD on the bce loss) follows TensorFlow's own SGD steps on
+    the same batch from the same weights (export_keras.py saved them)."""
+    ref = np.load(DIR / "xdeepfm_conv_tf2onnx_tf_steps.npz")
+    program = from_onnx(_path("xdeepfm_conv", "tf2onnx"), loss="bce")
+    plan = transpile(program, TranspileConfig(optimizer={"type": "sgd", "lr": 0.2}))
+    feed = {k: ref[k] for k in ("sparse", "dense", "label")}
+    got = [float(x[0]) for x in simulate(plan, [feed] * len(ref["loss"]))]
+    np.testing.assert_allclose(got, ref["loss"], rtol=1e-5)
 
 
 @pytest.mark.slow
