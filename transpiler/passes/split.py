@@ -64,17 +64,25 @@ def split(
             "feeds": [op.outputs["Out"][0] for op in groups[dev] if op.type == "data"],
         }
         if dev == loss_dev:
-            sub.attrs["loss_name"] = loss
-            if score_names and all(n in names[dev] for n in score_names):
-                sub.attrs["score_names"] = list(score_names)
-            if tasks:
-                away = [n for n in score_names or () if n not in names[dev]]
-                if away:
-                    raise ValueError(
-                        f"the tasks' predictions and labels must reach the trainer type {dev!r} that "
-                        f"computes the loss, for their AUCs; {away} do not (name the values the task "
-                        "losses read)"
-                    )
-                sub.attrs["tasks"] = [dict(t) for t in tasks]
+            _record_loss(sub, loss, score_names, tasks)
         out[dev] = sub
     return out
+
+
+def _record_loss(
+    sub: Program, loss: str | None, score_names: list[str] | None, tasks: list[dict] | None
+) -> None:
+    """The loss sub-program's `loss_name`, its `score_names` when it holds them all, and the tasks of
+    a multi-task program (whose predictions and labels must all be there, for their AUCs)."""
+    sub.attrs["loss_name"] = loss
+    held = [n for n in score_names or () if n in sub.global_block().vars]
+    if score_names and len(held) == len(score_names):
+        sub.attrs["score_names"] = list(score_names)
+    if not tasks:
+        return
+    if away := [n for n in score_names or () if n not in held]:
+        raise ValueError(
+            f"the tasks' predictions and labels must reach the trainer type {sub.attrs['trainer_type']!r} "
+            f"that computes the loss, for their AUCs; {away} do not (name the values the task losses read)"
+        )
+    sub.attrs["tasks"] = [dict(t) for t in tasks]

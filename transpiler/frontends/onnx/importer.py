@@ -107,11 +107,7 @@ def from_onnx(
     program = GraphImporter(straight.model, straight.refused).build()
     outputs = program.attrs["fetch_names"]
     if losses is not None or weights is not None:
-        if loss is not None or label is not None or pred is not None or log_clamp is not None:
-            raise OnnxImportError(
-                "losses= (one loss per task) replaces loss= / label= / pred= / log_clamp=; "
-                "give one or the other"
-            )
+        _no_single_loss_options(loss, label, pred, log_clamp)
         attach_losses(program, losses or {}, weights)
         return program
     if loss is not None:
@@ -126,6 +122,13 @@ def from_onnx(
     if loss_name is not None:
         program.attrs["loss_name"] = loss_name
     return _score_in_graph_loss(model, program, pred, log_clamp, stable_log)
+
+
+def _no_single_loss_options(*given: object) -> None:
+    if any(x is not None for x in given):
+        raise OnnxImportError(
+            "losses= (one loss per task) replaces loss= / label= / pred= / log_clamp=; give one or the other"
+        )
 
 
 def _is_loss(v: Var) -> bool:
