@@ -5,7 +5,15 @@ from a schema's feeds (`models`)."""
 
 from runtime.data.synthetic import ArrayReader, CriteoReader, SyntheticCTR, SyntheticMultiTask
 
-__all__ = ["ArrayReader", "CriteoReader", "Dataset", "Schema", "SyntheticCTR", "SyntheticMultiTask", "open_dataset"]
+__all__ = [
+    "ArrayReader",
+    "CriteoReader",
+    "Dataset",
+    "Schema",
+    "SyntheticCTR",
+    "SyntheticMultiTask",
+    "open_dataset",
+]
 
 
 def __getattr__(name: str):
