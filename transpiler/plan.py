@@ -28,6 +28,7 @@ from transpiler.errors import PlanError
 from transpiler.ir import Op, Program
 from transpiler.passes import pipeline, verify
 from transpiler.tables import OptimizerSpec, TableSpec, tables_from_dicts, tables_to_dicts
+from transpiler.tasks import task_names
 from transpiler.values import load_params, save_params
 
 
@@ -63,6 +64,11 @@ class Plan:
                 "place every data op on one type (e.g. config.op_type_devices={'data': 'cpu'})"
             )
         return readers[0]
+
+    @property
+    def tasks(self) -> list[str]:
+        """The task names of a multi-task plan, in order ([] for one loss; transpiler/tasks.py)."""
+        return task_names(self.programs)
 
     @property
     def loss_reduction(self) -> str:

@@ -1,6 +1,7 @@
 """The `hetps` command line: transpile a model into a plan, look at it, train it, plot the run.
 
-    hetps transpile MODEL --out PLAN_DIR [--config cfg.yaml] [--loss bce] [--optimizer adam --lr 0.01]
+    hetps transpile MODEL --out PLAN_DIR [--config cfg.yaml] [--loss bce | --losses ctr=bce:click,...]
+                    [--optimizer adam --lr 0.01]
     hetps inspect PLAN_DIR [--explain VAR] [--program TYPE]
     hetps draw PLAN_DIR -o plan.png        (or plan.svg for big graphs)
     hetps export PLAN_DIR -o ONNX_DIR
@@ -147,6 +148,12 @@ def _add_transpile(sub: Any) -> None:
         help="ONNX models without a loss: attach this loss on the first output",
     )
     s.add_argument("--label", help="name of the label input the attached loss reads (default 'label')")
+    s.add_argument(
+        "--losses",
+        metavar="OUT=LOSS:LABEL[:W],...",
+        help="ONNX multi-task models: a loss per output against its own label input, summed with "
+        "weights W (default 1), e.g. ctr=bce:click,ctcvr=bce:buy (ESMM); each output is a task",
+    )
     s.add_argument(
         "--pred",
         metavar="NAME",

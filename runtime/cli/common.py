@@ -38,6 +38,13 @@ def load_model(path: Path, loss: str | None, label: str | None, onnx: OnnxOption
             if value is not None:
                 raise UsageError(f"{flag} applies to ONNX models only; {f} is a {kind} program")
         return transpiler_load_model(f)
+    losses, weights = parse_losses(onnx.losses) if onnx.losses else (None, None)
+    if losses and (loss is not None or label is not None):
+        raise UsageError("--losses (one loss per output) replaces --loss / --label; give one or the other")
+    if losses and (onnx.pred is not None or onnx.clamp_log is not None or not onnx.stable_log):
+        raise UsageError(
+            "--pred / --clamp-log / --no-stable-log apply to a loss inside the model, not --losses"
+        )
     if loss is not None and (onnx.pred is not None or onnx.clamp_log is not None or not onnx.stable_log):
         raise UsageError(
             "--pred / --clamp-log / --no-stable-log apply to a loss inside the model; with "
@@ -51,7 +58,27 @@ def load_model(path: Path, loss: str | None, label: str | None, onnx: OnnxOption
         pred=onnx.pred,
         log_clamp=onnx.clamp_log,
         stable_log=onnx.stable_log,
+        **({"losses": losses, "weights": weights} if losses else {}),
     )
+
+
+def parse_losses(text: str) -> tuple[dict[str, tuple[str, str]], dict[str, float]]:
+    """`--losses ctr=bce:click,ctcvr=bce:buy:0.5` -> ({output: (loss, label)}, {output: weight})."""
+    losses, weights = {}, {}
+    for item in text.split(","):
+        out, _, spec = item.strip().partition("=")
+        parts = spec.split(":")
+        if not out or len(parts) not in (2, 3) or not all(parts[:2]):
+            raise UsageError(
+                f"--losses item {item!r}: expected OUTPUT=LOSS:LABEL[:WEIGHT], e.g. ctr=bce:click"
+            )
+        losses[out] = (parts[0], parts[1])
+        if len(parts) == 3:
+            try:
+                weights[out] = float(parts[2])
+            except ValueError:
+                raise UsageError(f"--losses item {item!r}: the weight {parts[2]!r} is not a number") from None
+    return losses, weights
 
 
 @dataclass(frozen=True)
@@ -62,6 +89,7 @@ class OnnxOptions:
     pred: str | None = None
     clamp_log: float | None = None
     stable_log: bool = True
+    losses: str | None = None  # --losses OUTPUT=LOSS:LABEL[:WEIGHT],...
 
     def given(self) -> list[tuple[str, Any]]:
         """(flag, value or None) of the options the user set."""
@@ -70,6 +98,7 @@ class OnnxOptions:
             ("--pred", self.pred),
             ("--clamp-log", self.clamp_log),
             ("--no-stable-log", None if self.stable_log else True),
+            ("--losses", self.losses),
         ]
 
 

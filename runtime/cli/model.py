@@ -68,7 +68,7 @@ def cmd_transpile(args: argparse.Namespace) -> int:
     from transpiler import transpile
 
     config = load_config(args.config, args.optimizer, args.lr)
-    onnx = OnnxOptions(args.fixed_batch, args.pred, args.clamp_log, not args.no_stable_log)
+    onnx = OnnxOptions(args.fixed_batch, args.pred, args.clamp_log, not args.no_stable_log, args.losses)
     program = load_model(Path(args.model), args.loss, args.label, onnx)
     plan = transpile(program, config)
     plan.save(args.out)

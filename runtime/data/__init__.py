@@ -3,9 +3,17 @@ reads (`sources`), click-log files read by a schema (`files/`: `open_dataset`), 
 end, read from a saved position (`streams/`: pass directories, NATS JetStream), and CTR models built
 from a schema's feeds (`models`)."""
 
-from runtime.data.synthetic import ArrayReader, CriteoReader, SyntheticCTR
+from runtime.data.synthetic import ArrayReader, CriteoReader, SyntheticCTR, SyntheticMultiTask
 
-__all__ = ["ArrayReader", "CriteoReader", "Dataset", "Schema", "SyntheticCTR", "open_dataset"]
+__all__ = [
+    "ArrayReader",
+    "CriteoReader",
+    "Dataset",
+    "Schema",
+    "SyntheticCTR",
+    "SyntheticMultiTask",
+    "open_dataset",
+]
 
 
 def __getattr__(name: str):

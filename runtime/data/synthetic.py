@@ -8,6 +8,8 @@ learns reaches a clearly better-than-chance AUC (the teacher's own AUC is printe
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from runtime.evaluation.metrics import auc
@@ -65,6 +67,30 @@ class SyntheticCTR:
         b = self.batch(10**6, n)
         s, d, y = self.names
         return auc(b[y], self.teacher_logit(b[s], b[d]))
+
+
+class SyntheticMultiTask(SyntheticCTR):
+    """Two binary labels per impression, for multi-task models: `click` ~ Bernoulli(sigmoid(the
+    click teacher)) and a second event ~ Bernoulli(sigmoid(its own teacher)); with `chained`
+    (ESMM's setting: a purchase follows a click) the second label is click AND that event, so
+    it is 1 only on clicked impressions. `batch(i, n)` is deterministic in (seed, i)."""
+
+    def __init__(
+        self, *args: Any, labels: tuple[str, str] = ("click", "buy"), chained: bool = True, **kw: Any
+    ):
+        super().__init__(*args, **kw)
+        rng = np.random.default_rng((self.seed, 2))
+        self.labels, self.chained = labels, chained
+        self.w2_id, self.w2_dense = rng.normal(0, 0.7, self.vocab), rng.normal(0, 0.5, self.num_dense)
+
+    def batch(self, i: int, n: int) -> dict[str, np.ndarray]:
+        out = super().batch(i, n)
+        s, d, y = self.names
+        click = out.pop(y)
+        logit2 = self.w2_id[out[s]].sum(1) / np.sqrt(self.num_slots) + out[d] @ self.w2_dense - 0.5
+        rng = np.random.default_rng((self.seed, 104729, i))
+        event = (rng.random(n) < 1 / (1 + np.exp(-logit2))).astype(np.float32).reshape(n, 1)
+        return {**out, self.labels[0]: click, self.labels[1]: event * click if self.chained else event}
 
 
 class CriteoReader:

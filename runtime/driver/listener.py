@@ -148,9 +148,9 @@ class Listener:
         st.got += len(msg.items)
         mean = self.settings.loss_reduction == "mean"
         st.loss += sum(loss * (n if mean else 1) for n, loss in msg.items)
-        if len(arrays) == 2:
-            st.scores.append(arrays[0])
-            st.labels.append(arrays[1])
+        if arrays and len(arrays) % 2 == 0:  # a (scores, labels) pair per task
+            st.scores.append(arrays[0::2])
+            st.labels.append(arrays[1::2])
 
     def _advance(self) -> None:
         """Hand completed steps to the history in order; grant more steps (until_loss)."""
@@ -167,12 +167,14 @@ class Listener:
     def _record(self, st: _StepTally) -> None:
         h = self.history
         loss = st.loss / max(st.examples, 1) if self.settings.loss_reduction == "mean" else st.loss
-        score = label = None
-        if st.scores:
-            score, label = np.concatenate(st.scores), np.concatenate(st.labels)
-        binary = label is not None and bool(((label == 0) | (label == 1)).all())
+        tasks = getattr(self.settings, "tasks", ())  # a multi-task plan's task names
+        aucs, pairs, binary = _task_aucs(st)
+        score, label = pairs[0] if pairs else (None, None)
+        binary = bool(binary) and binary[0]
         h.loss.append(loss)
-        h.auc.append(auc(label, score) if binary else float("nan"))
+        h.auc.append(aucs[0] if aucs else float("nan"))
+        for name, a in zip(tasks, aucs, strict=False):
+            h.task_auc.setdefault(name, []).append(a)
         h.examples.append(st.examples)
         h.time.append(max(st.at - self.t_start, h.time[-1] if h.time else 0.0))  # (in step order)
         if binary:
@@ -186,6 +188,7 @@ class Listener:
                     "auc": h.auc[-1],
                     "examples": st.examples,
                     "time": h.time[-1],
+                    **({"task_auc": dict(zip(tasks, aucs, strict=False))} if tasks else {}),
                 }
             )
 
@@ -259,3 +262,17 @@ def watch_processes(
                 name, f"{stalled[name]} for {now - since:.1f} s; the run cannot go on without it"
             )
     return stopped
+
+
+def _task_aucs(st: _StepTally) -> tuple[list[float], list[tuple[np.ndarray, np.ndarray]], list[bool]]:
+    """Per task (one for a single-task plan): the AUC of the step's predictions when its labels
+    are binary (NaN otherwise), the (scores, labels) it ranked and whether the labels are binary."""
+    if not st.scores:
+        return [], [], []
+    pairs = [
+        (np.concatenate([s[k] for s in st.scores]), np.concatenate([y[k] for y in st.labels]))
+        for k in range(len(st.scores[0]))
+    ]
+    binary = [bool(((y == 0) | (y == 1)).all()) for _, y in pairs]
+    aucs = [auc(y, s) if b else float("nan") for (s, y), b in zip(pairs, binary, strict=True)]
+    return aucs, pairs, binary

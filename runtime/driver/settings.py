@@ -253,6 +253,7 @@ class ResolvedRun:
     loss_reduction: str  # "mean" or "sum": how the loss of a global batch is made of its items'
     pushes: dict[str, int]  # per table: trainers that push it each step (Plan.pushes)
     held: dict[str, str] = field(default_factory=dict)  # dense table -> the trainer type holding it
+    tasks: tuple[str, ...] = ()  # a multi-task plan's task names (Plan.tasks), each with its own AUC
 
     @classmethod
     def make(cls, plan: Plan, data: Any, settings: Settings) -> ResolvedRun:
@@ -277,6 +278,7 @@ class ResolvedRun:
             plan.loss_reduction,
             plan.pushes(scale.trainers),
             held_dense(plan.programs, plan.tables, scale.trainers) if scale.dense_on_trainer else {},
+            tuple(plan.tasks),
         )
 
     @property

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from runtime.driver.checkpoints import check_resume, latest
-from runtime.evaluation.metrics import auc
+from runtime.evaluation.metrics import auc, task_aucs
 from runtime.exec.comm_ops import comm_handlers
 from runtime.exec.executor import Executor
 from runtime.ps import PSClient, Shard
@@ -98,7 +98,8 @@ Forward = Callable[[dict[str, Any]], tuple[np.ndarray, "float | None"]]
 
 def forward_fn(graph: ForwardGraph, pull: TableSource, with_loss: bool) -> Forward:
     """The forward pass of `graph` on one batch, its tables read from `pull`."""
-    targets = [graph.output] + ([graph.loss] if with_loss and graph.loss else [])
+    outputs = graph.outputs
+    targets = outputs + ([graph.loss] if with_loss and graph.loss else [])
     prog = graph.pruned(targets)
     feeds = graph.feeds + (graph.label_feeds if with_loss else [])
     exe = _executor(pull)
@@ -108,7 +109,8 @@ def forward_fn(graph: ForwardGraph, pull: TableSource, with_loss: bool) -> Forwa
         if missing:
             raise KeyError(f"a batch lacks the feeds {missing} the model reads; it has {sorted(batch)}")
         outs = exe.run(prog, feed={f: batch[f] for f in feeds}, fetch_list=targets)
-        return np.asarray(outs[0]), float(np.asarray(outs[1])) if len(outs) > 1 else None
+        pred = task_columns(outs[: len(outputs)], outputs) if graph.tasks else np.asarray(outs[0])
+        return pred, float(np.asarray(outs[-1])) if len(outs) > len(outputs) else None
 
     return forward
 
@@ -122,9 +124,28 @@ def run_forward(
         yield batch, *forward(batch)
 
 
+def task_columns(values: list[Any], names: list[str]) -> np.ndarray:
+    """A multi-task model's per-task values (one per example each) as the columns of one
+    [examples, tasks] array; ValueError naming a task with several values per example."""
+    cols = [np.asarray(v).reshape(len(v), -1) for v in values]
+    wide = [n for n, c in zip(names, cols, strict=True) if c.shape[1] != 1]
+    if wide:
+        raise ValueError(f"a task's prediction and label hold one value per example; {wide} hold more")
+    return np.concatenate([c.astype(np.float32, copy=False) for c in cols], axis=1)
+
+
 def label_feed(graph: ForwardGraph) -> str | None:
     """The label the AUC compares predictions with: the loss's one label feed (None: not one)."""
     return graph.label_feeds[0] if len(graph.label_feeds) == 1 else None
+
+
+def labels_of(graph: ForwardGraph, batch: dict[str, Any]) -> np.ndarray | None:
+    """A batch's labels for the AUC: the one label feed, or a multi-task graph's task labels as
+    [examples, tasks] columns; None when there is no single label."""
+    if graph.tasks:
+        return task_columns([batch[t.label] for t in graph.tasks], [t.name for t in graph.tasks])
+    label = label_feed(graph)
+    return None if label is None else np.asarray(batch[label])
 
 
 @dataclass
@@ -133,6 +154,7 @@ class Tally:
     weighted by batch size, a sum loss summed), the AUC of all predictions against binary labels."""
 
     reduction: str  # "mean" or "sum" (Plan.loss_reduction)
+    tasks: list[str] = field(default_factory=list)  # a multi-task plan's: preds and labels have a column each
     total: float = 0.0
     examples: int = 0
     scores: list = field(default_factory=list)
@@ -142,7 +164,10 @@ class Tally:
         """One batch's prediction, loss, and labels (None: no AUC)."""
         self.total += loss * len(pred) if self.reduction == "mean" else loss
         self.examples += len(pred)
-        if label is not None:
+        if label is not None and self.tasks:
+            self.scores.append(pred)
+            self.labels.append(np.asarray(label))
+        elif label is not None:
             self.scores.append(pred.reshape(-1))
             self.labels.append(np.asarray(label).reshape(-1))
 
@@ -150,6 +175,8 @@ class Tally:
         """{"loss", "auc", "examples"}; ValueError when no example was added."""
         if self.examples == 0:
             raise ValueError("evaluate got no examples: data is empty")
+        if self.tasks:
+            return self._task_result()
         y = np.concatenate(self.labels) if self.labels else None
         n_scores = sum(s.size for s in self.scores)
         binary = y is not None and y.size == n_scores and bool(np.isin(y, (0, 1)).all())
@@ -159,16 +186,31 @@ class Tally:
             "examples": self.examples,
         }
 
+    def _task_result(self) -> dict[str, Any]:
+        """A multi-task result: the first task's AUC as "auc", every task's as "auc_<task>"."""
+        loss = self.total / self.examples if self.reduction == "mean" else self.total
+        nan = dict.fromkeys(self.tasks, float("nan"))
+        aucs = (
+            task_aucs(np.concatenate(self.labels), np.concatenate(self.scores), self.tasks)
+            if self.labels
+            else nan
+        )
+        return {
+            "loss": loss,
+            "auc": aucs[self.tasks[0]],
+            "examples": self.examples,
+            **{f"auc_{t}": a for t, a in aucs.items()},
+        }
+
 
 def evaluate_with(
     graph: ForwardGraph, pull: TableSource, data: Any, loss_reduction: str = "mean"
 ) -> dict[str, float]:
     """{"loss", "auc", "examples"} of the graph on `data` (see `Tally`; NaN AUC without binary
-    labels)."""
+    labels); a multi-task graph's also "auc_<task>" per task."""
     if not graph.loss:
         raise ValueError("the plan has no loss: evaluate needs one (use predict for predictions)")
-    label = label_feed(graph)
-    tally = Tally(loss_reduction)
+    tally = Tally(loss_reduction, [t.name for t in graph.tasks])
     for batch, pred, loss in run_forward(graph, pull, data, with_loss=True):
-        tally.add(pred, loss, None if label is None else batch[label])
+        tally.add(pred, loss, labels_of(graph, batch))
     return tally.result()

@@ -24,3 +24,17 @@ def auc(labels, preds) -> float:
     ranks = np.empty(sp.size)
     ranks[order] = np.repeat(starts + (counts + 1) / 2.0, counts)
     return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def task_aucs(labels: np.ndarray, preds: np.ndarray, tasks: list[str]) -> dict[str, float]:
+    """Per task of a multi-task model: the AUC of column k of `preds` against column k of
+    `labels` ([examples, tasks] each, in `tasks` order); NaN for a task without binary labels."""
+    y, p = np.asarray(labels), np.asarray(preds)
+    if y.shape != p.shape or y.ndim != 2 or y.shape[1] != len(tasks):
+        raise ValueError(
+            f"task_aucs needs [examples, {len(tasks)}] labels and preds, got {y.shape} and {p.shape}"
+        )
+    return {
+        t: auc(y[:, k], p[:, k]) if bool(np.isin(y[:, k], (0, 1)).all()) else float("nan")
+        for k, t in enumerate(tasks)
+    }

@@ -42,7 +42,7 @@ from runtime.evaluation.forward import (
     checked_checkpoint,
     client_source,
     forward_fn,
-    label_feed,
+    labels_of,
 )
 from runtime.ps import PSClient
 from runtime.ps.launch import load_values, start_servers
@@ -88,10 +88,10 @@ def run_worker(spec: WorkerSpec) -> None:
     client = PSClient(spec.ps, secret=spec.secret, timeout=spec.timeout)
     try:
         forward = forward_fn(spec.graph, client_source(client), spec.with_loss)
-        label = label_feed(spec.graph) if spec.with_loss else None
         for order, batch in _share(spec):
             pred, loss = forward(batch)
-            arrays = [pred] + ([np.asarray(batch[label])] if label is not None else [])
+            label = labels_of(spec.graph, batch) if spec.with_loss else None
+            arrays = [pred] + ([label] if label is not None else [])
             out.send(spec.driver, header(Scored(spec.name, order, loss)), arrays)
         out.send(spec.driver, header(Done(spec.name)))
     finally:
@@ -124,7 +124,7 @@ def evaluate_parallel(
     graph = forward_graph(plan, output)
     if not graph.loss:
         raise ValueError("the plan has no loss: evaluate needs one (use predict for predictions)")
-    tally = Tally(plan.loss_reduction)
+    tally = Tally(plan.loss_reduction, [t.name for t in graph.tasks])
     for r in _run(plan, graph, data, checkpoint, workers, servers, engine, stall_timeout, True):
         tally.add(r.pred, r.loss, r.label)
     return tally.result()

@@ -299,6 +299,12 @@ class TensorBoardLog:
         if examples_per_s is not None:
             self.writer.add_scalar("examples_per_s", examples_per_s, step)
 
+    def tasks(self, step: int, task_auc: dict[str, float], prefix: str = "auc") -> None:
+        """A multi-task run's per-task AUCs, as `auc/<task>` (`eval_auc/<task>`)."""
+        for task, auc in task_auc.items():
+            if math.isfinite(auc):
+                self.writer.add_scalar(f"{prefix}/{task}", auc, step)
+
     def eval(self, step: int, loss: float, auc: float) -> None:
         self.writer.add_scalar("eval_loss", loss, step)
         if math.isfinite(auc):
@@ -367,9 +373,11 @@ class Telemetry:
                 examples=self.total_examples,
                 examples_per_s=rate,
                 elapsed_s=record["time"],
+                **{f"auc_{t}": a for t, a in record.get("task_auc", {}).items()},
             )
         if self.tb:
             self.tb.step(record["step"], record["loss"], record.get("auc"), rate)
+            self.tb.tasks(record["step"], record.get("task_auc", {}))
         self.bar.update(1, record["loss"], record.get("auc"), rate)
 
     def eval(self, record: dict[str, Any]) -> None:
@@ -380,6 +388,7 @@ class Telemetry:
             self.log.write("eval", **record)
         if self.tb:
             self.tb.eval(record["step"], record["loss"], record["auc"])
+            self.tb.tasks(record["step"], record.get("task_auc", {}), "eval_auc")
         self.bar.eval(record["loss"], record["auc"])
 
     def spans(self, who: str, spans: list[Span]) -> None:

@@ -45,10 +45,11 @@ class ReportQueue:
             self.flush()
 
     def losses(self, t: int, items: list) -> None:
-        """Queue step t's losses: (examples, loss, [scores, labels] or []) of each of its items."""
+        """Queue step t's losses: (examples, loss, [scores, labels, ...] or []) of each of its items
+        (a multi-task plan: one scores, labels pair per task)."""
         arrays = []
         if items and items[0][2]:
-            arrays = [np.concatenate([r[2][i] for r in items]) for i in (0, 1)]
+            arrays = [np.concatenate([r[2][i] for r in items]) for i in range(len(items[0][2]))]
         self.step(Losses(self.who, t, [[n, loss] for n, loss, _ in items]), arrays)
 
     def now(self, msg: Message, arrays: list = ()) -> None:

@@ -5,12 +5,14 @@ forward and loss ops plus the parameter-server pulls (`pull_dense`, `unique_ids`
 with the send/recv pairs dropped (a recv's output has the name of the tensor sent) and backward,
 push and optimizer ops gone. Ops keep their ids; they are put in an order where every input is
 made before it is read. The prediction output is the one forward result that no op reads and that
-is not the loss (e.g. `sigmoid(logit)`); name it with `output=` when a program has several.
+is not the loss (e.g. `sigmoid(logit)`); name it with `output=` when a program has several. A
+multi-task plan (transpiler/tasks.py) predicts every task's output (`ForwardGraph.outputs`).
 The runtime runs this graph with the pulls answered by the parameter servers or a checkpoint
 (`runtime.evaluate`); `servable_program` turns the pulls into parameters for `to_onnx`.
 
 `export_inference(plan, path, values)` writes one standard ONNX model (default domain only): the
-inputs are the plan's feeds the prediction needs (never the label), the output is the prediction,
+inputs are the plan's feeds the prediction needs (never the label), the output is the prediction
+(a multi-task plan: one output per task, named as in the plan),
 every table is an initializer holding `values` (a sparse table as its full [vocab, dim] array; an
 embedding lookup becomes a Gather over the raw ids). Models over 2 GB keep their initializers in
 an external data file beside `path` (ONNX's external data format).
@@ -18,7 +20,7 @@ an external data file beside `path` (ONNX's external data format).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +29,7 @@ import numpy as np
 from ops_registry import get_op
 from transpiler.exporters.forward import score_names
 from transpiler.ir import Op, Program, Var
+from transpiler.tasks import Task, tasks_of
 
 if TYPE_CHECKING:
     from transpiler.plan import Plan
@@ -42,8 +45,14 @@ class ForwardGraph:
     program: Program
     feeds: list[str]  # what the prediction needs from the data (the label excluded)
     label_feeds: list[str]  # feeds only the loss reads
-    output: str  # the prediction
+    output: str  # the prediction (a multi-task plan's: its first task's)
     loss: str | None
+    tasks: list[Task] = field(default_factory=list)  # a multi-task plan's, predicting them all
+
+    @property
+    def outputs(self) -> list[str]:
+        """The predictions: every task's for a multi-task graph, else the one output."""
+        return [t.pred for t in self.tasks] or [self.output]
 
     def pruned(self, targets: list[str]) -> Program:
         """The graph with only the ops `targets` need (a copy)."""
@@ -70,6 +79,9 @@ def forward_graph(plan: Plan, output: str | None = None) -> ForwardGraph:
     feeds = [op.outputs["Out"][0] for op in block.ops if op.type == "data"]
     read = {n for op in block.ops for n in op.input_names()}
     sinks = [n for op in block.ops if op.type != "data" for n in op.output_names() if n not in read]
+    tasks = next((t for p in plan.programs.values() if (t := tasks_of(p))), []) if output is None else []
+    if tasks:
+        output = tasks[0].pred
     if output is None:
         loss_deps = _ancestors(block.ops, [plan.loss_name]) if plan.loss_name else set()
         found = [n for n in sinks if n != plan.loss_name and n not in loss_deps]
@@ -87,9 +99,14 @@ def forward_graph(plan: Plan, output: str | None = None) -> ForwardGraph:
         raise ValueError(
             f"output {output!r} is not made by a forward op of the plan; forward results no op reads: {sinks}"
         )
-    needed = _ancestors(block.ops, [output])
+    needed = _ancestors(block.ops, [t.pred for t in tasks] or [output])
     return ForwardGraph(
-        prog, [f for f in feeds if f in needed], [f for f in feeds if f not in needed], output, plan.loss_name
+        prog,
+        [f for f in feeds if f in needed],
+        [f for f in feeds if f not in needed],
+        output,
+        plan.loss_name,
+        tasks,
     )
 
 
@@ -140,7 +157,7 @@ def servable_program(graph: ForwardGraph, tables: dict[str, np.ndarray]) -> Prog
     (full arrays by table name): `pull_dense` outputs become parameters, and an embedding that
     gathers pulled rows (`unique_ids` -> `pull_sparse` -> embedding(W=rows, Ids=Index)) gathers
     from the whole table with the raw ids."""
-    prog = graph.pruned([graph.output])
+    prog = graph.pruned(graph.outputs)
     block = prog.global_block()
     made = {n: op for op in block.ops for n in op.output_names()}
     params: dict[str, np.ndarray] = {}
@@ -205,7 +222,7 @@ def export_inference(
 
     graph = forward_graph(plan, output)
     prog = servable_program(graph, tables)
-    model = to_onnx(prog, outputs=[graph.output], params=prog.params, opset=opset, name="hetps-inference")
+    model = to_onnx(prog, outputs=graph.outputs, params=prog.params, opset=opset, name="hetps-inference")
     custom = sorted({n.op_type for n in model.graph.node if n.domain == DOMAIN})
     if custom:
         raise ValueError(

@@ -22,6 +22,7 @@ from ops_registry import get_op
 from ops_registry import optimizer as opt
 from transpiler.ir import Program, Var
 from transpiler.passes.backward import append_backward
+from transpiler.tasks import Task, add_total_loss
 
 _main: Program | None = None
 _startup: Program | None = None
@@ -247,6 +248,32 @@ def div(a: Var, b: Var) -> Var:
 def sigmoid_cross_entropy_with_logits(logits: Var, label: Var) -> Var:
     """Elementwise log loss on logits (reduce it with reduce_mean for a scalar loss)."""
     return append("sigmoid_cross_entropy_with_logits", {"X": logits, "Label": label})["Out"]
+
+
+def bce(prob: Var, label: Var) -> Var:
+    """Elementwise binary cross entropy on probabilities (logs floored at -100, as torch's BCELoss)."""
+    return append("bce_loss", {"X": prob, "Label": label})["Out"]
+
+
+def softmax(x: Var, axis: int = -1) -> Var:
+    return append("softmax", {"input": x}, {"axis": axis})["output"]
+
+
+def multi_task_loss(
+    tasks: dict[str, tuple[Var, Var, Var]], weights: dict[str, float] | None = None, kind: str = "bce"
+) -> Var:
+    """The loss of a multi-task model: {task: (prediction, label, its mean loss)} -> the weighted sum
+    of the task losses (`weights`: {task: weight}, 1.0 where not given), with the tasks recorded on
+    the program (transpiler/tasks.py: each task's AUC in training and evaluation, its column in
+    predict, its output in the servable export). Minimize the returned var."""
+    weights = dict(weights or {})
+    if extra := [k for k in weights if k not in tasks]:
+        raise ValueError(f"weights name {extra}, which are not tasks; the tasks are {list(tasks)}")
+    recs = [
+        Task(name, pred.name, label.name, kind, loss.name, float(weights.get(name, 1.0)))
+        for name, (pred, label, loss) in tasks.items()
+    ]
+    return default_main_program().var(add_total_loss(default_main_program(), recs))
 
 
 def softmax_cross_entropy(logits: Var, label: Var, soft_label: bool = False, axis: int = -1) -> Var:

@@ -66,7 +66,8 @@ def _backward(c: Context) -> str | None:
 
 def _split(c: Context) -> dict[str, Program]:
     assert c.placement is not None
-    return split(c.program, c.placement.trainer_types, c.loss, c.program.attrs.get("score_names"))
+    attrs = c.program.attrs
+    return split(c.program, c.placement.trainer_types, c.loss, attrs.get("score_names"), attrs.get("tasks"))
 
 
 PASSES: tuple[Pass, ...] = (

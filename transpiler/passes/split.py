@@ -15,10 +15,12 @@ def split(
     trainer_types: list[str] | None = None,
     loss_name: str | None = None,
     score_names: list[str] | None = None,
+    tasks: list[dict] | None = None,
 ) -> dict[str, Program]:
     """{trainer type: sub-program} of a placed program, in `trainer_types` order (then the others, in
     the order their first op comes). The sub-program that computes `loss_name` records it, and
-    `score_names` ([prediction, label] for the AUC) when it holds both.
+    `score_names` ([prediction, label] pairs for the AUCs) when it holds them, and the `tasks` of a
+    multi-task program (transpiler/tasks.py).
 
     The sub-programs take `program`'s Op objects (no copies: transpile owns the program it splits);
     split a `program.clone()` to keep using the original. Vars are copied per sub-program.
@@ -62,8 +64,25 @@ def split(
             "feeds": [op.outputs["Out"][0] for op in groups[dev] if op.type == "data"],
         }
         if dev == loss_dev:
-            sub.attrs["loss_name"] = loss
-            if score_names and all(n in names[dev] for n in score_names):
-                sub.attrs["score_names"] = list(score_names)
+            _record_loss(sub, loss, score_names, tasks)
         out[dev] = sub
     return out
+
+
+def _record_loss(
+    sub: Program, loss: str | None, score_names: list[str] | None, tasks: list[dict] | None
+) -> None:
+    """The loss sub-program's `loss_name`, its `score_names` when it holds them all, and the tasks of
+    a multi-task program (whose predictions and labels must all be there, for their AUCs)."""
+    sub.attrs["loss_name"] = loss
+    held = [n for n in score_names or () if n in sub.global_block().vars]
+    if score_names and len(held) == len(score_names):
+        sub.attrs["score_names"] = list(score_names)
+    if not tasks:
+        return
+    if away := [n for n in score_names or () if n not in held]:
+        raise ValueError(
+            f"the tasks' predictions and labels must reach the trainer type {sub.attrs['trainer_type']!r} "
+            f"that computes the loss, for their AUCs; {away} do not (name the values the task losses read)"
+        )
+    sub.attrs["tasks"] = [dict(t) for t in tasks]

@@ -9,7 +9,9 @@ interaction), DeepFM (FM + MLP), DCN-v2 (cross layers), DIN (attention over a be
 with a mask), xDeepFM (CIN written with einsum, + MLP), xDeepFM with the CIN as nn.Conv1d(kernel_size=1)
 ("xdeepfm_conv"), CCPM (k x 1 Conv2d with padding, k-max pooling by topk), DIEN (nn.GRU over the
 behaviour sequence, attention, a second nn.GRU over the attention-weighted states). Each outputs the
-click probability `prob` [batch, 1]. Exporters: "ts" (TorchScript, torch.onnx.export(dynamo=False))
+click probability `prob` [batch, 1], except the multi-task ESMM (outputs `ctr`, `ctcvr`) and MMOE
+(`ctr`, `cvr`), for which torch's own SGD steps on one batch are saved as `<name>_torch_steps.npz`.
+Exporters: "ts" (TorchScript, torch.onnx.export(dynamo=False))
 and "dynamo" (torch.onnx.export(dynamo=True)). A model an exporter cannot export is skipped with its reason.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -207,6 +210,48 @@ class CCPM(nn.Module):
         return torch.sigmoid(self.out(x.flatten(1)) + self.deep(torch.cat([e.flatten(1), dense], dim=1)))
 
 
+class ESMM(nn.Module):
+    """ESMM (Ma et al., 2018): shared embeddings; a CTR tower and a CVR tower over them; outputs
+    pCTR (`ctr`) and pCTCVR = pCTR x pCVR (`ctcvr`), both trained over all impressions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        width = SLOTS * DIM + DENSE
+        self.ctr, self.cvr = mlp([width, 8, 1]), mlp([width, 8, 1])
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([self.emb(sparse).flatten(1), dense], dim=1)
+        p_ctr = torch.sigmoid(self.ctr(x))
+        return p_ctr, p_ctr * torch.sigmoid(self.cvr(x))
+
+
+class MMOE(nn.Module):
+    """MMOE (Ma et al., 2018): shared embeddings, 3 expert MLPs, per task a softmax gate over the
+    experts and a tower; outputs the two tasks' probabilities `ctr` and `cvr`."""
+
+    def __init__(self, experts: int = 3) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        width = SLOTS * DIM + DENSE
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(width, 8), nn.ReLU()) for _ in range(experts))
+        self.gates = nn.ModuleList(nn.Linear(width, experts) for _ in range(2))
+        self.towers = nn.ModuleList(mlp([8, 4, 1]) for _ in range(2))
+
+    def forward(self, sparse: torch.Tensor, dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([self.emb(sparse).flatten(1), dense], dim=1)
+        e = torch.stack([f(x) for f in self.experts], dim=1)  # [B, E, 8]
+        outs = []
+        for gate, tower in zip(self.gates, self.towers, strict=True):
+            w = torch.softmax(gate(x), dim=1).unsqueeze(2)  # [B, E, 1]
+            outs.append(torch.sigmoid(tower((w * e).sum(1))))
+        return outs[0], outs[1]
+
+
+# Multi-task models: their outputs, and per output the label it trains against (a bce loss each).
+OUTPUTS = {"esmm": {"ctr": "click", "ctcvr": "buy"}, "mmoe": {"ctr": "click", "cvr": "like"}}
+
+
 def example(name: str, batch: int = 4) -> tuple[tuple[torch.Tensor, ...], list[str]]:
     g = torch.Generator().manual_seed(0)
     dense = torch.randn(batch, DENSE, generator=g)
@@ -229,6 +274,8 @@ MODELS = {
     "xdeepfm_conv": XDeepFMConv,
     "ccpm": CCPM,
     "dien": DIEN,
+    "esmm": ESMM,
+    "mmoe": MMOE,
 }
 
 
@@ -237,15 +284,16 @@ def export(name: str, exporter: str) -> Path:
     model = MODELS[name]().eval()
     args, names = example(name)
     path = HERE / f"{name}_{exporter}.onnx"
+    outputs = list(OUTPUTS.get(name, {"prob": None}))
     if exporter == "ts":
         torch.onnx.export(
             model,
             args,
             str(path),
             input_names=names,
-            output_names=["prob"],
+            output_names=outputs,
             opset_version=OPSET,
-            dynamic_axes={n: {0: "batch"} for n in [*names, "prob"]},
+            dynamic_axes={n: {0: "batch"} for n in [*names, *outputs]},
             dynamo=False,
         )
     else:
@@ -254,7 +302,7 @@ def export(name: str, exporter: str) -> Path:
             model,
             args,
             input_names=names,
-            output_names=["prob"],
+            output_names=outputs,
             opset_version=OPSET,
             dynamic_shapes=tuple({0: batch} for _ in names),
             dynamo=True,
@@ -262,6 +310,43 @@ def export(name: str, exporter: str) -> Path:
         )
         program.save(str(path), external_data=False)
     _strip_metadata(path)
+    return path
+
+
+def torch_steps(name: str, steps: int = 8, batch: int = 16, lr: float = 0.2) -> Path:
+    """Torch's own multi-task training of `name` (as exported: the same seed, so the same initial
+    weights) on one batch, plain SGD on the sum of the tasks' BCE losses: the batch, labels and the
+    loss and per-task losses before each step, saved beside the models as `<name>_torch_steps.npz`."""
+    torch.manual_seed(14)
+    model = MODELS[name]()
+    g = torch.Generator().manual_seed(21)
+    sparse, dense = (
+        torch.randint(0, VOCAB, (batch, SLOTS), generator=g),
+        torch.randn(batch, DENSE, generator=g),
+    )
+    labels = {lab: torch.randint(0, 2, (batch, 1), generator=g).float() for lab in OUTPUTS[name].values()}
+    if name == "esmm":  # a buy needs a click: the ctcvr label is click & conversion
+        labels["buy"] = labels["buy"] * labels["click"]
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    got: dict[str, list[float]] = {"loss": [], **{f"loss_{o}": [] for o in OUTPUTS[name]}}
+    for _ in range(steps):
+        outs = model(sparse, dense)
+        parts = [
+            nn.functional.binary_cross_entropy(p, labels[lab])
+            for p, lab in zip(outs, OUTPUTS[name].values(), strict=True)
+        ]
+        loss = sum(parts)
+        got["loss"].append(loss.item())
+        for o, part in zip(OUTPUTS[name], parts, strict=True):
+            got[f"loss_{o}"].append(part.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    path = HERE / f"{name}_torch_steps.npz"
+    arrays = {k: v.numpy() for k, v in labels.items()}
+    np.savez(
+        path, sparse=sparse.numpy(), dense=dense.numpy(), **arrays, **{k: np.array(v) for k, v in got.items()}
+    )
     return path
 
 
@@ -292,6 +377,8 @@ def main(names: list[str]) -> int:
             except Exception as e:  # noqa: BLE001 - report and go on with the others
                 failed += 1
                 print(f"{name} / {exporter}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        if name in OUTPUTS:
+            print("wrote", torch_steps(name).name)
     return 1 if failed else 0
 
 

@@ -1,8 +1,10 @@
 """The exporter matrix (issue 14 item 4): recommendation models that no one here hand-wrote as ONNX,
 written in PyTorch and in Paddle and exported by torch's own exporters (TorchScript "ts", "dynamo")
-and by paddle2onnx ("p2o") (tests/models/exporters/export_torch.py, export_paddle.py; the .onnx
-files are committed, so this needs neither torch, onnxscript nor paddle2onnx). The convolutional
-models (xDeepFM's CIN as Conv1d, CCPM) are torch-only rows.
+and by paddle2onnx ("p2o"), and one Keras model by tf2onnx (tests/models/exporters/export_torch.py,
+export_paddle.py, export_keras.py; the .onnx files are committed, so this needs neither torch,
+onnxscript, paddle2onnx nor tensorflow). The convolutional
+models (xDeepFM's CIN as Conv1d, CCPM) and the multi-task ones (ESMM, MMOE: two outputs, a bce
+loss each, `from_onnx(losses=...)`) are torch-only rows.
 
 For each model x exporter: it imports; its forward equals onnxruntime's on the same file (1e-5);
 its gradients (the graph in float64, a bce loss attached) agree with central differences; and it
@@ -37,6 +39,11 @@ NOT_EXPORTED = {("dien", "p2o")}  # DIEN is written in PyTorch only (export_torc
 CELLS = [(m, e) for m in MODELS for e in EXPORTERS if (m, e) not in NOT_EXPORTED] + [
     (m, e) for m in TORCH_ONLY for e in ("ts", "dynamo")
 ]
+# Keras (TF 2.21) exported by tf2onnx 1.17 (export_keras.py): xDeepFM's CIN as 1x1 Conv2D layers.
+CELLS.append(("xdeepfm_conv", "tf2onnx"))
+# Multi-task models (torch only): per output the label of its bce loss, as in export_torch.OUTPUTS.
+MULTI_TASK = {"esmm": {"ctr": "click", "ctcvr": "buy"}, "mmoe": {"ctr": "click", "cvr": "like"}}
+MT_CELLS = [(m, e) for m in MULTI_TASK for e in ("ts", "dynamo")]
 # onnxruntime has no float64 Conv kernel on CPU: there ONNX's reference evaluator runs the float64 graph
 NO_ORT_FLOAT64 = set(TORCH_ONLY)
 ORT_FLOAT32_ONLY = {"dien"}  # onnxruntime's GRU has no double kernel
@@ -69,7 +76,8 @@ def _ort(model: onnx.ModelProto | Path, feed: dict) -> list[np.ndarray]:
 
 
 def test_every_cell_has_its_file() -> None:
-    assert sorted(p.name for p in DIR.glob("*.onnx")) == sorted(_path(m, e).name for m, e in CELLS)
+    want = sorted(_path(m, e).name for m, e in CELLS + MT_CELLS)
+    assert sorted(p.name for p in DIR.glob("*.onnx")) == want
 
 
 @pytest.mark.parametrize("model,exporter", CELLS)
@@ -124,6 +132,65 @@ def test_trains_heterogeneously(model: str, exporter: str) -> None:
     feed["label"] = np.random.default_rng(5).integers(0, 2, (batch, 1)).astype(np.float32)
     losses = [float(x[0]) for x in simulate(plan, [feed] * 12)]
     assert np.all(np.isfinite(losses)) and losses[-1] < 0.9 * losses[0], losses
+
+
+def _losses(model: str) -> dict[str, tuple[str, str]]:
+    return {out: ("bce", label) for out, label in MULTI_TASK[model].items()}
+
+
+def _labels(model: str, batch: int, seed: int, dtype=np.float32) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {label: rng.integers(0, 2, (batch, 1)).astype(dtype) for label in MULTI_TASK[model].values()}
+
+
+@pytest.mark.parametrize("model,exporter", MT_CELLS)
+def test_multi_task_forward_equals_onnxruntime(model: str, exporter: str) -> None:
+    program = from_onnx(_path(model, exporter))
+    feed = _feed(model, 8, seed=1)
+    got = Executor().run(program, feed=feed, fetch_list=program.fetch_names)
+    want = _ort(_path(model, exporter), feed)
+    assert program.fetch_names == list(MULTI_TASK[model]) and len(got) == len(want) == 2
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape == (8, 1)
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model,exporter", MT_CELLS)
+def test_multi_task_gradients_match_finite_differences(model: str, exporter: str) -> None:
+    """The gradients of the summed task losses (float64 graph) against central differences."""
+    m64 = _to_float64(onnx.load(_path(model, exporter)))
+    feed = {**_feed(model, 6, seed=2, dtype=np.float64), **_labels(model, 6, 3, np.float64)}
+    program = from_onnx(m64, losses=_losses(model))
+    trainable = [v.name for v in program.parameters() if v.trainable]
+    _assert_gradients_match(lambda: from_onnx(m64, losses=_losses(model)), feed, trainable, sample=8)
+
+
+@pytest.mark.parametrize("model,exporter", MT_CELLS)
+def test_multi_task_trains_heterogeneously(model: str, exporter: str) -> None:
+    plan = transpile(
+        from_onnx(_path(model, exporter), losses=_losses(model)),
+        TranspileConfig(optimizer={"type": "adam", "lr": 0.05}),
+    )
+    assert plan.tasks == list(MULTI_TASK[model])
+    kinds = {t.name: t.kind for t in plan.tables}
+    assert kinds.pop("emb.weight") == "sparse" and set(kinds.values()) == {"dense"}  # experts, towers, gates
+    lookups = {t for t, p in plan.programs.items() for op in p.ops if op.type == "embedding"}
+    gemms = {t for t, p in plan.programs.items() for op in p.ops if op.type == "gemm"}
+    assert lookups == {"cpu"} and gemms == {"gpu"}
+    feed = {**_feed(model, 16, seed=4), **_labels(model, 16, 5)}
+    losses = [float(x[0]) for x in simulate(plan, [feed] * 12)]
+    assert np.all(np.isfinite(losses)) and losses[-1] < 0.9 * losses[0], losses
+
+
+def test_keras_cell_follows_tensorflow_own_steps() -> None:
+    """The tf2onnx cell trained (transpiled, SGD on the bce loss) follows TensorFlow's own SGD steps on
+    the same batch from the same weights (export_keras.py saved them)."""
+    ref = np.load(DIR / "xdeepfm_conv_tf2onnx_tf_steps.npz")
+    program = from_onnx(_path("xdeepfm_conv", "tf2onnx"), loss="bce")
+    plan = transpile(program, TranspileConfig(optimizer={"type": "sgd", "lr": 0.2}))
+    feed = {k: ref[k] for k in ("sparse", "dense", "label")}
+    got = [float(x[0]) for x in simulate(plan, [feed] * len(ref["loss"]))]
+    np.testing.assert_allclose(got, ref["loss"], rtol=1e-5)
 
 
 @pytest.mark.slow

@@ -39,6 +39,7 @@ from transpiler.frontends.onnx.graph import GraphImporter, UnsupportedOnnxOpsErr
 from transpiler.frontends.onnx.loss import (
     LOSSES,
     attach_loss,
+    attach_losses,
     clamp_logs,
     find_score,
     stable_logs,
@@ -73,6 +74,8 @@ def from_onnx(
     pred: str | None = None,
     log_clamp: float | None = None,
     stable_log: bool = True,
+    losses: dict[str, tuple[str, str]] | None = None,
+    weights: dict[str, float] | None = None,
 ) -> Program:
     """Import an ONNX model (a ModelProto or a path; external data files beside it are loaded).
 
@@ -94,10 +97,19 @@ def from_onnx(
     - `stable_log` (default True): the in-graph loss's `Log(Sigmoid(z))` is evaluated as
       `-Softplus(-z)` and `Log(1 - Sigmoid(z))` as `-Softplus(z)` (see `transpiler.frontends.onnx.loss`):
       the same function, more accurate in float32, finite where the sigmoid saturates; logged.
+    - `losses` (multi-task training, instead of `loss`): {graph output: (loss kind, label feed)},
+      e.g. ESMM's `{"ctr": ("bce", "click"), "ctcvr": ("bce", "buy")}`: a mean loss per output
+      against its own new data input, the program's loss their sum weighted by `weights`
+      ({output: weight}, default 1.0); each output is a task (`transpiler.tasks`, `Plan.tasks`)
+      with its own AUC in training and evaluation, its own column in `predict`.
     """
     model, straight = _straightened(load_onnx(model_or_path), dynamic_batch)
     program = GraphImporter(straight.model, straight.refused).build()
     outputs = program.attrs["fetch_names"]
+    if losses is not None or weights is not None:
+        _no_single_loss_options(loss, label, pred, log_clamp)
+        attach_losses(program, losses or {}, weights)
+        return program
     if loss is not None:
         if pred is not None or log_clamp is not None:
             raise OnnxImportError(
@@ -110,6 +122,13 @@ def from_onnx(
     if loss_name is not None:
         program.attrs["loss_name"] = loss_name
     return _score_in_graph_loss(model, program, pred, log_clamp, stable_log)
+
+
+def _no_single_loss_options(*given: object) -> None:
+    if any(x is not None for x in given):
+        raise OnnxImportError(
+            "losses= (one loss per task) replaces loss= / label= / pred= / log_clamp=; give one or the other"
+        )
 
 
 def _is_loss(v: Var) -> bool:

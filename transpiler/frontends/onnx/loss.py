@@ -22,6 +22,7 @@ from onnx import helper, numpy_helper
 
 from transpiler.frontends.onnx.model import OnnxImportError
 from transpiler.ir import Program, Var
+from transpiler.tasks import Task, add_total_loss
 
 PASS_THROUGH = ("Clip", "Identity")  # a Log's input is read through these to find the prediction
 
@@ -255,7 +256,7 @@ def _log_sigmoid_form(g: _Graph, log_node: onnx.NodeProto) -> tuple[str, bool, s
 LOSSES = ("bce", "bce_with_logits", "mse", "softmax_ce")
 
 
-def attach_loss(program: Program, output: str, loss: str, label: str = "label") -> Var:
+def attach_loss(program: Program, output: str, loss: str, label: str = "label", name: str = "loss") -> Var:
     """Append a data input `label` and a mean `loss` of `output` against it; set loss_name.
 
     bce: binary cross entropy on probabilities (logs floored at -100); bce_with_logits: the same
@@ -278,7 +279,7 @@ def attach_loss(program: Program, output: str, loss: str, label: str = "label") 
     program.append_op(
         "data", {}, {"Out": [label]}, {"shape": list(shape) if shape is not None else None, "dtype": dtype}
     )
-    name = _unused(block, "loss")
+    name = _unused(block, name)
     block.create_var(name, shape=(), dtype=pred.dtype)
     if loss == "softmax_ce":
         program.append_op(
@@ -299,6 +300,38 @@ def attach_loss(program: Program, output: str, loss: str, label: str = "label") 
         program.append_op("reduce_mean", {"data": [elem]}, {"reduced": [name]}, {"keepdims": 0})
     program.attrs["loss_name"] = name
     return block.var(name)
+
+
+def attach_losses(
+    program: Program,
+    losses: dict[str, tuple[str, str]],
+    weights: dict[str, float] | None = None,
+) -> Var:
+    """Multi-task training: for each `losses` entry {output: (loss kind, label feed)} a mean loss of
+    that graph output against its own new data input, and as the program's loss their weighted sum
+    (`weights`: {output: weight}, 1.0 where not given); the tasks recorded (transpiler/tasks.py)."""
+    outputs = program.attrs["fetch_names"]
+    weights = dict(weights or {})
+    if not losses:
+        raise OnnxImportError("losses= is empty: give {output: (loss, label)} for at least one output")
+    if unknown := [k for k in [*losses, *weights] if k not in outputs]:
+        raise OnnxImportError(
+            f"losses/weights name {unknown}, which are not graph outputs; the outputs are {outputs}"
+        )
+    if extra := [k for k in weights if k not in losses]:
+        raise OnnxImportError(f"weights name {extra}, which have no loss in losses=")
+    tasks = []
+    for out, spec in losses.items():
+        if not (isinstance(spec, (tuple, list)) and len(spec) == 2 and all(isinstance(x, str) for x in spec)):
+            raise OnnxImportError(
+                f"losses[{out!r}] must be (loss, label), like ('bce', 'click'), got {spec!r}"
+            )
+        kind, label = spec
+        if kind == "softmax_ce":
+            raise OnnxImportError(f"losses[{out!r}]: a task loss is one of bce, bce_with_logits, mse")
+        var = attach_loss(program, out, kind, label, name=f"loss_{out}")
+        tasks.append(Task(out, out, label, kind, var.name, float(weights.get(out, 1.0))))
+    return program.var(add_total_loss(program, tasks))
 
 
 def _unused(block, base: str) -> str:

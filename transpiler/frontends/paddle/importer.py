@@ -64,6 +64,7 @@ from transpiler.frontends.paddle.ops import CONVERTERS, PaddleImportError, Paddl
 from transpiler.frontends.paddle.pir import read_pir
 from transpiler.frontends.paddle.read import PaddleRead, read_legacy
 from transpiler.ir import Program, Var
+from transpiler.tasks import Task, set_tasks
 
 _OPTIMIZERS = builder.OPTIMIZERS
 
@@ -76,9 +77,15 @@ def from_paddle(
     scope: Any = None,
     feed: list | None = None,
     fetch: list | None = None,
+    tasks: dict[str, tuple[Any, Any]] | None = None,
 ) -> Program:
     """Import a Paddle static `main_program` (before or after `optimizer.minimize`) as a hetps
-    Program carrying its initial values; see the module docstring for what is read and how."""
+    Program carrying its initial values; see the module docstring for what is read and how.
+
+    `tasks` (a multi-task program, e.g. PaddleRec's ESMM or MMOE): {task: (prediction, label)},
+    each a Paddle variable / value of the program or its name. The loss stays the program's own
+    (it sums the task losses itself); each task gets its own AUC in training and evaluation, its
+    column in `predict` and its output in the servable export (transpiler/tasks.py)."""
     import paddle
 
     legacy = isinstance(main_program, paddle.base.framework.Program)
@@ -121,7 +128,34 @@ def from_paddle(
     )
     if read.loss is not None:
         attrs.setdefault("loss_name", read.loss)
+    if tasks:
+        _record_tasks(imp.program, read, tasks)
     return imp.program
+
+
+def _through_casts(program: Program, name: str) -> str:
+    """The value a loss reads for label `name`: the output of the cast(s) it is read through, when
+    that is its only reader (the same labels, as the loss sees them, beside the prediction)."""
+    while True:
+        readers = [op for op in program.ops if name in op.input_names()]
+        if len(readers) != 1 or readers[0].type != "cast":
+            return name
+        name = readers[0].output_names()[0]
+
+
+def _record_tasks(program: Program, read: PaddleRead, tasks: dict[str, tuple[Any, Any]]) -> None:
+    """The tasks of a multi-task Paddle program, on the imported program (`set_tasks`)."""
+    loss = program.attrs.get("loss_name")
+    if loss is None:
+        raise PaddleImportError("tasks= needs the program's loss: import it after optimizer.minimize(loss)")
+    recs = []
+    for name, spec in tasks.items():
+        if not (isinstance(spec, (tuple, list)) and len(spec) == 2):
+            raise PaddleImportError(f"tasks[{name!r}] must be (prediction, label), got {spec!r}")
+        pred, label = (_fetch_name(program, read, x) for x in spec)
+        label = _through_casts(program, label)
+        recs.append(Task(name, pred, label, "paddle", loss))
+    set_tasks(program, recs)
 
 
 # -- building the hetps program ---------------------------------------------------------------

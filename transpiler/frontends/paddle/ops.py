@@ -330,6 +330,21 @@ def _transpose2(ctx: Ctx, op: PaddleOp) -> None:
     )
 
 
+@converts("slice")
+def _slice(ctx: Ctx, op: PaddleOp) -> None:
+    """Paddle's slice (PaddleRec takes a softmax's positive column with it); `decrease_axis`
+    drops the sliced axes afterwards, as Paddle does."""
+    _no_tensor_inputs(op, "StartsTensor", "EndsTensor", "StartsTensorList", "EndsTensorList")
+    attrs = {k: [int(v) for v in op.attrs[k]] for k in ("starts", "ends", "axes")}
+    drop = [int(a) for a in op.attrs.get("decrease_axis") or []]
+    out = op.outputs["Out"]
+    if not drop:
+        ctx.emit(op, "slice", {"data": op.inputs["Input"]}, {"output": out}, attrs)
+        return
+    part = ctx.emit(op, "slice", {"data": op.inputs["Input"]}, {"output": None}, attrs)[0]
+    ctx.emit(op, "squeeze", {"data": [part]}, {"squeezed": out}, {"axes": drop})
+
+
 @converts("softmax")
 def _softmax(ctx: Ctx, op: PaddleOp) -> None:
     ctx.emit(

@@ -48,6 +48,7 @@ _PIR_AS_LEGACY: dict[str, tuple[str, dict, dict, dict]] = {
     "pd_op.unsqueeze": ("unsqueeze2", {"axis": "=axes"}, {}, {}),
     "pd_op.transpose": ("transpose2", {}, {}, {"perm": "axis"}),
     "pd_op.softmax": ("softmax", {}, {}, {}),
+    "pd_op.slice": ("slice", {"starts": "=starts", "ends": "=ends"}, {}, {}),
     "pd_op.conv2d": ("conv2d", {}, {"out": "Output"}, {}),
     "pd_op.adamw_": ("adamw", {"beta1": "=beta1", "beta2": "=beta2", "epsilon": "=epsilon"}, {}, {}),
 }
