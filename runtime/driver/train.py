@@ -25,14 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from runtime.data import sources
+from runtime.data.streams.base import StreamSource
 from runtime.driver.checkpoints import check_root
 from runtime.driver.history import CheckpointSaveError, History, TrainingError
 from runtime.driver.listener import LOOKAHEAD, Listener
+from runtime.driver.online import OnlineHistory, train_online
 from runtime.driver.pauses import Pauses, resume_state
 from runtime.driver.settings import (
     FLAT,
     CheckpointConfig,
     EvalConfig,
+    OnlineConfig,
     ResolvedRun,
     RunConfig,
     Settings,
@@ -59,6 +62,8 @@ __all__ = [
     "CheckpointSaveError",
     "EvalConfig",
     "History",
+    "OnlineConfig",
+    "OnlineHistory",
     "RunConfig",
     "ScaleConfig",
     "Settings",
@@ -80,8 +85,9 @@ def train(
     engine: str | Engine = "local",
     address: str | None = None,
     secret: bytes | None = None,
+    online: OnlineConfig | None = None,
     **flat: Any,
-) -> History:
+) -> History | OnlineHistory:
     """Train `plan_or_program` (a Program is transpiled with the default config) on `data`.
 
     - `data`: generated data with `batch(i, n)` (then `run.batch_size` is the global batch size) or a
@@ -100,6 +106,9 @@ def train(
     - `engine`: "local" (processes on this machine), "ray" (Ray actors; `address` = the cluster to
       join, None = start a local Ray) or an Engine instance; `secret`: the run's message key (default:
       the engine's, else a fresh one).
+    - a stream source (`runtime.data.streams`: pass directories, NATS) as `data` trains pass after
+      pass (test-then-train, a checkpoint per pass, publishing; `online`: `OnlineConfig`) and returns
+      an `OnlineHistory`: see runtime/driver/online.py.
 
     The trainers report each step to the driver: `telemetry.callback(record)` is called in step order
     with {"step", "loss", "auc", "examples", "time"}, up to 0.1 s after the step ended. A checkpoint
@@ -113,6 +122,14 @@ def train(
         checkpoint = None
     settings = Settings.of(flat, scale=scale, run=run, checkpoint=checkpoint, eval=eval, telemetry=telemetry)
     plan = _verified(plan_or_program)
+    if isinstance(data, StreamSource) or online is not None:
+        if not isinstance(data, StreamSource):
+            raise TypeError(
+                f"online= needs a stream source as data (runtime.data.streams), got {type(data).__name__}"
+            )
+        return train_online(
+            plan, data, settings, online, {"engine": engine, "address": address, "secret": secret}
+        )
     cfg = ResolvedRun.make(plan, data, settings)
     sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # checks shards
     pauses, roots, start_from = _pauses(plan, cfg)
