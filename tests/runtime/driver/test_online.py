@@ -17,7 +17,7 @@ from ops_registry.errors import ConfigError
 from runtime import OnlineConfig, predict, train
 from runtime.data.streams import PassDirectorySource, StreamStalled
 from runtime.driver.online import BadPass
-from runtime.driver.publish import LATEST, ServedModel, apply_delta, read_latest
+from runtime.driver.publish import ServedModel, apply_delta, read_latest
 from runtime.telemetry.outputs import read_metrics
 from transpiler import builder as nn
 from transpiler.config import TranspileConfig
@@ -79,6 +79,7 @@ def scores(served: ServedModel, batches: list[dict]) -> np.ndarray:
     return np.concatenate([served.predict(b) for b in batches])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rows", ["all", "existing"])
 def test_after_every_pass_the_published_model_plus_deltas_scores_as_predict_on_its_checkpoint(
     plan, tmp_path, rows
@@ -106,6 +107,29 @@ def test_after_every_pass_the_published_model_plus_deltas_scores_as_predict_on_i
     assert not list((tmp_path / "pub").glob(".tmp-*"))
 
 
+def test_a_pass_is_scored_before_training_then_published_as_predict_scores_its_checkpoint(plan, tmp_path):
+    """Two passes: pass 2's online loss is the log loss (numpy, by hand) of pass 1's checkpoint's
+    predictions on pass 2; the published full model + delta scores as that checkpoint."""
+    logs = tmp_path / "logs"
+    for h in range(2):
+        write_pass(logs, h, 64)
+    cfg = OnlineConfig(publish=tmp_path / "pub")
+    hist = run(plan, logs, tmp_path, cfg, metrics=tmp_path / "m.jsonl", keep=3)
+    assert [p["published"]["kind"] for p in hist.passes] == ["full", "delta"]
+    data = batches_of(logs, "20240101/01")
+    y = np.concatenate([b["label"] for b in data])
+    q = np.clip(predict(plan, data, checkpoint=tmp_path / "ck" / "step-00000002"), 1e-7, 1 - 1e-7)
+    logloss = float(np.mean(-(y * np.log(q) + (1 - y) * np.log(1 - q))))
+    assert hist.passes[1]["online_loss"] == pytest.approx(logloss, rel=1e-4)
+    ck = tmp_path / "ck" / hist.state.checkpoint
+    served = ServedModel.load(tmp_path / "pub")
+    np.testing.assert_allclose(scores(served, data), predict(plan, data, checkpoint=ck), atol=1e-5)
+    recs = [r for r in read_metrics(tmp_path / "m.jsonl") if r["kind"] == "pass"]
+    assert [r["pass"] for r in recs] == ["20240101/00", "20240101/01"]
+    assert all(r["lag_ready_published_s"] >= r["lag_ready_trained_s"] >= 0 for r in recs)
+    assert recs[1]["changed_rows"] > 0 and recs[1]["published"]["rows"] == recs[1]["changed_rows"]
+
+
 def test_apply_delta_inserts_replaces_and_removes_rows_by_raw_id(tmp_path):
     """The delta format by hand: ids 5 and 9 held; a delta changes 9, adds 7, removes 5."""
     d = tmp_path / "v00000002-delta"
@@ -129,3 +153,122 @@ def test_apply_delta_inserts_replaces_and_removes_rows_by_raw_id(tmp_path):
     np.testing.assert_array_equal(out["emb"][1], [[70.0], [90.0]])
     np.testing.assert_array_equal(out["w"], np.ones((2, 2)))
     assert tables["emb"][0].tolist() == [5, 9]  # the input is left alone
+
+
+class Kill(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_pass_resumes_and_trains_every_example_exactly_once(plan, tmp_path):
+    """The trainers' own step reports, by step number (a re-trained step overwrites the killed
+    run's): steps 0..N-1 once each, their examples the records written; the metrics' pass records
+    of both runs name each pass once."""
+    logs = tmp_path / "logs"
+    sizes = [100, 70, 90]  # 4, 3 and 3 global batches of 32 (the last of each pass shorter)
+    for h, n in enumerate(sizes):
+        write_pass(logs, h, n)
+    seen: dict[int, int] = {}
+
+    def killer(rec):
+        seen[rec["step"]] = rec["examples"]
+        if rec["step"] == 5:  # the second step of the second pass
+            raise Kill
+
+    with pytest.raises(Exception) as e:  # noqa: PT011 (train may wrap it)
+        run(plan, logs, tmp_path, metrics=tmp_path / "a.jsonl", callback=killer)
+    assert "Kill" in repr(e.value) or isinstance(e.value, Kill)
+    hist = run(
+        plan,
+        logs,
+        tmp_path,
+        resume=tmp_path / "ck",
+        metrics=tmp_path / "b.jsonl",
+        callback=lambda r: seen.__setitem__(r["step"], r["examples"]),
+    )
+    assert sorted(seen) == list(range(10))
+    assert sum(seen.values()) == sum(sizes)
+    done = [r for f in ("a.jsonl", "b.jsonl") for r in read_metrics(tmp_path / f) if r["kind"] == "pass"]
+    assert [r["pass"] for r in done] == ["20240101/00", "20240101/01", "20240101/02"]
+    assert sum(r["examples"] for r in done) == sum(sizes)
+    assert hist.state.step == 10 and hist.state.checkpoint == "step-00000010"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["hold", "rollback"])
+def test_a_poisoned_pass_is_not_published_and_rollback_drops_its_training(plan, tmp_path, mode):
+    """Pass 3 has its labels flipped: its online AUC falls far below the trailing passes'; the
+    published model stays what pass 2 published (same LATEST, same scores)."""
+    logs = tmp_path / "logs"
+    for h in range(2):
+        write_pass(logs, h, 192)
+    write_pass(logs, 2, 192, flip=True)
+    cfg = OnlineConfig(publish=tmp_path / "pub", on_regression=mode, auc_drop=0.1)
+    hist = run(plan, logs, tmp_path, cfg, metrics=tmp_path / "m.jsonl")
+    good, poisoned = hist.passes[1], hist.passes[2]
+    assert good["action"] == "published"
+    assert poisoned["action"] == ("held" if mode == "hold" else "rolled back")
+    assert "below the mean" in poisoned["verdict"] and poisoned["published"] is None
+    latest = read_latest(tmp_path / "pub")
+    assert latest["version"] == 2 and latest["pass"] == "20240101/01"
+    data = batches_of(logs, "20240101/01")
+    pass2 = tmp_path / "ck" / "step-00000012"
+    np.testing.assert_allclose(
+        scores(ServedModel.load(tmp_path / "pub"), data), predict(plan, data, checkpoint=pass2), atol=1e-5
+    )
+    recs = [r for r in read_metrics(tmp_path / "m.jsonl") if r["kind"] == "pass"]
+    assert [r["action"] for r in recs] == [r["action"] for r in hist.passes]
+    if mode == "rollback":  # training goes on from pass 2's checkpoint
+        assert hist.state.checkpoint == "step-00000012" and hist.state.last_pass == "20240101/02"
+    else:
+        assert hist.state.checkpoint == "step-00000018"
+
+
+@pytest.mark.slow
+def test_a_malformed_file_stops_before_training_the_pass_and_a_resume_reads_it_fixed(plan, tmp_path):
+    logs = tmp_path / "logs"
+    d = write_pass(logs, 0, 40)
+    (d / "part-00000.csv").write_text("click,x,user\n1,0.5,u1\nnot,a,number\n")
+    bad_file_is_refused(plan, logs, tmp_path)
+    (d / "part-00000.csv").unlink()
+    write_pass(logs, 1, 40)
+    (d / "part-00000.csv").write_text("click,x,user\n1,0.5,u1\n0,0.1,u2\n")
+    hist = run(plan, logs, tmp_path, resume=tmp_path / "ck")
+    assert [p["examples"] for p in hist.passes] == [2, 40]
+
+
+def bad_file_is_refused(plan, logs, tmp_path):
+    with pytest.raises(BadPass, match=r"pass 20240101/00 cannot be read.*resume=DIR"):
+        run(plan, logs, tmp_path)
+    assert not (tmp_path / "ck" / "online.json").exists()  # nothing committed
+
+
+def test_a_malformed_file_is_refused_before_its_pass_trains(plan, tmp_path):
+    d = write_pass(tmp_path / "logs", 0, 40)
+    (d / "part-00000.csv").write_text("click,x,user\n1,0.5,u1\nnot,a,number\n")
+    bad_file_is_refused(plan, tmp_path / "logs", tmp_path)
+
+
+def test_a_pass_without_its_done_flag_is_a_reported_stall(plan, tmp_path):
+    logs = tmp_path / "logs"
+    write_pass(logs, 0, 40, flag=False)
+    src = PassDirectorySource(logs, SCHEMA, batch_size=BATCH, follow=True, poll=0.05, timeout=0.3)
+    with pytest.raises(StreamStalled, match=r"20240101/00 has had no done flag"):
+        train(plan, src, checkpoint=tmp_path / "ck", trainers={"cpu": 1}, metrics=tmp_path / "m.jsonl",
+              progress=False)  # fmt: skip
+    (stall,) = [r for r in read_metrics(tmp_path / "m.jsonl") if r["kind"] == "stall"]
+    assert "no done flag" in stall["error"]
+
+
+def test_settings_that_do_not_fit_a_stream_are_refused(plan, tmp_path):
+    logs = tmp_path / "logs"
+    with pytest.raises(ConfigError, match="needs checkpoint=DIR"):
+        train(plan, source(logs), trainers={"cpu": 1})
+    with pytest.raises(ConfigError, match="do not apply"):
+        train(plan, source(logs), checkpoint=tmp_path / "ck", steps=3, trainers={"cpu": 1})
+    with pytest.raises(ConfigError, match="shard=\\(0, 1\\)"):
+        train(plan, source(logs, shard=(0, 2)), checkpoint=tmp_path / "ck", trainers={"cpu": 1})
+    with pytest.raises(ConfigError, match="on_regression"):
+        OnlineConfig(on_regression="panic")
+    with pytest.raises(TypeError, match="needs a stream source"):
+        train(plan, [{}], online=OnlineConfig(), checkpoint=tmp_path / "ck")
