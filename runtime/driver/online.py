@@ -122,9 +122,10 @@ def train_online(
     source: StreamSource,
     settings: Settings,
     online: OnlineConfig | None,
-    engine_args: dict[str, Any],
+    train_pass: Callable[..., Any],
 ) -> OnlineHistory:
-    """The pass loop (see the module docstring); `train` calls it for a `StreamSource`."""
+    """The pass loop (see the module docstring); `train` calls it for a `StreamSource`, with itself
+    (its engine arguments bound) as `train_pass`, which trains each pass."""
     online = online or OnlineConfig()
     _check(source, settings)
     root = check_root(settings.checkpoint.dir)
@@ -144,7 +145,7 @@ def train_online(
         },
         tensorboard=t.tensorboard,
     )
-    loop = _Loop(plan, source, settings, online, root, state, tel, engine_args)
+    loop = _Loop(plan, source, settings, online, root, state, tel, train_pass)
     error = None
     try:
         loop.run()
@@ -208,10 +209,10 @@ class _Loop:
         root: Path,
         state: OnlineState,
         tel: Telemetry,
-        engine_args: dict[str, Any],
+        train_pass: Callable[..., Any],
     ) -> None:
         self.plan, self.source, self.settings, self.online = plan, source, settings, online
-        self.root, self.state, self.tel, self.engine_args = root, state, tel, engine_args
+        self.root, self.state, self.tel, self.train_pass = root, state, tel, train_pass
         self.publisher = (
             Publisher(plan, online.publish, online.full_every, online.rows) if online.publish else None
         )
@@ -321,8 +322,6 @@ class _Loop:
         return None if self.state.checkpoint is None else self.root / self.state.checkpoint
 
     def _train(self, batches: list[dict], start_ck: Path | None):
-        from runtime.driver.train import train
-
         base = time.perf_counter() - self.t0
 
         def on_step(record: dict) -> None:
@@ -332,14 +331,13 @@ class _Loop:
                 self.user_callback(record)
 
         s = self.settings
-        return train(
+        return self.train_pass(
             self.plan,
             _Resumed(batches, self.state.step),
             scale=s.scale,
             run=replace(s.run, epochs=1),
             checkpoint=CheckpointConfig(self.root, keep=max(s.checkpoint.keep, 2), resume=start_ck),
             telemetry=TelemetryConfig(progress=False, callback=on_step),
-            **self.engine_args,
         )
 
     def _judge(self, before: dict, update: Any) -> str | None:

@@ -121,7 +121,8 @@ class ServedModel:
         m = _manifest(Path(delta), "delta")
         if m["previous"] != self.version:
             raise PublishError(
-                f"delta {delta} applies on version {m['previous']}; the served model is version {self.version}"
+                f"delta {delta} applies on version {m['previous']}; the served model is "
+                f"version {self.version}"
             )
         self.tables, self.version, self._session = apply_delta(self.tables, delta), int(m["version"]), None
 

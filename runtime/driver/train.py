@@ -16,6 +16,7 @@ End conditions (any that is given, whichever comes first): `steps`; `epochs` of 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import time
@@ -127,9 +128,8 @@ def train(
             raise TypeError(
                 f"online= needs a stream source as data (runtime.data.streams), got {type(data).__name__}"
             )
-        return train_online(
-            plan, data, settings, online, {"engine": engine, "address": address, "secret": secret}
-        )
+        run_pass = functools.partial(train, engine=engine, address=address, secret=secret)
+        return train_online(plan, data, settings, online, run_pass)
     cfg = ResolvedRun.make(plan, data, settings)
     sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # checks shards
     pauses, roots, start_from = _pauses(plan, cfg)

@@ -45,6 +45,7 @@ def write_pass(logs: Path, hour: int, n: int = 128, *, flip: bool = False, flag:
 
 @pytest.fixture(scope="module")
 def plan():
+    """Wide&Deep with every op on the cpu trainer (one trainer process)."""
     model = wide_deep(num_slots=1, num_dense=1, vocab=64, dim=4, hidden=(8,), optimizer=nn.SGD(lr=0.5))
     return transpile(model.main, TranspileConfig(name_devices={"*": "cpu"}))
 
