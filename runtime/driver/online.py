@@ -22,9 +22,10 @@ For each pass the source yields (runtime/data/streams: pass directories, NATS Je
 Each pass writes a "pass" record to the metrics JSONL file (and TensorBoard scalars): examples,
 steps, online loss / AUC, training loss, the publish (kind, version, rows, bytes, seconds), the
 guard's verdict, and freshness: seconds from the pass's newest event time (a pass directory's
-time is its folder's, read as UTC) and from the moment the pass was read whole, to trained and to
-published. A pass whose event time is before the previous pass's (a record far out of order on a
-broker) is trained and counted as `late`. The step records of the passes go to the same file.
+time is its folder's, read as UTC; a pass read before its window ended counts from the read) and
+from the moment the pass was read whole, to trained and to published. A pass whose event time is
+before the previous pass's (a record far out of order on a broker) is trained and counted as `late`.
+The step records of the passes go to the same file.
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ class _Loop:
         else:
             accepted = {"auc": before["auc"], "loss": before["loss"]} if verdict is None else None
             self._commit(p, ck.name, step, examples, accepted)
-        end = _unix(p.end)
+        end = min(_unix(p.end), ready_at)  # the newest event time a pass read now can hold
         rec = {
             "pass": p.id,
             "start": p.start.isoformat(),

@@ -273,3 +273,29 @@ def test_settings_that_do_not_fit_a_stream_are_refused(plan, tmp_path):
         OnlineConfig(on_regression="panic")
     with pytest.raises(TypeError, match="needs a stream source"):
         train(plan, [{}], online=OnlineConfig(), checkpoint=tmp_path / "ck")
+
+
+def test_hetps_plot_draws_the_passes_online_auc(tmp_path):
+    """The same steps with and without "pass" records: the online line adds diamond-marked pixels
+    in matplotlib's second colour (the step line takes the first)."""
+    import matplotlib.image
+
+    from runtime.telemetry.outputs import MetricsLog
+    from runtime.telemetry.plot import plot_metrics
+
+    for name, with_passes in (("plain", False), ("online", True)):
+        log = MetricsLog(tmp_path / f"{name}.jsonl")
+        for s in range(8):
+            log.write(
+                "step", step=s, loss=0.7 - 0.01 * s, auc=0.6, examples=32 * (s + 1), examples_per_s=100.0
+            )
+            if with_passes and s % 4 == 3:
+                log.write("pass", pass_=str(s), step=s + 1, online_loss=0.9, online_auc=0.9)
+        log.close()
+        plot_metrics([tmp_path / f"{name}.jsonl"], tmp_path / f"{name}.png")
+    orange = np.array([1.0, 0.498, 0.055])  # matplotlib's C1, the second line of a panel
+    counts = {}
+    for name in ("plain", "online"):
+        img = matplotlib.image.imread(tmp_path / f"{name}.png")[..., :3].reshape(-1, 3)
+        counts[name] = int((np.abs(img - orange).max(axis=1) < 0.02).sum())
+    assert counts["plain"] == 0 and counts["online"] > 50
