@@ -253,9 +253,15 @@ class Publisher:
         from runtime.evaluation.evaluate import existing_tables, full_tables
 
         if self.rows == "all":
-            onnx_tables, ids = full_tables(self.plan, checkpoint), {}
-        else:
-            onnx_tables, ids = existing_tables(self.plan, checkpoint)
+            return self.prepare_tables(full_tables(self.plan, checkpoint), {}, checkpoint)
+        return self.prepare_tables(*existing_tables(self.plan, checkpoint), checkpoint)
+
+    def prepare_tables(
+        self, onnx_tables: dict[str, np.ndarray], ids: dict | None = None, checkpoint: str | Path = ""
+    ) -> Update:
+        """The same from table values as the servable export takes them (`full_tables` /
+        `existing_tables`, with their `ids` for rows="existing")."""
+        ids = ids or {}
         tables: Tables = {}
         for t in self.plan.tables:
             if t.name not in onnx_tables or not self.inits.get(t.name):
