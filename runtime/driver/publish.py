@@ -390,8 +390,11 @@ def _diff(last: Tables | None, now: Tables) -> tuple[dict, dict[str, int], list[
                     bad.append(name)
             continue
         ids, rows = value
+        removed = np.zeros(0, np.int64)
         if last is None:
-            fresh, old_ids = np.ones(len(ids), bool), np.zeros(0, np.int64)
+            fresh = np.ones(len(ids), bool)
+        elif np.array_equal(last[name][0], ids):  # the same ids (rows="all", no new id): rows only
+            fresh = np.any(last[name][1] != rows, axis=1)
         else:
             old_ids, old_rows = last[name]
             pos = np.minimum(np.searchsorted(old_ids, ids), max(len(old_ids) - 1, 0))
@@ -399,7 +402,7 @@ def _diff(last: Tables | None, now: Tables) -> tuple[dict, dict[str, int], list[
             same = np.zeros(len(ids), bool)
             same[found] = np.all(old_rows[pos[found]] == rows[found], axis=1)
             fresh = ~same
-        removed = old_ids[~np.isin(old_ids, ids)]
+            removed = old_ids[~np.isin(old_ids, ids)]
         if fresh.any() or len(removed):
             delta[name] = {"ids": ids[fresh].astype(np.int64), "rows": rows[fresh]}
             if len(removed):
