@@ -299,3 +299,49 @@ def test_hetps_plot_draws_the_passes_online_auc(tmp_path):
         img = matplotlib.image.imread(tmp_path / f"{name}.png")[..., :3].reshape(-1, 3)
         counts[name] = int((np.abs(img - orange).max(axis=1) < 0.02).sum())
     assert counts["plain"] == 0 and counts["online"] > 50
+
+
+@pytest.mark.slow
+def test_the_loop_on_nats_survives_a_broker_restart_without_losing_or_repeating_a_record(plan, tmp_path):
+    """Two windows of messages on a real nats-server; the server is killed and restarted (same
+    port, same JetStream store) while the first pass trains: every record is trained once."""
+    import time
+
+    from test_streams import NatsServer, publish
+
+    from runtime.data.streams import NatsStreamSource
+
+    server = NatsServer(tmp_path / "js")
+    server.start()
+    try:
+        rng = np.random.default_rng(0)
+
+        def msgs(lo, hi):
+            rows = [
+                json.dumps({"click": int(rng.integers(0, 2)), "x": 0.1, "user": f"u{r % 9}"})
+                for r in range(lo, hi)
+            ]
+            return ["\n".join(rows[k : k + 10]).encode() for k in range(0, len(rows), 10)]
+
+        time.sleep(2 - time.time() % 2 + 0.05)
+        publish(server.url, msgs(0, 100))
+        time.sleep(2 - time.time() % 2 + 0.05)  # the next 2 s window: the second pass
+        publish(server.url, msgs(100, 170))
+        restarted = []
+
+        def restart(rec):
+            if rec["step"] == 1 and not restarted:
+                server.stop()
+                server.start()
+                restarted.append(rec["step"])
+
+        src = NatsStreamSource("CLICKS", "clicks.log", SCHEMA, BATCH, servers=server.url, follow=False,
+                               pass_seconds=2, reconnect_timeout=20)  # fmt: skip
+        with src:
+            hist = train(plan, src, checkpoint=tmp_path / "ck", trainers={"cpu": 1}, progress=False,
+                         callback=restart)  # fmt: skip
+    finally:
+        server.stop()
+    assert restarted == [1]
+    assert [p["examples"] for p in hist.passes] == [100, 70] and hist.state.step == 4 + 3
+    assert len({p["pass"] for p in hist.passes}) == 2 and not any(p["late"] for p in hist.passes)
