@@ -345,3 +345,40 @@ def test_the_loop_on_nats_survives_a_broker_restart_without_losing_or_repeating_
     assert restarted == [1]
     assert [p["examples"] for p in hist.passes] == [100, 70] and hist.state.step == 4 + 3
     assert len({p["pass"] for p in hist.passes}) == 2 and not any(p["late"] for p in hist.passes)
+
+
+def test_a_publish_that_fails_midway_leaves_the_served_model_whole_and_nan_rows_are_flagged(
+    plan, tmp_path, monkeypatch
+):
+    """Publisher without training: the plan's initial tables published full, then a delta whose
+    write fails (disk full, as the reader would see it): LATEST and the served scores stay; a
+    NaN in a changed row is reported by the update, which the loop never publishes."""
+    from runtime.driver import publish as pub_mod
+    from runtime.evaluation.evaluate import full_tables
+
+    tables = full_tables(plan, None)
+    pub = pub_mod.Publisher(plan, tmp_path / "pub", full_every=5)
+    pub.publish(pub.prepare_tables(tables), "p0")
+    feed = {"sparse": np.array([[3], [9]]), "dense": np.zeros((2, 1), np.float32)}
+    before = ServedModel.load(tmp_path / "pub").predict(feed)
+    changed = {k: v.copy() for k, v in tables.items()}
+    changed["deep_emb.w_0"][3] += 1.0
+    update = pub.prepare_tables(changed)
+    assert update.changed == {"deep_emb.w_0": 1} and not update.not_finite
+
+    def disk_full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pub_mod.np, "savez", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        pub.publish(update, "p1")
+    monkeypatch.undo()
+    assert read_latest(tmp_path / "pub")["version"] == 1
+    assert sorted(p.name for p in (tmp_path / "pub").iterdir()) == [pub_mod.LATEST, "v00000001-full"]
+    np.testing.assert_array_equal(ServedModel.load(tmp_path / "pub").predict(feed), before)
+    pub.publish(update, "p1")  # the next try publishes the delta
+    after = ServedModel.load(tmp_path / "pub")
+    assert after.version == 2 and not np.array_equal(after.predict(feed)[0], before[0])
+    np.testing.assert_array_equal(after.predict(feed)[1], before[1])  # id 9's row did not change
+    changed["wide_emb.w_0"][5] = np.nan
+    assert pub.prepare_tables(changed).not_finite == ["wide_emb.w_0"]
