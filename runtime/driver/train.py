@@ -107,9 +107,10 @@ def train(
     - `engine`: "local" (processes on this machine), "ray" (Ray actors; `address` = the cluster to
       join, None = start a local Ray) or an Engine instance; `secret`: the run's message key (default:
       the engine's, else a fresh one).
-    - a stream source (`runtime.data.streams`: pass directories, NATS) as `data` trains pass after
-      pass (test-then-train, a checkpoint per pass, publishing; `online`: `OnlineConfig`) and returns
-      an `OnlineHistory`: see runtime/driver/online.py.
+    - a stream source (`runtime.data.streams`: pass directories, NATS) as `data`, with `online=`
+      (`OnlineConfig`) or without an end condition, trains pass after pass (test-then-train, a
+      checkpoint per pass, publishing) and returns an `OnlineHistory`: see runtime/driver/online.py.
+      With `steps=` and no `online=`, a stream source is a plain re-iterable of feed dicts.
 
     The trainers report each step to the driver: `telemetry.callback(record)` is called in step order
     with {"step", "loss", "auc", "examples", "time"}, up to 0.1 s after the step ended. A checkpoint
@@ -123,7 +124,9 @@ def train(
         checkpoint = None
     settings = Settings.of(flat, scale=scale, run=run, checkpoint=checkpoint, eval=eval, telemetry=telemetry)
     plan = _verified(plan_or_program)
-    if isinstance(data, StreamSource) or online is not None:
+    r = settings.run
+    ends = r.steps is not None or r.epochs is not None or r.until_loss is not None
+    if online is not None or (isinstance(data, StreamSource) and not ends):
         if not isinstance(data, StreamSource):
             raise TypeError(
                 f"online= needs a stream source as data (runtime.data.streams), got {type(data).__name__}"

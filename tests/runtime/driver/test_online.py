@@ -266,7 +266,14 @@ def test_settings_that_do_not_fit_a_stream_are_refused(plan, tmp_path):
     with pytest.raises(ConfigError, match="needs checkpoint=DIR"):
         train(plan, source(logs), trainers={"cpu": 1})
     with pytest.raises(ConfigError, match="do not apply"):
-        train(plan, source(logs), checkpoint=tmp_path / "ck", steps=3, trainers={"cpu": 1})
+        train(
+            plan,
+            source(logs),
+            checkpoint=tmp_path / "ck",
+            steps=3,
+            trainers={"cpu": 1},
+            online=OnlineConfig(),
+        )
     with pytest.raises(ConfigError, match="shard=\\(0, 1\\)"):
         train(plan, source(logs, shard=(0, 2)), checkpoint=tmp_path / "ck", trainers={"cpu": 1})
     with pytest.raises(ConfigError, match="on_regression"):
