@@ -2,7 +2,8 @@
 data, metrics)."""
 
 from ops_registry.errors import HetpsError
-from runtime.driver.settings import CheckpointConfig, EvalConfig, RunConfig, TelemetryConfig
+from runtime.driver.online import OnlineHistory
+from runtime.driver.settings import CheckpointConfig, EvalConfig, OnlineConfig, RunConfig, TelemetryConfig
 from runtime.driver.train import History, TrainingError, train
 from runtime.evaluation.evaluate import evaluate, export, predict
 from runtime.exec.executor import ExecutionError, Executor, MissingFeedError
@@ -18,6 +19,8 @@ __all__ = [
     "History",
     "InMemoryServer",
     "MissingFeedError",
+    "OnlineConfig",
+    "OnlineHistory",
     "RunConfig",
     "ScaleConfig",
     "TelemetryConfig",

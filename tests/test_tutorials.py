@@ -1,4 +1,4 @@
-"""Tutorials 03-05 run with small settings and must reach their own outcome (01 and 02 have their
+"""Tutorials 03-08 run with small settings and must reach their own outcome (01 and 02 have their
 own tests). Each tutorial's `main(argv)` is run in this process (05 then uses the session's Ray
 instead of starting one) and returns what it measured.
 
@@ -101,3 +101,43 @@ def test_multi_task_trains_esmm_with_an_auc_per_task(tmp_path, capsys):
     assert out["held_out_auc"]["ctr"] > 0.65 and out["held_out_auc"]["ctcvr"] > 0.65
     assert out["predict_shape"] == (4096, 2) and out["servable_outputs"] == ["ctr", "ctcvr"]
     assert out["onnx_auc"]["ctr"] > 0.6 and out["onnx_auc"]["ctcvr"] > 0.6
+
+
+def _check_08(out: dict, printed: str) -> None:
+    passes = out["passes"]
+    assert [p["action"] for p in passes] == ["published", "published", "rolled back"]  # hour 2 poisoned
+    assert "below the mean" in passes[2]["verdict"]
+    assert passes[1]["online_auc"] > 0.7  # scored before training on it: data the model had not seen
+    assert [p["published"]["kind"] for p in passes[:2]] == ["full", "delta"]
+    assert all(p["lag_ready_trained_s"] > 0 and p["lag_event_trained_s"] > 0 for p in passes)
+    assert out["served_diff"] < 1e-5 and out["next_auc"] > 0.7
+    assert "online AUC" in printed and "published" in printed
+
+
+def test_08_online_training_holds_the_poisoned_hour_and_serves_what_it_trained(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    out = tutorial("08_online_training.py").main(
+        ["--hours", "3", "--rows", "1500", "--poison", "2", "--out", str(tmp_path)]
+    )
+    _check_08(out, capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_08_online_training_from_nats_jetstream(tmp_path, capsys):
+    pytest.importorskip("nats")
+    out = tutorial("08_online_training.py").main(
+        [
+            "--hours",
+            "3",
+            "--rows",
+            "1500",
+            "--poison",
+            "2",
+            "--broker",
+            "--pass-seconds",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    _check_08(out, capsys.readouterr().out)

@@ -13,6 +13,7 @@
     hetps predict PLAN_DIR --checkpoint DIR --data D -o scores.npy
     hetps train PLAN_DIR --data 'train/*.parquet' --schema schema.yaml --epochs 1
     hetps train --data train.csv --schema schema.yaml --model wide_deep --epochs 2 --eval-data test.csv
+    hetps train PLAN_DIR --stream logs/ --schema schema.yaml --checkpoint DIR --publish PUB_DIR
     hetps bench [--steps N] [--trainers cpu=1,gpu=1]
     hetps plot METRICS.jsonl [...] -o curves.png
     hetps tune MODEL|PLAN_DIR --budget cpu=16,gpu=1 --out TUNED_DIR [--explain]
@@ -38,6 +39,7 @@ from typing import Any
 from runtime.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, RunDefaults, UsageError, settings_option
 from runtime.cli.lifecycle import add_commands, train_options
 from runtime.cli.model import cmd_draw, cmd_export, cmd_inspect, cmd_transpile, set_optimizer
+from runtime.cli.online import online_options
 from runtime.cli.train import cmd_bench, cmd_plot, cmd_train
 from runtime.cli.tune import add_tune_command, predict_options
 
@@ -238,7 +240,6 @@ def _add_train(sub: Any) -> None:
     s.add_argument("plan", nargs="?", help="plan directory (or build a model with --model)")
     s.add_argument(
         "--data",
-        required=True,
         help="'synthetic[:seed=N]', a .npz of arrays, or Criteo text files "
         "(comma-separated, or a directory); with --schema: CSV / TSV / Criteo / slot text "
         "(.gz too) / Parquet files, directories or globs ('train/*.parquet')",
@@ -286,6 +287,7 @@ def _add_train(sub: Any) -> None:
     )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     train_options(s)
+    online_options(s)
 
 
 def _add_bench(sub: Any) -> None:

@@ -83,6 +83,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_engine(args)
     resolve_run_options(args)
     counts, feeds = parse_counts(args.trainers), parse_feeds(args.feeds)
+    if args.stream:
+        return _train_stream(args, counts)
+    if not args.data:
+        raise UsageError("give --data (or --stream for online training)")
     if args.steps is None and args.epochs is None and args.until_loss is None:
         raise UsageError("say when to stop: --steps N, --epochs N or --until-loss X")
     if (args.plan is None) == (args.model is None):
@@ -107,6 +111,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     history = train(plan, data, batch_size=batch_size, **run, **train_kwargs(args, plan, feeds))
     _report(args, history)
     return EXIT_OK
+
+
+def _train_stream(args: argparse.Namespace, counts: dict[str, int]) -> int:
+    """train --stream: the online pass loop (runtime/cli/online.py)."""
+    from runtime.cli.online import cmd_train_stream
+
+    if args.plan is None:
+        raise UsageError("--stream trains a PLAN_DIR (hetps transpile makes one)")
+    plan = load_plan(args.plan)
+    check_devices(plan, args.allow_emulation)
+    run = _run_kwargs(args, counts)
+    run["servers"] = args.servers or plan.config.num_servers
+    return cmd_train_stream(args, plan, run)
 
 
 def _run_kwargs(args: argparse.Namespace, counts: dict[str, int]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ __all__ = [
     "FLAT",
     "CheckpointConfig",
     "EvalConfig",
+    "OnlineConfig",
     "ResolvedRun",
     "RunConfig",
     "ScaleConfig",
@@ -141,6 +142,48 @@ class TelemetryConfig:
             check_bool(self.progress, "TelemetryConfig.progress")
         if self.callback is not None and not callable(self.callback):
             raise ConfigError(f"TelemetryConfig.callback must be callable, got {self.callback!r}")
+
+
+@dataclass(frozen=True)
+class OnlineConfig:
+    """Training on a stream source (`train(plan, stream, online=...)`, runtime/driver/online.py):
+    pass after pass, test-then-train, a checkpoint per pass, then a publish.
+
+    `publish`: the publish directory (None: nothing published; runtime/driver/publish.py has its
+    format), a full ONNX model every `full_every` publishes and deltas between, `rows` "all" |
+    "existing" as for `export`. The guard before each publish compares the pass's online AUC and
+    loss (measured before training on it) with the mean of the `trailing` last accepted passes: an
+    AUC lower by more than `auc_drop`, or a loss higher by more than the fraction `loss_rise`, is a
+    regression, and `on_regression` says what then happens: "hold" (train on, publish nothing for
+    this pass), "rollback" (also drop the pass's training: the next pass starts from the last good
+    checkpoint) or "ignore". Changed rows that are NaN / Inf are never published. `max_passes`: stop
+    after that many passes (None: when the source ends). `on_stall`: a stalled source ("raise":
+    raise `StreamStalled` after reporting it; "wait": report it and keep waiting)."""
+
+    publish: str | Path | None = None
+    full_every: int = 4
+    rows: str = "all"
+    on_regression: str = "hold"
+    auc_drop: float = 0.05
+    loss_rise: float = 0.25
+    trailing: int = 3
+    max_passes: int | None = None
+    on_stall: str = "raise"
+
+    def __post_init__(self) -> None:
+        _check_path(self.publish, "OnlineConfig.publish")
+        check_positive(self.full_every, "OnlineConfig.full_every")
+        check_positive(self.trailing, "OnlineConfig.trailing")
+        check_positive(self.max_passes, "OnlineConfig.max_passes", optional=True)
+        _check_number(self.auc_drop, "OnlineConfig.auc_drop")
+        _check_number(self.loss_rise, "OnlineConfig.loss_rise")
+        for name, allowed in (
+            ("rows", ("all", "existing")),
+            ("on_regression", ("hold", "rollback", "ignore")),
+            ("on_stall", ("raise", "wait")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"OnlineConfig.{name}={getattr(self, name)!r}: expected one of {allowed}")
 
 
 GROUPS: dict[str, type] = {

@@ -16,6 +16,7 @@ End conditions (any that is given, whichever comes first): `steps`; `epochs` of 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import time
@@ -25,14 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from runtime.data import sources
+from runtime.data.streams.base import StreamSource
 from runtime.driver.checkpoints import check_root
 from runtime.driver.history import CheckpointSaveError, History, TrainingError
 from runtime.driver.listener import LOOKAHEAD, Listener
+from runtime.driver.online import OnlineHistory, train_online
 from runtime.driver.pauses import Pauses, resume_state
 from runtime.driver.settings import (
     FLAT,
     CheckpointConfig,
     EvalConfig,
+    OnlineConfig,
     ResolvedRun,
     RunConfig,
     Settings,
@@ -59,6 +63,8 @@ __all__ = [
     "CheckpointSaveError",
     "EvalConfig",
     "History",
+    "OnlineConfig",
+    "OnlineHistory",
     "RunConfig",
     "ScaleConfig",
     "Settings",
@@ -80,8 +86,9 @@ def train(
     engine: str | Engine = "local",
     address: str | None = None,
     secret: bytes | None = None,
+    online: OnlineConfig | None = None,
     **flat: Any,
-) -> History:
+) -> History | OnlineHistory:
     """Train `plan_or_program` (a Program is transpiled with the default config) on `data`.
 
     - `data`: generated data with `batch(i, n)` (then `run.batch_size` is the global batch size) or a
@@ -100,6 +107,10 @@ def train(
     - `engine`: "local" (processes on this machine), "ray" (Ray actors; `address` = the cluster to
       join, None = start a local Ray) or an Engine instance; `secret`: the run's message key (default:
       the engine's, else a fresh one).
+    - a stream source (`runtime.data.streams`: pass directories, NATS) as `data`, with `online=`
+      (`OnlineConfig`) or without an end condition, trains pass after pass (test-then-train, a
+      checkpoint per pass, publishing) and returns an `OnlineHistory`: see runtime/driver/online.py.
+      With `steps=` and no `online=`, a stream source is a plain re-iterable of feed dicts.
 
     The trainers report each step to the driver: `telemetry.callback(record)` is called in step order
     with {"step", "loss", "auc", "examples", "time"}, up to 0.1 s after the step ended. A checkpoint
@@ -113,6 +124,15 @@ def train(
         checkpoint = None
     settings = Settings.of(flat, scale=scale, run=run, checkpoint=checkpoint, eval=eval, telemetry=telemetry)
     plan = _verified(plan_or_program)
+    r = settings.run
+    ends = r.steps is not None or r.epochs is not None or r.until_loss is not None
+    if online is not None or (isinstance(data, StreamSource) and not ends):
+        if not isinstance(data, StreamSource):
+            raise TypeError(
+                f"online= needs a stream source as data (runtime.data.streams), got {type(data).__name__}"
+            )
+        run_pass = functools.partial(train, engine=engine, address=address, secret=secret)
+        return train_online(plan, data, settings, online, run_pass)
     cfg = ResolvedRun.make(plan, data, settings)
     sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # checks shards
     pauses, roots, start_from = _pauses(plan, cfg)

