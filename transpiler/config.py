@@ -73,6 +73,10 @@ class TranspileConfig:
     - `sparse_entry`, `evict_after`: feature admission ({"type": "count", "threshold": k} or
       {"type": "probability", "p": p, "seed": s}) and eviction of rows untouched for T pushes, for
       every sparse table (runtime/ps/entry.py; checked when the servers start).
+    - `unbounded`: True (every sparse table) or a list of sparse table names whose vocabulary is
+      unbounded: their spec's shape is [-1, dim] (the program's vocab sizes nothing), any 64-bit id
+      is a row, created on first use from the deterministic per-id initializer (for a data schema's
+      `hash64` ids; `docs/tables.md`).
     """
 
     trainer_types: list[str] = field(default_factory=lambda: ["cpu", "gpu"])
@@ -87,6 +91,7 @@ class TranspileConfig:
     num_servers: int = 1
     sparse_entry: dict[str, Any] | None = None
     evict_after: int | None = None
+    unbounded: bool | list[str] = False
 
     def __post_init__(self) -> None:
         self.trainer_types = list(self.trainer_types)
@@ -132,6 +137,13 @@ class TranspileConfig:
             raise ConfigError(f"TranspileConfig.optimizer: {e}") from None
         if self.num_servers < 1:
             raise ConfigError(f"TranspileConfig.num_servers must be >= 1, got {self.num_servers}")
+        if not isinstance(self.unbounded, bool) and not (
+            isinstance(self.unbounded, (list, tuple)) and all(isinstance(n, str) for n in self.unbounded)
+        ):
+            raise ConfigError(
+                "TranspileConfig.unbounded must be True/False or a list of table names, got "
+                f"{self.unbounded!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

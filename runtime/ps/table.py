@@ -197,12 +197,12 @@ class SparseTable(_Base):
     def __init__(self, spec: TableSpec, check_finite: bool = True) -> None:
         super().__init__(spec, check_finite)
         self.vocab, self.dim = self.shape
+        self.unbounded = self.vocab < 0
         self.index = make_index(self.vocab)
         self.rows = np.empty((0, self.dim), self.dtype)
         self.row_state = {s: np.empty((0, self.dim), self.dtype) for s in self.state_slots}
         streaming = self.spec.entry is not None or self.spec.evict_after is not None
         self.entry = Entry(self.spec, self.vocab) if streaming else None  # admission / eviction
-        self.unbounded = self.vocab < 0
 
     def __len__(self) -> int:
         return len(self.index)
@@ -219,11 +219,17 @@ class SparseTable(_Base):
                 f"table {self.name!r}: ids must be a 1-D integer array, got "
                 f"{ids.dtype} of shape {list(ids.shape)}"
             )
-        ids = ids.astype(np.int64, copy=False)
-        error = id_range_error(ids, self.vocab)
+        if self.unbounded:  # any 64-bit pattern is an id: uint64 ids keep their bits as int64
+            return ids.view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64, copy=False)
+        error = id_range_error(ids, self.vocab)  # (on the ids as given: 2^64 - 1 is not -1)
         if error:
             raise PSError(f"table {self.name!r}: {error}")
-        return ids
+        return ids.astype(np.int64, copy=False)
+
+    def shown(self, ids: np.ndarray) -> list[int]:
+        """Ids as a user wrote them, for messages and exports: an unbounded table's ids are 64-bit
+        patterns, read as uint64 (a hash64 id of 2^64 - 1 is shown so, not as -1)."""
+        return (ids.view(np.uint64) if self.unbounded else ids).tolist()
 
     def _reserve(self, n: int, used: int) -> None:
         """Room for `n` rows, keeping the first `used`."""
@@ -249,7 +255,7 @@ class SparseTable(_Base):
             missing = ids[self.index.find(ids) < 0]
             if missing.size:
                 raise PSError(
-                    f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
+                    f"table {self.name!r} has no initializer and rows {self.shown(missing[:5])} "
                     "were never assigned (PSClient.assign)"
                 )
         old = len(self.index)
@@ -293,7 +299,7 @@ class SparseTable(_Base):
         if missing.size and not (self.entry is not None and self.entry.waiting is not None):
             if self.spec.initializer is None:
                 raise PSError(
-                    f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
+                    f"table {self.name!r} has no initializer and rows {self.shown(missing[:5])} "
                     "were never assigned (PSClient.assign)"
                 )
             out[~have] = init_rows(self.spec.initializer, self.shape, self.dtype.name, missing)
