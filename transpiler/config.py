@@ -77,6 +77,8 @@ class TranspileConfig:
       unbounded: their spec's shape is [-1, dim] (the program's vocab sizes nothing), any 64-bit id
       is a row, created on first use from the deterministic per-id initializer (for a data schema's
       `hash64` ids; `docs/tables.md`).
+    - `checkpoint_delta_every`: K > 1: each sparse table's checkpoints are a full save every K saves
+      and, between, saves of only the rows changed since the save before (runtime/ps/delta.py).
     """
 
     trainer_types: list[str] = field(default_factory=lambda: ["cpu", "gpu"])
@@ -92,6 +94,7 @@ class TranspileConfig:
     sparse_entry: dict[str, Any] | None = None
     evict_after: int | None = None
     unbounded: bool | list[str] = False
+    checkpoint_delta_every: int | None = None
 
     def __post_init__(self) -> None:
         self.trainer_types = list(self.trainer_types)

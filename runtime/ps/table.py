@@ -32,6 +32,7 @@ from ops_registry import SparseRows, get_op, init_rows, scatter_add
 from ops_registry.base import RowMerge
 from ops_registry.embedding import id_range_error
 from ops_registry.optimizer import state_init, state_slots
+from runtime.ps.changes import ChangedRows, Changes
 from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST, WAITING, Entry
 from runtime.ps.index import make_index, strictly_increasing
 from runtime.ps.table_specs import check_spec, optimizer_attrs
@@ -203,6 +204,7 @@ class SparseTable(_Base):
         self.row_state = {s: np.empty((0, self.dim), self.dtype) for s in self.state_slots}
         streaming = self.spec.entry is not None or self.spec.evict_after is not None
         self.entry = Entry(self.spec, self.vocab) if streaming else None  # admission / eviction
+        self.changes = Changes()  # rows changed since each mark (runtime/ps/changes.py)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -259,6 +261,8 @@ class SparseTable(_Base):
                     "were never assigned (PSClient.assign)"
                 )
         old = len(self.index)
+        if self.changes.marks:
+            self.changes.changed(ids)
         slots, new_ids, _ = self.index.find_or_add(ids)
         if new_ids.size:
             new = len(self.index)
@@ -279,6 +283,8 @@ class SparseTable(_Base):
             out = np.zeros((ids.size, self.dim), self.dtype)
             out[have] = self.rows.take(found[have], axis=0)
             self.entry.touch(found[have], len(self.index))
+            if self.changes.marks:
+                self.changes.changed(ids[have])
             return out
         slots = self.slots(ids)
         if self.entry is not None:
@@ -341,7 +347,13 @@ class SparseTable(_Base):
             self.entry.touch(slots, n)
             keep = self.entry.expired(n)
             if keep is not None:
-                self._keep(keep)
+                self._drop(keep)
+
+    def _drop(self, keep: np.ndarray) -> None:
+        """Remove the rows whose slot is unset in `keep` (lifecycle eviction), recorded as changes."""
+        if self.changes.marks:
+            self.changes.removed(self.index.ids_by_slot()[: keep.size][~keep])
+        self._keep(keep)
 
     def _keep(self, keep: np.ndarray, room: int = 0) -> None:
         """Drop the rows (and optimizer state) whose slot is unset in `keep`; room for `room` more."""
@@ -426,3 +438,54 @@ class SparseTable(_Base):
             wait = keep(arrays[WAITING[0]])
             arrays.update({k: arrays[k][wait] for k in WAITING})
         return arrays
+
+    # -- rows changed since a mark (runtime/ps/changes.py), delta checkpoints (runtime/ps/delta.py) --
+    def mark(self, name: str) -> None:
+        """Start (or restart) collecting the rows changed under mark `name`."""
+        self.changes.mark(name)
+
+    def changed_since(self, name: str) -> ChangedRows:
+        """The rows changed, and the ids removed, since `mark(name)` (runtime/ps/changes.py)."""
+        return self.changes.since(name, self.exists)
+
+    def exists(self, ids: np.ndarray) -> np.ndarray:
+        """Which of `ids` have a row."""
+        return self.index.find(np.asarray(ids, np.int64)) >= 0
+
+    def rows_of(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The `state_dict` of the existing rows `ids` only (with their admission / eviction state)."""
+        slots = self.index.find(np.asarray(ids, np.int64))
+        if (slots < 0).any():
+            raise PSError(f"table {self.name!r}: rows_of ids {self.shown(ids[slots < 0][:5])} have no row")
+        out = {
+            "ids": np.asarray(ids, np.int64),
+            "Param": self.rows[slots],
+            **{s: a[slots] for s, a in self.row_state.items()},
+            **self.scalars,
+        }
+        if self.entry is not None:
+            state = self.entry.state_dict(len(self.index))
+            out.update(
+                {k: v for k, v in state.items() if k != ENTRY_LAST}, **{ENTRY_LAST: state[ENTRY_LAST][slots]}
+            )
+        return out
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Drop the rows of `ids` (those that exist) with their optimizer state."""
+        found = self.index.find(np.asarray(ids, np.int64))
+        if (found >= 0).any():
+            keep = np.ones(len(self.index), bool)
+            keep[found[found >= 0]] = False
+            self._drop(keep)
+
+    def apply_delta(self, arrays: dict[str, np.ndarray], origin: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Apply one delta of `runtime.ps.delta` (this shard's part): drop its `Deleted` ids, then set
+        its rows as `load_state` does. Its waiting ids (admission) replace those of the shard that
+        wrote it (`origin(ids)`: which ids that shard held)."""
+        self.remove(arrays["Deleted"])
+        rows = {k: a for k, a in arrays.items() if k != "Deleted"}
+        if self.entry is not None and self.entry.waiting is not None and WAITING[0] in rows:
+            w = self.entry.waiting
+            n = len(w)
+            w.keep(~origin(w.index.ids_by_slot()) if n else np.zeros(0, bool))
+        self.load_state(rows)

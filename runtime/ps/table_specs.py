@@ -74,4 +74,12 @@ def check_spec(spec: TableSpec) -> TableSpec:
             check_entry(name, spec.entry, spec.evict_after)
         except ValueError as e:
             raise PSError(str(e)) from None
+    k = spec.delta_every
+    if k is not None and (
+        isinstance(k, bool) or not isinstance(k, int) or k < 1 or (k > 1 and kind != "sparse")
+    ):
+        raise PSError(
+            f"table {name!r}: delta_every {k!r} must be a positive int (saves per full save), on a "
+            "sparse table when above 1"
+        )
     return replace(spec, shape=list(shape), dtype=dtype.name)

@@ -170,16 +170,20 @@ class TieredSparseTable(SparseTable):
             return
         k = n - int(self.max_rows * EVICT_TO)
         victims = np.argpartition(self.used[:n], k - 1)[:k]
-        ids = self.index.ids_by_slot()
-        self.store.put(ids[victims], self._records(victims))
+        self.store.put(self.index.ids_by_slot()[victims], self._records(victims))
         keep = np.ones(n, bool)
         keep[victims] = False
-        stamps = self.used[:n][keep]
-        self._keep(keep, room=self.row_room() - (n - k))
-        self.used = np.zeros(self.rows.shape[0], np.int64)
-        self.used[self.index.find(ids[keep])] = stamps
+        self._compact(keep)
         self.cold += k
         self.stats.evicted += k
+
+    def _compact(self, keep: np.ndarray) -> None:
+        """Keep the RAM rows whose slot is set in `keep`, with their LRU stamps."""
+        ids = self.index.ids_by_slot()
+        stamps = self.used[: keep.size][keep]
+        self._keep(keep, room=self.row_room() - int(keep.sum()))
+        self.used = np.zeros(self.rows.shape[0], np.int64)
+        self.used[self.index.find(ids[keep])] = stamps
 
     def __len__(self) -> int:
         return len(self.index) + self.cold
@@ -249,6 +253,8 @@ class TieredSparseTable(SparseTable):
         resident in RAM are replaced there, the others written straight to disk, BATCH_ROWS rows per
         WriteBatch."""
         ids = self.check_ids(arrays["ids"])
+        if self.changes.marks:
+            self.changes.changed(ids)
         for s in self.scalars:
             self.scalars[s][...] = arrays[s]
         found = self.index.find(ids)
@@ -265,6 +271,47 @@ class TieredSparseTable(SparseTable):
             new = part.size - (int(self.store.get(ids[part])[0].sum()) if self.cold else 0)
             self.store.put(ids[part], rec)
             self.cold += new
+
+    # -- rows changed since a mark, delta checkpoints (SparseTable's API over both tiers) ----------
+    def exists(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, np.int64)
+        out = self.index.find(ids) >= 0
+        if self.cold and (~out).any():
+            out[~out] = self.store.get(ids[~out])[0]
+        return out
+
+    def rows_of(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows `ids` (distinct, existing) from RAM or disk, promoting nothing."""
+        ids = np.asarray(ids, np.int64)
+        found = self.index.find(ids)
+        rec = np.empty(ids.size, self.record)
+        rec[found >= 0] = self._records(found[found >= 0])
+        cold = np.flatnonzero(found < 0)
+        if cold.size:
+            on_disk, got = self.store.get(ids[cold])
+            if not on_disk.all():
+                raise PSError(
+                    f"table {self.name!r}: rows_of ids {self.shown(ids[cold][~on_disk][:5])} have no row"
+                )
+            rec[cold] = got
+        return {"ids": ids, **{f: rec[f] for f in self.record.names}, **self.scalars}
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Drop the rows of `ids` from RAM and disk."""
+        ids = unique_ids(np.asarray(ids, np.int64))
+        if not ids.size:
+            return
+        if self.changes.marks:
+            self.changes.removed(ids)
+        found = self.index.find(ids)
+        if (found >= 0).any():
+            keep = np.ones(len(self.index), bool)
+            keep[found[found >= 0]] = False
+            self._compact(keep)
+        rest = ids[found < 0]
+        if rest.size and self.cold:
+            self.cold -= int(self.store.get(rest)[0].sum())
+        self.store.delete(ids)  # (a resident row may have an older copy on disk too)
 
     # -- engine files --------------------------------------------------------------------------
     def flush(self) -> None:

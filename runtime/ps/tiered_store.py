@@ -126,6 +126,20 @@ class RowStore:
             raise self._error("writing", e) from None
         self.write_batches += 1
 
+    def delete(self, ids: np.ndarray) -> None:
+        """Delete the rows of `ids`: one WriteBatch."""
+        if not ids.size:
+            return
+        kb = ids.astype(KEY).tobytes()
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for i in range(ids.size):
+            batch.delete(kb[8 * i : 8 * i + 8])
+        try:
+            self.db.write(batch)
+        except Exception as e:
+            raise self._error("writing", e) from None
+        self.write_batches += 1
+
     def items(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(ids, records) of every stored row, BATCH_ROWS at a time, in id order."""
         keys, values = [], []

@@ -309,6 +309,7 @@ def _specs(
                 sharding=sharding,
                 entry=dict(config.sparse_entry) if streaming and config.sparse_entry is not None else None,
                 evict_after=config.evict_after if streaming else None,
+                delta_every=config.checkpoint_delta_every if streaming else None,
             )
         )
     return specs
