@@ -79,6 +79,8 @@ class TranspileConfig:
       `hash64` ids; `docs/tables.md`).
     - `checkpoint_delta_every`: K > 1: each sparse table's checkpoints are a full save every K saves
       and, between, saves of only the rows changed since the save before (runtime/ps/delta.py).
+    - `lifecycle`: every sparse table's feature lifecycle ({"ttl_passes": N, "decay": 0.98,
+      "delete_threshold": 0.8, ...}: runtime/ps/lifecycle.py; checked when the servers start).
     """
 
     trainer_types: list[str] = field(default_factory=lambda: ["cpu", "gpu"])
@@ -95,6 +97,7 @@ class TranspileConfig:
     evict_after: int | None = None
     unbounded: bool | list[str] = False
     checkpoint_delta_every: int | None = None
+    lifecycle: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.trainer_types = list(self.trainer_types)

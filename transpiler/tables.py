@@ -31,6 +31,9 @@ Fields:
   string such as "4GiB") bounding the RAM tier.
 - `delta_every`: K > 1: a sparse table's checkpoints form chains of a full save and K - 1 saves of
   only the rows changed since the save before (`runtime.ps.delta`); None / 1: every save is full.
+- `lifecycle`: a sparse table's feature lifecycle by passes unseen and by show/click (`ttl_passes`,
+  `decay`, `nonclk_coeff`, `click_coeff`, `delete_threshold`: `runtime.ps.lifecycle`, Paddle's
+  CtrCommonAccessor); None: rows live until admission / eviction (`entry`, `evict_after`) drop them.
 - `clip_norm`: the table's gradient is clipped by the global norm of the step's gradients of every
   table with a `clip_norm` (Paddle's ClipGradByGlobalNorm; sync servers, `runtime.ps.clip`);
   None: not clipped.
@@ -53,6 +56,7 @@ _OMITTED_WHEN_NONE = (
     "storage",
     "memory_budget",
     "delta_every",
+    "lifecycle",
 )
 
 
@@ -149,6 +153,7 @@ class TableSpec:
     storage: str | None = None
     memory_budget: int | str | None = None
     delta_every: int | None = None
+    lifecycle: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.storage not in STORAGES:

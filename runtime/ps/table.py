@@ -35,6 +35,7 @@ from ops_registry.optimizer import state_init, state_slots
 from runtime.ps.changes import ChangedRows, Changes
 from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST, WAITING, Entry
 from runtime.ps.index import make_index, strictly_increasing
+from runtime.ps.lifecycle import LIFE, check_lifecycle, counts, shrink
 from runtime.ps.table_specs import check_spec, optimizer_attrs
 from runtime.ps.types import PSError, Table, check_ids_given
 from transpiler.tables import TableSpec
@@ -202,6 +203,12 @@ class SparseTable(_Base):
         self.index = make_index(self.vocab)
         self.rows = np.empty((0, self.dim), self.dtype)
         self.row_state = {s: np.empty((0, self.dim), self.dtype) for s in self.state_slots}
+        # feature lifecycle (runtime/ps/lifecycle.py): per-row Show, Click, Unseen beside the state
+        self.life = check_lifecycle(self.name, self.spec.lifecycle) if self.spec.lifecycle else None
+        self.life_slots = list(LIFE) if self.life is not None else []
+        self.row_state.update({f: np.empty(0, np.float32) for f in self.life_slots})
+        self.state_init.update(dict.fromkeys(self.life_slots, 0.0))
+        self.counts = {"admitted": 0, "evicted": 0}  # rows created; rows removed by their lifecycle
         streaming = self.spec.entry is not None or self.spec.evict_after is not None
         self.entry = Entry(self.spec, self.vocab) if streaming else None  # admission / eviction
         self.changes = Changes()  # rows changed since each mark (runtime/ps/changes.py)
@@ -243,7 +250,7 @@ class SparseTable(_Base):
             cap = min(cap, self.vocab)
 
         def grow(a: np.ndarray) -> np.ndarray:
-            out = np.empty((cap, self.dim), self.dtype)
+            out = np.empty((cap, *a.shape[1:]), a.dtype)
             out[:used] = a[:used]
             return out
 
@@ -265,6 +272,7 @@ class SparseTable(_Base):
             self.changes.changed(ids)
         slots, new_ids, _ = self.index.find_or_add(ids)
         if new_ids.size:
+            self.counts["admitted"] += new_ids.size
             new = len(self.index)
             self._reserve(new, old)
             if init:
@@ -340,9 +348,11 @@ class SparseTable(_Base):
             ids, grad = ids[ok], grad[ok]
         slots = self.slots(ids)
         n = len(self.index)
-        state = {s: a[:n] for s, a in self.row_state.items()}
+        state = {s: self.row_state[s][:n] for s in self.state_slots}
         # distinct ids have distinct slots: the kernel may skip merging and scatter with a plain add
         self._apply(self.rows[:n], SparseRows(slots, grad, n, strictly_increasing(ids)), state)
+        if self.life is not None:
+            self.row_state["Unseen"][slots] = 0  # seen in this pass
         if self.entry is not None:
             self.entry.touch(slots, n)
             keep = self.entry.expired(n)
@@ -353,6 +363,7 @@ class SparseTable(_Base):
         """Remove the rows whose slot is unset in `keep` (lifecycle eviction), recorded as changes."""
         if self.changes.marks:
             self.changes.removed(self.index.ids_by_slot()[: keep.size][~keep])
+        self.counts["evicted"] += int(keep.size - np.count_nonzero(keep))
         self._keep(keep)
 
     def _keep(self, keep: np.ndarray, room: int = 0) -> None:
@@ -362,7 +373,7 @@ class SparseTable(_Base):
         slots, _, _ = self.index.find_or_add(ids)
 
         def moved(a: np.ndarray) -> np.ndarray:
-            out = np.empty((ids.size + room, self.dim), self.dtype)
+            out = np.empty((ids.size + room, *a.shape[1:]), a.dtype)
             out[slots] = a[old]
             return out
 
@@ -421,6 +432,7 @@ class SparseTable(_Base):
         n = arrays["ids"].shape[0] if "ids" in arrays else 0
         want = {s: (1,) for s in self.scalars}
         want.update({"ids": (n,), "Param": (n, self.dim), **{s: (n, self.dim) for s in self.state_slots}})
+        want.update({f: (n,) for f in self.life_slots})
         if self.entry is not None and ENTRY_CLOCK in arrays:  # (older checkpoints lack it)
             want.update({ENTRY_CLOCK: (1,), ENTRY_LAST: (n,)})
             if self.entry.waiting is not None:
@@ -432,7 +444,7 @@ class SparseTable(_Base):
         self, arrays: dict[str, np.ndarray], keep: Callable[[np.ndarray], np.ndarray]
     ) -> dict[str, np.ndarray]:
         mine = keep(arrays["ids"])
-        per_row = {"ids", "Param", ENTRY_LAST, *self.state_slots}
+        per_row = {"ids", "Param", ENTRY_LAST, *self.state_slots, *self.life_slots}
         arrays = {k: (a[mine] if k in per_row else a) for k, a in arrays.items()}
         if WAITING[0] in arrays:  # ids waiting for admission: the kept ones
             wait = keep(arrays[WAITING[0]])
@@ -489,3 +501,38 @@ class SparseTable(_Base):
             n = len(w)
             w.keep(~origin(w.index.ids_by_slot()) if n else np.zeros(0, bool))
         self.load_state(rows)
+
+    # -- feature lifecycle (runtime/ps/lifecycle.py) -------------------------------------------------
+    def show_click(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        """Count a batch's shows and clicks: per existing row of `ids`, show += its occurrences,
+        click += the sum of their `labels` (one per id; 1 = click). PSError without a lifecycle."""
+        if self.life is None:
+            raise PSError(f"table {self.name!r} has no lifecycle: show/click statistics are not kept")
+        ids = self.check_ids(np.asarray(ids).reshape(-1))
+        labels = np.asarray(labels, np.float64).reshape(-1)
+        if labels.shape != ids.shape:
+            raise PSError(f"table {self.name!r}: show_click got {ids.size} ids and {labels.size} labels")
+        uniq, shows, clicks = counts(ids, labels)
+        have = self.exists(uniq)
+        slots = self.slots(uniq[have], init=False)
+        self.row_state["Show"][slots] += shows[have]
+        self.row_state["Click"][slots] += clicks[have]
+
+    def shrink(self) -> int:
+        """A pass end: decay show/click, remove the rows whose score or unseen passes say so, count
+        one more unseen pass for the others (runtime/ps/lifecycle.py); the rows removed."""
+        if self.life is None:
+            return 0
+        n = len(self.index)
+        keep = shrink(self.life, *(self.row_state[f][:n] for f in LIFE))
+        if self.changes.marks:  # (every row's show, click and unseen passes changed)
+            self.changes.changed(self.index.ids_by_slot()[keep])
+        gone = n - int(np.count_nonzero(keep))
+        if gone:
+            self._drop(keep)
+        return gone
+
+    def table_counts(self) -> dict[str, int]:
+        """Rows held, rows admitted (created) and evicted (by their lifecycle) since the table was
+        made, rows spilled to disk (a tiered table's)."""
+        return {"rows": len(self), **self.counts, "spilled": 0}

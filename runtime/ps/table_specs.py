@@ -10,6 +10,7 @@ import numpy as np
 
 from ops_registry.optimizer import STATE, update_attrs
 from runtime.ps.entry import check_entry
+from runtime.ps.lifecycle import check_lifecycle
 from runtime.ps.types import PSError
 from transpiler.tables import OptimizerSpec, TableSpec
 
@@ -72,6 +73,13 @@ def check_spec(spec: TableSpec) -> TableSpec:
             raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")
         try:
             check_entry(name, spec.entry, spec.evict_after)
+        except ValueError as e:
+            raise PSError(str(e)) from None
+    if spec.lifecycle is not None:
+        if kind != "sparse":
+            raise PSError(f"table {name!r}: lifecycle applies to sparse tables only")
+        try:
+            check_lifecycle(name, spec.lifecycle)
         except ValueError as e:
             raise PSError(str(e)) from None
     k = spec.delta_every

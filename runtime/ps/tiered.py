@@ -44,6 +44,7 @@ import numpy as np
 
 from runtime.ps import checkpoint
 from runtime.ps.index import DirectIndex, make_index, unique_ids
+from runtime.ps.lifecycle import shrink as _shrink
 from runtime.ps.sharding import shard_of
 from runtime.ps.table import PSError, SparseTable
 from runtime.ps.tiered_store import BATCH_ROWS, RowStore, batches, open_copy, parse_bytes, read_meta, save_dir
@@ -96,7 +97,7 @@ class TieredSparseTable(SparseTable):
             self.budget = parse_bytes(budget)
         except ValueError as e:
             raise PSError(f"table {self.name!r}: {e}") from None
-        self.record = _record_dtype(self.dtype, self.dim, ["Param", *self.state_slots])
+        self.record = _record_dtype(self.dtype, self.dim, layout(self)["fields"])
         index_bytes = 0 if isinstance(self.index, DirectIndex) else 16
         self.row_bytes = self.record.itemsize + 8 + index_bytes  # + the LRU stamp (int64)
         self.max_rows = self.budget // self.row_bytes
@@ -313,6 +314,47 @@ class TieredSparseTable(SparseTable):
             self.cold -= int(self.store.get(rest)[0].sum())
         self.store.delete(ids)  # (a resident row may have an older copy on disk too)
 
+    # -- feature lifecycle over both tiers ----------------------------------------------------
+    def show_click(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        super().show_click(ids, labels)
+        self._spill()
+
+    def shrink(self) -> int:
+        """`SparseTable.shrink` over the RAM rows, then over the rows only on disk, BATCH_ROWS at a
+        time (each batch's survivors written back and the others deleted in one WriteBatch each)."""
+        gone = super().shrink()
+        if not self.cold:
+            return gone
+        for ids, rec in self._cold_batches():  # (the iterator reads a snapshot: writes do not disturb it)
+            rec = rec.copy()
+            keep = _shrink(self.life, rec["Show"], rec["Click"], rec["Unseen"])
+            self.store.put(ids[keep], rec[keep])
+            self.store.delete(ids[~keep])
+            if self.changes.marks:
+                self.changes.changed(ids[keep])
+                self.changes.removed(ids[~keep])
+            dropped = int(ids.size - np.count_nonzero(keep))
+            self.cold -= dropped
+            self.counts["evicted"] += dropped
+            gone += dropped
+        return gone
+
+    def _cold_batches(self):
+        """(ids, records) of the rows only on disk (copies on disk of resident rows skipped)."""
+        for ids, rec in self.store.items():
+            cold = self.index.find(ids) < 0
+            if cold.any():
+                yield ids[cold], rec[cold]
+
+    def _drop(self, keep: np.ndarray) -> None:
+        """`SparseTable._drop` of RAM rows, and of their older copies on disk."""
+        self.store.delete(self.index.ids_by_slot()[: keep.size][~keep])
+        super()._drop(keep)
+
+    def table_counts(self) -> dict[str, int]:
+        """As `SparseTable.table_counts`; admitted: rows created (not promoted from disk)."""
+        return {**super().table_counts(), "admitted": self.stats.created, "spilled": self.stats.evicted}
+
     # -- engine files --------------------------------------------------------------------------
     def flush(self) -> None:
         """Write every RAM row to disk (they stay resident; `cold` counts the rows only on disk)."""
@@ -368,7 +410,11 @@ def save_entry(
 
 def layout(table: SparseTable) -> dict:
     """What a saved directory's rows must match to load into `table`."""
-    return {"dim": table.dim, "dtype": table.dtype.name, "fields": ["Param", *table.state_slots]}
+    return {
+        "dim": table.dim,
+        "dtype": table.dtype.name,
+        "fields": ["Param", *table.state_slots, *table.life_slots],
+    }
 
 
 def check_layout(table: SparseTable, path: str | os.PathLike, meta: dict) -> None:

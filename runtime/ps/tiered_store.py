@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import rocksdict
 
+from runtime.ps.lifecycle import LIFE
 from runtime.ps.table import PSError
 
 KEY = np.dtype(">u8")
@@ -55,8 +56,9 @@ def parse_bytes(value: int | str, what: str = "memory_budget") -> int:
 
 
 def record_dtype(dtype: np.dtype, dim: int, fields: list[str]) -> np.dtype:
-    """One row's record: a [dim] array of `dtype` per field (Param, then the optimizer state)."""
-    return np.dtype([(f, dtype, (dim,)) for f in fields])
+    """One row's record: a [dim] array of `dtype` per field (Param, then the optimizer state), one
+    float32 per lifecycle field (Show, Click, Unseen: runtime/ps/lifecycle.py)."""
+    return np.dtype([(f, np.float32) if f in LIFE else (f, dtype, (dim,)) for f in fields])
 
 
 def _options() -> rocksdict.Options:

@@ -310,6 +310,7 @@ def _specs(
                 entry=dict(config.sparse_entry) if streaming and config.sparse_entry is not None else None,
                 evict_after=config.evict_after if streaming else None,
                 delta_every=config.checkpoint_delta_every if streaming else None,
+                lifecycle=dict(config.lifecycle) if streaming and config.lifecycle is not None else None,
             )
         )
     return specs
