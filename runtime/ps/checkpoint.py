@@ -127,6 +127,16 @@ def check_target(path: str | os.PathLike) -> Path:
 _STAGE = re.compile(r"\..+\.new-[0-9a-f]{32}-(\d+)-(.+)")
 
 
+def host() -> str:
+    """This host's name as it appears in stage and engine directory names."""
+    return _host()
+
+
+def alive(pid: int) -> bool:
+    """True while process `pid` of this host runs."""
+    return _alive(pid)
+
+
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64] or "host"
 

@@ -79,7 +79,8 @@ class Shard:
         self.shard, self.num_shards, self.mode = shard, num_shards, mode
         self.check_finite, self.limits = check_finite, limits or Limits()
         self.tables: dict[str, Table] = {
-            s.name: make_table(s, check_finite) for s in tables_of_shard(self.specs, shard, num_shards)
+            s.name: make_table(s, check_finite, f"{shard} of {num_shards}")
+            for s in tables_of_shard(self.specs, shard, num_shards)
         }
         if isinstance(pushes_per_step, dict):
             missing = sorted(
@@ -266,6 +267,29 @@ class Shard:
         """Set values (imported weights); optimizer state and sync step counts are untouched."""
         self.table(name).assign(values, ids)  # (admin only: imports may be large)
 
+    # -- feature lifecycle (runtime/ps/lifecycle.py) ----------------------------------------------
+    def show_click(self, name: str, ids: np.ndarray, labels: np.ndarray) -> None:
+        """Count a batch's shows and clicks on table `name`'s rows (`SparseTable.show_click`)."""
+        self.table(name).show_click(ids, labels)
+
+    def shrink(self) -> dict[str, int]:
+        """A pass end: `shrink` every sparse table with a lifecycle; {table: rows removed}."""
+        return {n: t.shrink() for n, t in self.tables.items() if getattr(t, "life", None) is not None}
+
+    def table_stats(self) -> dict[str, dict]:
+        """Per table: rows, memory bytes, applied sync steps and pushes, and a sparse table's
+        counts since it was made (admitted, evicted by its lifecycle, spilled to disk)."""
+        return {
+            n: {
+                "rows": len(t),
+                "bytes": t.memory_bytes(),
+                "version": self.version[n],
+                "applied": self.applied[n],
+                **(t.table_counts() if hasattr(t, "table_counts") else {}),
+            }
+            for n, t in self.tables.items()
+        }
+
     def _mine(self, ids: np.ndarray) -> np.ndarray:
         """Which of `ids` this shard holds."""
         return shard_of(ids, self.num_shards) == self.shard
@@ -313,7 +337,7 @@ class Shard:
                 raise checkpoint.CheckpointError(
                     f"checkpoint {str(path)!r} has table {name!r} as {s}, this server has {t.spec}"
                 )
-            new = make_table(t.spec, self.check_finite)
+            new = make_table(t.spec, self.check_finite, f"{self.shard} of {self.num_shards}")
             entries = [e for e in doc["files"] if e["table"] == name]
             if not entries:
                 raise checkpoint.CheckpointError(f"checkpoint {str(path)!r} has no file for table {name!r}")

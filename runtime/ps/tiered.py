@@ -7,8 +7,11 @@ memory_bytes, len) and its arithmetic: updates run the same optimizer kernels (`
 on the same RAM arrays and rows are created from the same per-id initializer, so a pull/push
 sequence gives exactly the RAM table's values whatever the budget.
 
-- Engine files: one fresh `tempfile` directory per table (under `store_dir` when given, else the
-  system's temporary directory, `TMPDIR`), removed by `close` and at interpreter exit.
+- Engine files: one fresh directory per table, `hetps-<table>.<pid>@<host>.<random>` (under
+  `store_dir` when given, else the system's temporary directory, `TMPDIR`), removed by `close` and
+  at interpreter exit; one left by a killed process is removed by the next table made beside it
+  (`remove_stale_engines`). Engine errors (a full disk, a corrupt file) are PSErrors naming the
+  table, its shard and the store's path.
 - A request (pull, push, add, assign) looks its ids up in RAM; the misses go to disk in one
   multi-get; rows found there are promoted into RAM, the others created from the initializer.
 - Eviction is LRU: each request stamps its rows with a request counter; when more than `max_rows`
@@ -19,8 +22,10 @@ sequence gives exactly the RAM table's values whatever the budget.
   possible id, pages touched only when used), RocksDB's bounded caches (`tiered_store`), and the
   transient arrays of the request being served (its rows may briefly exceed `max_rows`).
 - A request with more distinct rows than `max_rows` is refused (PSError naming table and budget).
-- Admission / eviction by age (`entry`, `evict_after`) are refused for now: their per-row clocks
-  would have to follow the rows to disk.
+- Admission / eviction by pushes (`entry`, `evict_after`) are refused: their per-row clocks live
+  in RAM only. The feature lifecycle (`lifecycle`: passes unseen, show/click; runtime/ps/
+  lifecycle.py) works: its per-row fields are part of each disk record, and `shrink` goes over
+  the disk rows in batches. Rows changed since a mark and delta checkpoints: runtime/ps/delta.py.
 
 `save(dir)` writes the RAM rows to disk, then saves a RocksDB checkpoint (hard links: no row goes
 through Python) and `meta.json` atomically; `load(dir)` links a saved directory into a fresh engine.
@@ -83,11 +88,13 @@ class TieredSparseTable(SparseTable):
         *,
         memory_budget: int | str | None = None,
         store_dir: str | os.PathLike | None = None,
+        shard: str | None = None,
     ) -> None:
         if spec.kind != "sparse" or spec.entry is not None or spec.evict_after is not None:
             raise PSError(
                 f"table {spec.name!r}: storage 'disk' is for sparse tables without entry / evict_after "
-                f"(got kind {spec.kind!r}, entry {spec.entry!r}, evict_after {spec.evict_after!r})"
+                f"(got kind {spec.kind!r}, entry {spec.entry!r}, evict_after {spec.evict_after!r}); "
+                "a disk table removes rows by passes unseen and show/click with `lifecycle` instead"
             )
         super().__init__(spec, check_finite)
         budget = memory_budget if memory_budget is not None else self.spec.memory_budget
@@ -109,10 +116,10 @@ class TieredSparseTable(SparseTable):
         self.tick, self.cold = 0, 0  # requests served; rows on disk and not in RAM
         self.stats = TierStats()
         self._empty_ram()
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)
-        self.path = Path(tempfile.mkdtemp(prefix=f"hetps-{name}-", dir=store_dir))
+        self.what = f"tiered table {self.name!r}" + (f" on shard {shard}" if shard else "")
+        self.path = engine_dir(self.name, store_dir)
         self._cleanup = weakref.finalize(self, rmtree, str(self.path), ignore_errors=True)
-        self.store = RowStore(self.path / "rows", self.record, f"tiered table {self.name!r}")
+        self.store = RowStore(self.path / "rows", self.record, self.what)
 
     def _empty_ram(self) -> None:
         """No resident row; room for max_rows (the arrays' pages are touched only when used)."""
@@ -129,7 +136,7 @@ class TieredSparseTable(SparseTable):
         `SparseTable.slots`; every row of the request is stamped as just used."""
         if ids.size > self.max_rows and unique_ids(ids).size > self.max_rows:
             raise PSError(
-                f"table {self.name!r}: one request touches {unique_ids(ids).size} distinct rows, more "
+                f"{self.what}: one request touches {unique_ids(ids).size} distinct rows, more "
                 f"than memory_budget {self.budget} bytes holds ({self.max_rows} rows of "
                 f"{self.row_bytes} bytes); raise memory_budget or send smaller requests"
             )
@@ -386,8 +393,43 @@ class TieredSparseTable(SparseTable):
     def close(self) -> None:
         """Close the engine and remove its files (saved directories stay)."""
         if self._cleanup.alive:
-            self.store.close()
+            try:
+                self.store.close()
+            except Exception:  # noqa: BLE001 (a full disk fails the last flush: the files go anyway)
+                pass
             self._cleanup()
+
+
+def engine_dir(table: str, store_dir: str | os.PathLike | None) -> Path:
+    """A fresh engine directory `hetps-<table>.<pid>@<host>.<random>` under `store_dir` (default:
+    the system's temporary directory), after removing those beside it left by processes of this
+    host that are gone (killed before `close` ran: the janitor, `remove_stale_engines`)."""
+    parent = Path(store_dir if store_dir is not None else tempfile.gettempdir())
+    remove_stale_engines(parent)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", table)
+    return Path(tempfile.mkdtemp(prefix=f"hetps-{name}.{os.getpid()}@{checkpoint.host()}.", dir=parent))
+
+
+_ENGINE = re.compile(r"hetps-.+\.(\d+)@([A-Za-z0-9_.-]+)\.[a-z0-9_]{8}")
+
+
+def remove_stale_engines(parent: str | os.PathLike) -> list[Path]:
+    """Remove the engine directories in `parent` whose process (named in the directory's name) ran
+    on this host and is gone; those of live processes, other hosts, or not so named stay. The
+    removed paths."""
+    gone, host = [], checkpoint.host()
+    for p in Path(parent).glob("hetps-*"):
+        m = _ENGINE.fullmatch(p.name)
+        if (
+            m
+            and p.is_dir()
+            and not p.is_symlink()
+            and m.group(2) == host
+            and not checkpoint.alive(int(m.group(1)))
+        ):
+            rmtree(p, ignore_errors=True)
+            gone.append(p)
+    return gone
 
 
 def save_entry(
