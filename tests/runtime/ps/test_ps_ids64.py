@@ -148,3 +148,13 @@ def test_an_unbounded_plan_trains_on_64_bit_ids_and_exports_the_existing_rows(tm
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = sess.run(None, remap_ids({"sparse": ids}, {"sparse": batch["sparse"], "dense": batch["dense"]}))[0]
     np.testing.assert_allclose(got, predict(plan, [batch], checkpoint=str(ckpt)), rtol=1e-5, atol=1e-6)
+
+
+def test_transpile_sets_delta_checkpoints_and_the_lifecycle_on_sparse_tables_only():
+    m = wide_deep(num_slots=2, vocab=50, dim=4, hidden=(4,), optimizer=nn.SGD(lr=0.1))
+    cfg = TranspileConfig(checkpoint_delta_every=4, lifecycle={"ttl_passes": 3})
+    plan = transpile(m.main, cfg)
+    for t in plan.tables:
+        sparse = t.kind == "sparse"
+        assert (t.delta_every, t.lifecycle) == ((4, {"ttl_passes": 3}) if sparse else (None, None))
+        assert TableSpec.from_dict(t.to_dict()) == t
