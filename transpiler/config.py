@@ -53,6 +53,9 @@ def default_micro_batches(counts: dict[str, int], reader: str) -> int:
 OPTIMIZERS = tuple(STATE)  # the update ops ops_registry.optimizer defines
 
 
+_OMITTED_AT_DEFAULT = {"unbounded": False, "checkpoint_delta_every": None, "lifecycle": None}
+
+
 @dataclass
 class TranspileConfig:
     """Placement and parameter-server choices.
@@ -152,7 +155,13 @@ class TranspileConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as plain data; the table-scale fields only when set (plan files saved before
+        they existed save back byte for byte)."""
+        d = asdict(self)
+        for key, default in _OMITTED_AT_DEFAULT.items():
+            if d[key] == default:
+                del d[key]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TranspileConfig:
