@@ -137,13 +137,17 @@ def test_an_unbounded_plan_trains_on_64_bit_ids_and_exports_the_existing_rows(tm
     plan = transpile(m.main, TranspileConfig(unbounded=True))
     data, ckpt = Hashed64(), tmp_path / "ckpt"
     run = dict(batch_size=16, trainers={"cpu": 1, "gpu": 1}, allow_emulation=True, progress=False)
-    train(plan, data, steps=2, checkpoint=str(ckpt), **run)
+    hist = train(plan, data, steps=2, checkpoint=str(ckpt), **run)
     path = export(plan, tmp_path / "model.onnx", checkpoint=str(ckpt))  # unbounded: existing rows
     with np.load(tmp_path / "model.ids.npz") as z:
         ids = z["sparse"]
     seen = np.unique(np.concatenate([data.batch(i, 16)["sparse"] for i in range(2)]))
     np.testing.assert_array_equal(ids, seen)
     assert (seen < 0).any()  # ids past 2^63 trained and exported
+    for name in (t.name for t in plan.tables if t.kind == "sparse"):  # per-shard counts in the history
+        assert hist.tables[name]["shards"] == [
+            {"rows": seen.size, "admitted": seen.size, "evicted": 0, "spilled": 0}
+        ]
     batch = data.batch(0, 16)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = sess.run(None, remap_ids({"sparse": ids}, {"sparse": batch["sparse"], "dense": batch["dense"]}))[0]
