@@ -162,3 +162,14 @@ def test_transpile_sets_delta_checkpoints_and_the_lifecycle_on_sparse_tables_onl
         sparse = t.kind == "sparse"
         assert (t.delta_every, t.lifecycle) == ((4, {"ttl_passes": 3}) if sparse else (None, None))
         assert TableSpec.from_dict(t.to_dict()) == t
+
+
+def test_hetps_transpile_unbounded_writes_unbounded_embedding_tables(tmp_path):
+    from runtime.cli.app import main
+    from transpiler.plan import Plan
+
+    wide_deep(num_slots=2, vocab=50, dim=4, hidden=(4,), optimizer=nn.SGD(lr=0.1)).main.save(tmp_path / "wd")
+    assert main(["transpile", str(tmp_path / "wd.json"), "--out", str(tmp_path / "p"), "--unbounded"]) == 0
+    tables = Plan.load(tmp_path / "p").tables
+    assert {t.shape[0] for t in tables if t.kind == "sparse"} == {-1}
+    assert all(t.shape[0] > 0 for t in tables if t.kind == "dense")
