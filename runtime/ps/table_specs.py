@@ -68,18 +68,25 @@ def check_spec(spec: TableSpec) -> TableSpec:
             f"table {name!r}: clip_norm {clip!r} must be a positive finite number, on a "
             "table with an optimizer"
         )
-    if spec.entry is not None or spec.evict_after is not None:
+    _check_row_rules(spec)
+    return replace(spec, shape=list(shape), dtype=dtype.name)
+
+
+def _check_row_rules(spec: TableSpec) -> None:
+    """PSError naming the table when its admission / eviction, lifecycle or delta checkpoint rules
+    are malformed, or given to a dense table."""
+    name, kind = spec.name, spec.kind
+    for given, what, check in (
+        (spec.entry is not None or spec.evict_after is not None, "entry / evict_after",
+         lambda: check_entry(name, spec.entry, spec.evict_after)),
+        (spec.lifecycle is not None, "lifecycle rules", lambda: check_lifecycle(name, spec.lifecycle)),
+    ):  # fmt: skip
+        if not given:
+            continue
         if kind != "sparse":
-            raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")
+            raise PSError(f"table {name!r}: {what} apply to sparse tables only")
         try:
-            check_entry(name, spec.entry, spec.evict_after)
-        except ValueError as e:
-            raise PSError(str(e)) from None
-    if spec.lifecycle is not None:
-        if kind != "sparse":
-            raise PSError(f"table {name!r}: lifecycle applies to sparse tables only")
-        try:
-            check_lifecycle(name, spec.lifecycle)
+            check()
         except ValueError as e:
             raise PSError(str(e)) from None
     k = spec.delta_every
@@ -90,4 +97,3 @@ def check_spec(spec: TableSpec) -> TableSpec:
             f"table {name!r}: delta_every {k!r} must be a positive int (saves per full save), on a "
             "sparse table when above 1"
         )
-    return replace(spec, shape=list(shape), dtype=dtype.name)
