@@ -146,9 +146,7 @@ def existing_tables(plan: Plan, checkpoint: str | Path | None) -> tuple[dict[str
                 )
             feed_of[op.attrs["table"]] = feed
     ids = {
-        f: np.unique(
-            np.concatenate([shard.tables[t].index.ids_by_slot() for t, g in feed_of.items() if g == f])
-        )
+        f: np.unique(np.concatenate([shard.tables[t].ids() for t, g in feed_of.items() if g == f]))
         for f in set(feed_of.values())
     }
     out = {}

@@ -460,6 +460,10 @@ class SparseTable(_Base):
         """The rows changed, and the ids removed, since `mark(name)` (runtime/ps/changes.py)."""
         return self.changes.since(name, self.exists)
 
+    def ids(self) -> np.ndarray:
+        """The ids of every row held (in no particular order)."""
+        return self.index.ids_by_slot()
+
     def exists(self, ids: np.ndarray) -> np.ndarray:
         """Which of `ids` have a row."""
         return self.index.find(np.asarray(ids, np.int64)) >= 0

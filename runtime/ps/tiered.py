@@ -281,6 +281,11 @@ class TieredSparseTable(SparseTable):
             self.cold += new
 
     # -- rows changed since a mark, delta checkpoints (SparseTable's API over both tiers) ----------
+    def ids(self) -> np.ndarray:
+        """The ids of every row, RAM and disk (sorted), read from the store BATCH_ROWS at a time."""
+        parts = [self.index.ids_by_slot(), *(ids for ids, _ in self.store.items())]
+        return unique_ids(np.concatenate(parts))
+
     def exists(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, np.int64)
         out = self.index.find(ids) >= 0

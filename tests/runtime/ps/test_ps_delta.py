@@ -139,6 +139,7 @@ def test_changed_since_a_mark_lists_the_rows_written_and_removed(kind):
     got = t.changed_since("publish")
     assert got.ids.tolist() == [5, 250, 8000]
     assert set(got.removed.tolist()) - {99999} == {6, 7000}  # (99999: never a row; may be listed)
+    assert sorted(t.ids().tolist()) == sorted({*range(300), 8000} - {6})  # RAM and disk rows
     rows = t.rows_of(got.ids)
     np.testing.assert_array_equal(rows["Param"], t.peek(got.ids))
     t.mark("publish")
