@@ -10,6 +10,12 @@ peak RSS), disk bytes per row.
 
     python benchmarks/tiered_table.py                       # --rows 100000,1000000 --budget 64MiB
     python benchmarks/tiered_table.py --rows 10000000 --kinds disk --steps 5
+    python benchmarks/tiered_table.py --delta --rows 1000000 --touch 1000,10000,100000
+
+`--delta`: delta checkpoints (runtime/ps/delta.py). Per kind, a table of `rows` rows is saved in
+full, then for each `touch` count that many rows (Zipf-drawn, distinct) get one push and the table
+is saved again as a delta: the delta's new bytes on disk against the full save's (its reference in
+the same run), bytes per touched row, and both save times.
 """
 
 from __future__ import annotations
@@ -118,6 +124,68 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
     return out
 
 
+def delta_one(kind: str, rows: int, budget: str, touch: list[int]) -> list[dict]:
+    import shutil
+    import tempfile
+
+    from runtime.ps.shard import Shard, save_shards
+
+    spec = TableSpec(
+        "emb",
+        "sparse",
+        [rows, DIM],
+        initializer=INIT,
+        optimizer={"type": "adagrad", "lr": 0.01},
+        storage=kind,
+        memory_budget=budget if kind == "disk" else None,
+        delta_every=1 << 30,
+    )
+    shard, rng = Shard([spec]), np.random.default_rng(0)
+    t = shard.tables["emb"]
+    for lo in range(0, rows, 1 << 19):
+        ids = np.arange(lo, min(rows, lo + (1 << 19)))
+        param = init_rows(INIT, (rows, DIM), "float32", ids)
+        t.load_state({"ids": ids, "Param": param, "Moment": np.zeros_like(param)})
+    root = Path(tempfile.mkdtemp(prefix="hetps-delta-bench-"))
+    out = []
+    try:
+        t0 = time.perf_counter()
+        save_shards([shard], root / "full")
+        full_s, prev = time.perf_counter() - t0, root / "full"
+        full_bytes = _new_bytes(root / "full", None)
+        for i, k in enumerate(touch):
+            ids = np.unique(zipf_ids(rng, rows, 4 * k))[:k]
+            for lo in range(0, ids.size, 1 << 15):
+                part = ids[lo : lo + (1 << 15)]
+                shard.push("emb", rng.normal(0, 1e-3, (part.size, DIM)).astype(np.float32), part)
+            t0 = time.perf_counter()
+            save_shards([shard], root / f"delta{i}")
+            out.append(
+                {
+                    "kind": kind,
+                    "rows": rows,
+                    "touched": int(ids.size),
+                    "full_bytes": full_bytes,
+                    "delta_bytes": (d := _new_bytes(root / f"delta{i}", prev)),
+                    "delta_over_full": round(d / full_bytes, 5),
+                    "bytes_per_touched_row": round(d / ids.size, 1),
+                    "full_save_s": round(full_s, 2),
+                    "delta_save_s": round(time.perf_counter() - t0, 2),
+                }
+            )
+            prev = root / f"delta{i}"
+    finally:
+        shard.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def _new_bytes(path: Path, prev: Path | None) -> int:
+    """Bytes of the files of checkpoint `path` that are not hard links of those of `prev`."""
+    seen = {f.stat().st_ino for f in prev.rglob("*") if f.is_file()} if prev else set()
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and f.stat().st_ino not in seen)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="100000,1000000", help="table sizes, comma-separated")
@@ -125,8 +193,18 @@ def main() -> None:
     ap.add_argument("--budget", default="64MiB", help="the tiered table's memory_budget")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--delta", action="store_true", help="measure delta checkpoints (see above)")
+    ap.add_argument("--touch", default="1000,10000,100000", help="with --delta: rows touched per delta")
     ap.add_argument("--one", nargs=2, metavar=("KIND", "ROWS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.delta:
+        print(f"delta checkpoints, dim {DIM}, Adagrad, budget {a.budget} (disk)")
+        for rows in (int(r) for r in a.rows.split(",")):
+            for kind in a.kinds.split(","):
+                with threadpool_limits(1):
+                    for r in delta_one(kind, rows, a.budget, [int(k) for k in a.touch.split(",")]):
+                        print(json.dumps(r), flush=True)
+        return
     if a.one:
         with threadpool_limits(1):
             print(json.dumps(one(a.one[0], int(a.one[1]), a.budget, a.warmup, a.steps)))

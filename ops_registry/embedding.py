@@ -9,12 +9,13 @@ from ops_registry.base import OpDef, SparseRows, cupyx_of, register, scatter_add
 
 def id_range_error(ids, height: int) -> str | None:
     """None when every id lies in [0, height), else what is wrong: the range and up to 5 ids outside
-    it. `height` <= 0 is a table without a bound (ids in [0, 2^63)). The one id-range rule of the
+    it. `height` <= 0 is a table without a bound: every 64-bit id is one (an int64 id below 0 is
+    the bit pattern of a uint64 id >= 2^63, e.g. a raw 64-bit hash). The one id-range rule of the
     kernels, the parameter server's tables and the in-memory oracle."""
-    if not ids.size or (int(ids.min()) >= 0 and (height <= 0 or int(ids.max()) < height)):
+    if height <= 0 or not ids.size or (int(ids.min()) >= 0 and int(ids.max()) < height):
         return None
-    bad = ((ids < 0) | (ids >= height)) if height > 0 else ids < 0
-    return f"ids out of range [0, {height if height > 0 else '2^63'}): {ids[bad].reshape(-1)[:5].tolist()}"
+    bad = (ids < 0) | (ids >= height)
+    return f"ids out of range [0, {height}): {ids[bad].reshape(-1)[:5].tolist()}"
 
 
 def check_ids(xp, ids, height: int) -> None:

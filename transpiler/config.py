@@ -53,6 +53,9 @@ def default_micro_batches(counts: dict[str, int], reader: str) -> int:
 OPTIMIZERS = tuple(STATE)  # the update ops ops_registry.optimizer defines
 
 
+_OMITTED_AT_DEFAULT = {"unbounded": False, "checkpoint_delta_every": None, "lifecycle": None}
+
+
 @dataclass
 class TranspileConfig:
     """Placement and parameter-server choices.
@@ -73,6 +76,14 @@ class TranspileConfig:
     - `sparse_entry`, `evict_after`: feature admission ({"type": "count", "threshold": k} or
       {"type": "probability", "p": p, "seed": s}) and eviction of rows untouched for T pushes, for
       every sparse table (runtime/ps/entry.py; checked when the servers start).
+    - `unbounded`: True (every sparse table) or a list of sparse table names whose vocabulary is
+      unbounded: their spec's shape is [-1, dim] (the program's vocab sizes nothing), any 64-bit id
+      is a row, created on first use from the deterministic per-id initializer (for a data schema's
+      `hash64` ids; `docs/tables.md`).
+    - `checkpoint_delta_every`: K > 1: each sparse table's checkpoints are a full save every K saves
+      and, between, saves of only the rows changed since the save before (runtime/ps/delta.py).
+    - `lifecycle`: every sparse table's feature lifecycle ({"ttl_passes": N, "decay": 0.98,
+      "delete_threshold": 0.8, ...}: runtime/ps/lifecycle.py; checked when the servers start).
     """
 
     trainer_types: list[str] = field(default_factory=lambda: ["cpu", "gpu"])
@@ -87,6 +98,9 @@ class TranspileConfig:
     num_servers: int = 1
     sparse_entry: dict[str, Any] | None = None
     evict_after: int | None = None
+    unbounded: bool | list[str] = False
+    checkpoint_delta_every: int | None = None
+    lifecycle: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.trainer_types = list(self.trainer_types)
@@ -132,9 +146,22 @@ class TranspileConfig:
             raise ConfigError(f"TranspileConfig.optimizer: {e}") from None
         if self.num_servers < 1:
             raise ConfigError(f"TranspileConfig.num_servers must be >= 1, got {self.num_servers}")
+        if not isinstance(self.unbounded, bool) and not (
+            isinstance(self.unbounded, (list, tuple)) and all(isinstance(n, str) for n in self.unbounded)
+        ):
+            raise ConfigError(
+                "TranspileConfig.unbounded must be True/False or a list of table names, got "
+                f"{self.unbounded!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as plain data; the table-scale fields only when set (plan files saved before
+        they existed save back byte for byte)."""
+        d = asdict(self)
+        for key, default in _OMITTED_AT_DEFAULT.items():
+            if d[key] == default:
+                del d[key]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TranspileConfig:

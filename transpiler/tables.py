@@ -29,6 +29,11 @@ Fields:
 - `storage`: where a sparse table's rows live: None / "memory" (numpy arrays in RAM) or "disk"
   (RocksDB under a RAM tier of hot rows, `runtime.ps.tiered`), with `memory_budget` (bytes, or a
   string such as "4GiB") bounding the RAM tier.
+- `delta_every`: K > 1: a sparse table's checkpoints form chains of a full save and K - 1 saves of
+  only the rows changed since the save before (`runtime.ps.delta`); None / 1: every save is full.
+- `lifecycle`: a sparse table's feature lifecycle by passes unseen and by show/click (`ttl_passes`,
+  `decay`, `nonclk_coeff`, `click_coeff`, `delete_threshold`: `runtime.ps.lifecycle`, Paddle's
+  CtrCommonAccessor); None: rows live until admission / eviction (`entry`, `evict_after`) drop them.
 - `clip_norm`: the table's gradient is clipped by the global norm of the step's gradients of every
   table with a `clip_norm` (Paddle's ClipGradByGlobalNorm; sync servers, `runtime.ps.clip`);
   None: not clipped.
@@ -43,7 +48,16 @@ from ops_registry.errors import ConfigError
 
 # Left out of `to_dict` when None (plan files before TableSpec had these keys only when set).
 STORAGES = (None, "memory", "disk")  # None: "memory"
-_OMITTED_WHEN_NONE = ("sharding", "entry", "evict_after", "clip_norm", "storage", "memory_budget")
+_OMITTED_WHEN_NONE = (
+    "sharding",
+    "entry",
+    "evict_after",
+    "clip_norm",
+    "storage",
+    "memory_budget",
+    "delta_every",
+    "lifecycle",
+)
 
 
 @dataclass(frozen=True)
@@ -138,6 +152,8 @@ class TableSpec:
     clip_norm: float | None = None
     storage: str | None = None
     memory_budget: int | str | None = None
+    delta_every: int | None = None
+    lifecycle: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.storage not in STORAGES:

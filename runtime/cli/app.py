@@ -182,6 +182,12 @@ def _add_transpile(sub: Any) -> None:
         help="ONNX models: keep a batch size written in the graph's inputs (by default it is "
         "made dynamic when the graph allows it)",
     )
+    s.add_argument(
+        "--unbounded",
+        action="store_true",
+        help="every sparse table's vocabulary is unbounded: any 64-bit id is a row, created on first "
+        "use (TranspileConfig.unbounded; for a schema's hash64 ids)",
+    )
     _optimizer_options(s, "for models that carry no optimizer ops (ONNX); default adam, lr 0.01")
 
 

@@ -68,6 +68,8 @@ def cmd_transpile(args: argparse.Namespace) -> int:
     from transpiler import transpile
 
     config = load_config(args.config, args.optimizer, args.lr)
+    if getattr(args, "unbounded", False):
+        config.unbounded = True
     onnx = OnnxOptions(args.fixed_batch, args.pred, args.clamp_log, not args.no_stable_log, args.losses)
     program = load_model(Path(args.model), args.loss, args.label, onnx)
     plan = transpile(program, config)

@@ -348,6 +348,10 @@ def _finish(s: _Session, ps_eps: list[str], admin: bytes) -> None:
         history.tables = {
             n: {k: sum(st[n][k] for st in stats if n in st) for k in ("rows", "bytes")} for n in client.specs
         }
+        for n, t in history.tables.items():  # a sparse table's rows admitted / evicted / spilled per shard
+            if any("admitted" in st.get(n, {}) for st in stats):
+                keys = ("rows", "admitted", "evicted", "spilled")
+                t["shards"] = [{k: st[n][k] for k in keys} for st in stats if n in st]
         if s.tel.tracing:
             for k, spans in enumerate(client.trace()):
                 s.tel.spans(str(ProcessId.server(k)), spans)

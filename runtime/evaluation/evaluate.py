@@ -135,9 +135,7 @@ def existing_tables(plan: Plan, checkpoint: str | Path | None) -> tuple[dict[str
     shard = load_tables(plan, checkpoint)
     feed_of = id_feeds(plan)
     ids = {
-        f: np.unique(
-            np.concatenate([shard.tables[t].index.ids_by_slot() for t, g in feed_of.items() if g == f])
-        )
+        f: np.unique(np.concatenate([shard.tables[t].ids() for t, g in feed_of.items() if g == f]))
         for f in set(feed_of.values())
     }
     out = {}
@@ -188,7 +186,7 @@ def export(
     output: str | None = None,
     opset: int | None = None,
     external_over: int = ONNX_LIMIT,
-    rows: str = "all",
+    rows: str | None = None,
 ) -> Path:
     """Write the servable ONNX model of `plan` with the tables of `checkpoint` (see
     transpiler/exporters/servable.py; `external_over`: bytes of tables beyond which the initializers
@@ -197,7 +195,11 @@ def export(
     `rows`: "all" (a sparse table as its full [vocab, dim] array: the model takes raw ids) or
     "existing" (only the rows the checkpoint holds, for huge or unbounded tables: the model then
     takes each id's position in `<path minus .onnx>.ids.npz` — `remap_ids` computes it — and
-    scores an id never trained with a zero embedding; see `existing_tables`)."""
+    scores an id never trained with a zero embedding; see `existing_tables`); None: "existing" when
+    a sparse table is unbounded (shape[0] = -1, e.g. `TranspileConfig.unbounded`), else "all"."""
+    if rows is None:
+        unbounded = any(t.kind == "sparse" and t.shape[0] < 0 for t in plan.tables)
+        rows = "existing" if unbounded else "all"
     if rows == "all":
         return export_inference(plan, path, full_tables(plan, checkpoint), output, opset, external_over)
     if rows != "existing":

@@ -5,6 +5,8 @@ Layout of a checkpoint directory:
     manifest.json                        written last; lists every file with its size and sha256
     NNN-<table>.shard<k>.npz             one file per (table, shard that held it)
     NNN-<table>.shard<k>.tiered/         a disk-backed table's directory instead (runtime/ps/tiered.py)
+    NNN-<table>.shard<k>.delta<j>.npz    a sparse table's rows changed since the previous save
+                                         (runtime/ps/delta.py: a chain of a full save and deltas)
 
 A sparse file holds `ids`, `Param`, the per-row optimizer state and the scalar state; a dense file
 the whole array and its state. Loading into any number of shards reads every file of a table and
@@ -90,8 +92,8 @@ def file_name(table_index: int, table: str, shard: int) -> str:
 
 
 _CHECKPOINT_FILE = re.compile(
-    r"(manifest\.json|\d{3}-.+\.shard\d+\.(npz|tiered)|\..+\.tmp-[0-9a-f]{32})"
-)  # (.tiered: a tiered table's directory, runtime/ps/tiered.py)
+    r"(manifest\.json|\d{3}-.+\.shard\d+(\.delta\d+)?\.(npz|tiered)|\..+\.tmp-[0-9a-f]{32})"
+)  # (.tiered: a tiered table's directory, runtime/ps/tiered.py; .deltaJ: runtime/ps/delta.py)
 
 
 def check_target(path: str | os.PathLike) -> Path:
@@ -123,6 +125,16 @@ def check_target(path: str | os.PathLike) -> Path:
 
 
 _STAGE = re.compile(r"\..+\.new-[0-9a-f]{32}-(\d+)-(.+)")
+
+
+def host() -> str:
+    """This host's name as it appears in stage and engine directory names."""
+    return _host()
+
+
+def alive(pid: int) -> bool:
+    """True while process `pid` of this host runs."""
+    return _alive(pid)
 
 
 def _host() -> str:

@@ -9,9 +9,10 @@ from runtime.ps.types import Table
 from transpiler.tables import TableSpec
 
 
-def make_table(spec: TableSpec, check_finite: bool = True) -> Table:
-    """A `DenseTable`, a `SparseTable`, or (`storage="disk"`) a `TieredSparseTable` for `spec`."""
+def make_table(spec: TableSpec, check_finite: bool = True, shard: str | None = None) -> Table:
+    """A `DenseTable`, a `SparseTable`, or (`storage="disk"`) a `TieredSparseTable` for `spec`
+    (`shard`, e.g. "1 of 4", named in a tiered table's errors)."""
     spec = check_spec(spec)
     if spec.storage == "disk":
-        return TieredSparseTable(spec, check_finite)
+        return TieredSparseTable(spec, check_finite, shard=shard)
     return (SparseTable if spec.kind == "sparse" else DenseTable)(spec, check_finite)

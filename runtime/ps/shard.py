@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.ps import checkpoint, clip, tiered
+from runtime.ps import checkpoint, clip, delta, tiered
 from runtime.ps.make import make_table
 from runtime.ps.sharding import shard_of, tables_of_shard
 from runtime.ps.table import check_spec
@@ -79,7 +79,8 @@ class Shard:
         self.shard, self.num_shards, self.mode = shard, num_shards, mode
         self.check_finite, self.limits = check_finite, limits or Limits()
         self.tables: dict[str, Table] = {
-            s.name: make_table(s, check_finite) for s in tables_of_shard(self.specs, shard, num_shards)
+            s.name: make_table(s, check_finite, f"{shard} of {num_shards}")
+            for s in tables_of_shard(self.specs, shard, num_shards)
         }
         if isinstance(pushes_per_step, dict):
             missing = sorted(
@@ -98,6 +99,7 @@ class Shard:
         self.clip_tables = clip.clipped_tables(self.tables, mode)
         self.held: dict[str, Held] = {}  # clipped table -> its step's gradient, awaiting the scale
         self.holds: dict[str, tuple[int, int, str]] = {}  # held -> (version, applied, holder): held_tables.py
+        self.chains: dict[str, delta.Chain] = {}  # table -> its delta checkpoint chain (delta.py)
 
     def table(self, name: str) -> Table:
         try:
@@ -265,25 +267,57 @@ class Shard:
         """Set values (imported weights); optimizer state and sync step counts are untouched."""
         self.table(name).assign(values, ids)  # (admin only: imports may be large)
 
+    # -- feature lifecycle (runtime/ps/lifecycle.py) ----------------------------------------------
+    def show_click(self, name: str, ids: np.ndarray, labels: np.ndarray) -> None:
+        """Count a batch's shows and clicks on table `name`'s rows (`SparseTable.show_click`)."""
+        self.table(name).show_click(ids, labels)
+
+    def shrink(self) -> dict[str, int]:
+        """A pass end: `shrink` every sparse table with a lifecycle; {table: rows removed}."""
+        return {n: t.shrink() for n, t in self.tables.items() if getattr(t, "life", None) is not None}
+
+    def table_stats(self) -> dict[str, dict]:
+        """Per table: rows, memory bytes, applied sync steps and pushes, and a sparse table's
+        counts since it was made (admitted, evicted by its lifecycle, spilled to disk)."""
+        return {
+            n: {
+                "rows": len(t),
+                "bytes": t.memory_bytes(),
+                "version": self.version[n],
+                "applied": self.applied[n],
+                **(t.table_counts() if hasattr(t, "table_counts") else {}),
+            }
+            for n, t in self.tables.items()
+        }
+
     def _mine(self, ids: np.ndarray) -> np.ndarray:
         """Which of `ids` this shard holds."""
         return shard_of(ids, self.num_shards) == self.shard
 
     # -- checkpoints --------------------------------------------------------------------------
     def save(self, path: str | Path) -> list[dict]:
-        """Write this shard's table files into `path`; their manifest entries."""
+        """Write this shard's table files into `path` (a staging directory of `checkpoint.begin`);
+        their manifest entries. A sparse table with `delta_every` K > 1 saves only its rows changed
+        since its previous save, K - 1 times out of K (runtime/ps/delta.py)."""
         index = {s.name: i for i, s in enumerate(self.specs)}
-        return [
-            tiered.save_entry(t, path, index[n], self.shard, self.num_shards, self.version[n])
-            if t.spec.storage == "disk"
-            else checkpoint.write_arrays(
-                path,
-                checkpoint.file_name(index[n], n, self.shard),
-                n,
-                {**t.state_dict(), "version": np.array([self.version[n]])},
-            )
-            for n, t in self.tables.items()
-        ]
+        return [e for n, t in self.tables.items() for e in self._save_table(Path(path), index[n], t)]
+
+    def _save_table(self, path: Path, index: int, t: Table) -> list[dict]:
+        n, version = t.name, self.version[t.name]
+        chain = self.chains.get(n)
+        if delta.uses_deltas(t) and chain is not None:
+            if chain.deltas + 1 < t.spec.delta_every and delta.intact(chain):
+                self.chains[n] = delta.save_delta(t, chain, path, index, self.shard, self.num_shards, version)
+                return self.chains[n].entries
+        if t.spec.storage == "disk":
+            entries = [tiered.save_entry(t, path, index, self.shard, self.num_shards, version)]
+        else:
+            arrays = {**t.state_dict(), "version": np.array([version])}
+            entries = [checkpoint.write_arrays(path, checkpoint.file_name(index, n, self.shard), n, arrays)]
+        if delta.uses_deltas(t):
+            t.mark(delta.MARK)
+            self.chains[n] = delta.Chain(delta.target_of(path), entries, 0)
+        return entries
 
     def load(self, path: str | Path, step: int | None = None) -> None:
         """Replace every table of this shard by its rows in checkpoint `path` (any shard count).
@@ -303,11 +337,14 @@ class Shard:
                 raise checkpoint.CheckpointError(
                     f"checkpoint {str(path)!r} has table {name!r} as {s}, this server has {t.spec}"
                 )
-            new = make_table(t.spec, self.check_finite)
+            new = make_table(t.spec, self.check_finite, f"{self.shard} of {self.num_shards}")
             entries = [e for e in doc["files"] if e["table"] == name]
             if not entries:
                 raise checkpoint.CheckpointError(f"checkpoint {str(path)!r} has no file for table {name!r}")
-            for e in entries:
+            for e in delta.ordered(entries):
+                if "delta" in e:  # rows changed since the save before (delta.py)
+                    version = delta.load_delta(new, Path(path), e, self._mine)
+                    continue
                 if e.get("store") == tiered.STORE:  # a tiered table's directory
                     version = tiered.load_entry(new, path, e, self.shard, self.num_shards)
                     continue
@@ -321,6 +358,7 @@ class Shard:
             self.tables[name], self.version[name] = new, version if step is None else step
             self.pending[name].clear()
             self.held.pop(name, None)
+            self.chains.pop(name, None)  # (the next save is full)
 
     def close_table(self, name: str) -> None:
         """Release a table's resources beyond RAM (a tiered table's engine files)."""

@@ -32,8 +32,10 @@ from ops_registry import SparseRows, get_op, init_rows, scatter_add
 from ops_registry.base import RowMerge
 from ops_registry.embedding import id_range_error
 from ops_registry.optimizer import state_init, state_slots
+from runtime.ps.changes import ChangedRows, Changes
 from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST, WAITING, Entry
 from runtime.ps.index import make_index, strictly_increasing
+from runtime.ps.lifecycle import LIFE, check_lifecycle, counts, shrink
 from runtime.ps.table_specs import check_spec, optimizer_attrs
 from runtime.ps.types import PSError, Table, check_ids_given
 from transpiler.tables import TableSpec
@@ -197,12 +199,19 @@ class SparseTable(_Base):
     def __init__(self, spec: TableSpec, check_finite: bool = True) -> None:
         super().__init__(spec, check_finite)
         self.vocab, self.dim = self.shape
+        self.unbounded = self.vocab < 0
         self.index = make_index(self.vocab)
         self.rows = np.empty((0, self.dim), self.dtype)
         self.row_state = {s: np.empty((0, self.dim), self.dtype) for s in self.state_slots}
+        # feature lifecycle (runtime/ps/lifecycle.py): per-row Show, Click, Unseen beside the state
+        self.life = check_lifecycle(self.name, self.spec.lifecycle) if self.spec.lifecycle else None
+        self.life_slots = list(LIFE) if self.life is not None else []
+        self.row_state.update({f: np.empty(0, np.float32) for f in self.life_slots})
+        self.state_init.update(dict.fromkeys(self.life_slots, 0.0))
+        self.counts = {"admitted": 0, "evicted": 0}  # rows created; rows removed by their lifecycle
         streaming = self.spec.entry is not None or self.spec.evict_after is not None
         self.entry = Entry(self.spec, self.vocab) if streaming else None  # admission / eviction
-        self.unbounded = self.vocab < 0
+        self.changes = Changes()  # rows changed since each mark (runtime/ps/changes.py)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -219,11 +228,17 @@ class SparseTable(_Base):
                 f"table {self.name!r}: ids must be a 1-D integer array, got "
                 f"{ids.dtype} of shape {list(ids.shape)}"
             )
-        ids = ids.astype(np.int64, copy=False)
-        error = id_range_error(ids, self.vocab)
+        if self.unbounded:  # any 64-bit pattern is an id: uint64 ids keep their bits as int64
+            return ids.view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64, copy=False)
+        error = id_range_error(ids, self.vocab)  # (on the ids as given: 2^64 - 1 is not -1)
         if error:
             raise PSError(f"table {self.name!r}: {error}")
-        return ids
+        return ids.astype(np.int64, copy=False)
+
+    def shown(self, ids: np.ndarray) -> list[int]:
+        """Ids as a user wrote them, for messages and exports: an unbounded table's ids are 64-bit
+        patterns, read as uint64 (a hash64 id of 2^64 - 1 is shown so, not as -1)."""
+        return (ids.view(np.uint64) if self.unbounded else ids).tolist()
 
     def _reserve(self, n: int, used: int) -> None:
         """Room for `n` rows, keeping the first `used`."""
@@ -235,7 +250,7 @@ class SparseTable(_Base):
             cap = min(cap, self.vocab)
 
         def grow(a: np.ndarray) -> np.ndarray:
-            out = np.empty((cap, self.dim), self.dtype)
+            out = np.empty((cap, *a.shape[1:]), a.dtype)
             out[:used] = a[:used]
             return out
 
@@ -249,12 +264,15 @@ class SparseTable(_Base):
             missing = ids[self.index.find(ids) < 0]
             if missing.size:
                 raise PSError(
-                    f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
+                    f"table {self.name!r} has no initializer and rows {self.shown(missing[:5])} "
                     "were never assigned (PSClient.assign)"
                 )
         old = len(self.index)
+        if self.changes.marks:
+            self.changes.changed(ids)
         slots, new_ids, _ = self.index.find_or_add(ids)
         if new_ids.size:
+            self.counts["admitted"] += new_ids.size
             new = len(self.index)
             self._reserve(new, old)
             if init:
@@ -273,6 +291,8 @@ class SparseTable(_Base):
             out = np.zeros((ids.size, self.dim), self.dtype)
             out[have] = self.rows.take(found[have], axis=0)
             self.entry.touch(found[have], len(self.index))
+            if self.changes.marks:
+                self.changes.changed(ids[have])
             return out
         slots = self.slots(ids)
         if self.entry is not None:
@@ -293,7 +313,7 @@ class SparseTable(_Base):
         if missing.size and not (self.entry is not None and self.entry.waiting is not None):
             if self.spec.initializer is None:
                 raise PSError(
-                    f"table {self.name!r} has no initializer and rows {missing[:5].tolist()} "
+                    f"table {self.name!r} has no initializer and rows {self.shown(missing[:5])} "
                     "were never assigned (PSClient.assign)"
                 )
             out[~have] = init_rows(self.spec.initializer, self.shape, self.dtype.name, missing)
@@ -328,14 +348,23 @@ class SparseTable(_Base):
             ids, grad = ids[ok], grad[ok]
         slots = self.slots(ids)
         n = len(self.index)
-        state = {s: a[:n] for s, a in self.row_state.items()}
+        state = {s: self.row_state[s][:n] for s in self.state_slots}
         # distinct ids have distinct slots: the kernel may skip merging and scatter with a plain add
         self._apply(self.rows[:n], SparseRows(slots, grad, n, strictly_increasing(ids)), state)
+        if self.life is not None:
+            self.row_state["Unseen"][slots] = 0  # seen in this pass
         if self.entry is not None:
             self.entry.touch(slots, n)
             keep = self.entry.expired(n)
             if keep is not None:
-                self._keep(keep)
+                self._drop(keep)
+
+    def _drop(self, keep: np.ndarray) -> None:
+        """Remove the rows whose slot is unset in `keep` (lifecycle eviction), recorded as changes."""
+        if self.changes.marks:
+            self.changes.removed(self.index.ids_by_slot()[: keep.size][~keep])
+        self.counts["evicted"] += int(keep.size - np.count_nonzero(keep))
+        self._keep(keep)
 
     def _keep(self, keep: np.ndarray, room: int = 0) -> None:
         """Drop the rows (and optimizer state) whose slot is unset in `keep`; room for `room` more."""
@@ -344,7 +373,7 @@ class SparseTable(_Base):
         slots, _, _ = self.index.find_or_add(ids)
 
         def moved(a: np.ndarray) -> np.ndarray:
-            out = np.empty((ids.size + room, self.dim), self.dtype)
+            out = np.empty((ids.size + room, *a.shape[1:]), a.dtype)
             out[slots] = a[old]
             return out
 
@@ -403,6 +432,7 @@ class SparseTable(_Base):
         n = arrays["ids"].shape[0] if "ids" in arrays else 0
         want = {s: (1,) for s in self.scalars}
         want.update({"ids": (n,), "Param": (n, self.dim), **{s: (n, self.dim) for s in self.state_slots}})
+        want.update({f: (n,) for f in self.life_slots})
         if self.entry is not None and ENTRY_CLOCK in arrays:  # (older checkpoints lack it)
             want.update({ENTRY_CLOCK: (1,), ENTRY_LAST: (n,)})
             if self.entry.waiting is not None:
@@ -414,9 +444,99 @@ class SparseTable(_Base):
         self, arrays: dict[str, np.ndarray], keep: Callable[[np.ndarray], np.ndarray]
     ) -> dict[str, np.ndarray]:
         mine = keep(arrays["ids"])
-        per_row = {"ids", "Param", ENTRY_LAST, *self.state_slots}
+        per_row = {"ids", "Param", ENTRY_LAST, *self.state_slots, *self.life_slots}
         arrays = {k: (a[mine] if k in per_row else a) for k, a in arrays.items()}
         if WAITING[0] in arrays:  # ids waiting for admission: the kept ones
             wait = keep(arrays[WAITING[0]])
             arrays.update({k: arrays[k][wait] for k in WAITING})
         return arrays
+
+    # -- rows changed since a mark (runtime/ps/changes.py), delta checkpoints (runtime/ps/delta.py) --
+    def mark(self, name: str) -> None:
+        """Start (or restart) collecting the rows changed under mark `name`."""
+        self.changes.mark(name)
+
+    def changed_since(self, name: str) -> ChangedRows:
+        """The rows changed, and the ids removed, since `mark(name)` (runtime/ps/changes.py)."""
+        return self.changes.since(name, self.exists)
+
+    def ids(self) -> np.ndarray:
+        """The ids of every row held (in no particular order)."""
+        return self.index.ids_by_slot()
+
+    def exists(self, ids: np.ndarray) -> np.ndarray:
+        """Which of `ids` have a row."""
+        return self.index.find(np.asarray(ids, np.int64)) >= 0
+
+    def rows_of(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """The `state_dict` of the existing rows `ids` only (with their admission / eviction state)."""
+        slots = self.index.find(np.asarray(ids, np.int64))
+        if (slots < 0).any():
+            raise PSError(f"table {self.name!r}: rows_of ids {self.shown(ids[slots < 0][:5])} have no row")
+        out = {
+            "ids": np.asarray(ids, np.int64),
+            "Param": self.rows[slots],
+            **{s: a[slots] for s, a in self.row_state.items()},
+            **self.scalars,
+        }
+        if self.entry is not None:
+            state = self.entry.state_dict(len(self.index))
+            out.update(
+                {k: v for k, v in state.items() if k != ENTRY_LAST}, **{ENTRY_LAST: state[ENTRY_LAST][slots]}
+            )
+        return out
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Drop the rows of `ids` (those that exist) with their optimizer state."""
+        found = self.index.find(np.asarray(ids, np.int64))
+        if (found >= 0).any():
+            keep = np.ones(len(self.index), bool)
+            keep[found[found >= 0]] = False
+            self._drop(keep)
+
+    def apply_delta(self, arrays: dict[str, np.ndarray], origin: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Apply one delta of `runtime.ps.delta` (this shard's part): drop its `Deleted` ids, then set
+        its rows as `load_state` does. Its waiting ids (admission) replace those of the shard that
+        wrote it (`origin(ids)`: which ids that shard held)."""
+        self.remove(arrays["Deleted"])
+        rows = {k: a for k, a in arrays.items() if k != "Deleted"}
+        if self.entry is not None and self.entry.waiting is not None and WAITING[0] in rows:
+            w = self.entry.waiting
+            n = len(w)
+            w.keep(~origin(w.index.ids_by_slot()) if n else np.zeros(0, bool))
+        self.load_state(rows)
+
+    # -- feature lifecycle (runtime/ps/lifecycle.py) -------------------------------------------------
+    def show_click(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        """Count a batch's shows and clicks: per existing row of `ids`, show += its occurrences,
+        click += the sum of their `labels` (one per id; 1 = click). PSError without a lifecycle."""
+        if self.life is None:
+            raise PSError(f"table {self.name!r} has no lifecycle: show/click statistics are not kept")
+        ids = self.check_ids(np.asarray(ids).reshape(-1))
+        labels = np.asarray(labels, np.float64).reshape(-1)
+        if labels.shape != ids.shape:
+            raise PSError(f"table {self.name!r}: show_click got {ids.size} ids and {labels.size} labels")
+        uniq, shows, clicks = counts(ids, labels)
+        have = self.exists(uniq)
+        slots = self.slots(uniq[have], init=False)
+        self.row_state["Show"][slots] += shows[have]
+        self.row_state["Click"][slots] += clicks[have]
+
+    def shrink(self) -> int:
+        """A pass end: decay show/click, remove the rows whose score or unseen passes say so, count
+        one more unseen pass for the others (runtime/ps/lifecycle.py); the rows removed."""
+        if self.life is None:
+            return 0
+        n = len(self.index)
+        keep = shrink(self.life, *(self.row_state[f][:n] for f in LIFE))
+        if self.changes.marks:  # (every row's show, click and unseen passes changed)
+            self.changes.changed(self.index.ids_by_slot()[keep])
+        gone = n - int(np.count_nonzero(keep))
+        if gone:
+            self._drop(keep)
+        return gone
+
+    def table_counts(self) -> dict[str, int]:
+        """Rows held, rows admitted (created) and evicted (by their lifecycle) since the table was
+        made, rows spilled to disk (a tiered table's)."""
+        return {"rows": len(self), **self.counts, "spilled": 0}

@@ -10,6 +10,7 @@ import numpy as np
 
 from ops_registry.optimizer import STATE, update_attrs
 from runtime.ps.entry import check_entry
+from runtime.ps.lifecycle import check_lifecycle
 from runtime.ps.types import PSError
 from transpiler.tables import OptimizerSpec, TableSpec
 
@@ -67,11 +68,32 @@ def check_spec(spec: TableSpec) -> TableSpec:
             f"table {name!r}: clip_norm {clip!r} must be a positive finite number, on a "
             "table with an optimizer"
         )
-    if spec.entry is not None or spec.evict_after is not None:
+    _check_row_rules(spec)
+    return replace(spec, shape=list(shape), dtype=dtype.name)
+
+
+def _check_row_rules(spec: TableSpec) -> None:
+    """PSError naming the table when its admission / eviction, lifecycle or delta checkpoint rules
+    are malformed, or given to a dense table."""
+    name, kind = spec.name, spec.kind
+    for given, what, check in (
+        (spec.entry is not None or spec.evict_after is not None, "entry / evict_after",
+         lambda: check_entry(name, spec.entry, spec.evict_after)),
+        (spec.lifecycle is not None, "lifecycle rules", lambda: check_lifecycle(name, spec.lifecycle)),
+    ):  # fmt: skip
+        if not given:
+            continue
         if kind != "sparse":
-            raise PSError(f"table {name!r}: entry / evict_after apply to sparse tables only")
+            raise PSError(f"table {name!r}: {what} apply to sparse tables only")
         try:
-            check_entry(name, spec.entry, spec.evict_after)
+            check()
         except ValueError as e:
             raise PSError(str(e)) from None
-    return replace(spec, shape=list(shape), dtype=dtype.name)
+    k = spec.delta_every
+    if k is not None and (
+        isinstance(k, bool) or not isinstance(k, int) or k < 1 or (k > 1 and kind != "sparse")
+    ):
+        raise PSError(
+            f"table {name!r}: delta_every {k!r} must be a positive int (saves per full save), on a "
+            "sparse table when above 1"
+        )

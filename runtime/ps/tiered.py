@@ -7,8 +7,11 @@ memory_bytes, len) and its arithmetic: updates run the same optimizer kernels (`
 on the same RAM arrays and rows are created from the same per-id initializer, so a pull/push
 sequence gives exactly the RAM table's values whatever the budget.
 
-- Engine files: one fresh `tempfile` directory per table (under `store_dir` when given, else the
-  system's temporary directory, `TMPDIR`), removed by `close` and at interpreter exit.
+- Engine files: one fresh directory per table, `hetps-<table>.<pid>@<host>.<random>` (under
+  `store_dir` when given, else the system's temporary directory, `TMPDIR`), removed by `close` and
+  at interpreter exit; one left by a killed process is removed by the next table made beside it
+  (`remove_stale_engines`). Engine errors (a full disk, a corrupt file) are PSErrors naming the
+  table, its shard and the store's path.
 - A request (pull, push, add, assign) looks its ids up in RAM; the misses go to disk in one
   multi-get; rows found there are promoted into RAM, the others created from the initializer.
 - Eviction is LRU: each request stamps its rows with a request counter; when more than `max_rows`
@@ -19,8 +22,10 @@ sequence gives exactly the RAM table's values whatever the budget.
   possible id, pages touched only when used), RocksDB's bounded caches (`tiered_store`), and the
   transient arrays of the request being served (its rows may briefly exceed `max_rows`).
 - A request with more distinct rows than `max_rows` is refused (PSError naming table and budget).
-- Admission / eviction by age (`entry`, `evict_after`) are refused for now: their per-row clocks
-  would have to follow the rows to disk.
+- Admission / eviction by pushes (`entry`, `evict_after`) are refused: their per-row clocks live
+  in RAM only. The feature lifecycle (`lifecycle`: passes unseen, show/click; runtime/ps/
+  lifecycle.py) works: its per-row fields are part of each disk record, and `shrink` goes over
+  the disk rows in batches. Rows changed since a mark and delta checkpoints: runtime/ps/delta.py.
 
 `save(dir)` writes the RAM rows to disk, then saves a RocksDB checkpoint (hard links: no row goes
 through Python) and `meta.json` atomically; `load(dir)` links a saved directory into a fresh engine.
@@ -44,6 +49,7 @@ import numpy as np
 
 from runtime.ps import checkpoint
 from runtime.ps.index import DirectIndex, make_index, unique_ids
+from runtime.ps.lifecycle import shrink as _shrink
 from runtime.ps.sharding import shard_of
 from runtime.ps.table import PSError, SparseTable
 from runtime.ps.tiered_store import BATCH_ROWS, RowStore, batches, open_copy, parse_bytes, read_meta, save_dir
@@ -82,11 +88,13 @@ class TieredSparseTable(SparseTable):
         *,
         memory_budget: int | str | None = None,
         store_dir: str | os.PathLike | None = None,
+        shard: str | None = None,
     ) -> None:
         if spec.kind != "sparse" or spec.entry is not None or spec.evict_after is not None:
             raise PSError(
                 f"table {spec.name!r}: storage 'disk' is for sparse tables without entry / evict_after "
-                f"(got kind {spec.kind!r}, entry {spec.entry!r}, evict_after {spec.evict_after!r})"
+                f"(got kind {spec.kind!r}, entry {spec.entry!r}, evict_after {spec.evict_after!r}); "
+                "a disk table removes rows by passes unseen and show/click with `lifecycle` instead"
             )
         super().__init__(spec, check_finite)
         budget = memory_budget if memory_budget is not None else self.spec.memory_budget
@@ -96,7 +104,7 @@ class TieredSparseTable(SparseTable):
             self.budget = parse_bytes(budget)
         except ValueError as e:
             raise PSError(f"table {self.name!r}: {e}") from None
-        self.record = _record_dtype(self.dtype, self.dim, ["Param", *self.state_slots])
+        self.record = _record_dtype(self.dtype, self.dim, layout(self)["fields"])
         index_bytes = 0 if isinstance(self.index, DirectIndex) else 16
         self.row_bytes = self.record.itemsize + 8 + index_bytes  # + the LRU stamp (int64)
         self.max_rows = self.budget // self.row_bytes
@@ -108,10 +116,10 @@ class TieredSparseTable(SparseTable):
         self.tick, self.cold = 0, 0  # requests served; rows on disk and not in RAM
         self.stats = TierStats()
         self._empty_ram()
-        name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.name)
-        self.path = Path(tempfile.mkdtemp(prefix=f"hetps-{name}-", dir=store_dir))
+        self.what = f"tiered table {self.name!r}" + (f" on shard {shard}" if shard else "")
+        self.path = engine_dir(self.name, store_dir)
         self._cleanup = weakref.finalize(self, rmtree, str(self.path), ignore_errors=True)
-        self.store = RowStore(self.path / "rows", self.record, f"tiered table {self.name!r}")
+        self.store = RowStore(self.path / "rows", self.record, self.what)
 
     def _empty_ram(self) -> None:
         """No resident row; room for max_rows (the arrays' pages are touched only when used)."""
@@ -128,7 +136,7 @@ class TieredSparseTable(SparseTable):
         `SparseTable.slots`; every row of the request is stamped as just used."""
         if ids.size > self.max_rows and unique_ids(ids).size > self.max_rows:
             raise PSError(
-                f"table {self.name!r}: one request touches {unique_ids(ids).size} distinct rows, more "
+                f"{self.what}: one request touches {unique_ids(ids).size} distinct rows, more "
                 f"than memory_budget {self.budget} bytes holds ({self.max_rows} rows of "
                 f"{self.row_bytes} bytes); raise memory_budget or send smaller requests"
             )
@@ -170,16 +178,20 @@ class TieredSparseTable(SparseTable):
             return
         k = n - int(self.max_rows * EVICT_TO)
         victims = np.argpartition(self.used[:n], k - 1)[:k]
-        ids = self.index.ids_by_slot()
-        self.store.put(ids[victims], self._records(victims))
+        self.store.put(self.index.ids_by_slot()[victims], self._records(victims))
         keep = np.ones(n, bool)
         keep[victims] = False
-        stamps = self.used[:n][keep]
-        self._keep(keep, room=self.row_room() - (n - k))
-        self.used = np.zeros(self.rows.shape[0], np.int64)
-        self.used[self.index.find(ids[keep])] = stamps
+        self._compact(keep)
         self.cold += k
         self.stats.evicted += k
+
+    def _compact(self, keep: np.ndarray) -> None:
+        """Keep the RAM rows whose slot is set in `keep`, with their LRU stamps."""
+        ids = self.index.ids_by_slot()
+        stamps = self.used[: keep.size][keep]
+        self._keep(keep, room=self.row_room() - int(keep.sum()))
+        self.used = np.zeros(self.rows.shape[0], np.int64)
+        self.used[self.index.find(ids[keep])] = stamps
 
     def __len__(self) -> int:
         return len(self.index) + self.cold
@@ -249,6 +261,8 @@ class TieredSparseTable(SparseTable):
         resident in RAM are replaced there, the others written straight to disk, BATCH_ROWS rows per
         WriteBatch."""
         ids = self.check_ids(arrays["ids"])
+        if self.changes.marks:
+            self.changes.changed(ids)
         for s in self.scalars:
             self.scalars[s][...] = arrays[s]
         found = self.index.find(ids)
@@ -265,6 +279,93 @@ class TieredSparseTable(SparseTable):
             new = part.size - (int(self.store.get(ids[part])[0].sum()) if self.cold else 0)
             self.store.put(ids[part], rec)
             self.cold += new
+
+    # -- rows changed since a mark, delta checkpoints (SparseTable's API over both tiers) ----------
+    def ids(self) -> np.ndarray:
+        """The ids of every row, RAM and disk (sorted), read from the store BATCH_ROWS at a time."""
+        parts = [self.index.ids_by_slot(), *(ids for ids, _ in self.store.items())]
+        return unique_ids(np.concatenate(parts))
+
+    def exists(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, np.int64)
+        out = self.index.find(ids) >= 0
+        if self.cold and (~out).any():
+            out[~out] = self.store.get(ids[~out])[0]
+        return out
+
+    def rows_of(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows `ids` (distinct, existing) from RAM or disk, promoting nothing."""
+        ids = np.asarray(ids, np.int64)
+        found = self.index.find(ids)
+        rec = np.empty(ids.size, self.record)
+        rec[found >= 0] = self._records(found[found >= 0])
+        cold = np.flatnonzero(found < 0)
+        if cold.size:
+            on_disk, got = self.store.get(ids[cold])
+            if not on_disk.all():
+                raise PSError(
+                    f"table {self.name!r}: rows_of ids {self.shown(ids[cold][~on_disk][:5])} have no row"
+                )
+            rec[cold] = got
+        return {"ids": ids, **{f: rec[f] for f in self.record.names}, **self.scalars}
+
+    def remove(self, ids: np.ndarray) -> None:
+        """Drop the rows of `ids` from RAM and disk."""
+        ids = unique_ids(np.asarray(ids, np.int64))
+        if not ids.size:
+            return
+        if self.changes.marks:
+            self.changes.removed(ids)
+        found = self.index.find(ids)
+        if (found >= 0).any():
+            keep = np.ones(len(self.index), bool)
+            keep[found[found >= 0]] = False
+            self._compact(keep)
+        rest = ids[found < 0]
+        if rest.size and self.cold:
+            self.cold -= int(self.store.get(rest)[0].sum())
+        self.store.delete(ids)  # (a resident row may have an older copy on disk too)
+
+    # -- feature lifecycle over both tiers ----------------------------------------------------
+    def show_click(self, ids: np.ndarray, labels: np.ndarray) -> None:
+        super().show_click(ids, labels)
+        self._spill()
+
+    def shrink(self) -> int:
+        """`SparseTable.shrink` over the RAM rows, then over the rows only on disk, BATCH_ROWS at a
+        time (each batch's survivors written back and the others deleted in one WriteBatch each)."""
+        gone = super().shrink()
+        if not self.cold:
+            return gone
+        for ids, rec in self._cold_batches():  # (the iterator reads a snapshot: writes do not disturb it)
+            rec = rec.copy()
+            keep = _shrink(self.life, rec["Show"], rec["Click"], rec["Unseen"])
+            self.store.put(ids[keep], rec[keep])
+            self.store.delete(ids[~keep])
+            if self.changes.marks:
+                self.changes.changed(ids[keep])
+                self.changes.removed(ids[~keep])
+            dropped = int(ids.size - np.count_nonzero(keep))
+            self.cold -= dropped
+            self.counts["evicted"] += dropped
+            gone += dropped
+        return gone
+
+    def _cold_batches(self):
+        """(ids, records) of the rows only on disk (copies on disk of resident rows skipped)."""
+        for ids, rec in self.store.items():
+            cold = self.index.find(ids) < 0
+            if cold.any():
+                yield ids[cold], rec[cold]
+
+    def _drop(self, keep: np.ndarray) -> None:
+        """`SparseTable._drop` of RAM rows, and of their older copies on disk."""
+        self.store.delete(self.index.ids_by_slot()[: keep.size][~keep])
+        super()._drop(keep)
+
+    def table_counts(self) -> dict[str, int]:
+        """As `SparseTable.table_counts`; admitted: rows created (not promoted from disk)."""
+        return {**super().table_counts(), "admitted": self.stats.created, "spilled": self.stats.evicted}
 
     # -- engine files --------------------------------------------------------------------------
     def flush(self) -> None:
@@ -297,8 +398,43 @@ class TieredSparseTable(SparseTable):
     def close(self) -> None:
         """Close the engine and remove its files (saved directories stay)."""
         if self._cleanup.alive:
-            self.store.close()
+            try:
+                self.store.close()
+            except Exception:  # noqa: BLE001 (a full disk fails the last flush: the files go anyway)
+                pass
             self._cleanup()
+
+
+def engine_dir(table: str, store_dir: str | os.PathLike | None) -> Path:
+    """A fresh engine directory `hetps-<table>.<pid>@<host>.<random>` under `store_dir` (default:
+    the system's temporary directory), after removing those beside it left by processes of this
+    host that are gone (killed before `close` ran: the janitor, `remove_stale_engines`)."""
+    parent = Path(store_dir if store_dir is not None else tempfile.gettempdir())
+    remove_stale_engines(parent)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", table)
+    return Path(tempfile.mkdtemp(prefix=f"hetps-{name}.{os.getpid()}@{checkpoint.host()}.", dir=parent))
+
+
+_ENGINE = re.compile(r"hetps-.+\.(\d+)@([A-Za-z0-9_.-]+)\.[a-z0-9_]{8}")
+
+
+def remove_stale_engines(parent: str | os.PathLike) -> list[Path]:
+    """Remove the engine directories in `parent` whose process (named in the directory's name) ran
+    on this host and is gone; those of live processes, other hosts, or not so named stay. The
+    removed paths."""
+    gone, host = [], checkpoint.host()
+    for p in Path(parent).glob("hetps-*"):
+        m = _ENGINE.fullmatch(p.name)
+        if (
+            m
+            and p.is_dir()
+            and not p.is_symlink()
+            and m.group(2) == host
+            and not checkpoint.alive(int(m.group(1)))
+        ):
+            rmtree(p, ignore_errors=True)
+            gone.append(p)
+    return gone
 
 
 def save_entry(
@@ -321,7 +457,11 @@ def save_entry(
 
 def layout(table: SparseTable) -> dict:
     """What a saved directory's rows must match to load into `table`."""
-    return {"dim": table.dim, "dtype": table.dtype.name, "fields": ["Param", *table.state_slots]}
+    return {
+        "dim": table.dim,
+        "dtype": table.dtype.name,
+        "fields": ["Param", *table.state_slots, *table.life_slots],
+    }
 
 
 def check_layout(table: SparseTable, path: str | os.PathLike, meta: dict) -> None:

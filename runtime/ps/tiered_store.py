@@ -9,12 +9,17 @@ is bounded: two memtables of ENGINE_WRITE_BUFFER bytes, a block cache of ENGINE_
 plus the SST index and bloom blocks (~2 bytes per row); the OS page cache holds the SST files.
 
 A saved directory (`save_dir`): `rows/`, a RocksDB checkpoint (hard links to the immutable SST
-files), and `meta.json` (format, layout, row count, scalar state), written into a staging directory
-renamed into place. `batches` reads one back as `load_state` arrays, BATCH_ROWS rows at a time.
+files), and `meta.json` (format, layout, row count, scalar state, and each data file of `rows/` (SST
+files, MANIFEST, CURRENT) with its size and sha256), written into a staging directory renamed
+into place. Reading one back first checks those files against meta.json (`read_meta`): a truncated
+or corrupted file is refused by name. (An SST file's hash is computed once per process: SST files
+never change once written.)
+`batches` reads one back as `load_state` arrays, BATCH_ROWS rows at a time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import rocksdict
 
+from runtime.ps.lifecycle import LIFE
 from runtime.ps.table import PSError
 
 KEY = np.dtype(">u8")
@@ -55,8 +61,9 @@ def parse_bytes(value: int | str, what: str = "memory_budget") -> int:
 
 
 def record_dtype(dtype: np.dtype, dim: int, fields: list[str]) -> np.dtype:
-    """One row's record: a [dim] array of `dtype` per field (Param, then the optimizer state)."""
-    return np.dtype([(f, dtype, (dim,)) for f in fields])
+    """One row's record: a [dim] array of `dtype` per field (Param, then the optimizer state), one
+    float32 per lifecycle field (Show, Click, Unseen: runtime/ps/lifecycle.py)."""
+    return np.dtype([(f, np.float32) if f in LIFE else (f, dtype, (dim,)) for f in fields])
 
 
 def _options() -> rocksdict.Options:
@@ -93,6 +100,12 @@ class RowStore:
         self.db.set_write_options(wopt)
 
     def _error(self, doing: str, e: BaseException) -> PSError:
+        if "No space left" in str(e):
+            return PSError(
+                f"{self.what}: {doing} store {str(self.path)!r} failed: the disk holding it is full "
+                f"({e}); free space there or put the store on a larger disk (store_dir / TMPDIR). The "
+                "table's rows since its last checkpoint are lost; that checkpoint stays loadable"
+            )
         return PSError(f"{self.what}: {doing} store {str(self.path)!r} failed (corrupt?): {e}")
 
     def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -120,6 +133,20 @@ class RowStore:
         batch = rocksdict.WriteBatch(raw_mode=True)
         for i in range(ids.size):
             batch.put(kb[8 * i : 8 * i + 8], vb[size * i : size * (i + 1)])
+        try:
+            self.db.write(batch)
+        except Exception as e:
+            raise self._error("writing", e) from None
+        self.write_batches += 1
+
+    def delete(self, ids: np.ndarray) -> None:
+        """Delete the rows of `ids`: one WriteBatch."""
+        if not ids.size:
+            return
+        kb = ids.astype(KEY).tobytes()
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        for i in range(ids.size):
+            batch.delete(kb[8 * i : 8 * i + 8])
         try:
             self.db.write(batch)
         except Exception as e:
@@ -154,12 +181,18 @@ class RowStore:
 
     def flush(self) -> None:
         """Write the memtable to SST files."""
-        self.db.flush()
+        try:
+            self.db.flush()
+        except Exception as e:
+            raise self._error("flushing", e) from None
 
     def checkpoint(self, path: Path) -> None:
         """A RocksDB checkpoint of the store at `path` (new): hard links to its SST files."""
-        self.flush()
-        rocksdict.Checkpoint(self.db).create_checkpoint(str(path))
+        try:
+            self.flush()
+            rocksdict.Checkpoint(self.db).create_checkpoint(str(path))
+        except Exception as e:  # rocksdict raises plain Exceptions for I/O errors
+            raise PSError(f"{self._error('checkpointing', e)} (checkpoint directory {str(path)!r})") from None
 
     def disk_bytes(self) -> int:
         """Bytes of the store's files (SST files, logs, manifest)."""
@@ -199,7 +232,8 @@ def save_dir(path: str | os.PathLike, store: RowStore, meta: dict) -> None:
     stage.mkdir()
     try:
         store.checkpoint(stage / ROWS)
-        (stage / META).write_text(json.dumps({"format": FORMAT, **meta}, indent=1))
+        files = {f.name: _file_sum(f) for f in sorted((stage / ROWS).iterdir()) if _SUMMED.fullmatch(f.name)}
+        (stage / META).write_text(json.dumps({"format": FORMAT, **meta, "files": files}, indent=1))
         old = path.parent / f".{path.name}.old-{uuid.uuid4().hex}"
         if path.exists():
             os.rename(path, old)
@@ -210,8 +244,43 @@ def save_dir(path: str | os.PathLike, store: RowStore, meta: dict) -> None:
         raise
 
 
+_SUMMED = re.compile(r"\d+\.sst|MANIFEST-\d+|CURRENT")  # the engine's data (not its logs and options)
+_SUMS: dict[tuple, list] = {}  # (inode, size, mtime) of an immutable SST file -> [size, sha256]
+
+
+def _file_sum(f: Path) -> list:
+    """[size, sha256] of file `f` (cached for SST files, which RocksDB never changes)."""
+    st = f.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if f.suffix == ".sst" and key in _SUMS:
+        return _SUMS[key]
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    out = [st.st_size, h.hexdigest()]
+    if f.suffix == ".sst":
+        _SUMS[key] = out
+    return out
+
+
+def _check_files(path: Path, meta: dict) -> None:
+    """PSError naming the file unless every file of `rows/` listed in `meta` has its size and hash."""
+    for name, want in (meta.get("files") or {}).items():
+        f = path / ROWS / name
+        if not f.is_file():
+            raise PSError(f"saved tiered table {str(path)!r}: file {ROWS}/{name} is missing")
+        got = _file_sum(f)
+        if got != list(want):
+            raise PSError(
+                f"saved tiered table {str(path)!r}: file {ROWS}/{name} has {got[0]} bytes (saved: "
+                f"{want[0]}) or another sha256: it is truncated or corrupt"
+            )
+
+
 def read_meta(path: str | os.PathLike) -> dict:
-    """The `meta.json` of a saved directory; PSError naming the path when missing or corrupt."""
+    """The `meta.json` of a saved directory, after checking its files (`_check_files`); PSError
+    naming the path when missing or corrupt."""
     path = Path(path)
     try:
         meta = json.loads((path / META).read_text())
@@ -221,6 +290,7 @@ def read_meta(path: str | os.PathLike) -> dict:
         raise PSError(
             f"saved tiered table {str(path)!r} is not a {FORMAT} directory (format or rows/ missing)"
         )
+    _check_files(path, meta)
     return meta
 
 

@@ -283,6 +283,12 @@ def _specs(
     """Table specs in name order; dense tables go to shards by bytes (`transpiler.cost.balance`)."""
     sizes = {n: table_bytes(block.var(n).shape, block.var(n).dtype) for n in names if n not in sparse}
     shard = balance(sizes, config.num_servers)
+    stray = sorted(set(config.unbounded or ()) - sparse) if not isinstance(config.unbounded, bool) else []
+    if stray:
+        raise ValueError(
+            f"TranspileConfig.unbounded names {stray}, which are not sparse tables of the program "
+            f"(sparse tables: {sorted(sparse)})"
+        )
     specs = []
     for n in sorted(names):
         v = block.var(n)
@@ -291,17 +297,20 @@ def _specs(
         else:
             sharding = Sharding("table", config.num_servers, shard[n])
         streaming = n in sparse
+        unbounded = streaming and (config.unbounded is True or n in (config.unbounded or ()))
         specs.append(
             TableSpec(
                 name=n,
                 kind="sparse" if n in sparse else "dense",
-                shape=list(v.shape),
+                shape=[-1, *v.shape[1:]] if unbounded else list(v.shape),
                 dtype=v.dtype,
                 initializer=None if n in params else v.initializer,
                 optimizer=optim.get(n),
                 sharding=sharding,
                 entry=dict(config.sparse_entry) if streaming and config.sparse_entry is not None else None,
                 evict_after=config.evict_after if streaming else None,
+                delta_every=config.checkpoint_delta_every if streaming else None,
+                lifecycle=dict(config.lifecycle) if streaming and config.lifecycle is not None else None,
             )
         )
     return specs

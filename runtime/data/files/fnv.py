@@ -14,7 +14,11 @@ OFFSET, PRIME = 0xCBF29CE484222325, 0x100000001B3
 
 def ids(col: pa.Array, prefix: bytes, first: int, vocab: int, out: np.ndarray | None = None) -> np.ndarray:
     """int64 ids `first + FNV-1a(prefix + value) % (vocab - first)` of a string array's values (a
-    null hashes as the empty string), written into `out` (any int64 vector of len(col)) if given."""
+    null hashes as the empty string), written into `out` (any int64 vector of len(col)) if given.
+
+    `vocab` 0: the raw 64-bit hash, no modulo (`hash64` schemas, unbounded tables): the id is the
+    hash's bits as an int64 (`np.uint64` view gives the hash back; ids >= 2^63 are negative int64),
+    except that a hash below `first` (probability first / 2^64) is moved up by `first`."""
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         raise TypeError(f"fnv.ids hashes string arrays, got {col.type}")
     n = len(col)
@@ -29,7 +33,8 @@ def ids(col: pa.Array, prefix: bytes, first: int, vocab: int, out: np.ndarray | 
     offsets = np.frombuffer(bufs[1], np.int64 if wide else np.int32, n + 1, col.offset * (8 if wide else 4))
     data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and bufs[2].size else np.zeros(1, np.uint8)
     valid = np.frombuffer(bufs[0], np.uint8) if col.null_count else np.zeros(0, np.uint8)
-    _hash(np.uint64(h0), offsets, data, valid, col.offset, np.uint64(vocab - first), np.int64(first), out)
+    mod = np.uint64(vocab - first if vocab else 0)
+    _hash(np.uint64(h0), offsets, data, valid, col.offset, mod, np.uint64(first), out.view(np.uint64))
     return out
 
 
@@ -41,7 +46,8 @@ def _fold(h: int, data: bytes) -> int:
 
 @numba.njit(cache=True, nogil=True)
 def _hash(h0, offsets, data, valid, bit, mod, first, out):  # pragma: no cover - compiled
-    """out[i] = first + FNV-1a(value i, from h0) % mod; value i is null where bit `bit + i` of
+    """out[i] = first + FNV-1a(value i, from h0) % mod (mod 0: the hash, moved up by `first` when
+    below it), as uint64; value i is null where bit `bit + i` of
     the validity bitmap `valid` (empty: no nulls) is 0, and hashes as the empty string."""
     prime = np.uint64(PRIME)
     for i in range(out.shape[0]):
@@ -49,4 +55,7 @@ def _hash(h0, offsets, data, valid, bit, mod, first, out):  # pragma: no cover -
         if valid.shape[0] == 0 or (valid[(bit + i) >> 3] >> ((bit + i) & 7)) & 1:
             for j in range(offsets[i], offsets[i + 1]):
                 h = (h ^ np.uint64(data[j])) * prime
-        out[i] = np.int64(h % mod) + first
+        if mod == 0:
+            out[i] = h if h >= first else h + first
+        else:
+            out[i] = h % mod + first

@@ -8,13 +8,19 @@
     multi: {genres: "|"}     # multi-valued categorical -> feed `genres` int64 [n, max_len] (pad 0)
     max_len: 8               # ids kept per multi-valued column (longer bags are cut)
     vocab: 1000000           # the id space
+    hash64: false            # true: ids are the raw 64-bit hashes (no modulo; unbounded tables)
     vocab_files: {item_id: items.txt}  # optional: a column's known values, one per line
 
 Ids are a stable hash: FNV-1a 64 of `column + "\\x1f" + value` (the value's bytes as in a text
 file, not checked to be UTF-8; a number's decimal form), mapped to [1, vocab): id 0 is never a
 value's id, it pads the bags. With `vocab_files` (paths relative to the schema file), the K values
 they list get ids 1..K in the files' order (each column's block after the previous one's),
-collision-free; other values hash into [K + 1, vocab). A missing categorical
+collision-free; other values hash into [K + 1, vocab). With `hash64: true` there is no modulo: an
+id is the 64-bit hash itself (as int64 bits; `ids.view(np.uint64)` reads it back), moved up by K + 1
+in the 2^-64-likely case it lies below; the expected collisions of N distinct values are
+N^2 / 2^65 (< 0.03 for 10^9). The model's tables must then be unbounded (`TranspileConfig.
+unbounded`, `hetps transpile --unbounded`): `vocab` only sizes the program's declared embedding.
+A missing categorical
 value hashes as the empty string; a missing dense value is 0 (before the transform). `log1p` is
 log(1 + max(x, 0)), as DLRM reads Criteo's counts. `standardize` is (x - mean) / std with the
 mean and std of the data (`stats`: measured by `open_dataset` when not given).
@@ -49,6 +55,7 @@ _KEYS = {
     "vocab",
     "stats",
     "vocab_files",
+    "hash64",
 }
 
 
@@ -66,6 +73,7 @@ class Schema:
     max_len: int = 8
     stats: tuple[tuple[str, float, float], ...] = field(default=(), compare=False)  # (column, mean, std)
     known: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (column, its values from its vocab file)
+    hash64: bool = False  # ids are raw 64-bit hashes (no modulo)
 
     @classmethod
     def load(cls, source: str | Path | dict[str, Any] | Schema) -> Schema:
@@ -118,6 +126,8 @@ class Schema:
         for what, v in (("vocab", vocab), ("max_len", max_len)):
             if not isinstance(v, int) or isinstance(v, bool) or v < (2 if what == "vocab" else 1):
                 raise ConfigError(f"{where}: {what} must be a positive int (vocab >= 2), got {v!r}")
+        if not isinstance(d.get("hash64", False), bool):
+            raise ConfigError(f"{where}: hash64 must be true or false, got {d['hash64']!r}")
         thr = d.get("label_threshold")
         if thr is not None and not isinstance(thr, (int, float)):
             raise ConfigError(f"{where}: label_threshold must be a number, got {thr!r}")
@@ -139,13 +149,14 @@ class Schema:
             max_len,
             stats,
             known,
+            d.get("hash64", False),
         )
 
     def ids(self, col, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """Ids of a categorical column's values: from its vocab file when listed there, else hashed
         (written into `out`, an int64 vector of len(col), if given)."""
         first = 1 + sum(len(v) for _, v in self.known)
-        ids = hash_ids(col, name, self.vocab, first, out)
+        ids = hash_ids(col, name, 0 if self.hash64 else self.vocab, first, out)
         offset = 1
         for column, values in self.known:
             if column == name:
@@ -307,7 +318,7 @@ def _vocab_files(files: Any, columns: list[str], base: Path, where: str) -> tupl
 
 def hash_ids(col, name: str, vocab: int, first: int = 1, out: np.ndarray | None = None) -> np.ndarray:
     """Ids in [first, vocab) of a categorical column's values (see the module docstring), written
-    into `out` (an int64 vector of len(col)) if given."""
+    into `out` (an int64 vector of len(col)) if given; `vocab` 0: raw 64-bit hashes (`fnv.ids`)."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     prefix = name.encode() + b"\x1f"
     if pa.types.is_dictionary(col.type):  # hash each distinct value once (and "" for nulls)

@@ -1,0 +1,148 @@
+"""Delta checkpoints (runtime/ps/delta.py) and rows changed since a mark (runtime/ps/changes.py).
+
+Reference: the same pull/push sequence checkpointed with full saves only; restored tables must be
+identical, array by array, to those of the delta chain (RAM, tiered, admission + eviction tables;
+same and other shard counts). The changed ids are checked against the ids the test itself sent."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from runtime.ps import make_table
+from runtime.ps.checkpoint import read_manifest
+from runtime.ps.shard import Shard, save_shards
+from runtime.ps.sharding import shard_of
+from transpiler.tables import TableSpec
+
+INIT = {"type": "uniform", "low": -0.1, "high": 0.1, "seed": 3}
+BASE = TableSpec("emb", "sparse", [-1, 4], initializer=INIT, optimizer={"type": "adagrad", "lr": 0.1})
+KINDS = {
+    "ram": BASE,
+    "disk": replace(BASE, storage="disk", memory_budget=16000),
+    "entry": replace(BASE, entry={"type": "count", "threshold": 2}, evict_after=6),
+    "life": replace(
+        BASE, storage="disk", memory_budget=16000, lifecycle={"ttl_passes": 2, "delete_threshold": 0.05}
+    ),
+}
+
+
+def run(spec, root, shards=2, saves=5, seed=0):
+    """Train shards on a fixed random stream, saving root/step-i after each of `saves` rounds."""
+    group = [Shard([spec], shard=k, num_shards=shards) for k in range(shards)]
+    rng = np.random.default_rng(seed)
+    for i in range(saves):
+        for _ in range(4):
+            ids = np.unique(rng.zipf(1.3, 40) % 3000 + (1 << 62) * rng.integers(0, 2))
+            grad = rng.normal(size=(ids.size, 4)).astype(np.float32)
+            for k, s in enumerate(group):
+                mine = shard_of(ids, shards) == k
+                s.pull("emb", ids[mine])
+                s.push("emb", grad[mine], ids[mine])
+                if s.tables["emb"].life is not None:
+                    s.tables["emb"].show_click(ids[mine], rng.random(int(mine.sum())) < 0.3)
+        for s in group:  # a pass end (rows removed by their lifecycle)
+            if s.tables["emb"].life is not None:
+                s.tables["emb"].shrink()
+        if i == 2:  # rows dropped between saves must be dropped on restore too
+            for k, s in enumerate(group):
+                gone = np.arange(0, 3000, 7)
+                s.tables["emb"].remove(gone[shard_of(gone, shards) == k])
+        save_shards(group, root / f"step-{i}")
+    return group
+
+
+def state(path, spec, shards=1):
+    out = []
+    for k in range(shards):
+        s = Shard([spec], shard=k, num_shards=shards)
+        s.load(path)
+        d = s.tables["emb"].state_dict()
+        order = np.argsort(d["ids"])
+        per_row = {"ids", "Param", "Moment", "EntryLast", "Show", "Click", "Unseen"}
+        out.append({key: (a[order] if key in per_row else a) for key, a in d.items()})
+        s.close()
+    return out
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert sorted(x) == sorted(y)
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+@pytest.mark.parametrize(
+    "kind", [pytest.param(k, marks=pytest.mark.slow) if k == "disk" else k for k in sorted(KINDS)]
+)  # (life is a tiered table too)
+def test_a_delta_chain_restores_the_tables_a_full_save_run_restores(tmp_path, kind):
+    spec = KINDS[kind]
+    full = run(spec, tmp_path / "full")
+    chain = run(replace(spec, delta_every=3), tmp_path / "chain")
+    for s in (*full, *chain):
+        s.close()
+    for i in range(5):
+        doc = read_manifest(tmp_path / "chain" / f"step-{i}")
+        deltas = sorted({e.get("delta", 0) for e in doc["files"]})
+        assert deltas == list(range(i % 3 + 1))  # full at 0 and 3; deltas between
+        for shards in (1, 3) if i == 4 else (2,):
+            same(
+                state(tmp_path / "full" / f"step-{i}", spec, shards),
+                state(tmp_path / "chain" / f"step-{i}", spec, shards),
+            )
+    for i in range(4):  # older checkpoints removed (a run's keep): the newer ones stay whole
+        shutil.rmtree(tmp_path / "chain" / f"step-{i}")
+    same(state(tmp_path / "full" / "step-4", spec, 2), state(tmp_path / "chain" / "step-4", spec, 2))
+
+
+def test_a_delta_holds_the_rows_touched_since_the_save_before(tmp_path):
+    spec = replace(KINDS["ram"], delta_every=10)
+    s = Shard([spec])
+    s.push("emb", np.ones((500, 4), np.float32), np.arange(500))
+    save_shards([s], tmp_path / "a")
+    touched = np.array([3, 10, 499, 1000])
+    s.push("emb", np.ones((4, 4), np.float32), touched)
+    save_shards([s], tmp_path / "b")
+    doc = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    (d,) = [e for e in doc["files"] if e.get("delta")]
+    with np.load(tmp_path / "b" / d["file"]) as z:
+        assert z["ids"].tolist() == touched.tolist() and z["Deleted"].size == 0
+    base = next(e for e in doc["files"] if "delta" not in e)
+    assert (tmp_path / "a" / base["file"]).stat().st_ino == (tmp_path / "b" / base["file"]).stat().st_ino
+
+
+def test_a_failed_or_removed_previous_save_makes_the_next_save_full(tmp_path):
+    s = Shard([replace(KINDS["ram"], delta_every=5)])
+    s.push("emb", np.ones((5, 4), np.float32), np.arange(5))
+    save_shards([s], tmp_path / "a")
+    shutil.rmtree(tmp_path / "a")
+    s.push("emb", np.ones((1, 4), np.float32), np.arange(1))
+    save_shards([s], tmp_path / "b")
+    assert all("delta" not in e for e in read_manifest(tmp_path / "b")["files"])
+    assert state(tmp_path / "b", KINDS["ram"])[0]["ids"].tolist() == list(range(5))
+
+
+@pytest.mark.parametrize("kind", ["ram", "disk"])
+def test_changed_since_a_mark_lists_the_rows_written_and_removed(kind):
+    t = make_table(KINDS[kind])
+    for lo in range(0, 300, 50):  # (the tiered table's RAM tier holds 71 rows: most go to disk)
+        t.push(np.ones((50, 4), np.float32), np.arange(lo, lo + 50))
+    t.mark("publish")
+    t.push(np.ones((3, 4), np.float32), np.array([5, 250, 7000]))
+    t.assign(np.zeros((1, 4), np.float32), np.array([8000]))
+    t.remove(np.array([6, 7000, 99999]))
+    got = t.changed_since("publish")
+    assert got.ids.tolist() == [5, 250, 8000]
+    assert set(got.removed.tolist()) - {99999} == {6, 7000}  # (99999: never a row; may be listed)
+    assert sorted(t.ids().tolist()) == sorted({*range(300), 8000} - {6})  # RAM and disk rows
+    rows = t.rows_of(got.ids)
+    np.testing.assert_array_equal(rows["Param"], t.peek(got.ids))
+    t.mark("publish")
+    assert t.changed_since("publish").ids.size == 0
+    with pytest.raises(KeyError, match="no mark 'other'"):
+        t.changed_since("other")
