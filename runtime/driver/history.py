@@ -49,7 +49,8 @@ class History:
     {"step", "loss", "auc", "examples"}; `started_at`: the origin of `time` on the driver
     process's `time.perf_counter()` clock (to relate other measurements made there to the steps);
     `refused_messages`: messages to the driver's inbox without the run's key, or replayed, skipped
-    (each trainer's own count is in `trainers[name]["refused_messages"]`).
+    (each trainer's own count is in `trainers[name]["refused_messages"]`); `filled`: per column,
+    the missing values a dataset's policies filled (counted by `open_dataset`'s pass before training).
     """
 
     loss: list[float] = field(default_factory=list)
@@ -66,6 +67,7 @@ class History:
     eval: list[dict[str, float]] = field(default_factory=list)
     started_at: float = 0.0
     refused_messages: int = 0
+    filled: dict[str, int] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:

@@ -18,11 +18,14 @@ each dict is one batch, run as is.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from runtime.data.files.features import dense_inputs, find_features, load_features, save_features
+from runtime.data.files.schema import Schema
 from runtime.engines import Engine
 from runtime.evaluation.forward import (
     TableSource,
@@ -71,10 +74,14 @@ def evaluate(
     servers: int | None = None,
     engine: str | Engine = "local",
     stall_timeout: float = 60.0,
+    features: Any = "auto",
 ) -> dict[str, float]:
     """Held-out {"loss", "auc", "examples"} of `plan` with the tables of `checkpoint` (see the
-    module docstring); forward only, nothing is updated. `workers=N`: on N worker processes and
+    module docstring); forward only, nothing is updated. A dataset of `open_dataset` is read with
+    the feature pipeline `features` (default "auto": the one kept with `checkpoint`; see `export`).
+    `workers=N`: on N worker processes and
     `servers` parameter-server shards (default: the plan's), see runtime/evaluation/workers.py."""
+    data = fitted_data(data, _features(features, checkpoint))
     if workers is not None or servers is not None:
         from runtime.evaluation.workers import evaluate_parallel
 
@@ -93,9 +100,11 @@ def predict(
     servers: int | None = None,
     engine: str | Engine = "local",
     stall_timeout: float = 60.0,
+    features: Any = "auto",
 ) -> np.ndarray:
     """The prediction output of `plan` on every batch of `data`, concatenated along the batch axis
     in the data's order (`workers=N`, `servers`: as for `evaluate`)."""
+    data = fitted_data(data, _features(features, checkpoint))
     if workers is not None or servers is not None:
         from runtime.evaluation.workers import predict_parallel
 
@@ -105,6 +114,19 @@ def predict(
     if not preds:
         raise ValueError("predict got no examples: data is empty")
     return np.concatenate(preds)
+
+
+def fitted_data(data: Any, fitted: Schema | None) -> Any:
+    """`data` read as the model was trained: a dataset of `open_dataset` gets the feature pipeline
+    `fitted` (its standardize stats are the training data's, not `data`'s own); ConfigError when
+    its schema differs otherwise. Other data, or no `fitted`, is returned as it is."""
+    from runtime.data.files.dataset import Dataset
+    from runtime.data.files.features import check_same
+
+    if fitted is None or not isinstance(data, Dataset) or data.schema.stats == fitted.stats:
+        return data
+    check_same(data.schema, fitted, "the features kept with the model")
+    return data.with_schema(fitted)
 
 
 def full_tables(plan: Plan, checkpoint: str | Path | None) -> dict[str, np.ndarray]:
@@ -181,6 +203,7 @@ def export(
     opset: int | None = None,
     external_over: int = ONNX_LIMIT,
     rows: str = "all",
+    features: Any = "auto",
 ) -> Path:
     """Write the servable ONNX model of `plan` with the tables of `checkpoint` (see
     transpiler/exporters/servable.py; `external_over`: bytes of tables beyond which the initializers
@@ -189,12 +212,47 @@ def export(
     `rows`: "all" (a sparse table as its full [vocab, dim] array: the model takes raw ids) or
     "existing" (only the rows the checkpoint holds, for huge or unbounded tables: the model then
     takes each id's position in `<path minus .onnx>.ids.npz` — `remap_ids` computes it — and
-    scores an id never trained with a zero embedding; see `existing_tables`)."""
-    if rows == "all":
-        return export_inference(plan, path, full_tables(plan, checkpoint), output, opset, external_over)
-    if rows != "existing":
+    scores an id never trained with a zero embedding; see `existing_tables`).
+
+    `features`: the feature pipeline (a `Schema` with its fitted stats, or a features.json);
+    "auto" (default): the one kept with `checkpoint`, if any; None: none. With one, the model takes
+    raw dense values (one float64 input per column, the fill and transform inside the graph) and
+    `<path minus .onnx>.features.json` is written beside it for `runtime.data.encode`, which gives
+    the categorical ids (runtime/data/files/features.py)."""
+    if rows not in ("all", "existing"):
         raise ValueError(f"rows={rows!r}: expected 'all' or 'existing'")
-    tables, ids = existing_tables(plan, checkpoint)
-    out = export_inference(plan, path, tables, output, opset, external_over)
-    np.savez(out.with_suffix(".ids.npz"), **ids)
+    schema = _features(features, checkpoint)
+    raw = None
+    if schema is not None and "dense" in forward_graph(plan, output).feeds:
+        raw = dense_inputs(schema, _list_widths(plan, schema))
+    meta = {} if schema is None else {"hetps.features": json.dumps(schema.to_dict(), sort_keys=True)}
+    tables, ids = full_tables(plan, checkpoint), None
+    if rows == "existing":
+        tables, ids = existing_tables(plan, checkpoint)
+    out = export_inference(plan, path, tables, output, opset, external_over, raw, meta)
+    if ids is not None:
+        np.savez(out.with_suffix(".ids.npz"), **ids)
+    if schema is not None:
+        save_features(out.parent, schema).replace(out.with_suffix(".features.json"))
     return out
+
+
+def _features(features: Any, checkpoint: str | Path | None) -> Schema | None:
+    if isinstance(features, str) and features == "auto":
+        return find_features(checkpoint)
+    if features is None or isinstance(features, Schema):
+        return features
+    return load_features(features)
+
+
+def _list_widths(plan: Plan, schema: Schema) -> dict[str, int]:
+    """Dense columns are one value wide, unless the `dense` feed is wider (a list column)."""
+    width = next(
+        (v.shape[1] for p in plan.programs.values() for n, v in p.vars.items() if n == "dense"), None
+    )
+    if width is not None and width != len(schema.dense):
+        raise ValueError(
+            f"the plan's dense feed is {width} wide, the features have {len(schema.dense)} dense "
+            "columns: a list-valued dense column cannot take raw values; export with features=None"
+        )
+    return {}
