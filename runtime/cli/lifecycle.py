@@ -70,6 +70,7 @@ def train_kwargs(args: argparse.Namespace, plan: Any, feeds: dict[str, str]) -> 
         resume=args.resume,
         eval_data=held_out,
         eval_every=args.eval_every,
+        eval_output=getattr(args, "pred", None),
     )
 
 
@@ -100,8 +101,25 @@ def describe_eval(history: Any) -> str:
 
 
 def _eval_data(args: argparse.Namespace, plan: Any) -> Any:
+    """--data of eval / predict: files read by the feature pipeline kept with the model (the
+    checkpoint's or the plan's features.json: the training data's stats), else as --data says."""
+    from runtime.data.files.features import check_same, find_features
 
+    fitted = find_features(args.checkpoint, args.plan)
+    if fitted is not None and not _generated(args.data):
+        if args.schema:
+            from runtime.data.files.schema import Schema
+
+            try:
+                check_same(Schema.load(args.schema), fitted, "its features.json")
+            except (FileNotFoundError, ValueError) as e:
+                raise UsageError(f"--schema {args.schema}: {e}") from None
+        args.schema = fitted
     return finite_data(args, plan, args.data, parse_feeds(args.feeds), args.batches)
+
+
+def _generated(spec: str) -> bool:
+    return spec.partition(":")[0] == "synthetic" or spec.endswith(".npz")
 
 
 def _workers(args: argparse.Namespace) -> dict[str, Any]:
@@ -118,7 +136,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from runtime.evaluation.evaluate import evaluate
 
     plan = load_plan(args.plan)
-    res = evaluate(plan, _eval_data(args, plan), checkpoint=args.checkpoint, **_workers(args))
+    data = _eval_data(args, plan)
+    res = evaluate(plan, data, checkpoint=args.checkpoint, output=args.pred, **_workers(args))
     print(json.dumps(res))
     return EXIT_OK
 
@@ -130,7 +149,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if out.suffix not in (".npy", ".csv"):
         raise UsageError(f"-o {args.output}: name a .npy or .csv file")
     plan = load_plan(args.plan)
-    scores = predict(plan, _eval_data(args, plan), checkpoint=args.checkpoint, **_workers(args))
+    data = _eval_data(args, plan)
+    scores = predict(plan, data, checkpoint=args.checkpoint, output=args.pred, **_workers(args))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npy":
         np.save(out, scores)
@@ -145,10 +165,24 @@ def cmd_export_inference(args: argparse.Namespace) -> int:
 
     if Path(args.output).suffix != ".onnx":
         raise UsageError(f"-o {args.output}: --inference writes one model: name a .onnx file")
-    path = export(load_plan(args.plan), args.output, checkpoint=args.checkpoint, rows=args.rows)
-    print(
-        f"servable model written to {path} (inputs: the plan's feeds but the label; output: the prediction)"
+    from runtime.data.files.features import find_features
+
+    fitted = find_features(args.checkpoint, args.plan)
+    plan = load_plan(args.plan)
+    path = export(
+        plan, args.output, checkpoint=args.checkpoint, rows=args.rows, output=args.pred, features=fitted
     )
+    if fitted is None:
+        print(
+            f"servable model written to {path} (inputs: the plan's feeds but the label; "
+            "output: the prediction)"
+        )
+    else:
+        print(
+            f"servable model written to {path}: inputs: each dense column's raw float64 values "
+            f"[n, 1] (NaN = missing; fill and transform inside), the categorical ids of "
+            f"runtime.data.encode(records, {path.with_suffix('.features.json')}); output: the prediction"
+        )
     if args.rows == "existing":
         print(f"id feeds take positions in {path.with_suffix('.ids.npz')} (evaluate.remap_ids)")
     return EXIT_OK
@@ -174,7 +208,12 @@ def add_commands(sub: Any, command: Any) -> None:
             help="'synthetic[:seed=N]', a .npz of arrays, Criteo text files, or with --schema "
             "files read by the schema",
         )
-        s.add_argument("--schema", help="YAML schema to read --data by")
+        s.add_argument(
+            "--schema",
+            help="YAML schema to read --data by (default: the features.json kept with the "
+            "checkpoint or plan)",
+        )
+        s.add_argument("--pred", metavar="NAME", help="the prediction tensor (default: found in the plan)")
         s.add_argument("--feeds", help="data column -> program feed, e.g. sparse=a,dense=b,label=c")
         s.add_argument("--vocab", type=int, help="id range of categorical data")
         s.add_argument("--batch-size", type=int, default=512, help="examples per batch (default %(default)s)")

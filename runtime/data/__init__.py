@@ -5,12 +5,13 @@ from a schema's feeds (`models`)."""
 
 from runtime.data.synthetic import ArrayReader, CriteoReader, SyntheticCTR
 
-__all__ = ["ArrayReader", "CriteoReader", "Dataset", "Schema", "SyntheticCTR", "open_dataset"]
+__all__ = ["ArrayReader", "CriteoReader", "Dataset", "Schema", "SyntheticCTR", "encode", "open_dataset"]
 
 
 def __getattr__(name: str):
-    """`open_dataset`, `Dataset` and `Schema` live in runtime.data.files (imported on first use: pyarrow)."""
-    if name in ("open_dataset", "Dataset", "Schema"):
+    """`open_dataset`, `Dataset`, `Schema` and `encode` live in runtime.data.files (imported on first
+    use: pyarrow)."""
+    if name in ("open_dataset", "Dataset", "Schema", "encode"):
         from runtime.data import files
 
         return getattr(files, name)

@@ -68,10 +68,10 @@ def build_model(
             )
         z = nn.concat(fields, axis=1) if len(fields) > 1 else fields[0]  # [n, F, dim]
         count = shapes.get("sparse", (0,))[0] + len(schema.multi)  # F
-        flat = nn.reshape(z, [-1, count * dim])
         if kind == "dlrm":
             logit = _dlrm(z, dense, count, dim, hidden)
         else:
+            flat = nn.reshape(z, [-1, count * dim])
             x = nn.concat([flat, dense], axis=1) if dense is not None else flat
             logit = nn.fc(_mlp(x, hidden), 1)
             for w in wide:

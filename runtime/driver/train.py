@@ -197,6 +197,7 @@ def _pauses(plan: Plan, cfg: ResolvedRun) -> tuple[Pauses, list[Path], Path | No
         ev.data,
         ev.every,
         cfg.stall_timeout,
+        ev.output,
     )
     return pauses, [p for p in (root, start_from) if p is not None], start_from
 
