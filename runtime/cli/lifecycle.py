@@ -93,8 +93,9 @@ def finite_data(args: argparse.Namespace, plan: Any, spec: str, feeds: dict[str,
 def describe_eval(history: Any) -> str:
     lines = []
     for e in history.eval:
+        ctr = "".join(f", {k} {e[k]:.4f}" for k in ("logloss", "calibration") if k in e)
         lines.append(
-            f"held-out at step {e['step']}: loss {e['loss']:.4f}, AUC {e['auc']:.4f} "
+            f"held-out at step {e['step']}: loss {e['loss']:.4f}, AUC {e['auc']:.4f}{ctr} "
             f"({e['examples']} examples)"
         )
     return "\n".join(lines)
@@ -137,7 +138,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     plan = load_plan(args.plan)
     data = _eval_data(args, plan)
-    res = evaluate(plan, data, checkpoint=args.checkpoint, output=args.pred, **_workers(args))
+    res = evaluate(
+        plan,
+        data,
+        checkpoint=args.checkpoint,
+        output=args.pred,
+        group=args.group,
+        slice_by=args.slice,
+        **_workers(args),
+    )
     print(json.dumps(res))
     return EXIT_OK
 
@@ -238,3 +247,10 @@ def add_commands(sub: Any, command: Any) -> None:
         )
         if name == "predict":
             s.add_argument("-o", "--output", required=True, help="scores.npy or scores.csv")
+        else:
+            s.add_argument(
+                "--group", metavar="COLUMN", help="GAUC: the AUC per value of this column (e.g. a user id)"
+            )
+            s.add_argument(
+                "--slice", metavar="COLUMN", help="loss, AUC, calibration per value of this column"
+            )

@@ -40,6 +40,7 @@ from runtime.evaluation.forward import (
     load_tables,
     run_forward,
 )
+from runtime.evaluation.metrics import gauc, sliced
 from transpiler.exporters.servable import ONNX_LIMIT, export_inference, forward_graph
 from transpiler.plan import Plan
 
@@ -75,19 +76,71 @@ def evaluate(
     engine: str | Engine = "local",
     stall_timeout: float = 60.0,
     features: Any = "auto",
-) -> dict[str, float]:
+    group: str | None = None,
+    slice_by: str | None = None,
+) -> dict[str, Any]:
     """Held-out {"loss", "auc", "examples"} of `plan` with the tables of `checkpoint` (see the
     module docstring); forward only, nothing is updated. A dataset of `open_dataset` is read with
     the feature pipeline `features` (default "auto": the one kept with `checkpoint`; see `export`).
-    `workers=N`: on N worker processes and
+    With binary labels and probabilities the result has "logloss" and "calibration" (predicted /
+    observed CTR) too; `group`: a categorical column of the schema (or a feed) for "gauc" (the AUC
+    per group, weighted by impressions); `slice_by`: one for "slices", {value: examples, AUC, log
+    loss, calibration} per value. `workers=N`: on N worker processes and
     `servers` parameter-server shards (default: the plan's), see runtime/evaluation/workers.py."""
     data = fitted_data(data, _features(features, checkpoint))
     if workers is not None or servers is not None:
         from runtime.evaluation.workers import evaluate_parallel
 
+        if group or slice_by:
+            raise ValueError("group= / slice_by= are computed in this process: leave workers= out")
         return evaluate_parallel(plan, data, checkpoint, output, workers, servers, engine, stall_timeout)
     graph = forward_graph(plan, output)
-    return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction)
+    if group is None and slice_by is None:
+        return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction)
+    return _grouped(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction, group, slice_by)
+
+
+def _grouped(graph, pull, data, reduction: str, group: str | None, slice_by: str | None) -> dict[str, Any]:
+    """`evaluate_with`'s figures plus GAUC by `group` and per-slice figures by `slice_by`."""
+    label = label_feed(graph)
+    if not graph.loss or label is None:
+        raise ValueError("group= / slice_by= need a plan with a loss against one label feed")
+    tally = Tally(reduction)
+    cols = list(dict.fromkeys(c for c in (group, slice_by) if c is not None))
+    keys: dict[str, list] = {c: [] for c in cols}
+    for batch, pred, loss in run_forward(graph, pull, data, with_loss=True):
+        tally.add(pred, loss, batch[label])
+        for c in cols:
+            keys[c].append(column_keys(data, batch, c))
+    out: dict[str, Any] = tally.result()
+    y, p = np.concatenate(tally.labels), np.concatenate(tally.scores)
+    if group is not None:
+        out["gauc"] = gauc(y, p, np.concatenate(keys[group]))
+    if slice_by is not None:
+        out["slices"] = sliced(y, p, np.concatenate(keys[slice_by]), value_names(data, slice_by))
+    return out
+
+
+def column_keys(data: Any, batch: dict[str, Any], column: str) -> np.ndarray:
+    """One key per example of `batch` for `column`: its id in a dataset's `sparse` feed, or the
+    first value of the feed of that name."""
+    schema = getattr(data, "schema", None)
+    if schema is not None and column in schema.sparse:
+        return np.asarray(batch["sparse"])[:, schema.sparse.index(column)]
+    if column in batch:
+        x = np.asarray(batch[column])
+        return x.reshape(len(x), -1)[:, 0]
+    have = list(schema.sparse) if schema is not None else sorted(batch)
+    raise ValueError(f"cannot group or slice by {column!r}: give a categorical column or feed, one of {have}")
+
+
+def value_names(data: Any, column: str) -> dict[int, str] | None:
+    """{id: value} of a dataset's categorical `column` (its values read from the files once)."""
+    schema = getattr(data, "schema", None)
+    if schema is None or column not in schema.sparse or not hasattr(data, "values_of"):
+        return None
+    values = data.values_of(column)
+    return dict(zip(schema.ids(values, column).tolist(), values.to_pylist(), strict=True))
 
 
 def predict(

@@ -243,6 +243,13 @@ class Dataset:
                 raise type(e)(f"{where}: {e}") from None
         return self._stats(acc), {c: n for c, n in filled.items() if n}
 
+    def values_of(self, column: str) -> pa.Array:
+        """The distinct values of a categorical `column` over all rows (missing ones left out)."""
+        import pyarrow.compute as pc
+
+        seen = [pc.unique(cols[column].drop_null()) for _, cols in self._chunks(self.plan(1)[0], [column])]
+        return pc.unique(pa.concat_arrays([pa.array(s, pa.string()) for s in seen])) if seen else pa.array([])
+
     def _check_missing(self, col, name: str, filled: dict[str, int]) -> None:
         if col.null_count and self.schema.fill(name) == "error":
             from runtime.data.files.schema import missing_error

@@ -1,0 +1,31 @@
+"""`hetps plot` on a metrics file that several runs appended to: each new run is its own line, a
+resumed run continues the line of the run it resumes."""
+
+from __future__ import annotations
+
+from runtime.telemetry.outputs import MetricsLog
+from runtime.telemetry.plot import plot_metrics, split_runs
+
+
+def _run(log: MetricsLog, steps: range) -> None:
+    log.write("start", trainers={"cpu": 1})
+    for s in steps:
+        log.write("step", step=s, loss=1.0 / (s + 1), auc=0.5)
+    log.write("end", steps=len(steps))
+
+
+def test_new_runs_split_resumed_runs_continue(tmp_path):
+    from runtime.telemetry.outputs import read_metrics
+
+    path = tmp_path / "run.jsonl"
+    log = MetricsLog(path)
+    _run(log, range(0, 5))
+    _run(log, range(5, 8))  # resumed from step 5: the same run
+    _run(log, range(0, 4))  # a new run from step 0
+    log.close()
+    runs = split_runs(read_metrics(path))
+    assert [[r["step"] for r in run if r["kind"] == "step"] for run in runs] == [
+        list(range(8)),
+        list(range(4)),
+    ]
+    assert plot_metrics([path], tmp_path / "c.png").stat().st_size > 0
