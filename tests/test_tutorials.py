@@ -89,3 +89,10 @@ def test_07_lifecycle_is_interrupted_resumes_and_serves_its_export(tmp_path, cap
     assert [e["step"] for e in out["eval"]][-1] == 120
     assert out["served_auc"] == pytest.approx(out["auc"], abs=1e-4) and out["auc"] > 0.7
     assert out["max_diff"] < 1e-5
+
+
+def test_08_pytorch_model_trains_through_from_torch():
+    pytest.importorskip("torch")  # the optional extra: pip install 'hetps[torch]'
+    out = tutorial("08_pytorch_model.py").main(["--steps", "40"])
+    assert out["auc_after"] > out["auc_before"] + 0.08
+    assert out["torch_gap"] < 1e-5  # torch's own forward pass with the weights hetps trained
