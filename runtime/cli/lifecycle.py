@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,11 +134,29 @@ def _workers(args: argparse.Namespace) -> dict[str, Any]:
     return {"workers": args.workers, "servers": args.servers}
 
 
+WORKERS_PAY_FROM = 500_000  # rows: below this one process is faster here (benchmarks/evaluate_workers.py)
+
+
+def note_workers(args: argparse.Namespace, data: Any) -> None:
+    """Say so when --workers is given for data small enough that their start-up dominates."""
+    if args.workers is None or not (hasattr(data, "rows") or isinstance(data, list)):
+        return
+    rows = data.rows() if hasattr(data, "rows") else sum(len(b[next(iter(b))]) for b in data)
+    if rows < WORKERS_PAY_FROM:
+        print(
+            f"note: {rows} rows: workers pay only when scoring takes longer than starting the shards "
+            "and workers (a few seconds); one process scores ~40 000-150 000 examples/s, so below "
+            f"~{WORKERS_PAY_FROM:,} rows leave --workers out (figures: benchmarks/README.md)",
+            file=sys.stderr,
+        )
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from runtime.evaluation.evaluate import evaluate
 
     plan = load_plan(args.plan)
     data = _eval_data(args, plan)
+    note_workers(args, data)
     res = evaluate(
         plan,
         data,
@@ -159,6 +178,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {args.output}: name a .npy or .csv file")
     plan = load_plan(args.plan)
     data = _eval_data(args, plan)
+    note_workers(args, data)
     scores = predict(plan, data, checkpoint=args.checkpoint, output=args.pred, **_workers(args))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npy":
