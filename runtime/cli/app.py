@@ -231,6 +231,17 @@ def _add_export(sub: Any) -> None:
     s.add_argument("--pred", metavar="NAME", help="with --inference: the prediction tensor (default: found)")
 
 
+def _model_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--out", metavar="PLAN_DIR", help="with --model: write the plan directory here")
+    s.add_argument("--dim", type=int, help="with --model: embedding width (default 8)")
+    s.add_argument("--hidden", type=int, nargs="+", help="with --model: MLP layer sizes (default 64 32)")
+    s.add_argument(
+        "--pred",
+        metavar="NAME",
+        help="the prediction tensor --eval-data scores (default: the one forward result no op reads)",
+    )
+
+
 def _add_train(sub: Any) -> None:
 
     s = _command(sub, "train", cmd_train, help="train a plan on trainer and parameter-server processes")
@@ -252,14 +263,7 @@ def _add_train(sub: Any) -> None:
         help="build this model from the schema's feeds instead of a PLAN_DIR (its plan directory "
         "is written to --out, or PLAN inside --checkpoint)",
     )
-    s.add_argument("--out", metavar="PLAN_DIR", help="with --model: write the plan directory here")
-    s.add_argument("--dim", type=int, help="with --model: embedding width (default 8)")
-    s.add_argument("--hidden", type=int, nargs="+", help="with --model: MLP layer sizes (default 64 32)")
-    s.add_argument(
-        "--pred",
-        metavar="NAME",
-        help="the prediction tensor --eval-data scores (default: the one forward result no op reads)",
-    )
+    _model_options(s)
     s.add_argument(
         "--eval-data",
         help="held-out data, read like --data (synthetic: other batches): "

@@ -65,10 +65,31 @@ def set_optimizer(plan, optimizer: str | None, lr: float | None) -> str:
     return ", ".join(sorted(used)) or "no trained tables"
 
 
+def model_plan(args: argparse.Namespace, schema, shapes: dict[str, tuple]) -> tuple[Any, Any]:
+    """(Model, Plan) of --model built for the schema's feeds, with --dim / --hidden / --optimizer /
+    --lr (default Adam, lr 0.01), transpiled with --config (default: the default config)."""
+    from runtime.data.models import build_model
+    from transpiler import builder as nn
+    from transpiler import transpile
+
+    kinds = {"sgd": nn.SGD, "adagrad": nn.Adagrad, "adam": nn.Adam}
+    kind = args.optimizer or "adam"
+    if kind not in kinds:
+        raise UsageError(f"--optimizer {kind}: --model builds with one of {sorted(kinds)}")
+    optimizer = kinds[kind](lr=0.01 if args.lr is None else args.lr)
+    dim, hidden = args.dim or 8, tuple(args.hidden or (64, 32))
+    try:
+        model = build_model(args.model, schema, shapes, dim=dim, hidden=hidden, optimizer=optimizer)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    config = load_config(getattr(args, "config", None), None, None)
+    print(f"{args.model}: dim {dim}, hidden {list(hidden)}, {kind}(lr={optimizer.lr})")
+    return model, transpile(model.main, config)
+
+
 def schema_plan(args: argparse.Namespace) -> int:
     """transpile wide_deep|deepfm|dlrm --schema S: the built-in model for the schema's feeds (a
     dense list column's width is read off data: train --model --data does that)."""
-    from runtime.cli.train import model_plan
     from runtime.data.files.features import save_features
     from runtime.data.files.schema import Schema
 

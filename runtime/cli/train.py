@@ -20,7 +20,7 @@ from runtime.cli.common import (
     resolve_run_options,
 )
 from runtime.cli.lifecycle import describe_eval, train_kwargs
-from runtime.cli.model import set_optimizer
+from runtime.cli.model import model_plan, set_optimizer
 from transpiler.config import default_micro_batches
 
 
@@ -167,29 +167,6 @@ def check_trainer_types(plan, counts: dict[str, int], given: str | None) -> None
             "--allow-emulation). For a CPU-only plan, transpile with a config of "
             "`trainer_types: [cpu]` and `category_map: {io: cpu, sparse: cpu, dense: cpu, loss: cpu}`"
         )
-
-
-def model_plan(args: argparse.Namespace, schema, shapes: dict[str, tuple]) -> tuple[Any, Any]:
-    """(Model, Plan) of --model built for the schema's feeds, with --dim / --hidden / --optimizer /
-    --lr (default Adam, lr 0.01), transpiled with --config (default: the default config)."""
-    from runtime.cli.model import load_config
-    from runtime.data.models import build_model
-    from transpiler import builder as nn
-    from transpiler import transpile
-
-    kinds = {"sgd": nn.SGD, "adagrad": nn.Adagrad, "adam": nn.Adam}
-    kind = args.optimizer or "adam"
-    if kind not in kinds:
-        raise UsageError(f"--optimizer {kind}: --model builds with one of {sorted(kinds)}")
-    optimizer = kinds[kind](lr=0.01 if args.lr is None else args.lr)
-    dim, hidden = args.dim or 8, tuple(args.hidden or (64, 32))
-    try:
-        model = build_model(args.model, schema, shapes, dim=dim, hidden=hidden, optimizer=optimizer)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    config = load_config(getattr(args, "config", None), None, None)
-    print(f"{args.model}: dim {dim}, hidden {list(hidden)}, {kind}(lr={optimizer.lr})")
-    return model, transpile(model.main, config)
 
 
 def _fit_model(args: argparse.Namespace, run: dict[str, Any], feeds: dict[str, str]) -> int:
