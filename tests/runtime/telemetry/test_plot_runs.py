@@ -29,3 +29,19 @@ def test_new_runs_split_resumed_runs_continue(tmp_path):
         list(range(4)),
     ]
     assert plot_metrics([path], tmp_path / "c.png").stat().st_size > 0
+
+
+def test_held_out_ctr_figures_reach_tensorboard_and_the_metrics_file(tmp_path):
+    from test_telemetry import read_tensorboard
+
+    from runtime.telemetry.outputs import Telemetry, read_metrics
+
+    tel = Telemetry(tmp_path / "m.jsonl", progress=False, tensorboard=tmp_path / "tb")
+    tel.step({"step": 0, "loss": 0.7, "auc": 0.5, "examples": 10, "time": 1.0})
+    rec = {"step": 1, "loss": 0.6, "auc": 0.7, "examples": 50, "logloss": 0.6, "calibration": 1.25}
+    tel.eval(rec)
+    tel.close()
+    got = read_tensorboard(tmp_path / "tb")
+    assert got["eval_calibration"] == [(1, 1.25)] and got["eval_logloss"] == [(1, 0.6000000238418579)]
+    (ev,) = [r for r in read_metrics(tmp_path / "m.jsonl") if r["kind"] == "eval"]
+    assert ev["calibration"] == 1.25
