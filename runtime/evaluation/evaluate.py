@@ -286,7 +286,7 @@ def export(
     if ids is not None:
         np.savez(out.with_suffix(".ids.npz"), **ids)
     if schema is not None:
-        save_features(out.parent, schema).replace(out.with_suffix(".features.json"))
+        save_features(out.with_suffix(".features.json"), schema)
     return out
 
 

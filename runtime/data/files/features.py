@@ -28,11 +28,13 @@ from runtime.data.files.schema import Schema
 FEATURES = "features.json"
 
 
-def save_features(directory: str | Path, schema: Schema) -> Path:
-    """Write `schema` (with its fitted stats) as `directory/features.json`, atomically."""
-    path = Path(directory) / FEATURES
+def save_features(where: str | Path, schema: Schema) -> Path:
+    """Write `schema` (with its fitted stats) as `where/features.json`, or as the file `where` when
+    it names a .json file, atomically."""
+    path = Path(where)
+    path = path if path.suffix == ".json" else path / FEATURES
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{FEATURES}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(schema.to_dict(), indent=1, sort_keys=True))
     os.replace(tmp, path)
     return path
@@ -56,7 +58,8 @@ def find_features(*places: str | Path | None) -> Schema | None:
         if place is None:
             continue
         p = Path(place)
-        for d in (p, p.parent):
+        one_checkpoint = (p / "manifest.json").is_file()  # a step-N checkpoint: its directory's
+        for d in (p, p.parent) if one_checkpoint else (p,):
             if (d / FEATURES).is_file():
                 return load_features(d / FEATURES)
     return None
