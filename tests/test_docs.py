@@ -317,6 +317,7 @@ def hetps_blocks() -> list[Block]:
         and not is_cluster(b)
         and b.page != "docs/cluster.md"
         and "--resume" not in b.text  # the checkpoint/resume block: test_resume_block
+        and "--model" not in b.text  # the whole path from a click log: test_whole_path_block
     ]
 
 
@@ -458,3 +459,30 @@ def test_resume_block_checkpoints_evaluates_and_resumes(tmp_path, capsys):
     check_png(tmp_path / "curves.png")
     held_out = json.loads(outputs[-1])  # `hetps eval --workers 2 --servers 2` of the last checkpoint
     assert held_out["examples"] > 0 and 0.0 <= held_out["auc"] <= 1.0, held_out
+
+
+@pytest.mark.slow
+def test_whole_path_block_runs_on_a_click_log(tmp_path, capsys):
+    """cli.md's whole shell path on a generated click log: every command runs, and the scores
+    onnxruntime prints for the raw rows are the ones `hetps predict` wrote."""
+    sys.path.insert(0, str(ROOT / "tests" / "runtime" / "cli"))
+    from test_user_path import SCHEMA, _log
+
+    (b,) = [b for b in blocks("bash") if b.page == "docs/cli.md" and "--model wide_deep" in b.text]
+    (tmp_path / "schema.yaml").write_text(SCHEMA)
+    _log(tmp_path / "train.csv", 800, 0)
+    _log(tmp_path / "test.csv", 200, 1)
+    printed = ""
+    for argv in commands(b):
+        if argv[0] == "hetps":
+            argv = [*argv, "--trainers", "cpu=1,gpu=1"] if argv[1] == "train" else argv
+            run_hetps(argv, tmp_path)
+        else:
+            assert argv[:2] == ["python", "-c"], argv
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            printed = subprocess.run(
+                argv, cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+            ).stdout
+    served = np.array([float(v) for v in re.findall(r"[\d.e-]+", printed)])
+    scores = np.loadtxt(tmp_path / "scores.csv")[:5]
+    np.testing.assert_allclose(served, scores, rtol=1e-6)

@@ -93,7 +93,7 @@ def test_07_lifecycle_is_interrupted_resumes_and_serves_its_export(tmp_path, cap
 
 def test_multi_task_trains_esmm_with_an_auc_per_task(tmp_path, capsys):
     pytest.importorskip("onnxruntime")
-    out = tutorial("multi_task.py").main(["--steps", "60", "--out", str(tmp_path)])
+    out = tutorial("10_multi_task.py").main(["--steps", "60", "--out", str(tmp_path)])
     printed = capsys.readouterr().out
     assert "tasks ['ctr', 'ctcvr']" in printed and "AUC per task over the last" in printed
     assert out["loss_last"] < out["loss_first"] - 0.05
@@ -141,3 +141,10 @@ def test_08_online_training_from_nats_jetstream(tmp_path, capsys):
         ]
     )
     _check_08(out, capsys.readouterr().out)
+
+
+def test_09_pytorch_model_trains_through_from_torch():
+    pytest.importorskip("torch")  # the optional extra: pip install 'hetps[torch]'
+    out = tutorial("09_pytorch_model.py").main(["--steps", "40"])
+    assert out["auc_after"] > out["auc_before"] + 0.08
+    assert out["torch_gap"] < 1e-5  # torch's own forward pass with the weights hetps trained

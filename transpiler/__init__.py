@@ -13,6 +13,7 @@ from transpiler.frontends.onnx.importer import (
     from_onnx,
 )
 from transpiler.frontends.paddle.importer import PaddleImportError, from_paddle
+from transpiler.frontends.torch import from_torch
 from transpiler.ir import Block, LintError, Op, Program, Var, grad_name
 from transpiler.passes.backward import append_backward
 from transpiler.plan import Plan, transpile
@@ -41,6 +42,7 @@ __all__ = [
     "append_backward",
     "from_onnx",
     "from_paddle",
+    "from_torch",
     "grad_name",
     "inference_program",
     "to_onnx",

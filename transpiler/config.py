@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +169,16 @@ class TranspileConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"unknown TranspileConfig keys {unknown}; valid keys: {sorted(known)}")
+        for f in fields(cls):  # a value of the wrong type is named by its key, not by a later comparison
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            v = d.get(f.name)
+            if v is None or default is None or default is MISSING:
+                continue
+            if isinstance(v, bool) != isinstance(default, bool) or not isinstance(v, type(default)):
+                raise ConfigError(
+                    f"TranspileConfig key {f.name!r}: expected {type(default).__name__} "
+                    f"(like {default!r}), got {type(v).__name__} {v!r}"
+                )
         return cls(**d)
 
     @classmethod

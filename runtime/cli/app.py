@@ -141,8 +141,13 @@ def _add_transpile(sub: Any) -> None:
         description="Import MODEL (.onnx, a paddle.static.save prefix, or a hetps "
         "Program.save .json), place its ops on trainer types, split it and save the plan.",
     )
-    s.add_argument("model", help="model file or paddle.static.save prefix")
+    s.add_argument(
+        "model", help="model file or paddle.static.save prefix; or wide_deep|deepfm|dlrm with --schema"
+    )
     s.add_argument("--out", required=True, help="plan directory to write")
+    s.add_argument("--schema", help="with a built-in model: the YAML schema whose feeds it is built for")
+    s.add_argument("--dim", type=int, help="built-in model: embedding width (default 8)")
+    s.add_argument("--hidden", type=int, nargs="+", help="built-in model: MLP layer sizes (default 64 32)")
     s.add_argument("--config", help="TranspileConfig as YAML or JSON (placement, PS mode, optimizer)")
     s.add_argument(
         "--loss",
@@ -238,6 +243,18 @@ def _add_export(sub: Any) -> None:
         help="with --inference: sparse tables as full [vocab, dim] arrays (all), or only the "
         "rows that exist, ids remapped by a .ids.npz beside the model (existing)",
     )
+    s.add_argument("--pred", metavar="NAME", help="with --inference: the prediction tensor (default: found)")
+
+
+def _model_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--out", metavar="PLAN_DIR", help="with --model: write the plan directory here")
+    s.add_argument("--dim", type=int, help="with --model: embedding width (default 8)")
+    s.add_argument("--hidden", type=int, nargs="+", help="with --model: MLP layer sizes (default 64 32)")
+    s.add_argument(
+        "--pred",
+        metavar="NAME",
+        help="the prediction tensor --eval-data scores (default: the one forward result no op reads)",
+    )
 
 
 def _add_train(sub: Any) -> None:
@@ -257,8 +274,10 @@ def _add_train(sub: Any) -> None:
     s.add_argument(
         "--model",
         choices=("wide_deep", "deepfm", "dlrm"),
-        help="build this model from the schema's feeds instead of a PLAN_DIR",
+        help="build this model from the schema's feeds instead of a PLAN_DIR (its plan directory "
+        "is written to --out, or PLAN inside --checkpoint)",
     )
+    _model_options(s)
     s.add_argument(
         "--eval-data",
         help="held-out data, read like --data (synthetic: other batches): "

@@ -198,8 +198,9 @@ def describe(history) -> str:
     loss = float(np.mean(history.loss[-window:])) if history.steps else float("nan")
     return (
         f"{history.steps} steps in {history.wall_s:.1f} s (+{history.startup_s:.1f} s start-up); "
-        f"loss {loss:.4f}, AUC {history.auc_over(window):.4f} (last {window} steps); "
-        f"{history.examples_per_s():,.0f} examples/s\n{history.time_use()}"
+        f"loss {loss:.4f}, AUC {history.auc_over(window):.4f} (last {window} steps, training batches); "
+        f"{history.examples_per_s():,.0f} examples/s (steps 2-{history.steps}, start-up and the first "
+        f"step excluded)\n{history.time_use()}"
     )
 
 

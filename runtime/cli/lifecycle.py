@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ def train_kwargs(args: argparse.Namespace, plan: Any, feeds: dict[str, str]) -> 
         resume=args.resume,
         eval_data=held_out,
         eval_every=args.eval_every,
+        eval_output=getattr(args, "pred", None),
     )
 
 
@@ -92,16 +94,34 @@ def finite_data(args: argparse.Namespace, plan: Any, spec: str, feeds: dict[str,
 def describe_eval(history: Any) -> str:
     lines = []
     for e in history.eval:
+        ctr = "".join(f", {k} {e[k]:.4f}" for k in ("logloss", "calibration") if k in e)
         lines.append(
-            f"held-out at step {e['step']}: loss {e['loss']:.4f}, AUC {e['auc']:.4f} "
+            f"held-out at step {e['step']}: loss {e['loss']:.4f}, AUC {e['auc']:.4f}{ctr} "
             f"({e['examples']} examples)"
         )
     return "\n".join(lines)
 
 
 def _eval_data(args: argparse.Namespace, plan: Any) -> Any:
+    """--data of eval / predict: files read by the feature pipeline kept with the model (the
+    checkpoint's or the plan's features.json: the training data's stats), else as --data says."""
+    from runtime.data.files.features import check_same, find_features
 
+    fitted = find_features(args.checkpoint, args.plan)
+    if fitted is not None and not _generated(args.data):
+        if args.schema:
+            from runtime.data.files.schema import Schema
+
+            try:
+                check_same(Schema.load(args.schema), fitted, "its features.json")
+            except (FileNotFoundError, ValueError) as e:
+                raise UsageError(f"--schema {args.schema}: {e}") from None
+        args.schema = fitted
     return finite_data(args, plan, args.data, parse_feeds(args.feeds), args.batches)
+
+
+def _generated(spec: str) -> bool:
+    return spec.partition(":")[0] == "synthetic" or spec.endswith(".npz")
 
 
 def _workers(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,11 +134,38 @@ def _workers(args: argparse.Namespace) -> dict[str, Any]:
     return {"workers": args.workers, "servers": args.servers}
 
 
+WORKERS_PAY_FROM = 500_000  # rows: below this one process is faster here (benchmarks/evaluate_workers.py)
+
+
+def note_workers(args: argparse.Namespace, data: Any) -> None:
+    """Say so when --workers is given for data small enough that their start-up dominates."""
+    if args.workers is None or not (hasattr(data, "rows") or isinstance(data, list)):
+        return
+    rows = data.rows() if hasattr(data, "rows") else sum(len(b[next(iter(b))]) for b in data)
+    if rows < WORKERS_PAY_FROM:
+        print(
+            f"note: {rows} rows: workers pay only when scoring takes longer than starting the shards "
+            "and workers (a few seconds); one process scores ~40 000-150 000 examples/s, so below "
+            f"~{WORKERS_PAY_FROM:,} rows leave --workers out (figures: benchmarks/README.md)",
+            file=sys.stderr,
+        )
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from runtime.evaluation.evaluate import evaluate
 
     plan = load_plan(args.plan)
-    res = evaluate(plan, _eval_data(args, plan), checkpoint=args.checkpoint, **_workers(args))
+    data = _eval_data(args, plan)
+    note_workers(args, data)
+    res = evaluate(
+        plan,
+        data,
+        checkpoint=args.checkpoint,
+        output=args.pred,
+        group=args.group,
+        slice_by=args.slice,
+        **_workers(args),
+    )
     print(json.dumps(res))
     return EXIT_OK
 
@@ -130,7 +177,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if out.suffix not in (".npy", ".csv"):
         raise UsageError(f"-o {args.output}: name a .npy or .csv file")
     plan = load_plan(args.plan)
-    scores = predict(plan, _eval_data(args, plan), checkpoint=args.checkpoint, **_workers(args))
+    data = _eval_data(args, plan)
+    note_workers(args, data)
+    scores = predict(plan, data, checkpoint=args.checkpoint, output=args.pred, **_workers(args))
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".npy":
         np.save(out, scores)
@@ -145,10 +194,24 @@ def cmd_export_inference(args: argparse.Namespace) -> int:
 
     if Path(args.output).suffix != ".onnx":
         raise UsageError(f"-o {args.output}: --inference writes one model: name a .onnx file")
-    path = export(load_plan(args.plan), args.output, checkpoint=args.checkpoint, rows=args.rows)
-    print(
-        f"servable model written to {path} (inputs: the plan's feeds but the label; output: the prediction)"
+    from runtime.data.files.features import find_features
+
+    fitted = find_features(args.checkpoint, args.plan)
+    plan = load_plan(args.plan)
+    path = export(
+        plan, args.output, checkpoint=args.checkpoint, rows=args.rows, output=args.pred, features=fitted
     )
+    if fitted is None:
+        print(
+            f"servable model written to {path} (inputs: the plan's feeds but the label; "
+            "output: the prediction)"
+        )
+    else:
+        print(
+            f"servable model written to {path}: inputs: each dense column's raw float64 values "
+            f"[n, 1] (NaN = missing; fill and transform inside), the categorical ids of "
+            f"runtime.data.encode(records, {path.with_suffix('.features.json')}); output: the prediction"
+        )
     if args.rows == "existing":
         print(f"id feeds take positions in {path.with_suffix('.ids.npz')} (evaluate.remap_ids)")
     return EXIT_OK
@@ -174,7 +237,12 @@ def add_commands(sub: Any, command: Any) -> None:
             help="'synthetic[:seed=N]', a .npz of arrays, Criteo text files, or with --schema "
             "files read by the schema",
         )
-        s.add_argument("--schema", help="YAML schema to read --data by")
+        s.add_argument(
+            "--schema",
+            help="YAML schema to read --data by (default: the features.json kept with the "
+            "checkpoint or plan)",
+        )
+        s.add_argument("--pred", metavar="NAME", help="the prediction tensor (default: found in the plan)")
         s.add_argument("--feeds", help="data column -> program feed, e.g. sparse=a,dense=b,label=c")
         s.add_argument("--vocab", type=int, help="id range of categorical data")
         s.add_argument("--batch-size", type=int, default=512, help="examples per batch (default %(default)s)")
@@ -199,3 +267,10 @@ def add_commands(sub: Any, command: Any) -> None:
         )
         if name == "predict":
             s.add_argument("-o", "--output", required=True, help="scores.npy or scores.csv")
+        else:
+            s.add_argument(
+                "--group", metavar="COLUMN", help="GAUC: the AUC per value of this column (e.g. a user id)"
+            )
+            s.add_argument(
+                "--slice", metavar="COLUMN", help="loss, AUC, calibration per value of this column"
+            )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -64,9 +65,61 @@ def set_optimizer(plan, optimizer: str | None, lr: float | None) -> str:
     return ", ".join(sorted(used)) or "no trained tables"
 
 
-def cmd_transpile(args: argparse.Namespace) -> int:
+def model_plan(args: argparse.Namespace, schema, shapes: dict[str, tuple]) -> tuple[Any, Any]:
+    """(Model, Plan) of --model built for the schema's feeds, with --dim / --hidden / --optimizer /
+    --lr (default Adam, lr 0.01), transpiled with --config (default: the default config)."""
+    from runtime.data.models import build_model
+    from transpiler import builder as nn
     from transpiler import transpile
 
+    kinds = {"sgd": nn.SGD, "adagrad": nn.Adagrad, "adam": nn.Adam}
+    kind = args.optimizer or "adam"
+    if kind not in kinds:
+        raise UsageError(f"--optimizer {kind}: --model builds with one of {sorted(kinds)}")
+    optimizer = kinds[kind](lr=0.01 if args.lr is None else args.lr)
+    dim, hidden = args.dim or 8, tuple(args.hidden or (64, 32))
+    try:
+        model = build_model(args.model, schema, shapes, dim=dim, hidden=hidden, optimizer=optimizer)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    config = load_config(getattr(args, "config", None), None, None)
+    print(f"{args.model}: dim {dim}, hidden {list(hidden)}, {kind}(lr={optimizer.lr})")
+    return model, transpile(model.main, config)
+
+
+def schema_plan(args: argparse.Namespace) -> int:
+    """transpile wide_deep|deepfm|dlrm --schema S: the built-in model for the schema's feeds (a
+    dense list column's width is read off data: train --model --data does that)."""
+    from runtime.data.files.features import save_features
+    from runtime.data.files.schema import Schema
+
+    try:
+        schema = Schema.load(args.schema)
+    except (FileNotFoundError, ValueError) as e:
+        raise UsageError(f"--schema {args.schema}: {e}") from None
+    shapes: dict[str, tuple] = {"dense": (len(schema.dense),)} if schema.dense else {}
+    if schema.sparse:
+        shapes["sparse"] = (len(schema.sparse),)
+    _, plan = model_plan(args, schema, shapes)
+    plan.save(args.out)
+    save_features(args.out, schema)  # without stats: `hetps train` fits them on its --data
+    print(plan.summary())
+    print(f"plan written to {args.out} (with the schema as features.json; train fits its statistics)")
+    return EXIT_OK
+
+
+def cmd_transpile(args: argparse.Namespace) -> int:
+    from runtime.data.models import MODELS
+    from transpiler import transpile
+
+    if args.model in MODELS:
+        if not args.schema:
+            raise UsageError(
+                f"transpile {args.model}: a built-in model is built for a schema: add --schema S"
+            )
+        return schema_plan(args)
+    if args.schema or args.dim or args.hidden:
+        raise UsageError(f"--schema / --dim / --hidden go with a built-in model ({', '.join(MODELS)})")
     config = load_config(args.config, args.optimizer, args.lr)
     if getattr(args, "unbounded", False):
         config.unbounded = True
@@ -75,7 +128,14 @@ def cmd_transpile(args: argparse.Namespace) -> int:
     plan = transpile(program, config)
     plan.save(args.out)
     print(plan.summary())
-    if has_optimizer_ops(program):
+    if not any(t.optimizer for t in plan.tables):
+        print(
+            "warning: nothing will train: the plan has no loss, so every parameter is frozen "
+            "(an ONNX model without a loss needs --loss bce|bce_with_logits|mse|softmax_ce, "
+            "against the input --label); it can still be evaluated or exported",
+            file=sys.stderr,
+        )
+    elif has_optimizer_ops(program):
         if args.optimizer or args.lr is not None:
             print(
                 "note: the model carries its own optimizer ops; --optimizer / --lr were not used "

@@ -20,7 +20,7 @@ from runtime.cli.common import (
     resolve_run_options,
 )
 from runtime.cli.lifecycle import describe_eval, train_kwargs
-from runtime.cli.model import set_optimizer
+from runtime.cli.model import model_plan, set_optimizer
 from transpiler.config import default_micro_batches
 
 
@@ -63,17 +63,28 @@ def check_fixed_batch(plan, batch_size: int, micro_batches: int | None, counts: 
         )
 
 
-def open_schema_data(args: argparse.Namespace):
-    """--data read by --schema (train data), and --eval-data read with the same schema and stats."""
+def open_schema_data(args: argparse.Namespace, fitted: Any = None):
+    """--data read by --schema (train data; checked, and the standardize stats fitted on it in one
+    pass before training, unless `fitted`: the feature pipeline of a run resumed or a plan), and
+    --eval-data read with the same fitted schema."""
     from runtime.data import open_dataset
+    from runtime.data.files.features import check_same, find_features
+    from runtime.data.files.schema import Schema
 
     try:
-        data = open_dataset(args.data.split(","), args.schema, args.batch_size, shuffle=args.shuffle)
+        schema = Schema.load(args.schema)
+        fitted = find_features(args.resume) or fitted
+        if fitted is not None:
+            check_same(schema, fitted, f"features.json of {args.resume or args.plan}")
+            schema = fitted if fitted.stats or not schema.needs_stats() else schema
+        data = open_dataset(args.data.split(","), schema, args.batch_size, shuffle=args.shuffle, check=True)
         held_out = None
         if args.eval_data:
             held_out = open_dataset(args.eval_data.split(","), data.schema, batch_size=4096)
     except (FileNotFoundError, ValueError) as e:
         raise UsageError(str(e)) from None
+    if data.filled:
+        print(f"missing values filled (by column): {data.filled}")
     return data, held_out
 
 
@@ -81,12 +92,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from runtime import train
 
     check_engine(args)
+    given = args.trainers  # as typed (before --settings or the default fill it)
     resolve_run_options(args)
     counts, feeds = parse_counts(args.trainers), parse_feeds(args.feeds)
     if args.stream:
         return _train_stream(args, counts)
     if not args.data:
         raise UsageError("give --data (or --stream for online training)")
+    args.trainers_given = given
     if args.steps is None and args.epochs is None and args.until_loss is None:
         raise UsageError("say when to stop: --steps N, --epochs N or --until-loss X")
     if (args.plan is None) == (args.model is None):
@@ -95,12 +108,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     if args.model and not args.schema:
         raise UsageError("--model reads the data by a schema: add --schema schema.yaml")
+    if args.plan and (args.dim is not None or args.hidden is not None):
+        raise UsageError("--dim / --hidden shape a --model; a PLAN_DIR's model is already built")
     run = _run_kwargs(args, counts)
     if args.model:
         return _fit_model(args, run, feeds)
     plan = load_plan(args.plan)
+    if not any(t.optimizer for t in plan.tables):
+        raise UsageError(
+            f"nothing to train: every parameter of {args.plan} is frozen (its model has no loss; an "
+            "ONNX model needs `hetps transpile MODEL --loss bce ...`)"
+        )
+    check_trainer_types(plan, counts, args.trainers_given)
     if args.schema:
-        data, batch_size = open_schema_data(args)[0], None
+        from runtime.data.files.features import find_features, save_features
+
+        data, batch_size = open_schema_data(args, find_features(args.plan))[0], None
+        args.schema = data.schema  # --eval-data is read with the training data's fitted stats
+        if args.checkpoint:
+            save_features(args.plan, data.schema)  # the plan carries the pipeline it trains with
     else:
         data, batch_size = make_data(plan, args.data, args.batch_size, feeds, args.vocab)
         check_fixed_batch(plan, args.batch_size, args.micro_batches, counts)
@@ -147,22 +173,49 @@ def _run_kwargs(args: argparse.Namespace, counts: dict[str, int]) -> dict[str, A
     )
 
 
+def check_trainer_types(plan, counts: dict[str, int], given: str | None) -> None:
+    """--trainers must name every trainer type of the plan (before any device check)."""
+    missing = [t for t in plan.trainer_types if t not in counts]
+    extra = [t for t in counts if t not in plan.trainer_types]
+    if given and (missing or extra):
+        raise UsageError(
+            f"--trainers {given}: the plan has the trainer types {plan.trainer_types}, so give a "
+            f"count for each ({', '.join(f'{t}=1' for t in plan.trainer_types)}; without CUDA add "
+            "--allow-emulation). For a CPU-only plan, transpile with a config of "
+            "`trainer_types: [cpu]` and `category_map: {io: cpu, sparse: cpu, dense: cpu, loss: cpu}`"
+        )
+
+
 def _fit_model(args: argparse.Namespace, run: dict[str, Any], feeds: dict[str, str]) -> int:
-    """train --model: build the model from the schema's feeds and train it (`ingest.models.fit`)."""
-    from runtime.data.models import fit
+    """train --model: build the model from the schema's feeds, write its plan directory (--out, or
+    PLAN beside the checkpoints) with the fitted feature pipeline, and train it."""
+    from runtime import train
+    from runtime.data.files.features import save_features
 
     data, held_out = open_schema_data(args)
-    if args.optimizer:
-        raise UsageError(
-            "--model trains with Adam; --lr sets its learning rate (--optimizer is for a PLAN_DIR)"
-        )
-    lr = 0.01 if args.lr is None else args.lr
+    model, plan = model_plan(args, data.schema, data.feed_shapes())
+    out = args.out or (str(Path(args.checkpoint) / "plan") if args.checkpoint else None)
+    check_trainer_types(plan, run["trainers"], args.trainers_given)
+    check_devices(plan, args.allow_emulation)
+    if out is not None:
+        plan.save(out)
+        save_features(out, data.schema)
     life = train_kwargs(args, None, feeds)
-    del life["eval_data"]
-    _, history, score = fit(args.model, data, eval_data=held_out, lr=lr, **run, **life)
+    life["eval_data"] = held_out
+    life["eval_output"] = args.pred or model.pred.name
+    history = train(plan, data, **run, **life)
     print(describe(history))
     if held_out is not None:
-        print(f"held-out AUC {score:.4f} on {held_out.rows()} rows of {args.eval_data}")
+        print(f"held-out AUC {history.eval[-1]['auc']:.4f} on {held_out.rows()} rows of {args.eval_data}")
+    if out is None:
+        print("no plan directory written (give --out DIR, or --checkpoint DIR to write DIR/plan)")
+    else:
+        ck = f" --checkpoint {args.checkpoint}" if args.checkpoint else ""
+        print(
+            f"plan and feature pipeline written to {out}; next: hetps eval {out}{ck} --data FILES, "
+            f"hetps predict {out}{ck} --data FILES -o scores.csv, "
+            f"hetps export {out}{ck} --inference -o model.onnx"
+        )
     return EXIT_OK
 
 

@@ -12,13 +12,15 @@ __all__ = [
     "Schema",
     "SyntheticCTR",
     "SyntheticMultiTask",
+    "encode",
     "open_dataset",
 ]
 
 
 def __getattr__(name: str):
-    """`open_dataset`, `Dataset` and `Schema` live in runtime.data.files (imported on first use: pyarrow)."""
-    if name in ("open_dataset", "Dataset", "Schema"):
+    """`open_dataset`, `Dataset`, `Schema` and `encode` live in runtime.data.files (imported on first
+    use: pyarrow)."""
+    if name in ("open_dataset", "Dataset", "Schema", "encode"):
         from runtime.data import files
 
         return getattr(files, name)

@@ -40,21 +40,24 @@ def build_model(
         label = nn.data("label", [-1, 1], "float32")
         feeds, fields, wide = [], [], []
         small = {"type": "uniform", "low": -0.01, "high": 0.01}
+        linear = kind != "dlrm"  # DLRM has no wide (per-id scalar) term
         if "sparse" in shapes:
             k = shapes["sparse"][0]
             ids = nn.data("sparse", [-1, k], "int64")
             feeds.append("sparse")
             fields.append(nn.embedding(ids, schema.vocab, dim, name="emb"))  # [n, k, dim]
-            wide.append(
-                nn.reduce_sum(nn.embedding(ids, schema.vocab, 1, name="wide", initializer=small), [1])
-            )
+            if linear:
+                wide.append(
+                    nn.reduce_sum(nn.embedding(ids, schema.vocab, 1, name="wide", initializer=small), [1])
+                )
         for col, _ in schema.multi:
             bag = nn.data(col, [-1, schema.max_len], "int64")
             feeds.append(col)
             fields.append(nn.reduce_sum(nn.embedding(bag, schema.vocab, dim, name="emb"), [1], keepdims=True))
-            wide.append(
-                nn.reduce_sum(nn.embedding(bag, schema.vocab, 1, name="wide", initializer=small), [1])
-            )
+            if linear:
+                wide.append(
+                    nn.reduce_sum(nn.embedding(bag, schema.vocab, 1, name="wide", initializer=small), [1])
+                )
         dense = None
         if "dense" in shapes:
             dense = nn.data("dense", [-1, shapes["dense"][0]], "float32")
@@ -65,10 +68,10 @@ def build_model(
             )
         z = nn.concat(fields, axis=1) if len(fields) > 1 else fields[0]  # [n, F, dim]
         count = shapes.get("sparse", (0,))[0] + len(schema.multi)  # F
-        flat = nn.reshape(z, [-1, count * dim])
         if kind == "dlrm":
             logit = _dlrm(z, dense, count, dim, hidden)
         else:
+            flat = nn.reshape(z, [-1, count * dim])
             x = nn.concat([flat, dense], axis=1) if dense is not None else flat
             logit = nn.fc(_mlp(x, hidden), 1)
             for w in wide:

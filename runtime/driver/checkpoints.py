@@ -16,7 +16,10 @@ count; a streaming table also its admission and eviction state, runtime/ps/entry
 `train(..., resume=DIR)` starts from `latest(DIR)` (the newest complete checkpoint, or DIR itself
 when it is one); a newer checkpoint that cannot be read (no manifest, a corrupt one) is skipped with a
 RuntimeWarning naming it and the reason, so a resume falls back to the older one visibly. A
-checkpoint of another plan is refused by `check_resume` with the reason. Both a save and `latest`
+checkpoint of another plan is refused by `check_resume` with the reason; the same model placed
+differently (`model`: a hash of the tables and the ops without their devices and the send/recv
+between trainer types: after `hetps tune`, or another `TranspileConfig`) is loaded, the tables
+resharded to the servers there are. Both a save and `latest`
 first remove staging directories of saves whose process died (`remove_stale_stages`).
 
 A periodic save happens between steps: the driver stops granting steps at the save step, waits
@@ -59,6 +62,28 @@ class RunState:
     epoch: int | None = None
     batch: int | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None  # `model_hash`: the same model however it is placed
+
+
+def model_hash(plan: Plan) -> str:
+    """A hash of the model apart from its placement: the tables (as in `plan_hash`) and every op
+    but the send/recv between trainer types, whichever sub-program holds it, without its device."""
+    tables = [
+        {k: d.get(k) for k in ("name", "kind", "shape", "dtype", "initializer", "optimizer")}
+        for d in (t.to_dict() for t in sorted(plan.tables, key=lambda t: t.name))
+    ]
+    ops = sorted(
+        json.dumps(
+            [op.type, op.inputs, op.outputs, {k: v for k, v in op.attrs.items() if k != "op_device"}],
+            sort_keys=True,
+            default=str,
+        )
+        for p in plan.programs.values()
+        for op in p.ops
+        if op.role != "comm"
+    )
+    doc = {"tables": tables, "ops": ops}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def plan_hash(plan: Plan) -> str:
@@ -79,6 +104,7 @@ def run_state(plan: Plan, step: int, data: Any, settings: dict[str, Any]) -> Run
         step // per_epoch if per_epoch else None,
         step % per_epoch if per_epoch else None,
         settings,
+        model_hash(plan),
     )
 
 
@@ -189,10 +215,17 @@ def check_resume(plan: Plan, path: str | Path) -> RunState:
                 f"{saved[name].get('optimizer')}, this plan has {mine_opt}"
             )
     if state.plan != plan_hash(plan):
+        if state.model is not None and state.model == model_hash(plan):
+            return state  # the same model placed differently (other trainer types, tuned): loaded as it is
+        why = (
+            "its ops differ, not only their placement"
+            if state.model is not None
+            else "it was saved before checkpoints recorded the placement-free model hash, so a "
+            "change of placement cannot be told from a change of the model"
+        )
         raise CheckpointError(
             f"checkpoint {str(path)!r} is of another plan (hash {state.plan}, this plan "
-            f"{plan_hash(plan)}): its tables match, but its programs or table settings "
-            "differ"
+            f"{plan_hash(plan)}): its tables match, but {why}"
         )
     return state
 

@@ -51,6 +51,8 @@ class History:
     `refused_messages`: messages to the driver's inbox without the run's key, or replayed, skipped
     (each trainer's own count is in `trainers[name]["refused_messages"]`); `task_auc`: a multi-task
     plan's per-step AUC of each task (`Plan.tasks`), whose first task's is also `auc`.
+    (each trainer's own count is in `trainers[name]["refused_messages"]`); `filled`: per column,
+    the missing values a dataset's policies filled (counted by `open_dataset`'s pass before training).
     """
 
     loss: list[float] = field(default_factory=list)
@@ -68,6 +70,7 @@ class History:
     started_at: float = 0.0
     refused_messages: int = 0
     task_auc: dict[str, list[float]] = field(default_factory=dict)
+    filled: dict[str, int] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:

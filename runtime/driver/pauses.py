@@ -37,6 +37,7 @@ class Pauses:
     eval_data: Any = None
     eval_every: int | None = None
     timeout: float = 60.0
+    output: str | None = None  # the prediction the evaluation scores (None: found)
     graph: ForwardGraph | None = None
     client: PSClient | None = None  # the driver's (admin) client, set once the servers run
     saved: list[int] = field(default_factory=list)
@@ -44,7 +45,7 @@ class Pauses:
 
     def __post_init__(self) -> None:  # (the values were checked by their records: driver/settings.py)
         if self.eval_data is not None:
-            self.graph = forward_graph(self.plan)  # a plan whose prediction is unclear fails now
+            self.graph = forward_graph(self.plan, self.output)  # a plan whose prediction is unclear fails now
 
     def _periods(self) -> list[int]:
         return [p for p in (self.every, self.eval_every) if p is not None]

@@ -112,10 +112,12 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """The held-out loss and AUC of `data` (finite: feed dicts) every `every` steps and at the end."""
+    """The held-out loss and AUC of `data` (finite: feed dicts) every `every` steps and at the end;
+    `output`: the prediction scored (default: the plan's one forward result no op reads)."""
 
     data: Any = None
     every: int | None = None
+    output: str | None = None
 
     def __post_init__(self) -> None:
         check_positive(self.every, "EvalConfig.every", optional=True)
@@ -206,6 +208,7 @@ FLAT: dict[str, tuple[str, str]] = {
     "resume": ("checkpoint", "resume"),
     "eval_data": ("eval", "data"),
     "eval_every": ("eval", "every"),
+    "eval_output": ("eval", "output"),
     **{n: ("telemetry", n) for n in ("metrics", "trace", "progress", "tensorboard", "callback")},
 }
 

@@ -136,6 +136,11 @@ def train(
     cfg = ResolvedRun.make(plan, data, settings)
     sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # checks shards
     pauses, roots, start_from = _pauses(plan, cfg)
+    schema = getattr(data, "schema", None)
+    if pauses.root is not None and hasattr(schema, "to_dict"):  # the feature pipeline travels along
+        from runtime.data.files.features import save_features
+
+        save_features(pauses.root, schema)
     check_first_batch(plan, cfg)
     eng = make_engine(engine, address)
     t = cfg.telemetry
@@ -152,6 +157,7 @@ def train(
             "batch_size": cfg.run.batch_size,
             "engine": type(eng).__name__,
             "tables": len(plan.tables),
+            **({"filled": data.filled} if getattr(data, "filled", None) else {}),
         },
         tensorboard=t.tensorboard,
     )
@@ -162,7 +168,7 @@ def train(
         secret if secret is not None else eng.secret or os.urandom(32),
         pauses,
         tel,
-        History(first_step=pauses.start),
+        History(first_step=pauses.start, filled=dict(getattr(data, "filled", None) or {})),
         tel.chain(t.callback),
         roots,
         start_from,
@@ -211,6 +217,7 @@ def _pauses(plan: Plan, cfg: ResolvedRun) -> tuple[Pauses, list[Path], Path | No
         ev.data,
         ev.every,
         cfg.stall_timeout,
+        ev.output,
     )
     return pauses, [p for p in (root, start_from) if p is not None], start_from
 

@@ -18,11 +18,14 @@ each dict is one batch, run as is.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from runtime.data.files.features import dense_inputs, find_features, load_features, save_features
+from runtime.data.files.schema import Schema
 from runtime.engines import Engine
 from runtime.evaluation.forward import (
     TableSource,
@@ -37,6 +40,7 @@ from runtime.evaluation.forward import (
     load_tables,
     run_forward,
 )
+from runtime.evaluation.metrics import gauc, sliced
 from transpiler.exporters.servable import ONNX_LIMIT, export_inference, forward_graph
 from transpiler.plan import Plan
 
@@ -72,16 +76,72 @@ def evaluate(
     servers: int | None = None,
     engine: str | Engine = "local",
     stall_timeout: float = 60.0,
-) -> dict[str, float]:
+    features: Any = "auto",
+    group: str | None = None,
+    slice_by: str | None = None,
+) -> dict[str, Any]:
     """Held-out {"loss", "auc", "examples"} of `plan` with the tables of `checkpoint` (see the
-    module docstring); forward only, nothing is updated. `workers=N`: on N worker processes and
+    module docstring); forward only, nothing is updated. A dataset of `open_dataset` is read with
+    the feature pipeline `features` (default "auto": the one kept with `checkpoint`; see `export`).
+    With binary labels and probabilities the result has "logloss" and "calibration" (predicted /
+    observed CTR) too; `group`: a categorical column of the schema (or a feed) for "gauc" (the AUC
+    per group, weighted by impressions); `slice_by`: one for "slices", {value: examples, AUC, log
+    loss, calibration} per value. `workers=N`: on N worker processes and
     `servers` parameter-server shards (default: the plan's), see runtime/evaluation/workers.py."""
+    data = fitted_data(data, _features(features, checkpoint))
     if workers is not None or servers is not None:
         from runtime.evaluation.workers import evaluate_parallel
 
+        if group or slice_by:
+            raise ValueError("group= / slice_by= are computed in this process: leave workers= out")
         return evaluate_parallel(plan, data, checkpoint, output, workers, servers, engine, stall_timeout)
     graph = forward_graph(plan, output)
-    return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction)
+    if group is None and slice_by is None:
+        return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction)
+    return _grouped(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction, group, slice_by)
+
+
+def _grouped(graph, pull, data, reduction: str, group: str | None, slice_by: str | None) -> dict[str, Any]:
+    """`evaluate_with`'s figures plus GAUC by `group` and per-slice figures by `slice_by`."""
+    label = label_feed(graph)
+    if not graph.loss or label is None:
+        raise ValueError("group= / slice_by= need a plan with a loss against one label feed")
+    tally = Tally(reduction)
+    cols = list(dict.fromkeys(c for c in (group, slice_by) if c is not None))
+    keys: dict[str, list] = {c: [] for c in cols}
+    for batch, pred, loss in run_forward(graph, pull, data, with_loss=True):
+        tally.add(pred, loss, batch[label])
+        for c in cols:
+            keys[c].append(column_keys(data, batch, c))
+    out: dict[str, Any] = tally.result()
+    y, p = np.concatenate(tally.labels), np.concatenate(tally.scores)
+    if group is not None:
+        out["gauc"] = gauc(y, p, np.concatenate(keys[group]))
+    if slice_by is not None:
+        out["slices"] = sliced(y, p, np.concatenate(keys[slice_by]), value_names(data, slice_by))
+    return out
+
+
+def column_keys(data: Any, batch: dict[str, Any], column: str) -> np.ndarray:
+    """One key per example of `batch` for `column`: its id in a dataset's `sparse` feed, or the
+    first value of the feed of that name."""
+    schema = getattr(data, "schema", None)
+    if schema is not None and column in schema.sparse:
+        return np.asarray(batch["sparse"])[:, schema.sparse.index(column)]
+    if column in batch:
+        x = np.asarray(batch[column])
+        return x.reshape(len(x), -1)[:, 0]
+    have = list(schema.sparse) if schema is not None else sorted(batch)
+    raise ValueError(f"cannot group or slice by {column!r}: give a categorical column or feed, one of {have}")
+
+
+def value_names(data: Any, column: str) -> dict[int, str] | None:
+    """{id: value} of a dataset's categorical `column` (its values read from the files once)."""
+    schema = getattr(data, "schema", None)
+    if schema is None or column not in schema.sparse or not hasattr(data, "values_of"):
+        return None
+    values = data.values_of(column)
+    return dict(zip(schema.ids(values, column).tolist(), values.to_pylist(), strict=True))
 
 
 def predict(
@@ -94,9 +154,11 @@ def predict(
     servers: int | None = None,
     engine: str | Engine = "local",
     stall_timeout: float = 60.0,
+    features: Any = "auto",
 ) -> np.ndarray:
     """The prediction output of `plan` on every batch of `data`, concatenated along the batch axis
     in the data's order (`workers=N`, `servers`: as for `evaluate`)."""
+    data = fitted_data(data, _features(features, checkpoint))
     if workers is not None or servers is not None:
         from runtime.evaluation.workers import predict_parallel
 
@@ -106,6 +168,19 @@ def predict(
     if not preds:
         raise ValueError("predict got no examples: data is empty")
     return np.concatenate(preds)
+
+
+def fitted_data(data: Any, fitted: Schema | None) -> Any:
+    """`data` read as the model was trained: a dataset of `open_dataset` gets the feature pipeline
+    `fitted` (its standardize stats are the training data's, not `data`'s own); ConfigError when
+    its schema differs otherwise. Other data, or no `fitted`, is returned as it is."""
+    from runtime.data.files.dataset import Dataset
+    from runtime.data.files.features import check_same
+
+    if fitted is None or not isinstance(data, Dataset) or data.schema.stats == fitted.stats:
+        return data
+    check_same(data.schema, fitted, "the features kept with the model")
+    return data.with_schema(fitted)
 
 
 def full_tables(plan: Plan, checkpoint: str | Path | None) -> dict[str, np.ndarray]:
@@ -187,6 +262,7 @@ def export(
     opset: int | None = None,
     external_over: int = ONNX_LIMIT,
     rows: str | None = None,
+    features: Any = "auto",
 ) -> Path:
     """Write the servable ONNX model of `plan` with the tables of `checkpoint` (see
     transpiler/exporters/servable.py; `external_over`: bytes of tables beyond which the initializers
@@ -196,15 +272,50 @@ def export(
     "existing" (only the rows the checkpoint holds, for huge or unbounded tables: the model then
     takes each id's position in `<path minus .onnx>.ids.npz` — `remap_ids` computes it — and
     scores an id never trained with a zero embedding; see `existing_tables`); None: "existing" when
-    a sparse table is unbounded (shape[0] = -1, e.g. `TranspileConfig.unbounded`), else "all"."""
+    a sparse table is unbounded (shape[0] = -1, e.g. `TranspileConfig.unbounded`), else "all".
+
+    `features`: the feature pipeline (a `Schema` with its fitted stats, or a features.json);
+    "auto" (default): the one kept with `checkpoint`, if any; None: none. With one, the model takes
+    raw dense values (one float64 input per column, the fill and transform inside the graph) and
+    `<path minus .onnx>.features.json` is written beside it for `runtime.data.encode`, which gives
+    the categorical ids (runtime/data/files/features.py)."""
     if rows is None:
         unbounded = any(t.kind == "sparse" and t.shape[0] < 0 for t in plan.tables)
         rows = "existing" if unbounded else "all"
-    if rows == "all":
-        return export_inference(plan, path, full_tables(plan, checkpoint), output, opset, external_over)
-    if rows != "existing":
+    if rows not in ("all", "existing"):
         raise ValueError(f"rows={rows!r}: expected 'all' or 'existing'")
-    tables, ids = existing_tables(plan, checkpoint)
-    out = export_inference(plan, path, tables, output, opset, external_over)
-    np.savez(out.with_suffix(".ids.npz"), **ids)
+    schema = _features(features, checkpoint)
+    raw = None
+    if schema is not None and "dense" in forward_graph(plan, output).feeds:
+        raw = dense_inputs(schema, _list_widths(plan, schema))
+    meta = {} if schema is None else {"hetps.features": json.dumps(schema.to_dict(), sort_keys=True)}
+    tables, ids = full_tables(plan, checkpoint), None
+    if rows == "existing":
+        tables, ids = existing_tables(plan, checkpoint)
+    out = export_inference(plan, path, tables, output, opset, external_over, raw, meta)
+    if ids is not None:
+        np.savez(out.with_suffix(".ids.npz"), **ids)
+    if schema is not None:
+        save_features(out.with_suffix(".features.json"), schema)
     return out
+
+
+def _features(features: Any, checkpoint: str | Path | None) -> Schema | None:
+    if isinstance(features, str) and features == "auto":
+        return find_features(checkpoint)
+    if features is None or isinstance(features, Schema):
+        return features
+    return load_features(features)
+
+
+def _list_widths(plan: Plan, schema: Schema) -> dict[str, int]:
+    """Dense columns are one value wide, unless the `dense` feed is wider (a list column)."""
+    width = next(
+        (v.shape[1] for p in plan.programs.values() for n, v in p.vars.items() if n == "dense"), None
+    )
+    if width is not None and width != len(schema.dense):
+        raise ValueError(
+            f"the plan's dense feed is {width} wide, the features have {len(schema.dense)} dense "
+            "columns: a list-valued dense column cannot take raw values; export with features=None"
+        )
+    return {}

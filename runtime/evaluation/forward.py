@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from runtime.driver.checkpoints import check_resume, latest
-from runtime.evaluation.metrics import auc, task_aucs
+from runtime.evaluation.metrics import auc, calibration, logloss, task_aucs
 from runtime.exec.comm_ops import comm_handlers
 from runtime.exec.executor import Executor
 from runtime.ps import PSClient, Shard
@@ -180,10 +180,13 @@ class Tally:
         y = np.concatenate(self.labels) if self.labels else None
         n_scores = sum(s.size for s in self.scores)
         binary = y is not None and y.size == n_scores and bool(np.isin(y, (0, 1)).all())
+        p = np.concatenate(self.scores) if binary else None
+        probs = binary and p.size > 0 and bool(((p >= 0) & (p <= 1)).all())  # CTR figures need probabilities
         return {
             "loss": self.total / self.examples if self.reduction == "mean" else self.total,
-            "auc": auc(y, np.concatenate(self.scores)) if binary else float("nan"),
+            "auc": auc(y, p) if binary else float("nan"),
             "examples": self.examples,
+            **({"logloss": logloss(y, p), "calibration": calibration(y, p)} if probs else {}),
         }
 
     def _task_result(self) -> dict[str, Any]:

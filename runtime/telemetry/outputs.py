@@ -305,10 +305,13 @@ class TensorBoardLog:
             if math.isfinite(auc):
                 self.writer.add_scalar(f"{prefix}/{task}", auc, step)
 
-    def eval(self, step: int, loss: float, auc: float) -> None:
+    def eval(self, step: int, loss: float, auc: float, **more: float) -> None:
+        """Held-out figures: eval_loss, eval_auc, and eval_<name> of `more` (logloss, calibration,
+        gauc ...), each when finite."""
         self.writer.add_scalar("eval_loss", loss, step)
-        if math.isfinite(auc):
-            self.writer.add_scalar("eval_auc", auc, step)
+        for name, v in {"auc": auc, **more}.items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                self.writer.add_scalar(f"eval_{name}", v, step)
 
     def close(self) -> None:
         self.writer.close()
@@ -387,7 +390,8 @@ class Telemetry:
         if self.log:
             self.log.write("eval", **record)
         if self.tb:
-            self.tb.eval(record["step"], record["loss"], record["auc"])
+            more = {k: v for k, v in record.items() if k in ("logloss", "calibration", "gauc")}
+            self.tb.eval(record["step"], record["loss"], record["auc"], **more)
             self.tb.tasks(record["step"], record.get("task_auc", {}), "eval_auc")
         self.bar.eval(record["loss"], record["auc"])
 

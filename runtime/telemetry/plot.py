@@ -7,7 +7,12 @@ Online training's passes ("pass" records: `train` on a stream) draw their online
 loss and AUC at each pass's last step, as a line with diamond markers labelled "<run> online".
 
 Several files draw as several labelled lines on the same axes (e.g. a sync run beside an async
-one). matplotlib's object API is used without pyplot, so plotting works headless and in threads.
+one). A file that several runs appended to (`--metrics run.jsonl` given twice) draws each run as
+its own line, "<file> #2", ...: a run starts at each "start" record whose steps begin again at
+or before the previous run's last step (a resumed run, which goes on from its checkpoint's
+step, continues the line of the run it resumes). The AUC panel's training line is each step's
+own batch (a noisy, in-sample figure); the held-out line is the evaluation data's.
+matplotlib's object API is used without pyplot, so plotting works headless and in threads.
 """
 
 from __future__ import annotations
@@ -17,7 +22,35 @@ from pathlib import Path
 
 from runtime.telemetry.outputs import eval_records, read_metrics, step_records
 
-PANELS = (("loss", "loss"), ("auc", "AUC"), ("examples_per_s", "examples / s"))
+PANELS = (
+    ("loss", "loss"),
+    ("auc", "AUC (train: each step's batch; held-out: eval data)"),
+    ("examples_per_s", "examples / s"),
+)
+
+
+def split_runs(records: list[dict]) -> list[list[dict]]:
+    """The records of one metrics file cut into runs (see the module docstring)."""
+    runs: list[list[dict]] = [[]]
+    last = -1
+    for i, r in enumerate(records):
+        if r.get("kind") == "start" and runs[-1]:
+            first = next((x["step"] for x in records[i + 1 :] if x.get("kind") == "step"), None)
+            if first is not None and first <= last:
+                runs.append([])
+        if r.get("kind") == "step":
+            last = r["step"]
+        runs[-1].append(r)
+    return [run for run in runs if any(x.get("kind") == "step" for x in run)]
+
+
+def pass_records(records: list[dict]) -> list[dict]:
+    """Online training's passes: each pass's online (test-then-train) loss and AUC at its last step."""
+    return [
+        {"step": r["step"], "loss": r.get("online_loss"), "auc": r.get("online_auc")}
+        for r in records
+        if r.get("kind") == "pass"
+    ]
 
 
 def plot_metrics(paths: Sequence[str | Path], out: str | Path, labels: Sequence[str] | None = None) -> Path:
@@ -30,21 +63,18 @@ def plot_metrics(paths: Sequence[str | Path], out: str | Path, labels: Sequence[
     labels = list(labels) if labels is not None else [p.stem for p in paths]
     if len(labels) != len(paths):
         raise ValueError(f"{len(paths)} metrics files but {len(labels)} labels")
-    runs = []
-    for p in paths:
-        steps = step_records(read_metrics(p))
-        if not steps:
+    runs, names = [], []
+    for p, label in zip(paths, labels, strict=True):
+        parts = split_runs(read_metrics(p))
+        if not parts:
             raise ValueError(
                 f'{p} holds no step records (lines with "kind": "step"); '
                 "write one with runtime.train(..., metrics=PATH) or hetps train --metrics"
             )
-        records = read_metrics(p)
-        passes = [
-            {"step": r["step"], "loss": r.get("online_loss"), "auc": r.get("online_auc")}
-            for r in records
-            if r.get("kind") == "pass"
-        ]
-        runs.append((steps, eval_records(records), passes))
+        for i, part in enumerate(parts):
+            runs.append((step_records(part), eval_records(part), pass_records(part)))
+            names.append(label if i == 0 else f"{label} #{i + 1}")
+    labels = names
     fig = Figure(figsize=(12, 3.6))
     axes = fig.subplots(1, len(PANELS))
     for ax, (key, title) in zip(axes, PANELS, strict=True):
@@ -72,6 +102,7 @@ def plot_metrics(paths: Sequence[str | Path], out: str | Path, labels: Sequence[
         ax.grid(alpha=0.3)
         if len(runs) > 1 or any(evals or passes for _, evals, passes in runs):
             ax.legend(fontsize=8)
+        ax.title.set_fontsize(9 if len(title) > 20 else 12)
     fig.tight_layout()
     out = Path(out)
     fig.savefig(out, dpi=100)

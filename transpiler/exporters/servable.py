@@ -211,11 +211,14 @@ def export_inference(
     output: str | None = None,
     opset: int | None = None,
     external_over: int = ONNX_LIMIT,
+    raw_dense: list[dict] | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> Path:
     """Write the servable ONNX model of `plan` with table values `tables` to `path` (see the module
     docstring) and check it with `onnx.checker`; ValueError when the graph would need a
     non-standard op. Initializers go to `<path>.data` (ONNX external data) when the tables hold
-    more than `external_over` bytes."""
+    more than `external_over` bytes. `raw_dense`: the model takes raw dense columns in place of the
+    `dense` feed (`with_raw_dense`); `metadata`: the model's metadata_props."""
     import onnx
 
     from transpiler.exporters.onnx import DOMAIN, to_onnx
@@ -231,6 +234,10 @@ def export_inference(
         )
     del model.opset_import[:]
     model.opset_import.append(onnx.helper.make_opsetid("", opset or plan_opset(prog)))
+    if raw_dense:
+        with_raw_dense(model, "dense", raw_dense)
+    for k, v in (metadata or {}).items():
+        model.metadata_props.add(key=k, value=v)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     big = sum(np.asarray(v).nbytes for v in tables.values()) > external_over
@@ -249,3 +256,56 @@ def plan_opset(program: Program) -> int:
     from transpiler.exporters.onnx import DEFAULT_OPSET
 
     return int(program.attrs.get("onnx_opset") or DEFAULT_OPSET)
+
+
+def with_raw_dense(model, feed: str, columns: list[dict]) -> None:
+    """Make ONNX `model` take raw dense values: its input `feed` ([n, width] float32, the
+    transformed columns side by side) becomes one float64 input [n, width] per column, each filled
+    where NaN (`fill`; None: left NaN), transformed (`transform`: none | log1p | standardize with
+    `mean`, `std`) and cast, the results concatenated into `feed` inside the graph (in float64,
+    as the data reader computes them, then float32)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = model.graph
+    old = next((i for i in g.input if i.name == feed), None)
+    if old is None:
+        raise ValueError(f"the model has no input {feed!r} to take raw dense values for")
+    nodes, parts, inputs = [], [], []
+
+    def const(name: str, value: float) -> str:
+        g.initializer.append(numpy_helper.from_array(np.array(value, np.float64), name))
+        return name
+
+    for c in columns:
+        x, n = c["name"], f"raw.{c['name']}"
+        inputs.append(helper.make_tensor_value_info(x, TensorProto.DOUBLE, ["n", c["width"]]))
+        if c["fill"] is not None:
+            nodes += [
+                helper.make_node("IsNaN", [x], [f"{n}.nan"]),
+                helper.make_node("Where", [f"{n}.nan", const(f"{n}.fill", c["fill"]), x], [f"{n}.filled"]),
+            ]
+            x = f"{n}.filled"
+        if c["transform"] == "log1p":
+            nodes += [
+                helper.make_node("Max", [x, const(f"{n}.zero", 0.0)], [f"{n}.pos"]),
+                helper.make_node("Add", [f"{n}.pos", const(f"{n}.one", 1.0)], [f"{n}.p1"]),
+                helper.make_node("Log", [f"{n}.p1"], [f"{n}.t"]),
+            ]
+            x = f"{n}.t"
+        elif c["transform"] == "standardize":
+            nodes += [
+                helper.make_node("Sub", [x, const(f"{n}.mean", c["mean"])], [f"{n}.c"]),
+                helper.make_node("Div", [f"{n}.c", const(f"{n}.std", c["std"])], [f"{n}.t"]),
+            ]
+            x = f"{n}.t"
+        nodes.append(helper.make_node("Cast", [x], [f"{n}.f32"], to=TensorProto.FLOAT))
+        parts.append(f"{n}.f32")
+    nodes.append(helper.make_node("Concat", parts, [feed], axis=1))
+    rest = [i for i in g.input if i.name != feed]
+    del g.input[:]
+    g.input.extend([*inputs, *rest])
+    body = list(g.node)
+    del g.node[:]
+    g.node.extend([*nodes, *body])
+    onnx.checker.check_model(model)

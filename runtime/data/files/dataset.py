@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from ops_registry.errors import ConfigError
 from runtime.data.files import formats
 from runtime.data.files.schema import Schema, numeric_values
 
@@ -41,12 +42,17 @@ def open_dataset(
     shuffle: int = 0,
     seed: int = 0,
     prefetch: int = 2,
+    check: bool = False,
 ) -> Dataset:
     """A `Dataset` of the files named by `paths` (files, directories, globs), read by `schema` (a
     YAML file, a dict or a `Schema`) in batches of `batch_size` (the global batch size).
 
     `format`: one of `formats.FORMATS`; None guesses it from the first file's suffix. A schema
-    that standardizes a dense column without `stats` gets them from one pass over the data here.
+    that standardizes a dense column without `stats` gets them from one pass over the data here
+    (the files parsed once, nothing hashed; give the training data's: a schema with `stats`, e.g.
+    the `features.json` a trained model carries, is used as it is). That pass, or `check=True`,
+    also counts the missing values each column's policy fills (`Dataset.filled`) and raises a
+    ConfigError naming the file, row and column of a value no policy fills, before any training.
     """
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -66,8 +72,9 @@ def open_dataset(
     if missing:
         raise ValueError(f"the schema reads columns {missing} that {files[0]} lacks; its columns: {names}")
     ds = Dataset(files, fmt, schema, batch_size, names, shuffle, seed, prefetch)
-    if schema.needs_stats():
-        ds.schema = schema.with_stats(ds.measure(schema.needs_stats()))
+    if schema.needs_stats() or check:
+        stats, ds.filled = ds.fit(schema.needs_stats())
+        ds.schema = schema.with_stats(stats) if stats else schema
     return ds
 
 
@@ -83,6 +90,7 @@ class Dataset:
     shuffle: int = 0
     seed: int = 0
     prefetch: int = 2
+    filled: dict[str, int] | None = None  # missing values filled per column (None: not counted)
     _plans: dict[int, list[list[formats.Piece]]] = field(default_factory=dict, repr=False)
     _epochs: int = field(default=0, repr=False)
     _template: dict[str, np.ndarray] | None = field(default=None, repr=False)
@@ -211,6 +219,44 @@ class Dataset:
         if have:
             yield from _emit(pending, size, rng)
 
+    def with_schema(self, schema: Schema) -> Dataset:
+        """The same files read by `schema` (e.g. the fitted one a trained model carries)."""
+        return Dataset(self.files, self.format, schema, self.batch_size, self.names, self.shuffle, self.seed)
+
+    def fit(self, columns: list[str]) -> tuple[dict[str, tuple[float, float]], dict[str, int]]:
+        """One pass over every row: ({column: (mean, std)} of the numeric `columns`, missing values
+        counted as their fill value; {column: missing values filled}). A missing value that a
+        column's policy does not fill, or a label or dense value that is not a number, is a
+        ConfigError naming the file, its rows and the column."""
+        acc = {c: np.zeros(3) for c in columns}
+        single = [self.schema.label, *self.schema.dense, *self.schema.sparse]  # (an empty bag is a value)
+        filled = dict.fromkeys(single, 0)
+        for where, cols in self._chunks(self.plan(1)[0], self.schema.columns):
+            try:
+                for c in single:
+                    self._check_missing(cols[c], c, filled)
+                for c in columns:
+                    x = numeric_values(cols[c], c, float(self.schema.fill(c)))
+                    acc[c] += (x.size, x.sum(), (x * x).sum())
+                numeric_values(cols[self.schema.label], self.schema.label)
+            except ValueError as e:
+                raise type(e)(f"{where}: {e}") from None
+        return self._stats(acc), {c: n for c, n in filled.items() if n}
+
+    def values_of(self, column: str) -> pa.Array:
+        """The distinct values of a categorical `column` over all rows (missing ones left out)."""
+        import pyarrow.compute as pc
+
+        seen = [pc.unique(cols[column].drop_null()) for _, cols in self._chunks(self.plan(1)[0], [column])]
+        return pc.unique(pa.concat_arrays([pa.array(s, pa.string()) for s in seen])) if seen else pa.array([])
+
+    def _check_missing(self, col, name: str, filled: dict[str, int]) -> None:
+        if col.null_count and self.schema.fill(name) == "error":
+            from runtime.data.files.schema import missing_error
+
+            raise ConfigError(missing_error(col, name))
+        filled[name] += col.null_count
+
     def measure(self, columns: list[str]) -> dict[str, tuple[float, float]]:
         """{column: (mean, std)} of numeric columns over all rows (missing values count as 0)."""
         acc = {c: np.zeros(3) for c in columns}
@@ -218,6 +264,10 @@ class Dataset:
             for c in columns:
                 x = numeric_values(cols[c], c)
                 acc[c] += (x.size, x.sum(), (x * x).sum())
+        return self._stats(acc)
+
+    @staticmethod
+    def _stats(acc: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
         out = {}
         for c, (n, s, ss) in acc.items():
             mean = s / max(n, 1)

@@ -10,6 +10,7 @@
     vocab: 1000000           # the id space
     hash64: false            # true: ids are the raw 64-bit hashes (no modulo; unbounded tables)
     vocab_files: {item_id: items.txt}  # optional: a column's known values, one per line
+    missing: {age: 0, user_id: error}  # per column: the fill value of a missing value, or error
 
 Ids are a stable hash: FNV-1a 64 of `column + "\\x1f" + value` (the value's bytes as in a text
 file, not checked to be UTF-8; a number's decimal form), mapped to [1, vocab): id 0 is never a
@@ -22,8 +23,15 @@ N^2 / 2^65 (< 0.03 for 10^9). The model's tables must then be unbounded (`Transp
 unbounded`, `hetps transpile --unbounded`): `vocab` only sizes the program's declared embedding.
 A missing categorical
 value hashes as the empty string; a missing dense value is 0 (before the transform). `log1p` is
+collision-free; other values hash into [K + 1, vocab). A missing value (an empty field, or one
+of pyarrow's null strings: `n/a`, `NA`, `null`, ...) is filled by the column's `missing` policy:
+a fill value (a number for a dense column, a text for a categorical one), or `error` (the file,
+row and column are named); without one a missing categorical value hashes as the empty string, a
+missing dense value is 0 (before the transform), and a missing label is an error.
+`open_dataset` counts the values filled per column (`Dataset.filled`). `log1p` is
 log(1 + max(x, 0)), as DLRM reads Criteo's counts. `standardize` is (x - mean) / std with the
-mean and std of the data (`stats`: measured by `open_dataset` when not given).
+mean and std of the training data (`stats`: measured by `open_dataset` in one pass over the files
+before training when not given, then stored with the model: `to_dict` / `features.json`).
 
 Beside each multi-valued column's bag feed, `<column>_len` int64 [n, 1] holds the bag's length.
 A column holding lists already (Parquet list columns, the slot text format's repeated keys) is
@@ -56,6 +64,8 @@ _KEYS = {
     "stats",
     "vocab_files",
     "hash64",
+    "vocab_values",  # {column: [values]}: vocab_files inline (what `to_dict` writes)
+    "missing",
 }
 
 
@@ -74,6 +84,7 @@ class Schema:
     stats: tuple[tuple[str, float, float], ...] = field(default=(), compare=False)  # (column, mean, std)
     known: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (column, its values from its vocab file)
     hash64: bool = False  # ids are raw 64-bit hashes (no modulo)
+    missing: tuple[tuple[str, Any], ...] = ()  # (column, fill value or "error")
 
     @classmethod
     def load(cls, source: str | Path | dict[str, Any] | Schema) -> Schema:
@@ -133,6 +144,8 @@ class Schema:
             raise ConfigError(f"{where}: label_threshold must be a number, got {thr!r}")
         stats = tuple((c, float(m), float(s)) for c, (m, s) in (d.get("stats") or {}).items())
         known = _vocab_files(d.get("vocab_files") or {}, [*sparse, *multi], base or Path.cwd(), where)
+        known += _vocab_values(d.get("vocab_values") or {}, [*sparse, *multi], where)
+        missing = _missing(d.get("missing") or {}, d["label"], dense, [*sparse, *multi], where)
         if sum(len(v) for _, v in known) + 2 > vocab:
             raise ConfigError(
                 f"{where}: vocab {vocab} must exceed the {sum(len(v) for _, v in known)} values "
@@ -150,11 +163,40 @@ class Schema:
             stats,
             known,
             d.get("hash64", False),
+            missing,
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The schema as `from_dict` reads it, with its fitted `stats` and its vocab files' values
+        inline (`vocab_values`): everything needed to read data as the model was trained on."""
+        d: dict[str, Any] = {"label": self.label, "dense": list(self.dense), "sparse": list(self.sparse)}
+        d.update(multi=dict(self.multi), vocab=self.vocab, max_len=self.max_len)
+        d["transform"] = {c: t for c, t in self.transform}
+        if self.label_threshold is not None:
+            d["label_threshold"] = self.label_threshold
+        if self.stats:
+            d["stats"] = {c: [m, s] for c, m, s in self.stats}
+        if self.known:
+            d["vocab_values"] = {c: list(v) for c, v in self.known}
+        if self.missing:
+            d["missing"] = dict(self.missing)
+        if self.hash64:
+            d["hash64"] = True
+        return d
+
+    def fill(self, name: str) -> Any:
+        """Column `name`'s fill value for a missing value ("error": none may be missing)."""
+        default = 0.0 if name in self.dense else "" if name != self.label else "error"
+        return dict(self.missing).get(name, default)
 
     def ids(self, col, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """Ids of a categorical column's values: from its vocab file when listed there, else hashed
-        (written into `out`, an int64 vector of len(col), if given)."""
+        (written into `out`, an int64 vector of len(col), if given); missing values by `fill`."""
+        fill = self.fill(name)
+        if col.null_count and fill == "error":
+            raise ConfigError(missing_error(col, name))
+        if col.null_count and fill != "":
+            col = pc.fill_null(_as_text(col), str(fill))
         first = 1 + sum(len(v) for _, v in self.known)
         ids = hash_ids(col, name, 0 if self.hash64 else self.vocab, first, out)
         offset = 1
@@ -196,6 +238,8 @@ class Schema:
 
     def _label(self, col) -> np.ndarray:
         col = _single(col, self.label)
+        if col.null_count and self.fill(self.label) != "error":
+            col = pc.fill_null(pc.cast(col, pa.float64()), float(self.fill(self.label)))
         if col.null_count:
             first = int(np.flatnonzero(np.asarray(col.is_null()))[0])
             raise ConfigError(
@@ -208,7 +252,11 @@ class Schema:
         return y.astype(np.float32).reshape(-1, 1)
 
     def _dense(self, name: str, col, n: int) -> np.ndarray:
-        x = numeric_values(col, name).reshape(n, -1) if n else np.zeros((0, 1))
+        fill = self.fill(name)
+        if fill == "error" and col.null_count:
+            raise ConfigError(missing_error(col, name))
+        x = numeric_values(col, name, 0.0 if fill == "error" else float(fill))
+        x = x.reshape(n, -1) if n else np.zeros((0, 1))
         how = dict(self.transform).get(name, "none")
         if how == "log1p":
             x = np.log1p(np.maximum(x, 0))
@@ -262,8 +310,16 @@ def _single(col, name: str):
     return col
 
 
-def numeric_values(col, name: str) -> np.ndarray:
-    """A numeric column's values as float64 (missing: 0); a list column's values row after row,
+def missing_error(col, name: str) -> str:
+    first = int(np.flatnonzero(np.asarray(pc.is_null(col)))[0])
+    return (
+        f"column {name!r} has {col.null_count} missing values (the first in row {first + 1} of these) "
+        "and its missing policy is error: fix the data, or give a fill value (missing: {column: value})"
+    )
+
+
+def numeric_values(col, name: str, fill: float = 0.0) -> np.ndarray:
+    """A numeric column's values as float64 (missing: `fill`); a list column's values row after row,
     which must have a fixed number per row."""
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
@@ -273,11 +329,11 @@ def numeric_values(col, name: str) -> np.ndarray:
                 f"dense column {name!r} holds lists of {pc.min(lengths)} to "
                 f"{pc.max(lengths)} values; a dense list column needs a fixed width"
             )
-        return _numeric(pc.list_flatten(col), name)
-    return _numeric(col, name)
+        return _numeric(pc.list_flatten(col), name, fill)
+    return _numeric(col, name, fill)
 
 
-def _numeric(col, name: str) -> np.ndarray:
+def _numeric(col, name: str, fill: float = 0.0) -> np.ndarray:
     if pa.types.is_dictionary(col.type):
         col = pc.cast(col, col.type.value_type)
     if not pa.types.is_float64(col.type):
@@ -285,7 +341,7 @@ def _numeric(col, name: str) -> np.ndarray:
             col = pc.cast(col, pa.float64())
         except pa.ArrowInvalid as e:
             raise ConfigError(f"column {name!r} should be numeric: {e}") from None
-    col = pc.fill_null(col, 0)
+    col = pc.fill_null(col, fill)
     out = col.to_numpy() if isinstance(col, pa.ChunkedArray) else col.to_numpy(zero_copy_only=False)
     return np.asarray(out, dtype=np.float64)
 
@@ -314,6 +370,34 @@ def _vocab_files(files: Any, columns: list[str], base: Path, where: str) -> tupl
             raise ConfigError(f"{where}: vocab file {path} lists {dup!r} more than once")
         out.append((column, tuple(values)))
     return tuple(out)
+
+
+def _vocab_values(values: Any, columns: list[str], where: str) -> tuple:
+    if not isinstance(values, dict) or any(
+        c not in columns or not isinstance(v, list) for c, v in values.items()
+    ):
+        raise ConfigError(
+            f"{where}: vocab_values maps categorical columns ({columns}) to lists of values, got {values!r}"
+        )
+    return tuple((c, tuple(str(x) for x in v)) for c, v in values.items())
+
+
+def _missing(policy: Any, label: str, dense: tuple, categorical: list[str], where: str) -> tuple:
+    """The checked `missing:` policies: a number for the label and dense columns, a text for
+    categorical ones, or "error"."""
+    if not isinstance(policy, dict):
+        raise ConfigError(f"{where}: missing maps columns to a fill value or error, got {policy!r}")
+    for c, v in policy.items():
+        numeric = c == label or c in dense
+        if c not in (label, *dense, *categorical):
+            raise ConfigError(f"{where}: missing: {c!r} is not a column of the schema")
+        ok = v == "error" or (
+            isinstance(v, (int, float)) and not isinstance(v, bool) if numeric else isinstance(v, (str, int))
+        )
+        if not ok:
+            kind = "a number" if numeric else "a text"
+            raise ConfigError(f"{where}: missing: {c}: {v!r}; give {kind} to fill with, or error")
+    return tuple((c, v if v == "error" or c in (label, *dense) else str(v)) for c, v in policy.items())
 
 
 def hash_ids(col, name: str, vocab: int, first: int = 1, out: np.ndarray | None = None) -> np.ndarray:

@@ -114,6 +114,7 @@ def test_flat_keywords_and_records_are_the_same_settings():
         resume="old",
         eval_data=held_out,
         eval_every=2,
+        eval_output="sigmoid_0.tmp",
         metrics="m.jsonl",
         trace="t.json",
         progress=False,
@@ -125,7 +126,7 @@ def test_flat_keywords_and_records_are_the_same_settings():
         ScaleConfig({"cpu": 1, "gpu": 2}, 2, 2, "async", False, {"gpu": 2}, {"gpu": "gpu"}),
         RunConfig(4, None, 0.1, 16, 30.0, True, True),
         CheckpointConfig("ckpt", 2, 3, "old"),
-        EvalConfig(held_out, 2),
+        EvalConfig(held_out, 2, "sigmoid_0.tmp"),
         TelemetryConfig("m.jsonl", "t.json", False, "tb", print),
     )
     assert Settings.of(flat) == records and records.flat() == flat

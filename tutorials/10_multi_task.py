@@ -1,7 +1,7 @@
 """Tutorial: a multi-task model (ESMM) trained as multi-task, with an AUC per task.
 
-    python tutorials/multi_task.py                 # ~1 min on 2 cores: held-out AUC ctr ~0.78, ctcvr ~0.80
-    python tutorials/multi_task.py --steps 60      # the CI setting
+    python tutorials/10_multi_task.py                 # ~1 min on 2 cores: held-out AUC ctr ~0.78, ctcvr ~0.80
+    python tutorials/10_multi_task.py --steps 60      # the CI setting
 
 ESMM (Ma et al., SIGIR 2018) predicts two things for every impression: pCTR (a click) and
 pCTCVR = pCTR x pCVR (a click followed by a purchase), both trained over all impressions, so
