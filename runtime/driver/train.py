@@ -264,11 +264,13 @@ def _run(s: _Session) -> None:
             trace=s.tel.tracing,
             roots=s.roots,
         )
-        s.pauses.client = PSClient(ps_eps, secret=s.secret, timeout=cfg.stall_timeout, admin_secret=admin)
+        s.pauses.client = PSClient(
+            ps_eps, secret=s.secret, timeout=cfg.stall_timeout, admin_secret=admin, watch=listen.watch
+        )
         if s.start_from is not None:
             s.pauses.client.load(s.start_from, step=s.pauses.start)
         elif s.plan.params:
-            load_values(s.plan, ps_eps, s.secret, admin)
+            load_values(s.plan, ps_eps, s.secret, admin, watch=listen.watch)
         for name in names:
             spec = _trainer_spec(s, name, endpoints, ps_eps, inbox.endpoint, listen.first_grant())
             eng.start(
@@ -280,7 +282,7 @@ def _run(s: _Session) -> None:
                 resources=needs[name],
             )
         listen.run()
-        _finish(s, ps_eps, admin)
+        _finish(s, ps_eps, admin, listen.watch)
     finally:
         if s.pauses.client is not None:
             s.pauses.client.close()
@@ -319,11 +321,12 @@ def _trainer_spec(
     )
 
 
-def _finish(s: _Session, ps_eps: list[str], admin: bytes) -> None:
+def _finish(s: _Session, ps_eps: list[str], admin: bytes, watch: Callable[[], None]) -> None:
     """After every trainer is done: table statistics, trace spans, final values, the final checkpoint
     and evaluation."""
     history, pauses = s.history, s.pauses
-    with PSClient(ps_eps, secret=s.secret, timeout=s.settings.stall_timeout, admin_secret=admin) as client:
+    timeout = s.settings.stall_timeout
+    with PSClient(ps_eps, secret=s.secret, timeout=timeout, admin_secret=admin, watch=watch) as client:
         stats = client.stats()  # per shard; the tables' memory goes to History.tables and metrics
         history.tables = {
             n: {k: sum(st[n][k] for st in stats if n in st) for k in ("rows", "bytes")} for n in client.specs

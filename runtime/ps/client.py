@@ -10,7 +10,9 @@ Requests are signed with `secret` and carry a random client id, an increasing se
 the shard they are for (the server refuses replays, also to another shard); admin requests (assign,
 save, load) are signed with `admin_secret` when given (the driver's key; see server.py). Every
 request waits at most `timeout` seconds for its reply and then raises PSTimeoutError naming the
-shard: a client never hangs on a dead or stuck server. A client is not thread-safe (ZeroMQ sockets
+shard: a client never hangs on a dead or stuck server. `watch`, when given, is called at least five
+times a second while a request waits for its reply (the driver names a shard that died or stopped
+there, instead of waiting out the timeout: it raises). A client is not thread-safe (ZeroMQ sockets
 are not): give each thread its own."""
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,8 @@ from runtime.transport.shm import ShmRing, ShmSegments, shm_dir
 from runtime.transport.wire import AuthError, WireError, decode, encode, wire_array
 from transpiler.tables import TableSpec, tables_from_dicts
 
+WATCH_S = 0.2  # the longest a waiting request goes without calling its client's `watch`
+
 
 class PSTimeoutError(PSError, TimeoutError):
     """A shard sent no reply within the client's timeout."""
@@ -53,8 +57,10 @@ class PSClient:
         timeout: float = 30.0,
         pusher: int | str = 0,
         admin_secret: bytes | None = None,
+        watch: Callable[[], None] | None = None,
     ) -> None:
         self.endpoints, self.secret, self.timeout = list(endpoints), secret, timeout
+        self.watch = watch
         self.admin_secret = admin_secret if admin_secret is not None else secret
         self.pusher = str(pusher)
         self._cid = os.urandom(8).hex()  # with _rid, the (sender, sequence number) a server checks
@@ -121,7 +127,11 @@ class PSClient:
         deadline = time.monotonic() + self.timeout
         while pending:
             left = deadline - time.monotonic()
-            ready = dict(poller.poll(max(0, left) * 1000)) if left > 0 else {}
+            ready = dict(poller.poll(min(left, WATCH_S) * 1000)) if left > 0 else {}
+            if self.watch is not None:
+                self.watch()
+            if not ready and time.monotonic() < deadline:
+                continue
             if not ready:
                 late = sorted(
                     {f"shard {requests[i][0]} ({self.endpoints[requests[i][0]]})" for i in pending.values()}

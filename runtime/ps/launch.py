@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +51,12 @@ def start_servers(
         )
 
 
-def load_values(plan: Plan, ps_eps: list[str], secret: bytes, admin: bytes) -> None:
-    """Give the servers the parameter values the plan carries (ONNX / Paddle imports)."""
-    with PSClient(ps_eps, secret=secret, admin_secret=admin) as client:
+def load_values(
+    plan: Plan, ps_eps: list[str], secret: bytes, admin: bytes, watch: Callable[[], None] | None = None
+) -> None:
+    """Give the servers the parameter values the plan carries (ONNX / Paddle imports); `watch`: see
+    PSClient."""
+    with PSClient(ps_eps, secret=secret, admin_secret=admin, watch=watch) as client:
         for name, value in plan.params.items():
             if name in client.specs:
                 sparse = client.specs[name].kind == "sparse"
