@@ -20,7 +20,7 @@ import inspect
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from runtime.trainer.process import run_trainer
 from runtime.transport import reports
 from runtime.transport.channels import Inbox, Outbox
 from runtime.transport.process_id import SERVER, ProcessId, process_names
+from runtime.transport.wire import client_key
 from transpiler.config import kind_of
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
@@ -209,6 +210,8 @@ class _Session:
     callback: Callable[[dict[str, Any]], None] | None
     roots: list[Path]
     start_from: Path | None  # the checkpoint to resume from
+    # the shards' master key: each trainer gets only its own key under it (wire.client_key)
+    ps_secret: bytes = field(default_factory=lambda: os.urandom(32))
 
 
 def _run_to_end(s: _Session) -> None:
@@ -263,14 +266,16 @@ def _run(s: _Session) -> None:
             pushes=cfg.pushes or 1,
             trace=s.tel.tracing,
             roots=s.roots,
+            ps_secret=s.ps_secret,
+            holders={n: str(ProcessId(t, 0)) for n, t in cfg.held.items()},
         )
         s.pauses.client = PSClient(
-            ps_eps, secret=s.secret, timeout=cfg.stall_timeout, admin_secret=admin, watch=listen.watch
+            ps_eps, secret=s.ps_secret, timeout=cfg.stall_timeout, admin_secret=admin, watch=listen.watch
         )
         if s.start_from is not None:
             s.pauses.client.load(s.start_from, step=s.pauses.start)
         elif s.plan.params:
-            load_values(s.plan, ps_eps, s.secret, admin, watch=listen.watch)
+            load_values(s.plan, ps_eps, s.ps_secret, admin, watch=listen.watch)
         for name in names:
             spec = _trainer_spec(s, name, endpoints, ps_eps, inbox.endpoint, listen.first_grant())
             eng.start(
@@ -318,6 +323,7 @@ def _trainer_spec(
         start=s.pauses.start,
         grant=grant,
         report_s=reports.EVERY_S if cfg.until_loss is None else 0.0,  # (until_loss: grants follow losses)
+        ps_key=client_key(s.ps_secret, name),
     )
 
 
@@ -326,7 +332,7 @@ def _finish(s: _Session, ps_eps: list[str], admin: bytes, watch: Callable[[], No
     and evaluation."""
     history, pauses = s.history, s.pauses
     timeout = s.settings.stall_timeout
-    with PSClient(ps_eps, secret=s.secret, timeout=timeout, admin_secret=admin, watch=watch) as client:
+    with PSClient(ps_eps, secret=s.ps_secret, timeout=timeout, admin_secret=admin, watch=watch) as client:
         stats = client.stats()  # per shard; the tables' memory goes to History.tables and metrics
         history.tables = {
             n: {k: sum(st[n][k] for st in stats if n in st) for k in ("rows", "bytes")} for n in client.specs
