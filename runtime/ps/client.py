@@ -78,16 +78,7 @@ class PSClient:
         self._cid = f"{self.pusher}/{os.urandom(8).hex()}"  # with _rid, what a server's Sessions check
         self._sess: dict[int, str] = {}  # shard -> the session its hello opened
         self._ctx = zmq.Context.instance()
-        self._socks = []
-        monitors = []  # handshake failures (a shard refusing this client's key) while it says hello
-        for ep in self.endpoints:
-            s = self._ctx.socket(zmq.DEALER)
-            s.linger = 0
-            if self._key is not None:
-                zap.credentials(s, self.pusher, self._key)
-            monitors.append(s.get_monitor_socket(zap.HANDSHAKE_FAILED))
-            s.connect(ep)
-            self._socks.append(s)
+        monitors = self._connect()
         self._rid = itertools.count()
         # same-host servers of a local run: large arrays through shared memory (runtime.transport.channels)
         shm = shm_dir(self.endpoints[0]) if self._key is not None else None
@@ -118,6 +109,20 @@ class PSClient:
         self.specs = {t.name: t for t in tables_from_dicts(first["tables"])}
         self._dense = place_dense(list(self.specs.values()), len(self.endpoints))
 
+    def _connect(self) -> list[zmq.Socket]:
+        """A DEALER socket per shard, logged in with this client's key (zap.py); the monitor sockets
+        of their handshake failures (a shard refusing the key), for the hellos."""
+        self._socks, monitors = [], []
+        for ep in self.endpoints:
+            s = self._ctx.socket(zmq.DEALER)
+            s.linger = 0
+            if self._key is not None:
+                zap.credentials(s, self.pusher, self._key)
+            monitors.append(s.get_monitor_socket(zap.HANDSHAKE_FAILED))
+            s.connect(ep)
+            self._socks.append(s)
+        return monitors
+
     def _refused_at_handshake(self, monitors: list[zmq.Socket], watch: Callable[[], None] | None) -> None:
         """PSError when a shard refused this client's connection (no key, or another run's), else `watch`."""
         for k, mon in enumerate(monitors):
@@ -142,21 +147,8 @@ class PSClient:
         pending: dict[int, int] = {}  # rid -> index in requests
         due = dict.fromkeys((k for k, _ in requests), 0)
         for i, (k, req) in enumerate(requests):
-            rid, arrays = next(self._rid), req.arrays()
-            admin = req.OP in p.ADMIN_OPS and self.admin_secret is not None
-            key, sender = (self.admin_secret, None) if admin else (self._key, self.pusher)
-            header = {**req.header(), "rid": rid, "cid": self._cid, "seq": rid, "to": k}
-            if k in self._sess:
-                header["sess"] = self._sess[k]
-            if self._segments is not None:
-                header["shm_reply"] = True
-                ring = self._ring(k) if arrays else None
-                if ring is not None and (
-                    desc := ring.put(arrays := [wire_array(i, a) for i, a in enumerate(arrays)])
-                ):
-                    header["shm"], arrays = desc, ()
-            frames = encode(header, arrays, key, None if key is None else sender)
-            self._socks[k].send_multipart(frames, copy=False)
+            rid = next(self._rid)
+            self._socks[k].send_multipart(self._frames(k, req, rid), copy=False)
             pending[rid] = i
             due[k] += 1
         poller = zmq.Poller()
@@ -199,6 +191,24 @@ class PSClient:
         if errors:
             raise PSError("; ".join(errors))
         return out
+
+    def _frames(self, k: int, req: p.Request, rid: int) -> list:
+        """Request `req` to shard k as frames: signed with the admin key (an admin request) or this
+        client's, its arrays through the shared-memory ring when they fit."""
+        arrays = req.arrays()
+        admin = req.OP in p.ADMIN_OPS and self.admin_secret is not None
+        key, sender = (self.admin_secret, None) if admin else (self._key, self.pusher)
+        header = {**req.header(), "rid": rid, "cid": self._cid, "seq": rid, "to": k}
+        if k in self._sess:
+            header["sess"] = self._sess[k]
+        if self._segments is not None:
+            header["shm_reply"] = True
+            ring = self._ring(k) if arrays else None
+            if ring is not None and (
+                desc := ring.put(arrays := [wire_array(i, a) for i, a in enumerate(arrays)])
+            ):
+                header["shm"], arrays = desc, ()
+        return encode(header, arrays, key, None if key is None else sender)
 
     def _ring(self, k: int) -> ShmRing | None:
         """The shared-memory ring of requests to shard k (None: it cannot be made, e.g. /dev/shm full)."""
