@@ -17,13 +17,25 @@ Rows (issue 11):
 - hostile messages to a run's trainers and driver: junk, unsigned and wrongly signed messages, sent
   to every trainer's and the driver's inbox while a sync run trains; it must finish with the losses
   of the same run undisturbed (replays are refused too: tests/test_channels_hostile.py).
+- faults during a pause: ps:0 SIGKILLed or SIGSTOPped just before the driver's checkpoint or
+  evaluation pause at step 4 (a small sync run, in this process): time from the fault to the error
+  and what it names.
+- start-up failures: a dense table larger than the machine's memory (the shard refuses to start),
+  a plan whose optimizer the servers do not know (verify refuses it).
+- insiders: requests signed with one trainer's own key (cpu:1) against another's rights — a hold of
+  gpu:0's table, cpu:0's sender id with a huge sequence number, a sync push as pusher cpu:0, 4 200
+  hellos and then a captured push replayed — and fresh ids into an unbounded table past the
+  shard's memory cap; the legitimate clients' values must stay exact.
+- memory before authentication: 3 frames of `--frame-mb` MB each from a peer without a key: the
+  shard's peak memory growth.
 - load: 16 client threads pull and push for `--load-seconds` against one async shard; the final
   values must equal the count of pushes, exactly (gradients are powers of two).
 
 Anything the script started is killed at the end of its row (leftovers are counted first).
 
     python benchmarks/chaos.py                      # all rows, about 3 minutes on 2 cores
-    python benchmarks/chaos.py --only hostile,load  # some groups: process, disk, hostile, load
+    python benchmarks/chaos.py --only hostile,load  # some groups: process, disk, hostile, pause,
+                                                    # startup, insider, memauth, load
 """
 
 from __future__ import annotations
@@ -48,7 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import zmq  # noqa: E402
 
 from runtime.ps import Limits, PSClient, PSError, Servers  # noqa: E402
-from runtime.transport.wire import AuthError, decode, encode, header_frame, sign  # noqa: E402
+from runtime.transport import zap  # noqa: E402
+from runtime.transport.wire import AuthError, client_key, decode, encode, header_frame, sign  # noqa: E402
 from transpiler.tables import TableSpec  # noqa: E402
 
 STALL_S = 8.0  # the driver's stall_timeout in the process rows (SIGSTOP rows wait for it)
@@ -261,20 +274,28 @@ def disk_row(tmp: Path) -> Row:
 
 # -- hostile messages --------------------------------------------------------------------------------
 class Raw:
-    """A DEALER socket that signs like a client but sends whatever frames it is given."""
+    """A DEALER socket that signs like a client (its own key, a session opened by hello) but sends
+    whatever frames it is given."""
 
-    def __init__(self, servers: Servers, cid: str) -> None:
-        self.key, self.cid, self.seq = servers.secret, cid, 0
+    def __init__(self, servers: Servers, cid: str, name: str | None = None, hello: bool = True) -> None:
+        self.name = (name or cid)[:60].replace("/", "|")
+        self.servers, self.seq, self.sess = servers, 0, None
+        self.key = client_key(servers.secret, self.name)
+        self.cid = f"{self.name}/raw"
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.linger = 0
+        zap.credentials(self.sock, self.name, self.key)
         self.sock.connect(servers.endpoints[0])
+        if hello:
+            self.sess = (self.ask(self.sign({"op": "hello"})) or {}).get("session")
 
-    def sign(self, header: dict, arrays: list = ()) -> list:
+    def sign(self, header: dict, arrays: list = (), **fields) -> list:
         self.seq += 1
-        return encode({**header, "cid": self.cid, "seq": self.seq, "to": 0}, arrays, self.key)
+        h = {**header, "cid": self.cid, "seq": self.seq, "to": 0, "sess": self.sess, **fields}
+        return encode(h, arrays, self.key, self.name)
 
     def signed_raw(self, header: bytes, *buffers: bytes) -> list:
-        return sign([header, *buffers], self.key)
+        return sign([header, *buffers], self.key, self.name)
 
     def ask(self, frames: list, timeout_s: float = 30) -> dict | None:
         self.sock.send_multipart(frames)
@@ -300,14 +321,14 @@ def _flood_parked(r: Raw, limits: Limits) -> list:
 
 def _flood_future(r: Raw, limits: Limits) -> list:
     g = np.zeros((4, 2), np.float32)
-    n = 0
-    for step in range(1, limits.max_steps_ahead + 1):
-        for k in range(limits.max_buffered // limits.max_steps_ahead):
-            r.sock.send_multipart(r.sign({"op": "push", "table": "w", "step": step, "pusher": f"f{k}"}, [g]))
-            n += 1
-    for _ in range(n):  # their replies (all accepted)
-        r.sock.poll(30_000) and r.sock.recv_multipart()
-    return r.sign({"op": "push", "table": "w", "step": 1, "pusher": "one-too-many"}, [g])
+    for k in range(limits.max_buffered // limits.max_steps_ahead):  # (a pusher pushes a step once)
+        f = Raw(r.servers, cid=f"f{k}")
+        for step in range(1, limits.max_steps_ahead + 1):
+            f.sock.send_multipart(f.sign({"op": "push", "table": "w", "step": step, "pusher": f.name}, [g]))
+        for _ in range(limits.max_steps_ahead):  # their replies (all accepted)
+            f.sock.poll(30_000) and f.sock.recv_multipart()
+        f.sock.close()
+    return r.sign({"op": "push", "table": "w", "step": 1, "pusher": r.name}, [g])
 
 
 def hostile_rows() -> list[Row]:
@@ -459,6 +480,215 @@ def trainer_hostile_row() -> Row:
     return row
 
 
+# -- faults during a pause, start-up failures ----------------------------------------------------
+def _small_run(**kw):
+    """A small sync `train` (2 cpu + 1 emulated gpu trainers, 2 shards) of Wide&Deep; kw overrides."""
+    from runtime import train
+    from runtime.data import SyntheticCTR
+    from transpiler import builder as nn
+    from transpiler.models import wide_deep
+
+    model = kw.pop("model", None) or wide_deep(vocab=200, dim=4, hidden=(8,), optimizer=nn.SGD(lr=0.1))
+    args = dict(
+        steps=50,
+        batch_size=32,
+        trainers={"cpu": 2, "gpu": 1},
+        servers=2,
+        mode="sync",
+        allow_emulation=True,
+        progress=False,
+        stall_timeout=60.0,
+    )
+    return train(model if hasattr(model, "tables") else model.main, SyntheticCTR(vocab=200), **{**args, **kw})
+
+
+def pause_row(sig: signal.Signals, pause: str, tmp: Path) -> Row:
+    """ps:0 gets `sig` just before the driver's pause at step 4 (a checkpoint or an evaluation)."""
+    from runtime import TrainingError
+    from runtime.data import SyntheticCTR
+    from runtime.engines import LocalEngine
+
+    row, eng, hit = Row(f"{sig.name} ps:0 during the {pause} pause"), LocalEngine(), []
+
+    def fault(record: dict) -> None:
+        if record["step"] == 3 and not hit:
+            os.kill(eng.pids()["ps:0"], sig)
+            hit.append(time.monotonic())
+
+    extra = (
+        {"checkpoint": str(tmp / f"ck-{sig.name}"), "checkpoint_every": 4}
+        if pause == "checkpoint"
+        else {"eval_data": [SyntheticCTR(vocab=200).batch(10_000, 64)], "eval_every": 4}
+    )
+    try:
+        _small_run(engine=eng, callback=fault, **extra)
+        row.named = "the run did not fail?"
+    except TrainingError as e:
+        row.time_to_error = f"{time.monotonic() - hit[0]:.1f} s"
+        row.named = f"{e.who}: {_last_line(e.detail)}"
+    pids = [p for p in eng.pids().values() if p]
+    row.left = f"{sum(_alive(p) for p in pids)} of {len(pids)}"
+    _kill_all(pids)
+    return row
+
+
+def startup_rows() -> list[Row]:
+    """A table too large for the shard's memory; a plan whose optimizer the servers do not know."""
+    from runtime import TrainingError
+    from transpiler import builder as nn
+    from transpiler import transpile
+    from transpiler.errors import PlanError
+    from transpiler.models import wide_deep
+
+    rows = []
+    big = wide_deep(vocab=200, dim=4, hidden=(200_000, 100_000), optimizer=nn.SGD(lr=0.1))  # 80 GB
+    row, t0 = Row("a dense table larger than memory"), time.monotonic()
+    try:
+        _small_run(model=big, steps=3)
+        row.named = "the run did not fail?"
+    except TrainingError as e:
+        row.time_to_error = f"{time.monotonic() - t0:.1f} s (start-up included)"
+        row.named = f"{e.who}: {_last_line(e.detail)}"
+        row.left = "0 (the run was torn down)"
+    rows.append(row)
+    plan = transpile(wide_deep(vocab=200, dim=4, hidden=(8,), optimizer=nn.SGD(lr=0.1)).main)
+    d = plan.tables[0].to_dict()
+    d["optimizer"]["type"] = "lamb"
+    plan.tables[0] = TableSpec.from_dict(d)
+    row, t0 = Row("an optimizer the servers do not know"), time.monotonic()
+    try:
+        _small_run(model=plan, steps=3)
+        row.named = "the run did not fail?"
+    except PlanError as e:
+        row.time_to_error = f"{1e3 * (time.monotonic() - t0):.0f} ms (before any process)"
+        row.named = str(e).splitlines()[-1].strip(" -")[:90]
+        row.left = "0 (none started)"
+    rows.append(row)
+    return rows
+
+
+# -- insiders: a process with a key of the run -----------------------------------------------------
+W = TableSpec(name="w", kind="dense", shape=[4, 2], dtype="float32", initializer=ONE, optimizer=SGD)
+EMB = TableSpec(name="emb", kind="sparse", shape=[-1, 8], dtype="float32", initializer=ONE, optimizer=SGD)
+
+
+def _insider_row(name: str, attack, check) -> Row:
+    row = Row(name)
+    t0 = time.perf_counter()
+    reply = attack()
+    row.time_to_error = f"{1e3 * (time.perf_counter() - t0):.0f} ms"
+    if reply is None:
+        row.named = "NO REPLY"
+    else:
+        row.named = "ACCEPTED" if reply.get("ok") else reply["error"].split("refused: ")[-1][:90]
+    row.exact = "yes" if check() else "NO"
+    row.lost = "none" if row.exact == "yes" else "?"
+    return row
+
+
+def insider_rows() -> list[Row]:
+    """Attacks signed with one trainer's own key (cpu:1) against another's (cpu:0, gpu:0) rights."""
+    rows = []
+    g = np.full((4, 2), EXACT, np.float32)
+    with Servers([W, EMB], mode="sync", pushes_per_step=2, holders={"w": "gpu:0"}) as s:
+        key = lambda n: client_key(s.secret, n)  # noqa: E731 (what the driver hands each trainer)
+        a = PSClient(s.endpoints, client_key=key("cpu:0"), pusher="cpu:0", timeout=30)
+        b = PSClient(s.endpoints, client_key=key("cpu:1"), pusher="cpu:1", timeout=30)
+        evil = Raw(s, cid="cpu:1")
+        hold = evil.sign({"op": "hold", "table": "w"})
+        rows.append(_insider_row("hold of gpu:0's table by cpu:1", lambda: evil.ask(hold), lambda: True))
+        forged = evil.sign({"op": "stats"}, cid=a._cid, seq=10**15, sess=a._sess[0])
+        rows.append(
+            _insider_row(
+                "cpu:0's id, seq 10**15, by cpu:1",
+                lambda: evil.ask(forged),
+                lambda: a.stats() is not None,  # cpu:0 is not locked out
+            )
+        )
+        push = evil.sign({"op": "push", "table": "w", "step": 0, "pusher": "cpu:0"}, [g])
+
+        def real_step() -> bool:
+            a.push("w", g, step=0)
+            b.push("w", g, step=0)
+            return np.array_equal(a.pull("w", step=1), np.full((4, 2), 1 - 2 * EXACT, np.float32))
+
+        rows.append(_insider_row("sync push as pusher cpu:0 by cpu:1", lambda: evil.ask(push), real_step))
+        sent: list = []
+        real = a._socks[0].send_multipart
+        a._socks[0].send_multipart = lambda frames, **kw: (
+            sent.append([bytes(f) for f in frames]),
+            real(frames, **kw),
+        )[1]
+        a.push("emb", np.full((1, 8), EXACT, np.float32), np.array([3]), step=0)
+        a._socks[0].send_multipart = real
+        b.push("emb", np.full((1, 8), EXACT, np.float32), np.array([3]), step=0)
+
+        def flood_then_replay() -> dict | None:
+            for i in range(4200):
+                evil.sock.send_multipart(
+                    encode({"op": "hello", "cid": f"cpu:1/{i}", "seq": 0, "to": 0}, (), evil.key, "cpu:1")
+                )
+            for _ in range(4200):
+                evil.sock.poll(30_000) and evil.sock.recv_multipart()
+            return evil.ask(sent[0])
+
+        one_step = lambda: np.array_equal(  # noqa: E731
+            a.pull("emb", np.array([3]), step=1), np.full((1, 8), 1 - 2 * EXACT, np.float32)
+        )
+        rows.append(_insider_row("4 200 hellos, then a captured push replayed", flood_then_replay, one_step))
+        evil.sock.close()
+        a.close()
+        b.close()
+    with Servers([EMB], limits=Limits(max_memory_bytes=64 << 20)) as s, s.client() as c:
+        pid, t0 = s.processes[0].pid, time.perf_counter()
+        row = Row("fresh ids into a vocab -1 table, 64 MiB cap")
+        try:
+            for k in range(1000):
+                c.pull("emb", np.arange(100_000) + 100_000 * k)
+            row.named = "no cap?"
+        except PSError as e:
+            row.time_to_error = f"{time.perf_counter() - t0:.1f} s ({k * 100_000} rows served)"
+            row.named = str(e).split(": ", 1)[-1][:90]
+        row.left = f"shard alive, peak {_peak_rss(pid) / 2**20:.0f} MiB"
+        row.exact = (
+            "yes" if np.array_equal(c.pull("emb", np.array([5])), np.ones((1, 8), np.float32)) else "NO"
+        )
+        rows.append(row)
+    return rows
+
+
+# -- memory before authentication ------------------------------------------------------------------
+def _peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def memauth_row(mb: int) -> Row:
+    """3 frames of `mb` MB each (each under ZMQ_MAXMSGSIZE, together over the limit), unsigned,
+    from a peer without a key: the shard's peak memory growth."""
+    row = Row(f"3 x {mb} MB unsigned frames, no key")
+    frame = np.zeros(mb << 20, np.uint8)
+    with Servers([W], limits=Limits(max_message_bytes=(mb + mb // 2) << 20)) as s, s.client() as c:
+        c.pull("w")
+        pid = s.processes[0].pid
+        before = _peak_rss(pid)
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(s.endpoints[0])
+        t0 = time.perf_counter()
+        sock.send_multipart([header_frame({"op": "push", "table": "w"}), frame, frame, frame], copy=False)
+        replied = sock.poll(3000)
+        sock.close()
+        row.time_to_error = (
+            "refused at connection" if not replied else f"{time.perf_counter() - t0:.1f} s, replied"
+        )
+        row.named = f"shard peak memory +{(_peak_rss(pid) - before) / 2**20:.1f} MiB"
+        row.left = "shard alive" if all(p.is_alive() for p in s.processes) else "SHARD DIED"
+        row.exact = "yes" if np.array_equal(c.pull("w"), np.ones((4, 2), np.float32)) else "NO"
+        row.lost = "none"
+    return row
+
+
 # -- load --------------------------------------------------------------------------------------------
 def load_row(clients: int, seconds: float) -> Row:
     vocab = 1000
@@ -550,8 +780,11 @@ def print_table(rows: list[Row]) -> None:
 def main(argv: list[str] | None = None) -> list[Row]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--only", default="process,disk,hostile,load", help="groups to run, comma-separated (default: all)"
+        "--only",
+        default="process,disk,hostile,pause,startup,insider,memauth,load",
+        help="groups to run, comma-separated (default: all)",
     )
+    ap.add_argument("--frame-mb", type=int, default=200, help="frame size of the memauth row")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--load-seconds", type=float, default=5.0)
     ap.add_argument("--driver", nargs=3, help=argparse.SUPPRESS)
@@ -575,6 +808,19 @@ def main(argv: list[str] | None = None) -> list[Row]:
         if "hostile" in groups:
             rows += hostile_rows()
             rows.append(trainer_hostile_row())
+        if "pause" in groups:
+            for sig, pause in (
+                (signal.SIGKILL, "checkpoint"),
+                (signal.SIGSTOP, "checkpoint"),
+                (signal.SIGKILL, "evaluation"),
+            ):
+                rows.append(pause_row(sig, pause, tmp))
+        if "startup" in groups:
+            rows += startup_rows()
+        if "insider" in groups:
+            rows += insider_rows()
+        if "memauth" in groups:
+            rows.append(memauth_row(args.frame_mb))
         if "load" in groups:
             rows.append(load_row(args.clients, args.load_seconds))
     finally:

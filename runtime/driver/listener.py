@@ -81,6 +81,8 @@ class Listener:
         self.ready: set[str] = set()
         self.done: set[str] = set()
         self.stopped: dict[str, float] = {}  # name -> when the engine first saw it stopped
+        self.watched = 0.0  # when `watch` last looked at the processes
+        self.pausing = False  # a pause (checkpoint, evaluation) is under way: no step advances
         self.t0, self.t_start = t0, time.perf_counter()
         history.started_at = self.t_start
 
@@ -155,7 +157,8 @@ class Listener:
     def _advance(self) -> None:
         """Hand completed steps to the history in order; grant more steps (until_loss)."""
         while (
-            (st := self.steps.get(self.next)) is not None
+            not self.pausing
+            and (st := self.steps.get(self.next)) is not None
             and st.readers == len(self.readers)
             and st.got == st.items
         ):
@@ -210,12 +213,17 @@ class Listener:
         if self.pauses.due(self.next):
             for t in set(self.settings.held.values()):  # (their trainer writes held tables back first)
                 self.out.send(self.endpoints[str(ProcessId(t, 0))], header(WriteBack(self.next)))
+            self.pausing = True
             try:
                 self.pauses.pause(self.next, self.history, self.tel)
+            except TrainingError:
+                raise  # (a process the watch named while the pause waited for it)
             except Exception as e:
                 raise TrainingError(
                     f"the pause at step {self.next} (checkpoint / evaluation)", f"{type(e).__name__}: {e}"
                 ) from e
+            finally:
+                self.pausing = False
         until = self.settings.until_loss
         if self.final or (until is None and self.grant is None):  # (None: readers run to the end)
             return
@@ -227,6 +235,15 @@ class Listener:
             self.grant = self.grant_at(self.next)
         for r in self.readers:
             self.out.send(self.endpoints[r], header(Grant(self.grant, self.final)))
+
+    def watch(self) -> None:
+        """What `run` does five times a second, for the driver's waits outside it (the shards'
+        start-up, a pause's save, applied-count wait or evaluation: the driver's PSClient calls it
+        while a request waits): raise TrainingError naming a process that failed or stopped."""
+        now = time.perf_counter()
+        if now - self.watched >= 0.2:
+            self.watched = now
+            self._check_processes()
 
     def _check_processes(self) -> None:
         """Raise TrainingError for a process that ended before it finished its part."""

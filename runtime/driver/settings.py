@@ -416,6 +416,7 @@ class TrainerSpec:
     report_s: float = (
         0.0  # how long it may keep its step reports to the driver (runtime/transport/reports.py)
     )
+    ps_key: bytes | None = None  # its own key to the shards (wire.client_key; None: `secret`)
 
     @property
     def is_reader(self) -> bool:

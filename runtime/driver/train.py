@@ -21,7 +21,7 @@ import inspect
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from runtime.trainer.process import run_trainer
 from runtime.transport import reports
 from runtime.transport.channels import Inbox, Outbox
 from runtime.transport.process_id import SERVER, ProcessId, process_names
+from runtime.transport.wire import client_key
 from transpiler.config import kind_of
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
@@ -236,6 +237,8 @@ class _Session:
     callback: Callable[[dict[str, Any]], None] | None
     roots: list[Path]
     start_from: Path | None  # the checkpoint to resume from
+    # the shards' master key: each trainer gets only its own key under it (wire.client_key)
+    ps_secret: bytes = field(default_factory=lambda: os.urandom(32))
 
 
 def _run_to_end(s: _Session) -> None:
@@ -290,12 +293,16 @@ def _run(s: _Session) -> None:
             pushes=cfg.pushes or 1,
             trace=s.tel.tracing,
             roots=s.roots,
+            ps_secret=s.ps_secret,
+            holders={n: str(ProcessId(t, 0)) for n, t in cfg.held.items()},
         )
-        s.pauses.client = PSClient(ps_eps, secret=s.secret, timeout=cfg.stall_timeout, admin_secret=admin)
+        s.pauses.client = PSClient(
+            ps_eps, secret=s.ps_secret, timeout=cfg.stall_timeout, admin_secret=admin, watch=listen.watch
+        )
         if s.start_from is not None:
             s.pauses.client.load(s.start_from, step=s.pauses.start)
         elif s.plan.params:
-            load_values(s.plan, ps_eps, s.secret, admin)
+            load_values(s.plan, ps_eps, s.ps_secret, admin, watch=listen.watch)
         for name in names:
             spec = _trainer_spec(s, name, endpoints, ps_eps, inbox.endpoint, listen.first_grant())
             eng.start(
@@ -307,7 +314,7 @@ def _run(s: _Session) -> None:
                 resources=needs[name],
             )
         listen.run()
-        _finish(s, ps_eps, admin)
+        _finish(s, ps_eps, admin, listen.watch)
     finally:
         if s.pauses.client is not None:
             s.pauses.client.close()
@@ -343,14 +350,16 @@ def _trainer_spec(
         start=s.pauses.start,
         grant=grant,
         report_s=reports.EVERY_S if cfg.until_loss is None else 0.0,  # (until_loss: grants follow losses)
+        ps_key=client_key(s.ps_secret, name),
     )
 
 
-def _finish(s: _Session, ps_eps: list[str], admin: bytes) -> None:
+def _finish(s: _Session, ps_eps: list[str], admin: bytes, watch: Callable[[], None]) -> None:
     """After every trainer is done: table statistics, trace spans, final values, the final checkpoint
     and evaluation."""
     history, pauses = s.history, s.pauses
-    with PSClient(ps_eps, secret=s.secret, timeout=s.settings.stall_timeout, admin_secret=admin) as client:
+    timeout = s.settings.stall_timeout
+    with PSClient(ps_eps, secret=s.ps_secret, timeout=timeout, admin_secret=admin, watch=watch) as client:
         stats = client.stats()  # per shard; the tables' memory goes to History.tables and metrics
         history.tables = {
             n: {k: sum(st[n][k] for st in stats if n in st) for k in ("rows", "bytes")} for n in client.specs

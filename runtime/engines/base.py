@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-DELIVER_S = 5.0  # the most a process waits, when it ends, for its last messages to go out
+DELIVER_S = 65.0  # the most a process waits, when it ends, for its last messages to go out (to a
+# stopped driver: channels.PATIENT_LINGER_S; to other peers a socket lingers 2 s)
 HEAP_ARRAYS = 256 << 20  # arrays up to this size come from the heap, not from a fresh mmap
 HEAP_KEEP = 512 << 20  # freed memory at the heap's top kept for reuse up to this size
 
@@ -126,7 +127,7 @@ def child_main(
     except BaseException:
         code, text = 1, traceback.format_exc()
         try:
-            out = Outbox(secret)
+            out = Outbox(secret, patient=[report])
             out.send(report, header(Failed(name, text)))
             out.close()
         except Exception:  # the driver cannot be told (e.g. it is gone): its engine sees the exit code

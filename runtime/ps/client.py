@@ -6,20 +6,25 @@ then split, and goes to every shard (with zero rows where it has none), so every
 per pusher and step (sync mode counts on it; Adam's per-table step counters stay equal across
 shards). Dense tables live whole on one shard (`place_dense`).
 
-Requests are signed with `secret` and carry a random client id, an increasing sequence number and
-the shard they are for (the server refuses replays, also to another shard); admin requests (assign,
+Requests are signed with the client's own key — `client_key` as the driver hands it to a trainer,
+or derived here from the shards' master `secret` — under its name (`pusher`), and carry a sender id
+"name/instance", the session its hello opened on each shard, an increasing sequence number and the
+shard they are for (the server refuses replays, also to another shard); admin requests (assign,
 save, load) are signed with `admin_secret` when given (the driver's key; see server.py). Every
 request waits at most `timeout` seconds for its reply and then raises PSTimeoutError naming the
-shard: a client never hangs on a dead or stuck server. A client is not thread-safe (ZeroMQ sockets
+shard: a client never hangs on a dead or stuck server. `watch`, when given, is called at least five
+times a second while a request waits for its reply (the driver names a shard that died or stopped
+there, instead of waiting out the timeout: it raises). A client is not thread-safe (ZeroMQ sockets
 are not): give each thread its own."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,9 +40,13 @@ from runtime.ps.pulls import ALL, assemble, one_pull_per_table
 from runtime.ps.sharding import place_dense, shard_of
 from runtime.ps.types import PSError, check_ids_given
 from runtime.telemetry.outputs import unpack_spans
+from runtime.transport import zap
 from runtime.transport.shm import ShmRing, ShmSegments, shm_dir
-from runtime.transport.wire import AuthError, WireError, decode, encode, wire_array
+from runtime.transport.wire import AuthError, WireError, decode, decode_signed, encode, wire_array
+from runtime.transport.wire import client_key as wire_client_key
 from transpiler.tables import TableSpec, tables_from_dicts
+
+WATCH_S = 0.2  # the longest a waiting request goes without calling its client's `watch`
 
 
 class PSTimeoutError(PSError, TimeoutError):
@@ -53,29 +62,41 @@ class PSClient:
         timeout: float = 30.0,
         pusher: int | str = 0,
         admin_secret: bytes | None = None,
+        watch: Callable[[], None] | None = None,
+        client_key: bytes | None = None,
     ) -> None:
-        self.endpoints, self.secret, self.timeout = list(endpoints), secret, timeout
-        self.admin_secret = admin_secret if admin_secret is not None else secret
+        self.endpoints, self.timeout = list(endpoints), timeout
+        self.watch = watch
         self.pusher = str(pusher)
-        self._cid = os.urandom(8).hex()  # with _rid, the (sender, sequence number) a server checks
+        if "/" in self.pusher:
+            raise PSError(f"a client's name (pusher) may not contain '/', got {self.pusher!r}")
+        if client_key is None and secret is not None:
+            client_key = wire_client_key(secret, self.pusher)
+        self.secret = self._key = client_key  # (None: the servers authenticate nothing)
+        self.admin_secret = admin_secret
+        self._keys = tuple(k for k in (client_key, admin_secret) if k is not None)  # replies' keys
+        self._cid = f"{self.pusher}/{os.urandom(8).hex()}"  # with _rid, what a server's Sessions check
+        self._sess: dict[int, str] = {}  # shard -> the session its hello opened
         self._ctx = zmq.Context.instance()
-        self._socks = []
-        for ep in self.endpoints:
-            s = self._ctx.socket(zmq.DEALER)
-            s.linger = 0
-            s.connect(ep)
-            self._socks.append(s)
+        monitors = self._connect()
         self._rid = itertools.count()
         # same-host servers of a local run: large arrays through shared memory (runtime.transport.channels)
-        shm = shm_dir(self.endpoints[0]) if secret is not None else None
+        shm = shm_dir(self.endpoints[0]) if self._key is not None else None
         self._segments = None if shm is None else ShmSegments(shm)
         self._rings: list[ShmRing | None] = [None] * len(self.endpoints)
         try:
+            self.watch = functools.partial(self._refused_at_handshake, monitors, watch)
             hello = self._call({k: p.Hello() for k in range(len(self._socks))})
         except BaseException:
             self.close()
             raise
+        finally:
+            self.watch = watch
+            for sock, mon in zip(self._socks, monitors, strict=False):
+                sock.disable_monitor()
+                mon.close()
         first = hello[0][0]
+        self._sess = {k: h.get("session") or "" for k, (h, _) in hello.items()}
         for k, (h, _) in hello.items():
             if h["shard"] != k or h["num_shards"] != len(self.endpoints) or h["tables"] != first["tables"]:
                 self.close()
@@ -87,6 +108,32 @@ class PSClient:
         self.mode = first["mode"]
         self.specs = {t.name: t for t in tables_from_dicts(first["tables"])}
         self._dense = place_dense(list(self.specs.values()), len(self.endpoints))
+
+    def _connect(self) -> list[zmq.Socket]:
+        """A DEALER socket per shard, logged in with this client's key (zap.py); the monitor sockets
+        of their handshake failures (a shard refusing the key), for the hellos."""
+        self._socks, monitors = [], []
+        for ep in self.endpoints:
+            s = self._ctx.socket(zmq.DEALER)
+            s.linger = 0
+            if self._key is not None:
+                zap.credentials(s, self.pusher, self._key)
+            monitors.append(s.get_monitor_socket(zap.HANDSHAKE_FAILED))
+            s.connect(ep)
+            self._socks.append(s)
+        return monitors
+
+    def _refused_at_handshake(self, monitors: list[zmq.Socket], watch: Callable[[], None] | None) -> None:
+        """PSError when a shard refused this client's connection (no key, or another run's), else `watch`."""
+        for k, mon in enumerate(monitors):
+            if mon.poll(0):
+                mon.recv_multipart()
+                raise PSError(
+                    f"shard {k} ({self.endpoints[k]}): authentication failed: it refused the connection "
+                    "(this client has no key, or a key of other servers)"
+                )
+        if watch is not None:
+            watch()
 
     # -- requests ---------------------------------------------------------------------------
     def _call(self, requests: dict[int, p.Request]) -> dict[int, tuple[dict, list]]:
@@ -100,18 +147,8 @@ class PSClient:
         pending: dict[int, int] = {}  # rid -> index in requests
         due = dict.fromkeys((k for k, _ in requests), 0)
         for i, (k, req) in enumerate(requests):
-            rid, arrays = next(self._rid), req.arrays()
-            key = self.admin_secret if req.OP in p.ADMIN_OPS else self.secret
-            header = {**req.header(), "rid": rid, "cid": self._cid, "seq": rid, "to": k}
-            if self._segments is not None:
-                header["shm_reply"] = True
-                ring = self._ring(k) if arrays else None
-                if ring is not None and (
-                    desc := ring.put(arrays := [wire_array(i, a) for i, a in enumerate(arrays)])
-                ):
-                    header["shm"], arrays = desc, ()
-            frames = encode(header, arrays, key)
-            self._socks[k].send_multipart(frames, copy=False)
+            rid = next(self._rid)
+            self._socks[k].send_multipart(self._frames(k, req, rid), copy=False)
             pending[rid] = i
             due[k] += 1
         poller = zmq.Poller()
@@ -121,7 +158,11 @@ class PSClient:
         deadline = time.monotonic() + self.timeout
         while pending:
             left = deadline - time.monotonic()
-            ready = dict(poller.poll(max(0, left) * 1000)) if left > 0 else {}
+            ready = dict(poller.poll(min(left, WATCH_S) * 1000)) if left > 0 else {}
+            if self.watch is not None:
+                self.watch()
+            if not ready and time.monotonic() < deadline:
+                continue
             if not ready:
                 late = sorted(
                     {f"shard {requests[i][0]} ({self.endpoints[requests[i][0]]})" for i in pending.values()}
@@ -151,6 +192,24 @@ class PSClient:
             raise PSError("; ".join(errors))
         return out
 
+    def _frames(self, k: int, req: p.Request, rid: int) -> list:
+        """Request `req` to shard k as frames: signed with the admin key (an admin request) or this
+        client's, its arrays through the shared-memory ring when they fit."""
+        arrays = req.arrays()
+        admin = req.OP in p.ADMIN_OPS and self.admin_secret is not None
+        key, sender = (self.admin_secret, None) if admin else (self._key, self.pusher)
+        header = {**req.header(), "rid": rid, "cid": self._cid, "seq": rid, "to": k}
+        if k in self._sess:
+            header["sess"] = self._sess[k]
+        if self._segments is not None:
+            header["shm_reply"] = True
+            ring = self._ring(k) if arrays else None
+            if ring is not None and (
+                desc := ring.put(arrays := [wire_array(i, a) for i, a in enumerate(arrays)])
+            ):
+                header["shm"], arrays = desc, ()
+        return encode(header, arrays, key, None if key is None else sender)
+
     def _ring(self, k: int) -> ShmRing | None:
         """The shared-memory ring of requests to shard k (None: it cannot be made, e.g. /dev/shm full)."""
         if self._rings[k] is None:
@@ -162,7 +221,8 @@ class PSClient:
 
     def _reply(self, k: int, frames: list) -> tuple[dict, list]:
         try:
-            h, arrays = decode(frames, self.secret)
+            signed = decode_signed(frames, self._keys)
+            h, arrays = signed.header, signed.arrays
             if "shm" in h:
                 if self._segments is None or arrays:
                     raise WireError(

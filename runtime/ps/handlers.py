@@ -32,12 +32,14 @@ class ParkPulls(Exception):  # noqa: N818 (a signal, not an error)
 @dataclass
 class Context:
     """What a request handler may use: the shard, the server's checkpoint roots and trace recorder,
-    and `release(table)`, which answers the parked requests a step just applied lets go on."""
+    `release(table)`, which answers the parked requests a step just applied lets go on, and
+    `holders` (table -> the client name the plan gives it; None: any client may hold a table)."""
 
     shard: Shard
     roots: list[str]
     rec: Recorder
     release: Callable[[str], None]
+    holders: dict[str, str] | None = None
 
 
 def describe(e: Exception) -> str:
@@ -69,6 +71,7 @@ def _hello(cx: Context, r: p.Hello) -> Reply:
         "num_shards": s.num_shards,
         "mode": s.mode,
         "tables": tables_to_dicts(s.specs),
+        "session": r.session,
     }, []
 
 
@@ -111,6 +114,11 @@ def _apply(cx: Context, r: p.Apply) -> Reply:
 
 
 def _hold(cx: Context, r: p.Hold) -> Reply:
+    if cx.holders is not None:
+        who, may = r.holder.split("/", 1)[0], cx.holders.get(r.table)
+        if who != may:
+            allowed = f"the plan gives it to {may!r}" if may else "the plan gives it to no trainer"
+            raise PSError(f"hold of table {r.table!r} by {who!r} refused: {allowed}")
     state = held_tables.hold(cx.shard, r.table, r.holder)
     return {"keys": list(state)}, list(state.values())
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +27,13 @@ def start_servers(
     pushes: int | dict[str, int] = 1,
     trace: bool = False,
     roots: list[Path] | None = None,
+    ps_secret: bytes | None = None,
+    holders: dict[str, str] | None = None,
 ) -> None:
     """Start the shards "ps:k" serving tables `specs` at `ps_eps` through `eng`: requests signed with
-    `secret`, admin ones (assign, save, load) with `admin`; save / load only inside `roots`."""
+    a client's key under the shards' master `ps_secret` (default: `secret`, the run's key, with which
+    they report a failure), admin ones (assign, save, load) with `admin`; save / load only inside
+    `roots`; `holders`: table -> the trainer that may hold it (server.py)."""
     for k, ep in enumerate(ps_eps):
         eng.start(
             f"ps:{k}",
@@ -40,19 +45,23 @@ def start_servers(
                 num_shards=len(ps_eps),
                 mode=mode,
                 pushes_per_step=pushes,
-                secret=secret,
+                secret=secret if ps_secret is None else ps_secret,
                 trace=trace,
                 admin_secret=admin,
                 checkpoint_root=[str(p) for p in roots or ()] or None,
+                holders=holders,
             ),
             report=report,
             secret=secret,
         )
 
 
-def load_values(plan: Plan, ps_eps: list[str], secret: bytes, admin: bytes) -> None:
-    """Give the servers the parameter values the plan carries (ONNX / Paddle imports)."""
-    with PSClient(ps_eps, secret=secret, admin_secret=admin) as client:
+def load_values(
+    plan: Plan, ps_eps: list[str], secret: bytes, admin: bytes, watch: Callable[[], None] | None = None
+) -> None:
+    """Give the servers the parameter values the plan carries (ONNX / Paddle imports); `watch`: see
+    PSClient."""
+    with PSClient(ps_eps, secret=secret, admin_secret=admin, watch=watch) as client:
         for name, value in plan.params.items():
             if name in client.specs:
                 sparse = client.specs[name].kind == "sparse"

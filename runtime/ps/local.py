@@ -26,13 +26,16 @@ class Servers:
     once and forks each shard from it; spawn where forkserver does not exist), never from a fork
     of the caller, which may hold threads and sockets.
 
-    `endpoints[k]` is shard k's address. Requests are signed: `secret` and `admin_secret` default to
-    random keys made here; `client()` is a `PSClient` holding both (give other processes, e.g.
-    trainers, `PSClient(endpoints, secret=servers.secret)`: they can pull and push but not assign,
-    save, load or shut down). Save and load work only inside `checkpoint_root`. With `log_dir`,
-    shard k writes its log and stderr to `log_dir/ps-shard{k}.log`; otherwise to the forkserver's
-    stderr. `limits`: see `shard.Limits`. With `transport="ipc"` the endpoints lie in a private
-    run directory whose /dev/shm twin carries same-host clients' large arrays (runtime.transport.channels).
+    `endpoints[k]` is shard k's address. Requests are signed: `secret` (the shards' master key) and
+    `admin_secret` default to random keys made here; `client()` is a `PSClient` holding both. Give
+    other processes, e.g. trainers, their own key: `PSClient(endpoints, pusher=name,
+    client_key=wire.client_key(servers.secret, name))` pulls and pushes as `name` only and cannot
+    assign, save, load or shut down (a client given `secret=servers.secret` can derive any name's
+    key). Save and load work only inside `checkpoint_root`. With `log_dir`, shard k writes its log
+    and stderr to `log_dir/ps-shard{k}.log`; otherwise to the forkserver's stderr. `limits`: see
+    `shard.Limits`; `holders`: table -> the client name that may hold it (None: any client; `train`
+    passes the plan's). With `transport="ipc"` the endpoints lie in a private run directory whose
+    /dev/shm twin carries same-host clients' large arrays (runtime.transport.channels).
     """
 
     def __init__(
@@ -51,6 +54,7 @@ class Servers:
         limits: Limits | None = None,
         log_dir: str | os.PathLike | None = None,
         start_timeout: float = 60.0,
+        holders: dict[str, str] | None = None,
     ) -> None:
         if transport not in ("tcp", "ipc"):
             raise PSError(f"transport {transport!r} is not 'tcp' or 'ipc'")
@@ -82,6 +86,7 @@ class Servers:
                         limits=limits,
                         pushes_per_step=pushes_per_step,
                         check_finite=check_finite,
+                        holders=holders,
                         ready=send,
                         log_file=log_dir and os.path.join(log_dir, f"ps-shard{k}.log"),
                     ),

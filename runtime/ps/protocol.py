@@ -73,7 +73,15 @@ class _Request:
 
 @dataclass(slots=True)
 class Hello(_Request):
+    """Open a session (the server fills in `session`, which the reply carries: wire.Sessions)."""
+
     OP: ClassVar[str] = "hello"
+    UNSENT: ClassVar[tuple[str, ...]] = ("session",)
+    session: str = ""
+
+    @classmethod
+    def parse(cls, h: dict, arrays: list) -> Hello:
+        return cls(str(h.get("sess") or ""))
 
 
 @dataclass(slots=True)

@@ -13,13 +13,18 @@ not blocking the loop, and answered as soon as that step is applied. With `trace
 records the time it spends on each pull and push (`runtime.telemetry.outputs.Recorder`) and hands
 the spans out on a `trace` request.
 
-Security: with a `secret`, every request must carry its MAC (wire.py), a sender id and sequence number newer
-than that sender's last (`wire.ReplayGuard`) and the index of the shard it is for (`to`), so a
-captured request cannot be replayed, reordered or sent to another shard. Admin requests
+Security: with a `secret` (the shards' master key), every request must carry its MAC under the
+sending client's own key, `wire.client_key(secret, name)`, which the driver derives for each trainer
+(its name: "gpu:0"), so a client speaks only as itself: its sender id (`cid` = "name/instance")
+starts with that name, it pushes only as pusher `name` and holds only the tables the plan gives
+`name` (`holders`). A client opens a session with `hello`; every later request must carry it
+(`sess`), a sequence number newer than the last (`wire.Sessions`: a forgotten sender must say hello
+again, so a captured request is never accepted later) and the index of the shard it is for (`to`),
+so a captured request cannot be replayed, reordered or sent to another shard. Admin requests
 (`ADMIN_OPS`: assign, save, load, shutdown) must be signed with `admin_secret` when one is given
-(only the driver holds it; trainers get `secret` alone), and save / load only touch directories
-inside `checkpoint_root`. `Servers` (runtime/ps/local.py) makes both keys at random. Limits on what
-a request may cost: `shard.Limits`.
+(only the driver holds it), and save / load only touch directories inside `checkpoint_root`.
+`Servers` (runtime/ps/local.py) makes both keys at random. Limits on what a request may cost:
+`shard.Limits`.
 
 The server binds 127.0.0.1 by default; `ipc://` endpoints work too. It stops on SIGTERM/SIGINT, a
 `shutdown` request, or when its parent process dies, closing its socket before exiting. `Servers`
@@ -28,6 +33,7 @@ The server binds 127.0.0.1 by default; `ipc://` endpoints work too. It stops on 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -47,17 +53,21 @@ from runtime.transport.shm import ShmRing, ShmSegments, shm_dir
 from runtime.transport.wire import (
     AuthError,
     ReplayError,
-    ReplayGuard,
+    Sessions,
+    Signed,
     WireError,
+    client_key,
     decode_signed,
     encode,
     wire_array,
 )
+from runtime.transport.zap import Gate
 from transpiler.tables import tables_from_dicts
 
 log = logging.getLogger("hetps.ps")
 ADMIN_OPS, OPS = p.ADMIN_OPS, p.OPS
 MAX_REPLY_RINGS = 64  # clients beyond these get their replies as ZeroMQ frames
+MAX_QUEUED = 256  # requests of one connection ZeroMQ keeps before the server reads them
 
 
 @dataclass
@@ -68,6 +78,7 @@ class Parked:
     rid: Any
     shm_reply: bool
     request: p.Request
+    key: bytes | None = None  # the key its reply is signed with (the request's)
 
 
 class _Loop:
@@ -79,17 +90,17 @@ class _Loop:
         trace: bool = False,
         admin_secret: bytes | None = None,
         checkpoint_root: str | list[str] | None = None,
+        holders: dict[str, str] | None = None,
     ) -> None:
         self.sock, self.shard, self.secret = sock, shard, secret
-        # without a data key nothing is authenticated (a private endpoint): an admin key alone means nothing
-        self.keys = () if secret is None else (secret,) if admin_secret is None else (secret, admin_secret)
-        self.admin_key = 1 if len(self.keys) == 2 else None
-        self.replays = ReplayGuard() if self.keys else None
+        # without a master key nothing is authenticated (a private endpoint): an admin key alone means nothing
+        self.admin_keys = () if secret is None or admin_secret is None else (admin_secret,)
+        self.sessions = Sessions() if secret is not None else None
         roots = [checkpoint_root] if isinstance(checkpoint_root, str) else checkpoint_root or []
         self.roots = [os.path.realpath(r) for r in roots]
         self.limits = shard.limits
         self.rec = Recorder(trace)
-        self.cx = Context(shard, self.roots, self.rec, self.release)
+        self.cx = Context(shard, self.roots, self.rec, self.release, holders)
         self.parked: dict[str, list[Parked]] = {}
         self.segments: ShmSegments | None = None  # requests' arrays in clients' shm segments
         self.rings: dict[bytes, ShmRing | None] = {}  # replies' arrays to clients that read shm
@@ -102,20 +113,26 @@ class _Loop:
         self.segments = None if directory is None else ShmSegments(directory)
 
     def reply(
-        self, ident: Any, rid: Any, header: dict, arrays: list = (), sign: bool = True, shm: bool = False
+        self,
+        ident: Any,
+        rid: Any,
+        header: dict,
+        arrays: list = (),
+        key: bytes | None = None,
+        shm: bool = False,
     ) -> None:
         """Send a reply; its arrays through the client's shared-memory ring when `shm` (the
         request said the client reads them) and they fit, else as ZeroMQ frames. An array that does
         not own its memory may be a view of a table (a dense pull: `Shard.pull(copy=False)`), which
         the next push changes in place: it is copied into the ring, or copied before ZeroMQ sends it
-        without a copy of its own."""
-        if shm and arrays and sign and self.segments is not None:
+        without a copy of its own. Signed with `key` (the request's); unsigned without one."""
+        if shm and arrays and key is not None and self.segments is not None:
             ring = self._ring(bytes(ident))
             arrays = [wire_array(i, a) for i, a in enumerate(arrays)]
             if ring is not None and (desc := ring.put(arrays)):
                 header, arrays = {**header, "shm": desc}, ()
         arrays = [a if a.flags.owndata else a.copy() for a in map(np.asarray, arrays)]
-        frames = encode({"rid": rid, **header}, arrays, self.secret if sign else None)
+        frames = encode({"rid": rid, **header}, arrays, key)
         self.sock.send_multipart([ident, *frames], copy=False)
 
     def _ring(self, ident: bytes) -> ShmRing | None:
@@ -164,54 +181,70 @@ class _Loop:
 
     def _serve(self, ident: Any, frames: list) -> bool:
         try:
-            msg = decode_signed(frames, self.keys, max_bytes=self.limits.max_message_bytes)
-            if self.replays is not None:
-                if msg.header.get("to") != self.shard.shard:  # a request captured on its way to another
-                    raise ReplayError(
-                        f"request addressed to shard {msg.header.get('to')!r:.20}, this is "
-                        f"shard {self.shard.shard}; refused"
-                    )
-                self.replays.check(msg.header)
+            msg = decode_signed(
+                frames, self.admin_keys, max_bytes=self.limits.max_message_bytes, master=self.secret
+            )
+            if self.sessions is not None:
+                self._check_sender(msg)
             if "shm" in msg.header:  # (only after the MAC and replay checks)
                 msg.arrays = self._shm_arrays(msg.header.pop("shm"), msg.arrays)
-        except ReplayError as e:
-            log.error("shard %d: refused a replayed request: %s", self.shard.shard, e)
-            self.reply(ident, None, {"ok": False, "error": f"authentication failed: {e}"}, sign=False)
-            return False
-        except AuthError as e:
-            log.error("shard %d: rejected an unauthenticated request: %s", self.shard.shard, e)
-            self.reply(ident, None, {"ok": False, "error": f"authentication failed: {e}"}, sign=False)
+        except AuthError as e:  # (a ReplayError too)
+            what = "refused a replayed" if isinstance(e, ReplayError) else "rejected an unauthenticated"
+            log.error("shard %d: %s request: %s", self.shard.shard, what, e)
+            self.reply(ident, None, {"ok": False, "error": f"authentication failed: {e}"})
             return False
         except WireError as e:
             log.warning("shard %d: malformed request: %s", self.shard.shard, e)
             self.reply(ident, None, {"ok": False, "error": f"malformed request: {e}"})
             return False
         header, arrays = msg.header, msg.arrays
+        key = self._key_of(msg)
         rid, op, shm_reply = header.get("rid"), header.get("op"), header.get("shm_reply") is True
-        if op in p.ADMIN_OPS and self.admin_key is not None and msg.key != self.admin_key:
-            log.error(
-                "shard %d: refused %r signed with the data key, not the admin key", self.shard.shard, op
-            )
-            self.reply(
-                ident,
-                rid,
-                {
-                    "ok": False,
-                    "error": f"{op!r} is an admin request: only the driver "
-                    "(which holds the admin key) may send it",
-                },
-            )
-            return False
         try:
+            self._check_rights(msg, op)
             req = p.parse(header, arrays)
+            _check_pusher(req, msg.sender)
         except PSError as e:
-            self.reply(ident, rid, {"ok": False, "error": str(e)})
+            log.error("shard %d: refused %r: %s", self.shard.shard, op, e)
+            self.reply(ident, rid, {"ok": False, "error": str(e)}, key=key)
             return False
         if isinstance(req, p.Shutdown):
-            self.reply(ident, rid, {"ok": True})
+            self.reply(ident, rid, {"ok": True}, key=key)
             return True
-        self.serve_request(Parked(ident, rid, shm_reply, req), hand_back=True)
+        self.serve_request(Parked(ident, rid, shm_reply, req, key), hand_back=True)
         return False
+
+    def _key_of(self, msg: Signed) -> bytes | None:
+        """The key `msg` was signed with (its reply's)."""
+        if msg.sender is not None:
+            return client_key(self.secret, msg.sender)
+        return None if msg.key is None else self.admin_keys[msg.key]
+
+    def _check_sender(self, msg: Signed) -> None:
+        """ReplayError for a request to another shard, of another client's id, or outside a live
+        session (a hello opens one: its id goes into the request as `sess`, for the reply)."""
+        h = msg.header
+        if h.get("to") != self.shard.shard:  # a request captured on its way to another
+            raise ReplayError(
+                f"request addressed to shard {h.get('to')!r:.20}, this is shard {self.shard.shard}; refused"
+            )
+        Sessions.seq_of(h)
+        if msg.sender is not None and Sessions.name_of(h.get("cid")) != msg.sender:
+            raise AuthError(
+                f"request signed with the key of client {msg.sender!r} claims sender id "
+                f"{h.get('cid')!r:.80}: a client may speak only as itself"
+            )
+        if h.get("op") == "hello":
+            h["sess"] = self.sessions.open(h)
+        else:
+            self.sessions.check(h)
+
+    def _check_rights(self, msg: Signed, op: Any) -> None:
+        """PSError for an admin request not signed with the admin key."""
+        if op in p.ADMIN_OPS and self.admin_keys and msg.key != 0:
+            raise PSError(
+                f"{op!r} is an admin request: only the driver (which holds the admin key) may send it"
+            )
 
     def serve_request(self, w: Parked, hand_back: bool = False, released: str | None = None) -> None:
         """Answer one request, or park it when it must wait for its sync step. `hand_back`: give
@@ -243,18 +276,18 @@ class _Loop:
                 sp.skip()
                 if not isinstance(e, PSError):
                     log.exception("shard %d: request %r failed", self.shard.shard, r.OP)
-                self.reply(w.ident, w.rid, {"ok": False, "error": describe(e)})
+                self.reply(w.ident, w.rid, {"ok": False, "error": describe(e)}, key=w.key)
                 return
             if hand_back:
                 self._hand_back()  # (the request's arrays are used up; its client may reuse their bytes)
-            self.reply(w.ident, w.rid, {"ok": True, **out}, out_arrays, shm=w.shm_reply)
+            self.reply(w.ident, w.rid, {"ok": True, **out}, out_arrays, key=w.key, shm=w.shm_reply)
 
     def _shm_arrays(self, desc: Any, frames: list) -> list:
         """The arrays a request left in its client's shared-memory segment (bounds-checked there):
         read-only views, their bytes handed back to the client (`_hand_back`) once the request is
         applied, before its reply, except in sync mode, where pushes wait in the shard for their
         step and pulls park, so a request's arrays outlive it: copies then."""
-        if self.segments is None or frames or self.keys == ():
+        if self.segments is None or frames or self.secret is None:
             raise WireError(
                 "a shared-memory request reached a server without a shared-memory directory "
                 "(or without a secret, or with frames as well)"
@@ -285,6 +318,7 @@ class _Loop:
                         f"already wait for their step, the limit max_parked={limit}"
                     ),
                 },
+                key=w.key,
             )
             return
         self.parked.setdefault(table, []).append(w)
@@ -296,6 +330,16 @@ class _Loop:
             waiting += self.parked.pop(CLIP, [])
         for w in waiting:
             self.serve_request(w, released=table)
+
+
+def _check_pusher(req: p.Request, sender: str | None) -> None:
+    """PSError for a push as a pusher other than the client whose key signed it."""
+    pusher = getattr(req, "pusher", None)
+    if sender is not None and pusher is not None and pusher != sender and getattr(req, "pushes", True):
+        raise PSError(
+            f"{req.OP} as pusher {pusher!r} refused: it is signed with the key of client {sender!r}, "
+            "and a client pushes only as itself"
+        )
 
 
 def _log_to(log_file: str | None, shard: int) -> None:
@@ -324,12 +368,14 @@ def serve(
     admin_secret: bytes | None = None,
     checkpoint_root: str | list[str] | None = None,
     limits: Limits | None = None,
+    holders: dict[str, str] | None = None,
 ) -> None:
     """Run one shard until stopped. `ready` (a multiprocessing Connection) gets the bound endpoint,
-    or `("error", message)` when the server cannot start. With `log_file`, everything the process
-    writes to stderr (its log, any traceback) is appended there. `secret` / `admin_secret` /
-    `checkpoint_root` / `limits`: see the module docstring (without a secret, anyone who reaches the
-    endpoint may do anything: use it only on a private endpoint)."""
+        or `("error", message)` when the server cannot start. With `log_file`, everything the process
+        writes to stderr (its log, any traceback) is appended there. `secret` / `admin_secret` /
+        `checkpoint_root` / `limits` / `holders` (table -> the client name that may hold it; None: any
+    client): see the module docstring (without a secret, anyone who reaches the
+        endpoint may do anything: use it only on a private endpoint)."""
     _log_to(log_file, shard)
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -338,9 +384,15 @@ def serve(
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.linger = 0
-    # ZeroMQ drops the connection of a peer sending one frame over twice the limit before buffering it
-    # (memory stays bounded); a message up to that size gets decode's clear error reply instead
+    # memory before authentication: with a key, ZeroMQ admits only connections of clients that log in
+    # with their key's token (zap.py); a frame over twice the limit drops its connection unread (a
+    # message up to that size gets decode's clear error reply), and at most MAX_QUEUED messages of one
+    # connection wait unread
+    gate = None if secret is None else Gate(ctx, functools.partial(client_key, secret))
+    if gate is not None:
+        Gate.guard(sock)
     sock.maxmsgsize = 2 * (limits or Limits()).max_message_bytes
+    sock.rcvhwm = MAX_QUEUED
     try:
         tables = Shard(
             tables_from_dicts(specs),
@@ -351,11 +403,13 @@ def serve(
             check_finite=check_finite,
             limits=limits,
         )
-        loop = _Loop(sock, tables, secret, trace, admin_secret, checkpoint_root)
+        loop = _Loop(sock, tables, secret, trace, admin_secret, checkpoint_root, holders)
         sock.bind(endpoint)
         loop.attach_shm(sock.getsockopt_string(zmq.LAST_ENDPOINT))
     except Exception as e:
         sock.close()
+        if gate is not None:
+            gate.close()
         ctx.term()
         if ready is not None:
             ready.send(("error", f"{type(e).__name__}: {e}"))
@@ -371,6 +425,8 @@ def serve(
     finally:
         loop.close()
         sock.close()
+        if gate is not None:
+            gate.close()
         ctx.term()
 
 

@@ -11,15 +11,19 @@
 - `geo`: a push is a delta the trainer accumulated locally over k steps; it is added to the rows.
 
 Limits (`Limits`, each refused with a PSError naming its option): a request may create at most
-`max_new_rows` rows of an unbounded (`vocab=-1`) table; a sync push or pull may be at most
-`max_steps_ahead` steps past the table's applied steps, and at most `max_buffered` pushes may wait
-for later steps per table. The server adds its own (message bytes, parked pulls; see server.py).
+`max_new_rows` rows of an unbounded (`vocab=-1`) table, and the shard's tables in RAM may hold at
+most `max_memory_bytes` (default: the memory this machine had available when the shard started;
+checked at start for what the tables allocate then, and whenever a request creates sparse rows);
+a sync push or pull may be at most `max_steps_ahead` steps past the table's applied steps, and at
+most `max_buffered` pushes may wait for later steps per table. The server adds its own (message
+bytes, parked pulls; see server.py).
 
 The same object runs inside the server process and in-process (tests, reference runs).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +58,34 @@ class Limits:
     max_steps_ahead: int = MAX_STEPS_AHEAD
     max_buffered: int = MAX_BUFFERED
     max_parked: int = MAX_PARKED
+    max_memory_bytes: int | None = None  # None: the memory available when the shard starts
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine has available now (Linux's MemAvailable; None elsewhere)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def start_bytes(spec: TableSpec) -> int:
+    """Bytes a table allocates when its shard starts: a dense table's value and its optimizer
+    state of the same shape (sparse tables start empty)."""
+    if spec.kind != "dense":
+        return 0
+    whole = math.prod(max(int(d), 1) for d in spec.shape)
+    state = (spec.optimizer.state or {}).values() if spec.optimizer is not None else ()
+    arrays = 1 + sum(1 for st in state if math.prod(st.shape) == whole and whole > 1)
+    return whole * np.dtype(spec.dtype).itemsize * arrays
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
 
 
 class Shard:
@@ -78,6 +110,8 @@ class Shard:
             raise PSError(f"table names repeat: {names}")
         self.shard, self.num_shards, self.mode = shard, num_shards, mode
         self.check_finite, self.limits = check_finite, limits or Limits()
+        self.memory_cap = self.limits.max_memory_bytes or available_memory()
+        self._check_start_memory(tables_of_shard(self.specs, shard, num_shards))
         self.tables: dict[str, Table] = {
             s.name: make_table(s, check_finite, f"{shard} of {num_shards}")
             for s in tables_of_shard(self.specs, shard, num_shards)
@@ -109,6 +143,37 @@ class Shard:
                 f"unknown table {name!r} on shard {self.shard}; it holds {sorted(self.tables)}"
             ) from None
 
+    def _check_start_memory(self, specs: list[TableSpec]) -> None:
+        """PSError naming the largest table when this shard's tables cannot be allocated."""
+        need = {s.name: start_bytes(s) for s in specs}
+        if self.memory_cap is None or sum(need.values()) <= self.memory_cap:
+            return
+        big = max(need, key=need.get)
+        where = (
+            "max_memory_bytes" if self.limits.max_memory_bytes else "the memory this machine has available"
+        )
+        raise PSError(
+            f"shard {self.shard} cannot start: its tables need {_gb(sum(need.values()))} (table {big!r} "
+            f"{_gb(need[big])}: its value and optimizer state), more than {_gb(self.memory_cap)} ({where}); "
+            "use more shards or smaller tables"
+        )
+
+    def _check_memory(self, t: Table, ids: np.ndarray, what: str) -> None:
+        """PSError when the rows `ids` would create would take this shard's tables in RAM past
+        `memory_cap` (a table on disk keeps its own RAM budget)."""
+        if self.memory_cap is None or t.spec.kind != "sparse" or t.spec.storage == "disk":
+            return
+        per_row = t.dim * t.dtype.itemsize * (1 + len(t.state_slots)) + 16  # (+ the index's share)
+        held = sum(x.memory_bytes() for x in self.tables.values() if x.spec.storage != "disk")
+        if held + np.size(ids) * per_row <= self.memory_cap:
+            return  # (even if every id were new)
+        if (grow := t.new_rows(ids) * per_row) and held + grow > self.memory_cap:
+            raise PSError(
+                f"{what} of table {t.name!r} on shard {self.shard} refused: its new rows would take the "
+                f"shard's tables to {_gb(held + grow)}, past max_memory_bytes={self.memory_cap} "
+                f"({_gb(self.memory_cap)}); give the table a vocab, storage='disk' or more shards"
+            )
+
     # -- pull / push ------------------------------------------------------------------------
     def check_not_held(self, name: str, what: str) -> None:
         """PSError for a push or (non-peek) pull of a table a trainer holds (held_tables.py)."""
@@ -120,7 +185,10 @@ class Shard:
             )
 
     def _check_new_rows(self, t: Table, ids: np.ndarray | None, what: str) -> None:
-        """PSError when `ids` would create more than `max_new_rows` rows of an unbounded table."""
+        """PSError when `ids` would create more than `max_new_rows` rows of an unbounded table, or
+        take the shard past its memory cap."""
+        if ids is not None:
+            self._check_memory(t, ids, what)
         limit = self.limits.max_new_rows
         if not t.unbounded or ids is None or np.size(ids) <= limit:
             return  # (fewer ids than the limit cannot create more rows than it)

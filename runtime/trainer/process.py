@@ -128,9 +128,13 @@ class Trainer:
     def _connect(self) -> None:
         s = self.spec
         self.inbox = Inbox(s.endpoints[self.name], s.secret)
-        self.out = Outbox(s.secret)
+        self.out = Outbox(s.secret, patient=[s.driver])  # (a stopped driver still gets the last reports)
         self.reports = ReportQueue(self.out, s.driver, self.name, s.report_s)
-        self.ps.connect(lambda: PSClient(s.ps, secret=s.secret, timeout=s.stall_timeout, pusher=self.name))
+        self.ps.connect(
+            lambda: PSClient(
+                s.ps, secret=s.secret, client_key=s.ps_key, timeout=s.stall_timeout, pusher=self.name
+            )
+        )
         self.ps.prefetch_dense(self.book.flushed)
         if self.is_reader:
             self.batches = sources.reader_batches(

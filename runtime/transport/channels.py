@@ -39,6 +39,10 @@ from runtime.transport.wire import AuthError, ReplayGuard, WireError, decode, en
 
 log = logging.getLogger("hetps.channels")
 REFUSALS_PER_CALL = 100  # refused messages one `Inbox.recv` skips before it returns None
+# how long a process that ends waits for its messages to a `patient` peer (the driver) to go out: a
+# driver stopped (SIGSTOP, Ctrl-Z) meanwhile reads them once continued, so a run that finished is not
+# judged failed for a trainer's last report lost at its exit
+PATIENT_LINGER_S = 60.0
 
 
 class Inbox:
@@ -112,7 +116,9 @@ class Inbox:
 
 
 class Outbox:
-    """PUSH sockets to named peers (connected lazily); `send(endpoint, header, arrays)`."""
+    """PUSH sockets to named peers (connected lazily); `send(endpoint, header, arrays)`. When the
+    process ends, what it queued for a peer goes out for up to `linger_ms`, for the `patient`
+    endpoints (the driver's inbox) up to `PATIENT_LINGER_S`."""
 
     def __init__(
         self,
@@ -120,8 +126,10 @@ class Outbox:
         context: zmq.Context | None = None,
         linger_ms: int = 2000,
         shm: bool = True,
+        patient: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.secret, self.linger_ms, self.shm = secret, linger_ms, shm
+        self.patient = frozenset(patient)
         # with a secret every message carries this Outbox's id and number (Inbox refuses replays)
         self.cid, self.seq = os.urandom(8).hex(), 0
         self.ctx = context or zmq.Context.instance()
@@ -135,7 +143,8 @@ class Outbox:
         sock = self.socks.get(endpoint)
         if sock is None:
             sock = self.socks[endpoint] = self.ctx.socket(zmq.PUSH)
-            sock.linger = self.linger_ms  # let queued messages out when the process finishes
+            # let queued messages out when the process finishes
+            sock.linger = int(PATIENT_LINGER_S * 1000) if endpoint in self.patient else self.linger_ms
             sock.sndhwm = 0
             sock.connect(endpoint)
         if self.shm and arrays:

@@ -23,8 +23,15 @@ in the stdlib; larger ones by Poly1305 under a one-time key BLAKE2b(secret, nonc
 Poly1305, the MAC of ChaCha20-Poly1305 / NaCl, keyed per message as they do): ~6x faster than
 HMAC-SHA256 on large tensors even with the CPU's SHA instructions and ~10x faster than BLAKE2b, but
 it costs 2–12 µs to set up per message (an OpenSSL key object), 3-4x keyed BLAKE2b on a small one.
-Sender and receiver pick the same one from the frames' total length, which the MAC covers. The MAC
-authenticates the sender; on its own
+Sender and receiver pick the same one from the frames' total length, which the MAC covers.
+
+Per-client keys: a receiver that holds a master secret (a parameter server) may give each client its
+own key, `client_key(master, name)`, which the driver derives and hands to that client alone. Such a
+client's MAC frame carries its name after the tag (`sign(..., sender=name)`), the receiver derives
+the key from the name and checks the tag under it, and `Signed.sender` is the name: a client can
+sign only as itself, so a holder of one client's key cannot claim another client's identity.
+
+The MAC authenticates the sender; on its own
 it does not stop a recorded message from being replayed: a receiver that must refuse replays (a
 parameter server, and every trainer's and driver's `channels.Inbox`) also checks the header's sender
 id `cid` and sequence number `seq` with a `ReplayGuard`. Parameter servers and trainer-to-trainer
@@ -62,6 +69,7 @@ MAX_HEADER_BYTES = 1 << 20
 MAX_HEADER_DEPTH = 10
 MAX_DIMS = 32  # dimensions of one array (numpy allows 64)
 MAX_SENDERS = 4096  # sender ids a ReplayGuard remembers (least recently seen forgotten first)
+MAX_NAME_BYTES = 64  # a per-client key's name, carried in the MAC frame
 NONCE_BYTES = 16
 TAG_BYTES = NONCE_BYTES + 16  # the MAC frame: nonce + tag
 SMALL_MAC_BYTES = 64 << 10  # messages up to this many bytes (length prefixes included) get a BLAKE2b tag
@@ -150,6 +158,16 @@ def _tag(secret: bytes, frames: Sequence[Any], nonce: bytes) -> bytes:
     return nonce + _feed(Poly1305(one_time), frames).finalize()
 
 
+@functools.lru_cache(maxsize=4096)
+def client_key(master: bytes, name: str) -> bytes:
+    """The key of client `name` under a receiver's `master` secret (see the module docstring)."""
+    if not name or len(name.encode()) > MAX_NAME_BYTES:
+        raise WireError(f"a client name must be 1 to {MAX_NAME_BYTES} bytes, got {name!r:.100}")
+    return hashlib.blake2b(
+        name.encode(), key=_mac_key(master), digest_size=32, person=b"hetps-client"
+    ).digest()
+
+
 def _feed(mac: Any, frames: Sequence[Any]) -> Any:
     """`mac` updated with every frame, each prefixed by its length (8 bytes, little-endian)."""
     for f in frames:
@@ -165,7 +183,10 @@ def _as_buffer(frame: Any) -> memoryview:
 
 
 def encode(
-    header: dict[str, Any], arrays: Sequence[np.ndarray] = (), secret: bytes | None = None
+    header: dict[str, Any],
+    arrays: Sequence[np.ndarray] = (),
+    secret: bytes | None = None,
+    sender: str | None = None,
 ) -> list[Any]:
     """Frames for `header` and `arrays` (sent without copying when they are C-contiguous).
 
@@ -183,7 +204,7 @@ def encode(
     except (TypeError, OverflowError) as e:
         raise WireError(f"message header cannot be encoded: {e}") from None
     frames += bufs
-    return frames if secret is None else sign(frames, secret)
+    return frames if secret is None else sign(frames, secret, sender)
 
 
 def header_frame(header: Any, descs: Any = ()) -> bytes:
@@ -203,10 +224,12 @@ def wire_array(i: int, a: Any, contiguous: bool = True) -> np.ndarray:
     return a if a.flags.c_contiguous or not contiguous else a.copy(order="C")
 
 
-def sign(frames: Sequence[Any], secret: bytes) -> list[Any]:
+def sign(frames: Sequence[Any], secret: bytes, sender: str | None = None) -> list[Any]:
     """`frames` with their MAC frame appended, under a fresh random nonce (what `encode` does with a
-    secret; also lets tests and benchmarks sign frames that `encode` would never produce)."""
-    return [*frames, _tag(secret, frames, os.urandom(NONCE_BYTES))]
+    secret; also lets tests and benchmarks sign frames that `encode` would never produce); `sender`:
+    the name of a per-client key `secret` (`client_key`), carried after the tag."""
+    tag = _tag(secret, frames, os.urandom(NONCE_BYTES))
+    return [*frames, tag if sender is None else tag + sender.encode()]
 
 
 def decode(
@@ -230,29 +253,42 @@ class Signed:
     header: dict[str, Any]
     arrays: list[np.ndarray]
     key: int | None
+    sender: str | None = None  # the name of the per-client key that signed it
 
 
 def decode_signed(
-    frames: Sequence[Any], keys: Sequence[bytes] = (), *, max_bytes: int | None = None
+    frames: Sequence[Any],
+    keys: Sequence[bytes] = (),
+    *,
+    max_bytes: int | None = None,
+    master: bytes | None = None,
 ) -> Signed:
     """`decode` for an endpoint that accepts several keys (e.g. a data key and an admin key): the
-    message must be signed by one of `keys` (none: unsigned), and `Signed.key` says which."""
+    message must be signed by one of `keys` (none: unsigned), and `Signed.key` says which. With
+    `master`, a message may instead be signed by a per-client key (`client_key(master, name)`; then
+    `Signed.key` is None and `Signed.sender` the name)."""
     bufs = [_as_buffer(f) for f in frames]
     if max_bytes is not None and (total := sum(len(b) for b in bufs)) > max_bytes:
         raise WireError(f"message is {total} bytes, more than the limit of {max_bytes} (max_message_bytes)")
-    key = None
-    if keys:
-        if len(bufs) < 2 or len(bufs[-1]) != TAG_BYTES:
+    key = sender = None
+    if keys or master is not None:
+        last = len(bufs[-1]) if len(bufs) >= 2 else 0
+        if last < TAG_BYTES or (last > TAG_BYTES and (master is None or last > TAG_BYTES + MAX_NAME_BYTES)):
             raise AuthError(
                 "message carries no MAC tag, but this endpoint requires one "
                 "(is the sender configured with the shared secret?)"
             )
         tag = bytes(bufs[-1])
-        nonce = tag[:NONCE_BYTES]
-        key = next(
-            (i for i, k in enumerate(keys) if hmac.compare_digest(_tag(k, bufs[:-1], nonce), tag)), None
-        )
-        if key is None:
+        nonce, candidates = tag[:NONCE_BYTES], list(enumerate(keys))
+        if last > TAG_BYTES:
+            try:
+                sender = tag[TAG_BYTES:].decode("ascii")
+            except UnicodeDecodeError:
+                raise AuthError("message MAC frame names its sender in other than ASCII") from None
+            candidates = [(None, client_key(master, sender))]
+            tag = tag[:TAG_BYTES]
+        key = next((i for i, k in candidates if hmac.compare_digest(_tag(k, bufs[:-1], nonce), tag)), False)
+        if key is False:
             raise AuthError(
                 "message MAC does not match: sender uses a different shared secret or the frames were altered"
             )
@@ -274,7 +310,7 @@ def decode_signed(
             f"header describes {len(descs)} arrays but {len(bufs) - 1} buffer frames follow{extra}"
         )
     arrays = [checked_view(i, *desc, b) for i, (desc, b) in enumerate(zip(descs, bufs[1:], strict=True))]
-    return Signed(frame.header, arrays, key)
+    return Signed(frame.header, arrays, key, sender)
 
 
 def _invalid(why: str) -> str:
@@ -334,3 +370,78 @@ class ReplayGuard:
         self.last.move_to_end(cid)
         while len(self.last) > self.max_senders:
             self.last.popitem(last=False)
+
+
+MAX_SESSIONS_PER_NAME = 256  # a client name's sessions a `Sessions` keeps (its oldest forgotten first)
+
+
+class Sessions:
+    """A server's replay guard that fails closed. A client (header `cid` = "name/instance", the
+    name its per-client key was derived for) opens a session with a hello (`open`: a fresh random
+    session id, which the reply carries); every later request must carry it (`sess`) and a
+    sequence number (`seq`) newer than the last one accepted (`check`). A sender it does not know —
+    never seen, or forgotten — is refused and must say hello again, so a captured request is never
+    accepted after its sender was forgotten. It keeps at most `max_senders` sessions and at most
+    MAX_SESSIONS_PER_NAME per name, forgetting the least recently used first (a name's own first),
+    so one client's key cannot make the server forget the sessions of other clients."""
+
+    def __init__(self, max_senders: int = MAX_SENDERS) -> None:
+        self.max_senders = max_senders
+        self.live: OrderedDict[str, list] = OrderedDict()  # cid -> [session id, last seq]
+        self.per_name: dict[str, int] = {}
+
+    @staticmethod
+    def name_of(cid: Any) -> str:
+        if not isinstance(cid, str) or "/" not in cid:
+            raise ReplayError(f"a signed request needs a sender id 'cid' = 'name/instance', got {cid!r:.80}")
+        return cid.split("/", 1)[0]
+
+    @staticmethod
+    def seq_of(header: dict[str, Any]) -> int:
+        return _seq(header)
+
+    def open(self, header: dict[str, Any]) -> str:
+        """A new session for the hello `header`'s sender (ReplayError when it has one: a replayed hello)."""
+        cid, seq = header.get("cid"), _seq(header)
+        name = self.name_of(cid)
+        if cid in self.live:
+            raise ReplayError(f"sender {cid!r:.80} said hello twice: a replayed hello; refused")
+        if self.per_name.get(name, 0) >= MAX_SESSIONS_PER_NAME:
+            self._forget(next(c for c in self.live if self.name_of(c) == name))
+        while len(self.live) >= self.max_senders:
+            self._forget(next(iter(self.live)))
+        session = os.urandom(8).hex()
+        self.live[cid] = [session, seq]
+        self.per_name[name] = self.per_name.get(name, 0) + 1
+        return session
+
+    def check(self, header: dict[str, Any]) -> None:
+        """ReplayError unless the request belongs to a live session and is newer than its last."""
+        cid, seq = header.get("cid"), _seq(header)
+        got = self.live.get(cid) if isinstance(cid, str) else None
+        if got is None or header.get("sess") != got[0]:
+            raise ReplayError(
+                f"sender {cid!r:.80} has no session here (never said hello, or forgotten among "
+                f"more than {self.max_senders} senders): it must say hello again; refused"
+            )
+        if seq <= got[1]:
+            raise ReplayError(
+                f"sender {cid!r:.80} sent sequence number {seq} after {got[1]}: a replayed "
+                "or reordered message; refused"
+            )
+        got[1] = seq
+        self.live.move_to_end(cid)
+
+    def _forget(self, cid: str) -> None:
+        del self.live[cid]
+        name = self.name_of(cid)
+        self.per_name[name] -= 1
+        if not self.per_name[name]:
+            del self.per_name[name]
+
+
+def _seq(header: dict[str, Any]) -> int:
+    seq = header.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool):
+        raise ReplayError(f"a signed message needs a sequence number 'seq' (int), got {seq!r:.80}")
+    return seq

@@ -9,6 +9,7 @@ from transpiler import builder as nn
 from transpiler import models, transpile
 from transpiler.errors import DeadlockError, PlanError
 from transpiler.passes.schedule import schedule
+from transpiler.tables import TableSpec
 
 
 @pytest.fixture()
@@ -93,3 +94,15 @@ def test_deadlock_is_found_and_named(plan):
     assert f"gpu waits at recv op id {g.id} for {g.attrs['tensor']!r} from cpu" in str(e.value)
     with pytest.raises(PlanError, match="deadlock"):
         plan.verify()
+
+
+def test_an_optimizer_the_servers_do_not_know_is_refused(plan):
+    # Before the fix the plan verified, and its shard died at start-up ("no reply to 'hello'" 60 s later).
+    name = plan.tables[0].name
+    d = plan.tables[0].to_dict()
+    d["optimizer"]["type"] = "lamb"
+    plan.tables[0] = TableSpec.from_dict(d)
+    with pytest.raises(PlanError) as e:
+        plan.verify()
+    assert f"table {name!r} has optimizer 'lamb', which the parameter servers do not know" in str(e.value)
+    assert "adam, adamw, sgd" in str(e.value)

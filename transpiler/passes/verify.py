@@ -4,7 +4,8 @@
 - every send has exactly one matching recv (same tensor, src, dst) and the reverse, with equal
   shape and dtype on both sides, and a send sends the tensor its key names;
 - every pull/push names a table of the plan of the right kind and dtype, and every table that has
-  an optimizer is pushed (a pulled trainable parameter always comes back as a gradient);
+  an optimizer is pushed (a pulled trainable parameter always comes back as a gradient) and has
+  one the parameter servers know (`ops_registry.optimizer.STATE`);
 - the run segments a sub-program stores (`Program.segments`, the segment-order pass) hold each of
   its ops once, and in their run order every op reads what it reads in program order (the same
   writes of its inputs), and every var's last write is the same: the segments compute the values
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ops_registry import UnknownOpError, has_op
+from ops_registry.optimizer import STATE as OPTIMIZERS
 from transpiler.errors import DeadlockError, PlanError
 from transpiler.ir import LintError, Op, Program, lint_segments
 from transpiler.passes.schedule import schedule, segments
@@ -87,6 +89,12 @@ def verify(programs: dict[str, Program], tables: list[TableSpec]) -> None:
         f"table {name!r} has an optimizer but no trainer pushes its gradient"
         for name, t in by_name.items()
         if t.optimizer and name not in pushed
+    ]
+    problems += [
+        f"table {name!r} has optimizer {t.optimizer.type!r}, which the parameter servers do not "
+        f"know (they know {', '.join(sorted(OPTIMIZERS))})"
+        for name, t in by_name.items()
+        if t.optimizer and t.optimizer.type not in OPTIMIZERS
     ]
     if not problems:
         try:

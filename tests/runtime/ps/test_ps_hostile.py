@@ -12,10 +12,10 @@ import os
 import msgspec
 import numpy as np
 import pytest
-import zmq
+from raw_ps import Raw
 
 from runtime.ps import Limits, PSClient, PSError, Servers, Shard
-from runtime.transport.wire import MAX_HEADER_DEPTH, AuthError, decode, encode, sign
+from runtime.transport.wire import MAX_HEADER_DEPTH, decode, encode
 from transpiler.tables import TableSpec
 
 LR, DIM = 0.5, 4
@@ -43,39 +43,6 @@ def sync_server(tmp_path_factory):
         SPECS, mode="sync", pushes_per_step=2, limits=LIMITS, checkpoint_root=root, log_dir=root
     ) as s:
         yield s
-
-
-class Raw:
-    """A DEALER socket that signs like a client (a sender id and increasing sequence numbers)
-    but sends whatever frames it is given."""
-
-    def __init__(self, servers: Servers, key: bytes | None = None, cid: str = "raw") -> None:
-        self.key = servers.secret if key is None else key
-        self.cid, self.seq = cid, 0
-        self.sock = zmq.Context.instance().socket(zmq.DEALER)
-        self.sock.linger = 0
-        self.sock.connect(servers.endpoints[0])
-
-    def sign(self, header: dict, arrays: list = ()) -> list:
-        self.seq += 1
-        return encode({**header, "cid": self.cid, "seq": self.seq, "to": 0}, arrays, self.key)
-
-    def signed_raw(self, header_bytes: bytes, *buffers: bytes) -> list:
-        """Frames whose header is exactly `header_bytes` (e.g. not valid MessagePack), signed with the key."""
-        frames = [header_bytes, *buffers]
-        return sign(frames, self.key)
-
-    def ask(self, frames: list, timeout_ms: int = 10_000) -> dict:
-        self.sock.send_multipart(frames)
-        assert self.sock.poll(timeout_ms), "the shard did not answer (is it dead?)"
-        reply = self.sock.recv_multipart()
-        try:
-            return decode(reply, self.key)[0]
-        except AuthError:
-            return decode(reply, None)[0]
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _still_serves(servers: Servers) -> None:
@@ -143,7 +110,7 @@ HOSTILE = {  # name: (frames for Raw, expected error text)
     ),
     "push too many steps ahead": (
         lambda r: r.sign(
-            {"op": "push", "table": "w", "step": 5, "pusher": "x"}, [np.ones((3, 2), np.float32)]
+            {"op": "push", "table": "w", "step": 5, "pusher": r.name}, [np.ones((3, 2), np.float32)]
         ),
         "max_steps_ahead=4",
     ),
@@ -153,7 +120,7 @@ HOSTILE = {  # name: (frames for Raw, expected error text)
         "authentication failed",
     ),
     "signed but no sequence number": (
-        lambda r: encode({"op": "hello", "to": 0}, [], r.key),
+        lambda r: encode({"op": "hello", "to": 0}, [], r.key, r.name),
         "sequence number",
     ),
     "push_pull describing more arrays than it carries": (
@@ -169,7 +136,7 @@ HOSTILE = {  # name: (frames for Raw, expected error text)
         "must be a list of [table, number of arrays in (0, 1)]",
     ),
     "signed for another shard": (
-        lambda r: encode({"op": "hello", "cid": "x", "seq": 1, "to": 1}, [], r.key),
+        lambda r: encode({"op": "hello", "cid": "x", "seq": 1, "to": 1}, [], r.key, r.name),
         "addressed to shard 1, this is shard 0",
     ),
 }
@@ -194,7 +161,7 @@ def test_a_frame_far_over_the_limit_is_dropped_by_zeromq_unread_and_the_shard_st
 
 
 def test_parked_pulls_and_buffered_pushes_are_bounded_and_then_served(sync_server):
-    raw = Raw(sync_server, cid="parker")
+    raw = Raw(sync_server, cid="a")  # (it pushes as pusher "a")
     for i in range(LIMITS.max_parked):  # pulls of step 1 wait for step 0: parked, no reply yet
         raw.sock.send_multipart(raw.sign({"op": "pull", "table": "w", "step": 1, "rid": f"p{i}"}))
     over = raw.ask(raw.sign({"op": "pull", "table": "w", "step": 1}))

@@ -173,32 +173,20 @@ def test_a_refused_push_refuses_the_fused_call_and_the_server_goes_on():
 
 
 def test_a_request_pointing_outside_its_shared_memory_segment_is_refused_and_the_server_goes_on():
-    import zmq
-
-    from runtime.transport.wire import encode
+    from raw_ps import Raw
 
     with Servers(SPECS, num_shards=1, transport="ipc") as s, s.client() as c:
         c.push("b", np.ones(6000, np.float32))  # 24 KB: through the ring
         ring = c._rings[0]
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.linger = 0
-        sock.connect(s.endpoints[0])
-        for seq, desc in enumerate(
-            [
-                {"seg": ring.name, "at": ring.cap - 8, "n": 4096, "arrays": []},
-                {"seg": ring.name, "at": 0, "n": 64, "arrays": [["<f4", [1 << 20], 0, 4 << 20]]},
-                {"seg": "../../../etc/passwd", "at": 0, "n": 0, "arrays": []},
-            ]
-        ):
-            sock.send_multipart(
-                encode(
-                    {"op": "push", "table": "w", "cid": "raw", "seq": seq, "to": 0, "shm": desc}, (), s.secret
-                )
-            )
-            assert sock.poll(10_000)
-            reply = decode_reply(sock.recv_multipart(), s.secret)
+        raw = Raw(s, cid="raw")
+        for desc in [
+            {"seg": ring.name, "at": ring.cap - 8, "n": 4096, "arrays": []},
+            {"seg": ring.name, "at": 0, "n": 64, "arrays": [["<f4", [1 << 20], 0, 4 << 20]]},
+            {"seg": "../../../etc/passwd", "at": 0, "n": 0, "arrays": []},
+        ]:
+            reply = raw.ask(raw.sign({"op": "push", "table": "w", "shm": desc}))
             assert reply["ok"] is False and "malformed request" in reply["error"], reply
-        sock.close()
+        raw.close()
         np.testing.assert_array_equal(c.pull("b"), np.full(6000, -1 - LR, np.float32))
         np.testing.assert_array_equal(c.pull("w"), np.ones((3, 2)))
 

@@ -7,11 +7,10 @@ import time
 
 import numpy as np
 import pytest
-import zmq
+from raw_ps import Raw
 
 from ops_registry import init_rows
 from runtime.ps import GeoTable, PSClient, PSError, PSTimeoutError, Servers, Shard
-from runtime.transport.wire import AuthError, decode, encode
 from transpiler.tables import TableSpec
 
 VOCAB, DIM = 40, 4
@@ -215,27 +214,9 @@ def test_geo_concurrent_delta_pushes_lose_no_update(geo_servers):
 
 
 # -- 4. bad input: a clear error on the client, and the server keeps serving ---------------------
-_SEQ = iter(range(10**9))
-
-
-def _signed(header: dict, arrays: list = ()) -> list:
-    """A request as a client signs it (with a sender id and sequence number), built by hand."""
-    return encode({**header, "cid": "raw-test", "seq": next(_SEQ), "to": 0}, arrays, SECRET)
-
-
-def _raw_request(endpoint: str, frames: list) -> dict:
+def _raw_request(raw: Raw, frames: list) -> dict:
     """Send frames as they are; the reply header (signed, or unsigned for an auth refusal)."""
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(endpoint)
-    sock.send_multipart(frames)
-    assert sock.poll(5000), "server did not answer"
-    reply = sock.recv_multipart()
-    sock.close()
-    try:
-        return decode(reply, SECRET)[0]
-    except AuthError:
-        return decode(reply, None)[0]
+    return raw.ask(frames, 5000)
 
 
 def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(async_servers):
@@ -254,18 +235,21 @@ def test_bad_requests_get_clear_errors_and_the_server_keeps_serving(async_server
         with pytest.raises(PSError, match=r"ids out of range \[0, 40\): \[40\]"):
             c.pull("emb_sgd", np.array([3, 40]))
         # what a buggy or hostile peer might send, bypassing the client
-        h = _raw_request(eps[0], _signed({"op": "push", "table": "nope"}, [np.ones(2)]))
+        raw = Raw(async_servers, cid="raw-test")
+        _signed = raw.sign
+        h = _raw_request(raw, _signed({"op": "push", "table": "nope", "pusher": raw.name}, [np.ones(2)]))
         assert h["ok"] is False and "unknown table 'nope'" in h["error"]
-        h = _raw_request(eps[0], _signed({"op": "frobnicate"}))
+        h = _raw_request(raw, _signed({"op": "frobnicate"}))
         assert h["ok"] is False and "unknown request op 'frobnicate'" in h["error"]
-        h = _raw_request(eps[0], _signed({"op": "pull"}))
+        h = _raw_request(raw, _signed({"op": "pull"}))
         assert h["ok"] is False and "needs field 'table'" in h["error"]
         frames = _signed({"op": "pull", "table": "w_sgd"})
-        h = _raw_request(eps[0], [frames[0][:-1], *frames[1:]])  # altered header
+        h = _raw_request(raw, [frames[0][:-1], *frames[1:]])  # altered header
         assert h["ok"] is False and "authentication failed" in h["error"]
-        with pytest.raises(PSError, match="authentication failed: message carries no MAC"):
+        raw.close()
+        with pytest.raises(PSError, match="authentication failed: it refused the connection"):
             PSClient(eps, timeout=5)
-        with pytest.raises(PSError, match="authentication failed: message MAC does not match"):
+        with pytest.raises(PSError, match="authentication failed: it refused the connection"):
             PSClient(eps, secret=b"guess", timeout=5)
         # nothing was applied, and the server still serves
         np.testing.assert_array_equal(c.pull("emb_sgd", np.arange(VOCAB)), before)
@@ -291,8 +275,10 @@ def test_unauthenticated_clients_are_logged_and_the_server_stops_cleanly(tmp_pat
         assert s.endpoints[0].startswith("ipc://")
         with pytest.raises(PSError, match="authentication failed"):
             PSClient(s.endpoints, timeout=5)
+        with pytest.raises(PSError, match="authentication failed"):
+            PSClient(s.endpoints, secret=b"another run's", timeout=5)  # (its log-in reaches the gate)
         with PSClient(s.endpoints, secret=SECRET) as c:
             assert c.pull("w_sgd").shape == (6, 3)
     assert [p.exitcode for p in s.processes] == [0]  # SIGTERM handled: a clean exit
     log = (tmp_path / "ps-shard0.log").read_text()
-    assert "ERROR shard 0: rejected an unauthenticated request: message carries no MAC" in log
+    assert "WARNING refused a connection (1 so far)" in log and "not a client of this run" in log
