@@ -161,6 +161,18 @@ def _add_transpile(sub: Any) -> None:
         help="ONNX multi-task models: a loss per output against its own label input, summed with "
         "weights W (default 1), e.g. ctr=bce:click,ctcvr=bce:buy (ESMM); each output is a task",
     )
+    _onnx_import_options(s)
+    s.add_argument(
+        "--unbounded",
+        action="store_true",
+        help="every sparse table's vocabulary is unbounded: any 64-bit id is a row, created on first "
+        "use (TranspileConfig.unbounded; for a schema's hash64 ids)",
+    )
+    _optimizer_options(s, "for models that carry no optimizer ops (ONNX); default adam, lr 0.01")
+
+
+def _onnx_import_options(s: Any) -> None:
+    """How an ONNX model's loss and batch are read at import (transpile)."""
     s.add_argument(
         "--pred",
         metavar="NAME",
@@ -187,13 +199,6 @@ def _add_transpile(sub: Any) -> None:
         help="ONNX models: keep a batch size written in the graph's inputs (by default it is "
         "made dynamic when the graph allows it)",
     )
-    s.add_argument(
-        "--unbounded",
-        action="store_true",
-        help="every sparse table's vocabulary is unbounded: any 64-bit id is a row, created on first "
-        "use (TranspileConfig.unbounded; for a schema's hash64 ids)",
-    )
-    _optimizer_options(s, "for models that carry no optimizer ops (ONNX); default adam, lr 0.01")
 
 
 def _add_inspect(sub: Any) -> None:

@@ -110,22 +110,7 @@ class Schema:
             raise ConfigError(f"{where}: unknown keys {sorted(unknown)}; a schema has {sorted(_KEYS)}")
         if not isinstance(d.get("label"), str):
             raise ConfigError(f"{where}: 'label' must name the label column, got {d.get('label')!r}")
-        dense, sparse = (
-            _names(d.get("dense", []), "dense", where),
-            _names(d.get("sparse", []), "sparse", where),
-        )
-        multi = d.get("multi") or {}
-        if not isinstance(multi, dict) or not all(isinstance(s, str) and s for s in multi.values()):
-            raise ConfigError(
-                f"{where}: 'multi' maps each multi-valued column to its separator, "
-                f'e.g. {{genres: "|"}}; got {multi!r}'
-            )
-        if not dense and not sparse and not multi:
-            raise ConfigError(f"{where}: no feature columns; give dense:, sparse: or multi:")
-        seen = [d["label"], *dense, *sparse, *multi]
-        dup = sorted({c for c in seen if seen.count(c) > 1})
-        if dup:
-            raise ConfigError(f"{where}: columns {dup} appear more than once (label, dense, sparse, multi)")
+        dense, sparse, multi = _columns(d, where)
         t = d.get("transform", "none")
         per = dict.fromkeys(dense, t) if isinstance(t, str) else dict(t)
         bad = {c: v for c, v in per.items() if v not in TRANSFORMS or c not in dense}
@@ -352,6 +337,27 @@ def _as_text(col):
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         col = pc.cast(col, pa.string())
     return col
+
+
+def _columns(d: dict[str, Any], where: str) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    """The checked dense, sparse and multi-valued columns of a schema dict."""
+    dense, sparse = (
+        _names(d.get("dense", []), "dense", where),
+        _names(d.get("sparse", []), "sparse", where),
+    )
+    multi = d.get("multi") or {}
+    if not isinstance(multi, dict) or not all(isinstance(s, str) and s for s in multi.values()):
+        raise ConfigError(
+            f"{where}: 'multi' maps each multi-valued column to its separator, "
+            f'e.g. {{genres: "|"}}; got {multi!r}'
+        )
+    if not dense and not sparse and not multi:
+        raise ConfigError(f"{where}: no feature columns; give dense:, sparse: or multi:")
+    seen = [d["label"], *dense, *sparse, *multi]
+    dup = sorted({c for c in seen if seen.count(c) > 1})
+    if dup:
+        raise ConfigError(f"{where}: columns {dup} appear more than once (label, dense, sparse, multi)")
+    return dense, sparse, multi
 
 
 def _vocab_files(files: Any, columns: list[str], base: Path, where: str) -> tuple:
