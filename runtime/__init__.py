@@ -2,7 +2,13 @@
 data, metrics)."""
 
 from ops_registry.errors import HetpsError
-from runtime.driver.settings import CheckpointConfig, EvalConfig, RunConfig, TelemetryConfig
+from runtime.driver.settings import (
+    CheckpointConfig,
+    EvalConfig,
+    FailureConfig,
+    RunConfig,
+    TelemetryConfig,
+)
 from runtime.driver.train import History, TrainingError, train
 from runtime.evaluation.evaluate import evaluate, export, predict
 from runtime.exec.executor import ExecutionError, Executor, MissingFeedError
@@ -18,6 +24,7 @@ __all__ = [
     "History",
     "InMemoryServer",
     "MissingFeedError",
+    "FailureConfig",
     "RunConfig",
     "ScaleConfig",
     "TelemetryConfig",

@@ -1,0 +1,230 @@
+"""`train(..., max_restarts=N)`: a run whose trainers, shards or gpu trainer are killed (or stopped)
+at random steps restarts from its last complete checkpoint and ends exactly as the uninterrupted
+run (sync mode); without a checkpoint it restarts from the start, and after N restarts it raises
+the last error with every restart; a checkpoint being written when a shard died is never the one
+restored; checkpoints by time; async mode applies no gradient twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from procs import alive
+
+import runtime.ps.checkpoint as ps_checkpoint
+from runtime import FailureConfig, TrainingError
+from runtime.data import SyntheticCTR
+from runtime.driver.train import train
+from runtime.engines import LocalEngine
+from transpiler import builder as nn
+from transpiler.models import wide_deep
+
+STEPS, BATCH = 16, 64
+SLOTS, VOCAB = 4, 100
+RUN = dict(
+    steps=STEPS,
+    batch_size=BATCH,
+    trainers={"cpu": 2, "gpu": 1},
+    servers=2,
+    allow_emulation=True,
+    progress=False,
+)
+
+
+def model():
+    return wide_deep(num_slots=SLOTS, vocab=VOCAB, dim=4, hidden=(8,), optimizer=nn.Adam(lr=0.02))
+
+
+def data():
+    return SyntheticCTR(vocab=VOCAB, num_slots=SLOTS)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The uninterrupted sync run."""
+    return train(model().main, data(), mode="sync", return_params=True, **RUN)
+
+
+class Killer:
+    """A step callback that sends `signal` to process `name` of the engine's current attempt when
+    the driver reports step `step` (each fault once), and remembers every pid it saw."""
+
+    def __init__(self, eng: LocalEngine, faults: dict[int, tuple[str, signal.Signals]]) -> None:
+        self.eng, self.faults, self.pids = eng, dict(faults), set()
+
+    def __call__(self, record: dict) -> None:
+        self.pids |= {p for p in self.eng.pids().values() if p}
+        fault = self.faults.pop(record["step"], None)
+        if fault is not None:
+            os.kill(self.eng.pids()[fault[0]], fault[1])
+
+
+def assert_same_run(got, want):
+    """The same per-step losses, examples and final tables as the uninterrupted run (1e-6)."""
+    assert got.first_step == 0 and got.steps == STEPS
+    np.testing.assert_allclose(got.loss, want.loss, rtol=1e-6)
+    assert got.examples == [BATCH] * STEPS  # every batch trained once
+    for name, value in want.params.items():
+        scale = max(1.0, float(np.max(np.abs(value))))
+        assert np.max(np.abs(got.params[name] - value)) <= 1e-6 * scale, name
+
+
+KILL, STOP = signal.SIGKILL, signal.SIGSTOP
+
+
+@pytest.mark.parametrize(
+    "victims",
+    [
+        [("cpu:1", KILL), ("cpu:0", STOP)],  # a reader trainer killed, another one stopped
+        [("ps:0", KILL), ("ps:1", KILL)],  # both shards
+        [("gpu:0", KILL), ("gpu:0", STOP)],  # the gpu trainer
+    ],
+    ids=["cpu-trainers", "shards", "gpu-trainer"],
+)
+def test_a_sync_run_killed_at_random_steps_ends_as_the_uninterrupted_run(reference, victims, tmp_path):
+    rng = np.random.default_rng(len(victims[0][0]) + sum(map(ord, victims[0][0])))
+    at = sorted(int(s) for s in rng.choice(np.arange(2, STEPS - 4), size=len(victims), replace=False))
+    eng = LocalEngine()
+    kill = Killer(eng, dict(zip(at, victims, strict=True)))
+    ckpt = tmp_path / "ckpt"
+    h = train(
+        model().main,
+        data(),
+        mode="sync",
+        return_params=True,
+        checkpoint=str(ckpt),
+        checkpoint_every=4,
+        max_restarts=len(victims),
+        engine=eng,
+        callback=kill,
+        **RUN,
+    )
+    assert_same_run(h, reference)
+    assert [r.culprit for r in h.restarts] == [v for v, _ in victims]
+    for r in h.restarts:
+        assert r.resumed_from % 4 == 0 and r.resumed_from <= r.failed_at_step
+        assert r.checkpoint in (None, str(ckpt / f"step-{r.resumed_from:08d}"))
+        assert r.steps_lost == r.failed_at_step - r.resumed_from and r.seconds_lost >= 0
+        assert r.trainers == RUN["trainers"] and r.servers == 2 and r.note == ""
+    assert all(b >= a for a, b in zip(h.time, h.time[1:], strict=False))  # one clock over the attempts
+    assert alive(kill.pids) == []
+
+
+def test_without_a_checkpoint_it_restarts_from_the_start_and_gives_up_after_n(tmp_path):
+    eng = LocalEngine()
+    kill = Killer(eng, {3: ("cpu:0", KILL), 5: ("cpu:1", KILL)})
+    with pytest.raises(
+        TrainingError, match=r"(?s)cpu:1 failed: was killed by signal SIGKILL.*giving up"
+    ) as e:
+        train(model().main, data(), mode="sync", engine=eng, callback=kill, failure=FailureConfig(1), **RUN)
+    err = e.value
+    assert err.who == "cpu:1" and "after 1 restart(s)" in str(err)
+    assert [(r.culprit, r.resumed_from, r.checkpoint) for r in err.restarts] == [("cpu:0", 0, None)]
+    assert err.restarts[0].steps_lost == err.restarts[0].failed_at_step >= 4
+    assert "cpu:0 failed (was killed by signal SIGKILL); restarted from step 0 (the start)" in str(err)
+    assert err.history.first_step == 0 and err.history.steps >= 6  # the second attempt's steps
+    assert alive(kill.pids) == []
+
+
+def test_a_checkpoint_being_written_when_a_shard_dies_is_never_restored(reference, tmp_path, monkeypatch):
+    """Shard ps:1 is killed once the save of step 8 has begun (its stage made, ps:0 writing into it):
+    the run restarts from step 4, and no trace of the broken save is left."""
+    eng, real_begin, broken = LocalEngine(), ps_checkpoint.begin, []
+
+    def begin(path):
+        stage = real_begin(path)
+        if path.name == "step-00000008" and not broken:
+            broken.append(stage)
+            pid = eng.pids()["ps:1"]
+            os.kill(pid, KILL)
+            while alive([pid]):
+                time.sleep(0.01)
+        return stage
+
+    monkeypatch.setattr(ps_checkpoint, "begin", begin)
+    ckpt = tmp_path / "ckpt"
+    h = train(
+        model().main,
+        data(),
+        mode="sync",
+        return_params=True,
+        checkpoint=str(ckpt),
+        checkpoint_every=4,
+        max_restarts=1,
+        engine=eng,
+        stall_timeout=20,
+        **RUN,
+    )
+    assert broken and not broken[0].exists()
+    (r,) = h.restarts
+    assert r.culprit == "ps:1" and r.resumed_from == 4 and r.checkpoint == str(ckpt / "step-00000004")
+    assert_same_run(h, reference)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000012", "step-00000016"]  # keep=2, no stage
+
+
+def test_checkpoints_by_time_bound_the_work_a_restart_loses(reference, tmp_path):
+    eng = LocalEngine()
+    kill = Killer(eng, {12: ("cpu:0", KILL)})
+    ckpt = tmp_path / "ckpt"
+    h = train(
+        model().main,
+        data(),
+        mode="sync",
+        return_params=True,
+        checkpoint=str(ckpt),
+        checkpoint_every_s=0.3,
+        keep=20,
+        max_restarts=1,
+        engine=eng,
+        callback=kill,
+        **RUN,
+    )
+    assert_same_run(h, reference)
+    steps = [int(p.rsplit("-", 1)[1]) for p in h.saved]
+    assert len([s for s in steps if s < STEPS]) >= 2  # timed saves before the end
+    (r,) = h.restarts
+    assert r.resumed_from == max(s for s in steps if s <= r.failed_at_step and s in steps[: len(steps)])
+    assert 0 < r.resumed_from <= 12
+
+
+def beta1_pow(path) -> dict[str, float]:
+    """Adam's Beta1Pow of every dense table in checkpoint `path`, read with numpy from its files."""
+    doc = json.loads((path / "manifest.json").read_text())
+    out = {}
+    for e in doc["files"]:
+        with np.load(path / e["file"]) as z:
+            if "Beta1Pow" in z.files and z["Beta1Pow"].size == 1:
+                out[e["table"]] = float(z["Beta1Pow"].reshape(()))
+    return out
+
+
+def test_an_async_restart_applies_no_gradient_twice_and_trains_each_batch_once(tmp_path):
+    """Adam multiplies a dense table's Beta1Pow by beta1 at each applied push: after a restarted
+    async run it is beta1 ** (the uninterrupted run's pushes), so the lost steps' pushes are gone
+    and none from before the checkpoint was applied again."""
+    eng = LocalEngine()
+    kill = Killer(eng, {9: ("gpu:0", KILL)})
+    ckpt = tmp_path / "ckpt"
+    h = train(
+        model().main,
+        data(),
+        mode="async",
+        checkpoint=str(ckpt),
+        checkpoint_every=4,
+        max_restarts=1,
+        engine=eng,
+        callback=kill,
+        **RUN,
+    )
+    (r,) = h.restarts
+    assert r.culprit == "gpu:0" and r.resumed_from == 8 and h.steps == STEPS
+    assert h.examples == [BATCH] * STEPS
+    pows = beta1_pow(ckpt / f"step-{STEPS:08d}")
+    assert pows  # the dense tables of the gpu trainer, pushed by it once per micro-batch
+    for name, got in pows.items():
+        pushes = round(np.log(got) / np.log(0.9))
+        assert pushes == STEPS, (name, pushes)
