@@ -60,6 +60,7 @@ from runtime.transport.wire import AuthError, decode, encode, header_frame, sign
 from transpiler.tables import TableSpec  # noqa: E402
 
 STALL_S = 8.0  # the driver's stall_timeout in the process rows (SIGSTOP rows wait for it)
+FINISH_STALL_S = 120.0  # the finish rows' stall_timeout (generous: the runs start several times)
 EXACT = 2.0**-10  # gradients of this size sum exactly in float32
 ONE = {"type": "constant", "value": 1.0}
 SGD = {"type": "sgd", "lr": 1.0}
@@ -588,6 +589,7 @@ def _finish_run(steps: int, tmp: Path, faults: dict[int, tuple[str, signal.Signa
             max_restarts=3,
             return_params=True,
             progress=False,
+            stall_timeout=FINISH_STALL_S,
         )
         out = {"ok": True, "history": h}
     except TrainingError as e:
@@ -658,6 +660,7 @@ def ray_node_main(steps: int) -> dict:
             max_restarts=3,
             min_trainers={"cpu": 1},
             progress=False,
+            stall_timeout=FINISH_STALL_S,
         )
         wall = time.perf_counter() - t0
         time.sleep(1)
@@ -727,6 +730,9 @@ def _ray_node_row(steps: int, ref: dict) -> FinishRow:
             env=env,
             timeout=900,
         )
+    except subprocess.TimeoutExpired:
+        row.completed = "no: timed out after 900 s"
+        return row
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -16,7 +16,7 @@ from typing import Any
 
 from runtime.driver.pauses import Pauses
 
-WINDOW = 8  # steps the readers may run ahead of the recorded steps
+WINDOW = 4  # steps the readers may run ahead of the recorded steps
 
 
 @dataclass

