@@ -169,7 +169,7 @@ def test_a_checkpoint_being_written_when_a_shard_dies_is_never_restored(referenc
 
 def test_checkpoints_by_time_bound_the_work_a_restart_loses(reference, tmp_path):
     eng = LocalEngine()
-    kill = Killer(eng, {12: ("cpu:0", KILL)})
+    kill = Killer(eng, {7: ("cpu:0", KILL)})
     ckpt = tmp_path / "ckpt"
     h = train(
         model().main,
