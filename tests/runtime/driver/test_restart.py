@@ -52,16 +52,20 @@ def reference():
 
 class Killer:
     """A step callback that sends `signal` to process `name` of the engine's current attempt when
-    the driver reports step `step` (each fault once), and remembers every pid it saw."""
+    the driver reports step `step` or later (each fault once, at most one per attempt), and
+    remembers every pid it saw."""
 
     def __init__(self, eng: LocalEngine, faults: dict[int, tuple[str, signal.Signals]]) -> None:
-        self.eng, self.faults, self.pids = eng, dict(faults), set()
+        self.eng, self.faults, self.pids, self.hit = eng, dict(faults), set(), frozenset()
 
     def __call__(self, record: dict) -> None:
-        self.pids |= {p for p in self.eng.pids().values() if p}
-        fault = self.faults.pop(record["step"], None)
-        if fault is not None:
-            os.kill(self.eng.pids()[fault[0]], fault[1])
+        attempt = frozenset(p for p in self.eng.pids().values() if p)
+        self.pids |= attempt
+        due = [s for s in self.faults if s <= record["step"]]
+        if due and attempt != self.hit:
+            name, sig = self.faults.pop(min(due))
+            self.hit = attempt
+            os.kill(self.eng.pids()[name], sig)
 
 
 def assert_same_run(got, want):
