@@ -30,6 +30,14 @@ Rows (issue 11):
   shard's peak memory growth.
 - load: 16 client threads pull and push for `--load-seconds` against one async shard; the final
   values must equal the count of pushes, exactly (gradients are powers of two).
+- finish (`max_restarts`): rows where the run must *finish*. A sync run (Wide&Deep, 2 cpu + 1
+  emulated gpu trainers, 2 shards, `--finish-steps` steps, a checkpoint every quarter of them) in
+  this process, with `max_restarts=3`: cpu:0, gpu:0 and ps:0 each SIGKILLed once and three times at
+  fixed steps, cpu:0 SIGSTOPped (left stopped: the engine names it after a second, the restart
+  kills it), and on a two-node `ray.cluster_utils.Cluster` the second node removed (a cpu trainer
+  on it; `min_trainers={"cpu": 1}`). Measured: completed, restarts, steps and seconds trained
+  again, wall time against the uninterrupted run measured first, the final loss and the largest
+  parameter difference against it, processes and run directories left.
 
 Anything the script started is killed at the end of its row (leftovers are counted first).
 
@@ -65,6 +73,7 @@ from runtime.transport.wire import AuthError, client_key, decode, encode, header
 from transpiler.tables import TableSpec  # noqa: E402
 
 STALL_S = 8.0  # the driver's stall_timeout in the process rows (SIGSTOP rows wait for it)
+FINISH_STALL_S = 120.0  # the finish rows' stall_timeout (generous: the runs start several times)
 EXACT = 2.0**-10  # gradients of this size sum exactly in float32
 ONE = {"type": "constant", "value": 1.0}
 SGD = {"type": "sgd", "lr": 1.0}
@@ -760,6 +769,240 @@ def load_row(clients: int, seconds: float) -> Row:
     )
 
 
+# -- must finish (max_restarts) -------------------------------------------------------------------
+@dataclass
+class FinishRow:
+    fault: str
+    completed: str = "no"
+    restarts: str = "-"
+    steps_lost: str = "-"
+    seconds_lost: str = "-"
+    wall: str = "-"
+    final_loss: str = "-"
+    params: str = "-"
+    left: str = "-"
+
+
+def _finish_run(steps: int, tmp: Path, faults: dict[int, tuple[str, signal.Signals]], name: str) -> dict:
+    """One sync run with `max_restarts=3`, `faults` {step: (process, signal)} sent from its step
+    callback; what happened, as a dict."""
+    from runtime import TrainingError, train
+    from runtime.data import SyntheticCTR
+    from runtime.engines import LocalEngine
+    from transpiler import builder as nn
+    from transpiler.models import wide_deep
+
+    eng, pending, seen, dirs = LocalEngine(), dict(faults), set(), set()
+
+    def hook(record: dict) -> None:
+        seen.update(p for p in eng.pids().values() if p)
+        dirs.add(eng.tmp)
+        fault = pending.pop(record["step"], None)
+        if fault is not None:
+            os.kill(eng.pids()[fault[0]], fault[1])
+
+    t0, out = time.perf_counter(), {}
+    try:
+        h = train(
+            wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1)).main,
+            SyntheticCTR(vocab=1000),
+            steps=steps,
+            batch_size=128,
+            trainers={"cpu": 2, "gpu": 1},
+            servers=2,
+            mode="sync",
+            engine=eng,
+            allow_emulation=True,
+            callback=hook,
+            checkpoint=str(tmp / f"ckpt-{name}"),
+            checkpoint_every=max(1, steps // 4),
+            max_restarts=3,
+            return_params=True,
+            progress=False,
+            stall_timeout=FINISH_STALL_S,
+        )
+        out = {"ok": True, "history": h}
+    except TrainingError as e:
+        out = {
+            "ok": False,
+            "error": f"{e.who}: {_last_line(e.detail)}",
+            "history": getattr(e, "history", None),
+        }
+    out["wall"] = time.perf_counter() - t0
+    time.sleep(1)
+    out["left"] = sum(_alive(p) for p in seen)
+    out["dirs"] = sum(bool(d) and os.path.exists(d) for d in dirs)
+    _kill_all(list(seen))
+    return out
+
+
+def ray_node_main(steps: int) -> dict:
+    """The Ray row's run, in a child process (one Ray cluster per driver process): a two-node
+    cluster, one cpu trainer on the second node, which is removed at step steps // 3."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from runtime import train
+    from runtime.data import SyntheticCTR
+    from runtime.engines import RayEngine
+    from transpiler import builder as nn
+    from transpiler.models import wide_deep
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args=dict(
+            num_cpus=3,
+            resources={"head": 1, "gpu_trainer": 1, "cpu_slot": 1},
+            object_store_memory=80 << 20,
+            include_dashboard=False,
+            _system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+        ),
+    )
+    try:
+        second = cluster.add_node(num_cpus=1, resources={"cpu_slot": 1}, object_store_memory=80 << 20)
+        ray.init(address=cluster.address, log_to_driver=False)
+        eng = RayEngine(
+            cluster.address, gpu_resource="gpu_trainer", resources={"ps": {"head": 1}, "cpu": {"cpu_slot": 1}}
+        )
+        seen: set[int] = set()
+
+        def hook(record: dict) -> None:
+            seen.update(p for p in eng.pids().values() if p)
+            if record["step"] == steps // 3 and not getattr(hook, "done", False):
+                hook.done = True
+                cluster.remove_node(second, allow_graceful=False)
+
+        t0 = time.perf_counter()
+        h = train(
+            wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.1)).main,
+            SyntheticCTR(vocab=1000),
+            steps=steps,
+            batch_size=128,
+            trainers={"cpu": 2, "gpu": 1},
+            servers=1,
+            mode="sync",
+            engine=eng,
+            allow_emulation=True,
+            callback=hook,
+            checkpoint=tempfile.mkdtemp(prefix="hetps-chaos-ray-"),
+            checkpoint_every=max(1, steps // 4),
+            max_restarts=3,
+            min_trainers={"cpu": 1},
+            progress=False,
+            stall_timeout=FINISH_STALL_S,
+        )
+        wall = time.perf_counter() - t0
+        time.sleep(1)
+        return {
+            "steps": h.steps,
+            "loss": h.loss,
+            "wall": wall,
+            "restarts": [r.__dict__ for r in h.restarts],
+            "left": sum(_alive(p) for p in seen),
+        }
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _finish_row(fault: str, got: dict, ref, steps: int) -> FinishRow:
+    row, h = FinishRow(fault), got.get("history")
+    row.left = f"{got['left']} processes, {got['dirs']} run dirs"
+    if h is None:
+        row.completed = f"no: {got.get('error', '?')}"
+        return row
+    row.completed = "yes" if got["ok"] and h.steps == steps else f"no: {got.get('error', '?')}"
+    row.restarts = f"{len(h.restarts)}" + (
+        f" ({', '.join(r.culprit for r in h.restarts)})" if h.restarts else ""
+    )
+    row.steps_lost = str(sum(r.steps_lost for r in h.restarts))
+    row.seconds_lost = f"{sum(r.seconds_lost for r in h.restarts):.1f}"
+    row.wall = f"{got['wall']:.1f} s ({got['wall'] / ref['wall']:.2f}x)"
+    if got["ok"]:
+        want = ref["history"]
+        row.final_loss = f"{h.loss[-1]:.6f} vs {want.loss[-1]:.6f}"
+        diff = max(float(np.max(np.abs(h.params[k] - v))) for k, v in want.params.items())
+        row.params = f"{diff:.1e}"
+    return row
+
+
+def finish_rows(steps: int, tmp: Path) -> list[FinishRow]:
+    ref = _finish_run(steps, tmp, {}, "ref")
+    rows = [_finish_row("none (the uninterrupted run)", ref, ref, steps)]
+    once, thrice = {steps * 3 // 8: 0}, {steps // 5: 0, steps // 2: 0, steps * 4 // 5: 0}
+    for victim in ("cpu:0", "gpu:0", "ps:0"):
+        for at, times in ((once, "1x"), (thrice, "3x")):
+            faults = {s: (victim, signal.SIGKILL) for s in at}
+            got = _finish_run(steps, tmp, faults, f"{victim}-{times}".replace(":", ""))
+            rows.append(_finish_row(f"SIGKILL {victim} {times}", got, ref, steps))
+            print(f"  {rows[-1].fault}: done", file=sys.stderr)
+    got = _finish_run(steps, tmp, {steps // 2: ("cpu:0", signal.SIGSTOP)}, "stop")
+    rows.append(_finish_row("SIGSTOP cpu:0 (left stopped)", got, ref, steps))
+    rows.append(_ray_node_row(steps, ref))
+    return rows
+
+
+def _ray_node_row(steps: int, ref: dict) -> FinishRow:
+    row = FinishRow("remove a Ray node (cpu:1 on it)")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        row.completed = "skipped: no ray"
+        return row
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    env["RAY_TMPDIR"] = tmp = tempfile.mkdtemp(prefix="hetps-chaos-ray-")
+    try:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--ray-node", str(steps)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
+    except subprocess.TimeoutExpired:
+        row.completed = "no: timed out after 900 s"
+        return row
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        row.completed = f"no: {_last_line(proc.stderr)}"
+        return row
+    out = json.loads(lines[-1][len("RESULT ") :])
+    rs = out["restarts"]
+    row.completed = "yes" if out["steps"] == steps else "no"
+    row.restarts = (
+        f"{len(rs)} ({', '.join(r['culprit'] for r in rs)}; then {rs[-1]['trainers'] if rs else '-'})"
+    )
+    row.steps_lost = str(sum(r["steps_lost"] for r in rs))
+    row.seconds_lost = f"{sum(r['seconds_lost'] for r in rs):.1f}"
+    row.wall = f"{out['wall']:.1f} s (Ray start-up incl.)"
+    row.final_loss = f"{out['loss'][-1]:.6f} vs {ref['history'].loss[-1]:.6f}"
+    row.params = "(fewer readers: same batches)"
+    row.left = f"{out['left']} processes"
+    return row
+
+
+def print_finish_table(rows: list[FinishRow]) -> None:
+    cols = [
+        ("fault", "fault (max_restarts=3)"),
+        ("completed", "completed"),
+        ("restarts", "restarts"),
+        ("steps_lost", "steps lost"),
+        ("seconds_lost", "s lost"),
+        ("wall", "wall (vs uninterrupted)"),
+        ("final_loss", "final loss vs uninterrupted"),
+        ("params", "max param diff"),
+        ("left", "left behind"),
+    ]
+    width = {k: max(len(title), *(len(getattr(r, k)) for r in rows)) for k, title in cols}
+    print("| " + " | ".join(title.ljust(width[k]) for k, title in cols) + " |")
+    print("|" + "|".join("-" * (width[k] + 2) for k, _ in cols) + "|")
+    for r in rows:
+        print("| " + " | ".join(getattr(r, k).ljust(width[k]) for k, _ in cols) + " |")
+
+
 # -- main --------------------------------------------------------------------------------------------
 def print_table(rows: list[Row]) -> None:
     cols = [
@@ -787,10 +1030,15 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--frame-mb", type=int, default=200, help="frame size of the memauth row")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--load-seconds", type=float, default=5.0)
+    ap.add_argument("--finish-steps", type=int, default=40)
     ap.add_argument("--driver", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--ray-node", nargs=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.driver:
         driver_main(args.driver[0], args.driver[1], int(args.driver[2]))
+        return []
+    if args.ray_node:
+        print("RESULT " + json.dumps(ray_node_main(int(args.ray_node[0]))), flush=True)
         return []
     groups = set(args.only.split(","))
     rows: list[Row] = []
@@ -823,9 +1071,16 @@ def main(argv: list[str] | None = None) -> list[Row]:
             rows.append(memauth_row(args.frame_mb))
         if "load" in groups:
             rows.append(load_row(args.clients, args.load_seconds))
+        if "finish" in groups:
+            finish = finish_rows(args.finish_steps, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print_table(rows)
+    if "finish" in groups:
+        print_finish_table(finish)
+        if rows:
+            print()
+    if rows:
+        print_table(rows)
     print(f"\n{len(rows)} rows in {time.perf_counter() - t_start:.0f} s")
     return rows
 

@@ -3,7 +3,14 @@ data, metrics)."""
 
 from ops_registry.errors import HetpsError
 from runtime.driver.online import OnlineHistory
-from runtime.driver.settings import CheckpointConfig, EvalConfig, OnlineConfig, RunConfig, TelemetryConfig
+from runtime.driver.settings import (
+    CheckpointConfig,
+    EvalConfig,
+    FailureConfig,
+    OnlineConfig,
+    RunConfig,
+    TelemetryConfig,
+)
 from runtime.driver.train import History, TrainingError, train
 from runtime.evaluation.evaluate import evaluate, export, predict
 from runtime.exec.executor import ExecutionError, Executor, MissingFeedError
@@ -19,6 +26,7 @@ __all__ = [
     "History",
     "InMemoryServer",
     "MissingFeedError",
+    "FailureConfig",
     "OnlineConfig",
     "OnlineHistory",
     "RunConfig",

@@ -43,6 +43,14 @@ def train_options(s: argparse.ArgumentParser) -> None:
         help="continue from the newest complete checkpoint in DIR (--steps / --epochs count the whole run)",
     )
     s.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="restart the run from its last complete checkpoint (or the start) up to N times when a "
+        "trainer, shard or node is lost (default %(default)s)",
+    )
+    s.add_argument(
         "--eval-every", type=int, metavar="N", help="evaluate --eval-data every N steps (and at the end)"
     )
     s.add_argument(
@@ -72,6 +80,7 @@ def train_kwargs(args: argparse.Namespace, plan: Any, feeds: dict[str, str]) -> 
         eval_data=held_out,
         eval_every=args.eval_every,
         eval_output=getattr(args, "pred", None),
+        max_restarts=args.max_restarts,
     )
 
 

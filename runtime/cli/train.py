@@ -224,6 +224,8 @@ def _report(args: argparse.Namespace, history: Any) -> None:
     if history.first_step:
         print(f"resumed at step {history.first_step} from {args.resume}")
     print(describe(history))
+    for r in history.restarts:
+        print(f"restarted: {r}")
     if history.eval:
         print(describe_eval(history))
     if args.checkpoint:

@@ -33,6 +33,36 @@ class CheckpointSaveError(TrainingError):
         )
 
 
+@dataclass(frozen=True)
+class Restart:
+    """One restart of a run (`train(..., max_restarts=N)`, runtime/driver/restart.py): `at` seconds
+    after the run's training started (and `when`, Unix time) `culprit` failed with `error` (its last
+    line) at step `failed_at_step`; the run went on from step `resumed_from` (`checkpoint`, or the
+    start: None), so `steps_lost` steps and `seconds_lost` seconds of training were done again, with
+    `trainers` and `servers` (fewer than before when the engine could not place them all: `note`)."""
+
+    at: float
+    when: float
+    culprit: str
+    error: str
+    failed_at_step: int
+    resumed_from: int
+    checkpoint: str | None
+    steps_lost: int
+    seconds_lost: float
+    trainers: dict[str, int]
+    servers: int
+    note: str = ""
+
+    def __str__(self) -> str:
+        where = self.checkpoint or "the start"
+        return (
+            f"at {self.at:.1f} s, step {self.failed_at_step}: {self.culprit} failed ({self.error}); "
+            f"restarted from step {self.resumed_from} ({where}), {self.steps_lost} steps and "
+            f"{self.seconds_lost:.1f} s lost" + (f"; {self.note}" if self.note else "")
+        )
+
+
 @dataclass
 class History:
     """What a run did, one entry per step in the per-step lists.
@@ -50,9 +80,10 @@ class History:
     process's `time.perf_counter()` clock (to relate other measurements made there to the steps);
     `refused_messages`: messages to the driver's inbox without the run's key, or replayed, skipped
     (each trainer's own count is in `trainers[name]["refused_messages"]`); `task_auc`: a multi-task
-    plan's per-step AUC of each task (`Plan.tasks`), whose first task's is also `auc`.
-    (each trainer's own count is in `trainers[name]["refused_messages"]`); `filled`: per column,
-    the missing values a dataset's policies filled (counted by `open_dataset`'s pass before training).
+    plan's per-step AUC of each task (`Plan.tasks`), whose first task's is also `auc`; `filled`: per
+    column, the missing values a dataset's policies filled (counted by `open_dataset`'s pass before
+    training); `restarts`: a `Restart` per restart of the run (`max_restarts=`), the steps they lost
+    not in the per-step lists; `saved`: the checkpoints this run saved completely, oldest first.
     """
 
     loss: list[float] = field(default_factory=list)
@@ -71,6 +102,8 @@ class History:
     refused_messages: int = 0
     task_auc: dict[str, list[float]] = field(default_factory=dict)
     filled: dict[str, int] = field(default_factory=dict)
+    restarts: list[Restart] = field(default_factory=list)
+    saved: list[str] = field(default_factory=list)
 
     @property
     def steps(self) -> int:

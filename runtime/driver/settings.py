@@ -38,6 +38,7 @@ __all__ = [
     "FLAT",
     "CheckpointConfig",
     "EvalConfig",
+    "FailureConfig",
     "OnlineConfig",
     "ResolvedRun",
     "RunConfig",
@@ -90,24 +91,26 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """`dir`: save a checkpoint `step-NNNNNNNN` there every `every` steps and at the end, the `keep`
-    newest kept; `resume`: continue from the newest complete checkpoint in this directory (or this
-    checkpoint)."""
+    """`dir`: save a checkpoint `step-NNNNNNNN` there every `every` steps, whenever `every_s`
+    seconds have passed since the last save (at the next step the readers have not started yet), and
+    at the end, the `keep` newest kept; `resume`: continue from the newest complete checkpoint in this
+    directory (or this checkpoint)."""
 
     dir: str | Path | None = None
     every: int | None = None
     keep: int = 2
     resume: str | Path | None = None
+    every_s: float | None = None
 
     def __post_init__(self) -> None:
         _check_path(self.dir, "CheckpointConfig.dir")
         check_positive(self.every, "CheckpointConfig.every", optional=True)
         check_positive(self.keep, "CheckpointConfig.keep")
         _check_path(self.resume, "CheckpointConfig.resume")
-        if self.every is not None and self.dir is None:
-            raise ConfigError(
-                "CheckpointConfig.every (checkpoint_every=N) needs a dir (checkpoint=DIR) to save to"
-            )
+        _check_number(self.every_s, "CheckpointConfig.every_s", positive=True, optional=True)
+        for what, flat in (("every", "checkpoint_every=N"), ("every_s", "checkpoint_every_s=S")):
+            if getattr(self, what) is not None and self.dir is None:
+                raise ConfigError(f"CheckpointConfig.{what} ({flat}) needs a dir (checkpoint=DIR) to save to")
 
 
 @dataclass(frozen=True)
@@ -188,12 +191,37 @@ class OnlineConfig:
                 raise ConfigError(f"OnlineConfig.{name}={getattr(self, name)!r}: expected one of {allowed}")
 
 
+@dataclass(frozen=True)
+class FailureConfig:
+    """What `train` does when a process of the run is lost (runtime/driver/restart.py): up to
+    `max_restarts` times it tears the run down, restarts it from its last complete checkpoint (the
+    start without one) and goes on to the same end; `min_trainers`: per trainer type, the fewest
+    trainers a restart may go on with when the engine cannot place them all again (a lost Ray node;
+    None or a type left out: that type's full count, never fewer)."""
+
+    max_restarts: int = 0
+    min_trainers: dict[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        n = self.max_restarts
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ConfigError(f"FailureConfig.max_restarts must be an int >= 0, got {self.max_restarts!r}")
+        if self.min_trainers is not None:
+            if not isinstance(self.min_trainers, dict):
+                raise ConfigError(
+                    f"FailureConfig.min_trainers must map trainer types to counts, got {self.min_trainers!r}"
+                )
+            for t, n in self.min_trainers.items():
+                check_positive(n, f"FailureConfig.min_trainers[{t!r}]")
+
+
 GROUPS: dict[str, type] = {
     "scale": ScaleConfig,
     "run": RunConfig,
     "checkpoint": CheckpointConfig,
     "eval": EvalConfig,
     "telemetry": TelemetryConfig,
+    "failure": FailureConfig,
 }
 
 # train()'s flat keyword arguments: name -> (group, field of the group's record)
@@ -204,25 +232,28 @@ FLAT: dict[str, tuple[str, str]] = {
     **{n: ("run", n) for n in ("allow_emulation", "return_params")},
     "checkpoint": ("checkpoint", "dir"),
     "checkpoint_every": ("checkpoint", "every"),
+    "checkpoint_every_s": ("checkpoint", "every_s"),
     "keep": ("checkpoint", "keep"),
     "resume": ("checkpoint", "resume"),
     "eval_data": ("eval", "data"),
     "eval_every": ("eval", "every"),
     "eval_output": ("eval", "output"),
     **{n: ("telemetry", n) for n in ("metrics", "trace", "progress", "tensorboard", "callback")},
+    **{n: ("failure", n) for n in ("max_restarts", "min_trainers")},
 }
 
 
 @dataclass(frozen=True)
 class Settings:
-    """A run's five settings records (`train`'s `scale=`, `run=`, `checkpoint=`, `eval=`,
-    `telemetry=`)."""
+    """A run's settings records (`train`'s `scale=`, `run=`, `checkpoint=`, `eval=`, `telemetry=`,
+    `failure=`)."""
 
     scale: ScaleConfig = field(default_factory=ScaleConfig)
     run: RunConfig = field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    failure: FailureConfig = field(default_factory=FailureConfig)
 
     def __post_init__(self) -> None:
         for name, cls in GROUPS.items():

@@ -27,7 +27,8 @@ from typing import Any
 
 from runtime.data import sources
 from runtime.data.streams.base import StreamSource
-from runtime.driver.checkpoints import check_root
+from runtime.driver import restart
+from runtime.driver.checkpoints import check_root, step_dir
 from runtime.driver.history import CheckpointSaveError, History, TrainingError
 from runtime.driver.listener import LOOKAHEAD, Listener
 from runtime.driver.online import OnlineHistory, train_online
@@ -36,6 +37,7 @@ from runtime.driver.settings import (
     FLAT,
     CheckpointConfig,
     EvalConfig,
+    FailureConfig,
     OnlineConfig,
     ResolvedRun,
     RunConfig,
@@ -44,8 +46,10 @@ from runtime.driver.settings import (
     TrainerSpec,
     check_first_batch,
 )
+from runtime.driver.timed import TimedPauses
 from runtime.engines import Engine, make_engine
 from runtime.ps import PSClient
+from runtime.ps.client import PSTimeoutError
 from runtime.ps.launch import load_values, pull_all, start_servers
 from runtime.telemetry.outputs import Telemetry
 from runtime.trainer.process import run_trainer
@@ -63,6 +67,7 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointSaveError",
     "EvalConfig",
+    "FailureConfig",
     "History",
     "OnlineConfig",
     "OnlineHistory",
@@ -84,6 +89,7 @@ def train(
     checkpoint: CheckpointConfig | str | Path | None = None,
     eval: EvalConfig | None = None,
     telemetry: TelemetryConfig | None = None,
+    failure: FailureConfig | None = None,
     engine: str | Engine = "local",
     address: str | None = None,
     secret: bytes | None = None,
@@ -98,7 +104,8 @@ def train(
       kernel_threads, device_map), `run` (`RunConfig`: steps, epochs, until_loss, batch_size,
       stall_timeout, allow_emulation, return_params), `checkpoint` (`CheckpointConfig`: dir, every,
       keep, resume), `eval` (`EvalConfig`: data, every), `telemetry` (`TelemetryConfig`: metrics,
-      trace, progress, tensorboard, callback): the run's settings, each field documented on its
+      trace, progress, tensorboard, callback), `failure` (`FailureConfig`: max_restarts,
+      min_trainers; runtime/driver/restart.py): the run's settings, each field documented on its
       record (runtime/driver/settings.py, transpiler/settings.py). `tune(...).scale` goes to `scale=`
       as it is.
     - `**flat`: the same settings as flat keywords, e.g. `steps=10, trainers={"cpu": 2, "gpu": 1}`,
@@ -123,7 +130,9 @@ def train(
     if checkpoint is not None and not isinstance(checkpoint, CheckpointConfig):
         flat["checkpoint"] = checkpoint  # the flat checkpoint=DIR
         checkpoint = None
-    settings = Settings.of(flat, scale=scale, run=run, checkpoint=checkpoint, eval=eval, telemetry=telemetry)
+    settings = Settings.of(
+        flat, scale=scale, run=run, checkpoint=checkpoint, eval=eval, telemetry=telemetry, failure=failure
+    )
     plan = _verified(plan_or_program)
     r = settings.run
     ends = r.steps is not None or r.epochs is not None or r.until_loss is not None
@@ -134,6 +143,43 @@ def train(
             )
         run_pass = functools.partial(train, engine=engine, address=address, secret=secret)
         return train_online(plan, data, settings, online, run_pass)
+    engines = _Engines(engine, address)
+
+    def fits(scale: ScaleConfig) -> bool:
+        return engines.get().fits(_needs(scale))
+
+    return restart.run(plan, settings, lambda s: _attempt(plan, data, s, engines, secret), fits)
+
+
+class _Engines:
+    """The run's engine: made on first use, and used again (reset) by each restart."""
+
+    def __init__(self, engine: str | Engine, address: str | None) -> None:
+        self.spec, self.address, self.engine = engine, address, None
+
+    def get(self) -> Engine:
+        if self.engine is None:
+            self.engine = make_engine(self.spec, self.address)
+        return self.engine
+
+    def fresh(self) -> Engine:
+        """The engine for the next attempt: a used one forgets its last attempt's processes."""
+        if self.engine is not None:
+            self.engine.reset()
+        return self.get()
+
+
+def _needs(scale: ScaleConfig) -> dict[str, dict[str, float]]:
+    """Every process of a run with (resolved) `scale` and its resource hints."""
+    kinds = {t: kind_of(t, scale.device_map) for t in scale.trainers}
+    return {
+        **{n: {} for n in process_names(SERVER, scale.servers)},
+        **{n: {"gpu": 1} if kinds[ProcessId.parse(n).kind] == "gpu" else {} for n in scale.trainer_names()},
+    }
+
+
+def _attempt(plan: Plan, data: Any, settings: Settings, engines: _Engines, secret: bytes | None) -> History:
+    """One run of `plan` on `data` from its resume point (one attempt of a restarting run)."""
     cfg = ResolvedRun.make(plan, data, settings)
     sources.prepare(data, cfg.counts[cfg.reader], plan.programs[cfg.reader])  # checks shards
     pauses, roots, start_from = _pauses(plan, cfg)
@@ -143,7 +189,7 @@ def train(
 
         save_features(pauses.root, schema)
     check_first_batch(plan, cfg)
-    eng = make_engine(engine, address)
+    eng = engines.fresh()
     t = cfg.telemetry
     tel = Telemetry(
         t.metrics,
@@ -205,7 +251,7 @@ def _pauses(plan: Plan, cfg: ResolvedRun) -> tuple[Pauses, list[Path], Path | No
     ck, ev = cfg.checkpoint, cfg.eval
     root = None if ck.dir is None else check_root(ck.dir)
     start_from, start = resume_state(plan, None if ck.resume is None else str(ck.resume), cfg.run.steps)
-    pauses = Pauses(
+    pauses = TimedPauses(
         plan,
         cfg.data,
         start,
@@ -219,6 +265,7 @@ def _pauses(plan: Plan, cfg: ResolvedRun) -> tuple[Pauses, list[Path], Path | No
         ev.every,
         cfg.stall_timeout,
         ev.output,
+        every_s=ck.every_s,
     )
     return pauses, [p for p in (root, start_from) if p is not None], start_from
 
@@ -248,10 +295,14 @@ def _run_to_end(s: _Session) -> None:
         _run(s)
     except BaseException as e:
         error = e
+        if isinstance(e, TrainingError) and not hasattr(e, "history"):
+            e.history = s.history  # what the attempt did (a restart keeps its steps before the restore)
         raise
     finally:
         s.engine.stop()
         h = s.history
+        if s.pauses.root is not None:
+            h.saved = [str(step_dir(s.pauses.root, step)) for step in s.pauses.saved]
         s.tel.close(
             {
                 "steps": h.steps,
@@ -269,11 +320,7 @@ def _run(s: _Session) -> None:
     t0 = time.perf_counter()  # start-up counts placement too (on Ray: ray.init and the actors)
     cfg, eng = s.settings, s.engine
     names = cfg.trainer_names()
-    kinds = {t: kind_of(t, cfg.scale.device_map) for t in cfg.counts}
-    needs = {
-        **{n: {} for n in process_names(SERVER, cfg.scale.servers)},
-        **{n: {"gpu": 1} if kinds[ProcessId.parse(n).kind] == "gpu" else {} for n in names},
-    }
+    needs = _needs(cfg.scale)
     eng.place(needs)
     inbox = Inbox(eng.endpoint("driver"), s.secret)
     out = Outbox(s.secret)
@@ -313,14 +360,37 @@ def _run(s: _Session) -> None:
                 secret=s.secret,
                 resources=needs[name],
             )
-        listen.run()
-        _finish(s, ps_eps, admin, listen.watch)
+        try:
+            listen.run()
+        except TrainingError as e:
+            lost = _lost_process(eng)  # a pause or the stall timeout failing on a dead process: name it
+            if lost is None or ProcessId.maybe(e.who) is not None:
+                raise
+            raise lost from e
+        lost = _lost_process(eng)
+        if lost is not None:  # a shard that died after the trainers' last step: its tables are gone
+            raise lost
+        try:
+            _finish(s, ps_eps, admin, listen.watch)
+        except (PSTimeoutError, OSError) as e:
+            raise _lost_process(eng) or e from e
     finally:
         if s.pauses.client is not None:
             s.pauses.client.close()
         out.close()
         s.history.refused_messages = inbox.refused
         inbox.close()
+
+
+def _lost_process(eng: Engine) -> TrainingError | None:
+    """A TrainingError naming the first process of the run that ended with a failure, or else one
+    that is stopped, if any."""
+    for name, failure in eng.ended().items():
+        if failure is not None:
+            return TrainingError(name, failure.how)
+    for name, how in eng.stalled().items():
+        return TrainingError(name, f"{how}; the run cannot go on without it")
+    return None
 
 
 def _trainer_spec(

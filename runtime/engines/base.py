@@ -68,6 +68,16 @@ class Engine(ABC):
         for the others to time out on it. The base engine cannot tell: {}."""
         return {}
 
+    def fits(self, needs: dict[str, dict[str, float]]) -> bool:
+        """Whether the processes of `needs` (as for `place`) can be placed now; a restart asks this
+        (runtime/driver/restart.py) and goes on with fewer trainers when not. The base engine,
+        whose machine does not shrink: True."""
+        return True
+
+    def reset(self) -> None:  # noqa: B027 (optional hook)
+        """Forget the processes of the last run (after `stop`), so the same names can be placed and
+        started again: a restart runs its next attempt on the same engine."""
+
     @abstractmethod
     def pids(self) -> dict[str, int | None]:
         """{name: process id} of every started process (None where the engine cannot tell)."""

@@ -264,6 +264,10 @@ class LocalEngine(Engine):
     def pids(self) -> dict[str, int | None]:
         return {name: p.pid for name, p in self.procs.items()}
 
+    def reset(self) -> None:
+        self.stop()
+        self.procs = {}
+
     def stop(self, timeout: float = 3.0) -> None:
         for p in self.procs.values():
             if p.exitcode is None:

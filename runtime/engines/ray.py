@@ -187,32 +187,11 @@ class RayEngine(Engine):
 
         self._connect(needs)
         host = ray.remote(max_restarts=0)(ProcessHost)
-        wanted: dict[str, dict[str, float]] = {}
-        opts_of: dict[str, dict[str, Any]] = {}
-        for name, res in needs.items():
+        for name in needs:
             if name in self.actors:
                 raise ValueError(f"a process named {name!r} was already placed")
-            opts = {"num_cpus": self.num_cpus, **(self._gpu_option(res["gpu"]) if res.get("gpu") else {})}
-            pid = ProcessId.maybe(name)  # (resources by kind: "ps", "cpu", "gpu", ...)
-            extra = self.resources.get(pid.kind, {}) if pid is not None else {}
-            if extra:
-                opts["resources"] = {**opts.get("resources", {}), **extra}
-            wanted[name] = {
-                "CPU": self.num_cpus,
-                **opts.get("resources", {}),
-                **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
-            }
-            opts_of[name] = opts
-        total: dict[str, float] = {}
-        for res in wanted.values():
-            for k, v in res.items():
-                total[k] = total.get(k, 0) + v
-        have = ray.cluster_resources()
-        short = {
-            k: f"{v:g} asked, {have.get(k, 0):g} in the cluster"
-            for k, v in total.items()
-            if v > have.get(k, 0)
-        }
+        wanted, opts_of = self._requests(needs)
+        short = self._short(wanted)
         if short:
             raise RuntimeError(
                 f"the run cannot fit on this Ray cluster: {short}; processes ask for {wanted} "
@@ -230,6 +209,55 @@ class RayEngine(Engine):
             )
         for name, ref in refs.items():
             self.addresses[name], self.pid_of[name], self.node_of[name] = ray.get(ref)
+
+    def _requests(self, needs: dict[str, dict[str, float]]) -> tuple[dict, dict]:
+        """Per process: the resources it asks Ray for, and its actor options."""
+        wanted: dict[str, dict[str, float]] = {}
+        opts_of: dict[str, dict[str, Any]] = {}
+        for name, res in needs.items():
+            opts = {"num_cpus": self.num_cpus, **(self._gpu_option(res["gpu"]) if res.get("gpu") else {})}
+            pid = ProcessId.maybe(name)  # (resources by kind: "ps", "cpu", "gpu", ...)
+            extra = self.resources.get(pid.kind, {}) if pid is not None else {}
+            if extra:
+                opts["resources"] = {**opts.get("resources", {}), **extra}
+            wanted[name] = {
+                "CPU": self.num_cpus,
+                **opts.get("resources", {}),
+                **({"GPU": opts["num_gpus"]} if "num_gpus" in opts else {}),
+            }
+            opts_of[name] = opts
+        return wanted, opts_of
+
+    @staticmethod
+    def _short(wanted: dict[str, dict[str, float]]) -> dict[str, str]:
+        """The resources the cluster's live nodes lack for `wanted`, with how much."""
+        import ray
+
+        total: dict[str, float] = {}
+        for res in wanted.values():
+            for k, v in res.items():
+                total[k] = total.get(k, 0) + v
+        have: dict[str, float] = {}
+        for node in ray.nodes():
+            if node.get("Alive"):
+                for k, v in node.get("Resources", {}).items():
+                    have[k] = have.get(k, 0) + v
+        short = {k: (v, have.get(k, 0)) for k, v in total.items() if v > have.get(k, 0)}
+        return {k: f"{v:g} asked, {h:g} in the cluster" for k, (v, h) in short.items()}
+
+    def fits(self, needs: dict[str, dict[str, float]]) -> bool:
+        import ray
+
+        if not ray.is_initialized():
+            return True  # a Ray this engine starts is sized for the run
+        try:
+            return not self._short(self._requests(needs)[0])
+        except RuntimeError:  # e.g. the gpu trainers' resource is gone with its node
+            return False
+
+    def reset(self) -> None:
+        self.stop()
+        self.addresses, self.pid_of, self.node_of, self.results = {}, {}, {}, {}
 
     def endpoint(self, name: str) -> str:
         if name == "driver":  # bound by the driver itself, any free port

@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 import yaml
 
-from runtime import CheckpointConfig, EvalConfig, Executor, RunConfig, ScaleConfig, TelemetryConfig, train
+from runtime import (
+    CheckpointConfig,
+    EvalConfig,
+    Executor,
+    FailureConfig,
+    RunConfig,
+    ScaleConfig,
+    TelemetryConfig,
+    train,
+)
 from runtime.cli.common import UsageError, load_settings
 from runtime.data import SyntheticCTR
 from runtime.driver.settings import FLAT, GROUPS, ResolvedRun, Settings
@@ -43,6 +52,17 @@ from transpiler.models import wide_deep
         (lambda: CheckpointConfig(every=0, dir="d"), "CheckpointConfig.every must be a positive int"),
         (lambda: CheckpointConfig(keep=0), "CheckpointConfig.keep must be a positive int, got 0"),
         (lambda: CheckpointConfig(every=5), r"CheckpointConfig.every \(checkpoint_every=N\) needs a dir"),
+        (lambda: CheckpointConfig(every_s=0, dir="d"), "CheckpointConfig.every_s must be a positive number"),
+        (
+            lambda: CheckpointConfig(every_s=5.0),
+            r"CheckpointConfig.every_s \(checkpoint_every_s=S\) needs a dir",
+        ),
+        (lambda: FailureConfig(max_restarts=-1), "FailureConfig.max_restarts must be an int >= 0, got -1"),
+        (lambda: FailureConfig(min_trainers=[1]), "FailureConfig.min_trainers must map trainer types"),
+        (
+            lambda: FailureConfig(min_trainers={"cpu": 0}),
+            r"FailureConfig.min_trainers\['cpu'\] must be a positive",
+        ),
         (lambda: EvalConfig(every=0, data=[]), "EvalConfig.every must be a positive int, got 0"),
         (lambda: EvalConfig(every=5), r"EvalConfig.every \(eval_every=N\) needs data"),
         (lambda: TelemetryConfig(metrics=1), "TelemetryConfig.metrics must be a path"),
@@ -110,6 +130,7 @@ def test_flat_keywords_and_records_are_the_same_settings():
         return_params=True,
         checkpoint="ckpt",
         checkpoint_every=2,
+        checkpoint_every_s=30.0,
         keep=3,
         resume="old",
         eval_data=held_out,
@@ -120,14 +141,17 @@ def test_flat_keywords_and_records_are_the_same_settings():
         progress=False,
         tensorboard="tb",
         callback=print,
+        max_restarts=2,
+        min_trainers={"cpu": 1},
     )
     assert set(flat) == set(FLAT) and {g for g, _ in FLAT.values()} == set(GROUPS)
     records = Settings(
         ScaleConfig({"cpu": 1, "gpu": 2}, 2, 2, "async", False, {"gpu": 2}, {"gpu": "gpu"}),
         RunConfig(4, None, 0.1, 16, 30.0, True, True),
-        CheckpointConfig("ckpt", 2, 3, "old"),
+        CheckpointConfig("ckpt", 2, 3, "old", 30.0),
         EvalConfig(held_out, 2, "sigmoid_0.tmp"),
         TelemetryConfig("m.jsonl", "t.json", False, "tb", print),
+        FailureConfig(2, {"cpu": 1}),
     )
     assert Settings.of(flat) == records and records.flat() == flat
 
