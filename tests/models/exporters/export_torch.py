@@ -3,6 +3,7 @@ files beside this script are committed, so the tests need neither torch nor onnx
 
     python tests/models/exporters/export_torch.py        # needs torch (CPU wheel) and onnxscript
     python tests/models/exporters/export_torch.py ccpm dien   # only the models named
+    python tests/models/exporters/export_torch.py --steps ccpm   # only ccpm_torch_steps.npz
 
 Models (small: vocab 40, dim 4; float32; batch dynamic): DLRM (nn.EmbeddingBag per slot, dot
 interaction), DeepFM (FM + MLP), DCN-v2 (cross layers), DIN (attention over a behaviour sequence
@@ -10,7 +11,9 @@ with a mask), xDeepFM (CIN written with einsum, + MLP), xDeepFM with the CIN as 
 ("xdeepfm_conv"), CCPM (k x 1 Conv2d with padding, k-max pooling by topk), DIEN (nn.GRU over the
 behaviour sequence, attention, a second nn.GRU over the attention-weighted states). Each outputs the
 click probability `prob` [batch, 1], except the multi-task ESMM (outputs `ctr`, `ctcvr`) and MMOE
-(`ctr`, `cvr`), for which torch's own SGD steps on one batch are saved as `<name>_torch_steps.npz`.
+(`ctr`, `cvr`). For those two and one model per remaining family (xdeepfm_conv, ccpm, dien), torch's own
+SGD steps on one batch are saved as `<name>_torch_steps.npz` (`python export_torch.py --steps NAME...`
+writes only those, from the weights of the committed .onnx files).
 Exporters: "ts" (TorchScript, torch.onnx.export(dynamo=False))
 and "dynamo" (torch.onnx.export(dynamo=True)). A model an exporter cannot export is skipped with its reason.
 """
@@ -313,40 +316,73 @@ def export(name: str, exporter: str) -> Path:
     return path
 
 
+# Single-output models whose training torch also runs (one per family): a bce loss on `label`.
+STEPS = ("xdeepfm_conv", "ccpm", "dien")
+
+
+def _train_batch(name: str, batch: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """A training batch for `name`, its inputs in forward's order."""
+    if name in ("din", "dien"):
+        hist = torch.randint(0, VOCAB, (batch, SEQ), generator=g)
+        lengths = torch.randint(1, SEQ + 1, (batch, 1), generator=g)
+        mask = (torch.arange(SEQ).expand(batch, SEQ) < lengths).float()
+        target = torch.randint(0, VOCAB, (batch,), generator=g)
+        return {"hist": hist, "mask": mask, "target": target, "dense": torch.randn(batch, DENSE, generator=g)}
+    slots = 2 * SLOTS if name == "dlrm" else SLOTS
+    return {
+        "sparse": torch.randint(0, VOCAB, (batch, slots), generator=g),
+        "dense": torch.randn(batch, DENSE, generator=g),
+    }
+
+
+def _check_exported_weights(name: str, model: nn.Module, feed: dict[str, torch.Tensor]) -> None:
+    """The module's forward equals onnxruntime's on the committed `<name>_ts.onnx`: the same weights."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(HERE / f"{name}_ts.onnx"), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {k: v.numpy() for k, v in feed.items()})
+    with torch.no_grad():
+        got = model(*feed.values())
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want, strict=True):
+        np.testing.assert_allclose(
+            g.numpy(), w, rtol=1e-5, atol=1e-6, err_msg=f"{name}: not the file's weights"
+        )
+
+
 def torch_steps(name: str, steps: int = 8, batch: int = 16, lr: float = 0.2) -> Path:
-    """Torch's own multi-task training of `name` (as exported: the same seed, so the same initial
-    weights) on one batch, plain SGD on the sum of the tasks' BCE losses: the batch, labels and the
-    loss and per-task losses before each step, saved beside the models as `<name>_torch_steps.npz`."""
+    """Torch's own training of `name` (as exported: the same seed, so the same initial weights,
+    checked against the committed `<name>_ts.onnx`) on one batch, plain SGD on the sum of the
+    outputs' BCE losses: the batch, labels and the loss (and per-task losses of a multi-task model)
+    before each step, saved beside the models as `<name>_torch_steps.npz`."""
     torch.manual_seed(14)
     model = MODELS[name]()
+    outputs = OUTPUTS.get(name, {"prob": "label"})
     g = torch.Generator().manual_seed(21)
-    sparse, dense = (
-        torch.randint(0, VOCAB, (batch, SLOTS), generator=g),
-        torch.randn(batch, DENSE, generator=g),
-    )
-    labels = {lab: torch.randint(0, 2, (batch, 1), generator=g).float() for lab in OUTPUTS[name].values()}
+    feed = _train_batch(name, batch, g)
+    labels = {lab: torch.randint(0, 2, (batch, 1), generator=g).float() for lab in outputs.values()}
     if name == "esmm":  # a buy needs a click: the ctcvr label is click & conversion
         labels["buy"] = labels["buy"] * labels["click"]
+    _check_exported_weights(name, model, feed)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    got: dict[str, list[float]] = {"loss": [], **{f"loss_{o}": [] for o in OUTPUTS[name]}}
+    tasks = list(OUTPUTS.get(name, {}))
+    got: dict[str, list[float]] = {"loss": [], **{f"loss_{o}": [] for o in tasks}}
     for _ in range(steps):
-        outs = model(sparse, dense)
+        outs = model(*feed.values())
+        outs = outs if isinstance(outs, tuple) else (outs,)
         parts = [
             nn.functional.binary_cross_entropy(p, labels[lab])
-            for p, lab in zip(outs, OUTPUTS[name].values(), strict=True)
+            for p, lab in zip(outs, outputs.values(), strict=True)
         ]
         loss = sum(parts)
         got["loss"].append(loss.item())
-        for o, part in zip(OUTPUTS[name], parts, strict=True):
+        for o, part in zip(tasks, parts if tasks else [], strict=True):  # a single output: no task losses
             got[f"loss_{o}"].append(part.item())
         opt.zero_grad()
         loss.backward()
         opt.step()
     path = HERE / f"{name}_torch_steps.npz"
-    arrays = {k: v.numpy() for k, v in labels.items()}
-    np.savez(
-        path, sparse=sparse.numpy(), dense=dense.numpy(), **arrays, **{k: np.array(v) for k, v in got.items()}
-    )
+    arrays = {k: v.numpy() for k, v in {**feed, **labels}.items()}
+    np.savez(path, **arrays, **{k: np.array(v) for k, v in got.items()})
     return path
 
 
@@ -368,7 +404,11 @@ def _strip_metadata(path: Path) -> None:
 
 
 def main(names: list[str]) -> int:
-    """Export the models named (all when none)."""
+    """Export the models named (all when none); with `--steps` first, write only their torch steps."""
+    if names[:1] == ["--steps"]:
+        for name in names[1:] or [*OUTPUTS, *STEPS]:
+            print("wrote", torch_steps(name).name)
+        return 0
     failed = 0
     for name in names or MODELS:
         for exporter in ("ts", "dynamo"):
@@ -377,7 +417,7 @@ def main(names: list[str]) -> int:
             except Exception as e:  # noqa: BLE001 - report and go on with the others
                 failed += 1
                 print(f"{name} / {exporter}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-        if name in OUTPUTS:
+        if name in OUTPUTS or name in STEPS:
             print("wrote", torch_steps(name).name)
     return 1 if failed else 0
 

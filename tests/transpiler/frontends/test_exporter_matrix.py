@@ -10,7 +10,8 @@ For each model x exporter: it imports; its forward equals onnxruntime's on the s
 its gradients (the graph in float64, a bce loss attached) agree with central differences; and it
 trains heterogeneously (transpiled: tables on parameter servers, lookups on cpu, the MLP on gpu;
 simulated) with the loss dropping. docs/onnx.md shows the same table. DIEN (two nn.GRU) is written
-in PyTorch only.
+in PyTorch only. One model per family (xdeepfm_conv, CCPM, DIEN; the multi-task ones in
+test_multi_task.py, the tf2onnx cell against TensorFlow) follows its framework's own SGD steps.
 """
 
 from __future__ import annotations
@@ -180,6 +181,25 @@ def test_multi_task_trains_heterogeneously(model: str, exporter: str) -> None:
     feed = {**_feed(model, 16, seed=4), **_labels(model, 16, 5)}
     losses = [float(x[0]) for x in simulate(plan, [feed] * 12)]
     assert np.all(np.isfinite(losses)) and losses[-1] < 0.9 * losses[0], losses
+
+
+# One model per remaining family whose training torch also ran (export_torch.py `--steps`, from the
+# committed files' weights): CIN as Conv1d, CCPM (Conv2d + topk), DIEN (two nn.GRU).
+TORCH_STEPS = ("xdeepfm_conv", "ccpm", "dien")
+
+
+@pytest.mark.parametrize("model", TORCH_STEPS)
+def test_trains_like_torch_own_steps(model: str) -> None:
+    """The ts cell trained (transpiled, SGD on the bce loss) follows torch's own SGD steps on the same
+    batch from the same weights: the loss before every step (`<model>_torch_steps.npz`)."""
+    ref = np.load(DIR / f"{model}_torch_steps.npz")
+    plan = transpile(
+        from_onnx(_path(model, "ts"), loss="bce"), TranspileConfig(optimizer={"type": "sgd", "lr": 0.2})
+    )
+    feed = {k: ref[k] for k in ref.files if k != "loss"}
+    assert set(feed) == {*_feed(model, 1, seed=0), "label"}
+    got = [float(x[0]) for x in simulate(plan, [feed] * len(ref["loss"]))]
+    np.testing.assert_allclose(got, ref["loss"], rtol=2e-5)
 
 
 def test_keras_cell_follows_tensorflow_own_steps() -> None:
