@@ -360,3 +360,48 @@ def test_the_fewest_trainers_allowed_that_still_do_not_fit_end_the_restarts():
         and why
         == "cannot place even {'cpu': 2, 'gpu': 1} trainers and 1 shard (min_trainers {'cpu': 2, 'gpu': 1})"
     )
+
+
+@pytest.mark.slow  # three runs of four processes: about a minute on two cores
+def test_a_stream_source_resumes_at_the_checkpoints_position_and_trains_each_record_once(tmp_path):
+    """Pass directories (runtime.data.streams) read by 2 reader trainers, a reader killed mid-run:
+    the restarted run reads the stream from the checkpoint's step on, so it trains every record
+    once (examples counted; a batch never spans passes, so the batch sizes name the passes) and
+    ends as the uninterrupted run."""
+    from test_streams import write_pass
+
+    from runtime.data.streams import PassDirectorySource
+
+    root = tmp_path / "logs"
+    write_pass(root, "20240101/23", [list(range(0, 7)), list(range(7, 17))])  # 17 records: 8, 8, 1
+    write_pass(root, "20240102/00", [list(range(17, 30)), list(range(30, 33))])  # 16: 8, 8
+    write_pass(root, "20240102/01", [list(range(33, 45))])  # 12: 8, 4
+    schema = {"label": "click", "dense": ["rid"], "sparse": ["user"], "vocab": 64}
+    kw = dict(steps=7, trainers={"cpu": 2, "gpu": 1}, mode="sync", allow_emulation=True, progress=False)
+    net = wide_deep(num_slots=1, num_dense=1, vocab=64, dim=4, hidden=(8,), optimizer=nn.SGD(lr=0.1))
+
+    def source():
+        return PassDirectorySource(root, schema, batch_size=8, follow=False)
+
+    want = train(net.main, source(), return_params=True, **kw)
+    assert want.examples == [8, 8, 1, 8, 8, 8, 4]  # the whole stream, each record once
+    eng = LocalEngine()
+    kill = Killer(eng, {4: ("cpu:1", KILL)})
+    got = train(
+        net.main,
+        source(),
+        return_params=True,
+        checkpoint=str(tmp_path / "ckpt"),
+        checkpoint_every=2,
+        max_restarts=1,
+        engine=eng,
+        callback=kill,
+        **kw,
+    )
+    (r,) = got.restarts
+    assert r.culprit == "cpu:1" and 0 < r.resumed_from <= r.failed_at_step and r.resumed_from % 2 == 0
+    assert got.examples == want.examples and sum(got.examples) == 45  # none twice, none skipped
+    np.testing.assert_allclose(got.loss, want.loss, rtol=1e-6)
+    for name, value in want.params.items():
+        assert np.max(np.abs(got.params[name] - value)) <= 1e-6 * max(1.0, float(np.max(np.abs(value)))), name
+    assert alive(kill.pids) == []

@@ -113,13 +113,17 @@ def test_a_run_that_loses_a_ray_node_completes_on_the_other_with_fewer_trainers(
     (r,) = out["restarts"]
     lost = next(n for n, there in out["nodes"].items() if there)
     assert r["culprit"] == lost and r["trainers"] == {"cpu": 1, "gpu": 1} and r["servers"] == 1
-    assert "fewer processes fit" in r["note"] and r["resumed_from"] == 4
+    assert "fewer processes fit" in r["note"]
+    # the node's loss is seen a health-check period (1.5 s) after the kill at step 5: by then a
+    # later checkpoint may be complete
+    assert r["resumed_from"] in (4, 8) and r["resumed_from"] <= r["failed_at_step"]
     assert out["steps"] == STEPS and out["examples"] == [64] * STEPS
     np.testing.assert_allclose(out["loss"], out["ref_loss"], rtol=1e-5)
     assert out["left_alive"] == []
 
 
-if __name__ == "__main__" and sys.argv[1] == "--elastic":
+if __name__ == "__main__":  # the plain guard: the local engine's reference run checks for it
+    assert sys.argv[1] == "--elastic", sys.argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
