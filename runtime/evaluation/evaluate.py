@@ -41,7 +41,7 @@ from runtime.evaluation.forward import (
     run_forward,
 )
 from runtime.evaluation.metrics import gauc, sliced
-from transpiler.exporters.servable import ONNX_LIMIT, export_inference, forward_graph
+from transpiler.exporters.servable import ONNX_LIMIT, ForwardGraph, export_inference, forward_graph
 from transpiler.plan import Plan
 
 __all__ = [
@@ -51,7 +51,9 @@ __all__ = [
     "checked_checkpoint",
     "checkpoint_source",
     "client_source",
+    "check_grouping",
     "evaluate",
+    "evaluate_grouped",
     "evaluate_with",
     "existing_tables",
     "export",
@@ -96,16 +98,25 @@ def evaluate(
             raise ValueError("group= / slice_by= are computed in this process: leave workers= out")
         return evaluate_parallel(plan, data, checkpoint, output, workers, servers, engine, stall_timeout)
     graph = forward_graph(plan, output)
+    return evaluate_grouped(
+        graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction, group, slice_by
+    )
+
+
+def evaluate_grouped(
+    graph: ForwardGraph,
+    pull: TableSource,
+    data: Any,
+    reduction: str = "mean",
+    group: str | None = None,
+    slice_by: str | None = None,
+) -> dict[str, Any]:
+    """`evaluate_with`'s figures plus "gauc" by `group` and "slices" by `slice_by` (see `evaluate`;
+    `train`'s held-out evaluation uses it too)."""
     if group is None and slice_by is None:
-        return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction)
-    return _grouped(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction, group, slice_by)
-
-
-def _grouped(graph, pull, data, reduction: str, group: str | None, slice_by: str | None) -> dict[str, Any]:
-    """`evaluate_with`'s figures plus GAUC by `group` and per-slice figures by `slice_by`."""
+        return evaluate_with(graph, pull, data, reduction)
+    check_grouping(graph, group, slice_by)
     label = label_feed(graph)
-    if not graph.loss or label is None:
-        raise ValueError("group= / slice_by= need a plan with a loss against one label feed")
     tally = Tally(reduction)
     cols = list(dict.fromkeys(c for c in (group, slice_by) if c is not None))
     keys: dict[str, list] = {c: [] for c in cols}
@@ -120,6 +131,17 @@ def _grouped(graph, pull, data, reduction: str, group: str | None, slice_by: str
     if slice_by is not None:
         out["slices"] = sliced(y, p, np.concatenate(keys[slice_by]), value_names(data, slice_by))
     return out
+
+
+def check_grouping(
+    graph: ForwardGraph, group: str | None, slice_by: str | None, data: Any = None, batch: Any = None
+) -> None:
+    """ValueError unless `graph` has a loss against one label feed and, given `batch` (a batch of
+    `data`), the batch has the columns `group` / `slice_by`."""
+    if not graph.loss or label_feed(graph) is None:
+        raise ValueError("group= / slice_by= need a plan with a loss against one label feed")
+    for column in (c for c in (group, slice_by) if c is not None and batch is not None):
+        column_keys(data, batch, column)
 
 
 def column_keys(data: Any, batch: dict[str, Any], column: str) -> np.ndarray:

@@ -1,7 +1,8 @@
 """`plot_metrics`: training curves (loss, AUC, examples/s against step) from metrics JSONL files.
 
 Held-out evaluations (`train(eval_data=..., eval_every=N)`, "eval" records) are drawn on the loss
-and AUC panels as a second line with square markers, labelled "<run> held-out".
+and AUC panels as a second line with square markers, labelled "<run> held-out"; their GAUC
+(`eval_group=`), when recorded, as a line with triangle markers on the AUC panel, "<run> held-out GAUC".
 
 Online training's passes ("pass" records: `train` on a stream) draw their online (test-then-train)
 loss and AUC at each pass's last step, as a line with diamond markers labelled "<run> online".
@@ -93,6 +94,10 @@ def plot_metrics(paths: Sequence[str | Path], out: str | Path, labels: Sequence[
             if held:
                 xs, ys = zip(*held, strict=True)
                 ax.plot(xs, ys, label=f"{label} held-out", linewidth=1.5, marker="s", markersize=4)
+            grouped = [(r["step"], r["gauc"]) for r in evals if key == "auc" and r.get("gauc") is not None]
+            if grouped:
+                xs, ys = zip(*grouped, strict=True)
+                ax.plot(xs, ys, label=f"{label} held-out GAUC", linewidth=1.5, marker="^", markersize=4)
             online = [(r["step"], r[key]) for r in passes if key != "examples_per_s" and r[key] is not None]
             if online:
                 xs, ys = zip(*online, strict=True)
