@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.driver import checkpoints
-from runtime.evaluation.evaluate import check_grouping, evaluate_grouped
-from runtime.evaluation.forward import batches_of, client_source
+from runtime.evaluation.forward import batches_of, check_grouping, client_source, evaluate_grouped
 from runtime.ps import PSClient
 from transpiler.exporters.servable import ForwardGraph, forward_graph
 from transpiler.plan import Plan

@@ -96,6 +96,8 @@ def test_predict_eval_and_the_inference_export_agree(session, capsys):
     [
         (["--checkpoint-every", "3"], "--checkpoint-every N needs --checkpoint DIR"),
         (["--eval-every", "3"], "--eval-every N needs --eval-data"),
+        (["--eval-group", "sparse"], "--eval-group COLUMN needs --eval-data"),
+        (["--eval-slice", "sparse"], "--eval-slice COLUMN needs --eval-data"),
     ],
 )
 def test_lifecycle_options_without_their_partner_exit_2(session, argv, message, capsys):
