@@ -1,7 +1,7 @@
 """The `hetps` commands and train options of a model's life after training (runtime/cli/app.py wires them):
 
     hetps train PLAN_DIR ... --checkpoint DIR --checkpoint-every N [--keep K] [--resume DIR]
-                             --eval-data D [--eval-every N]
+                             --eval-data D [--eval-every N] [--eval-group COL] [--eval-slice COL]
     hetps eval PLAN_DIR --checkpoint DIR --data D          held-out loss, AUC, examples
     hetps predict PLAN_DIR --checkpoint DIR --data D -o scores.npy | scores.csv
         (both with [--workers N [--servers S]]: N worker processes, S parameter-server shards)
@@ -54,6 +54,12 @@ def train_options(s: argparse.ArgumentParser) -> None:
         "--eval-every", type=int, metavar="N", help="evaluate --eval-data every N steps (and at the end)"
     )
     s.add_argument(
+        "--eval-group", metavar="COLUMN", help="held-out GAUC: the AUC per value of this column (a user id)"
+    )
+    s.add_argument(
+        "--eval-slice", metavar="COLUMN", help="held-out loss, AUC, calibration per value of this column"
+    )
+    s.add_argument(
         "--eval-batches",
         type=int,
         default=8,
@@ -67,8 +73,9 @@ def train_kwargs(args: argparse.Namespace, plan: Any, feeds: dict[str, str]) -> 
 
     if args.checkpoint_every is not None and not args.checkpoint:
         raise UsageError("--checkpoint-every N needs --checkpoint DIR (where to save)")
-    if args.eval_every is not None and not args.eval_data:
-        raise UsageError("--eval-every N needs --eval-data (the held-out set)")
+    for flag, shown in (("eval_every", "N"), ("eval_group", "COLUMN"), ("eval_slice", "COLUMN")):
+        if getattr(args, flag) is not None and not args.eval_data:
+            raise UsageError(f"--{flag.replace('_', '-')} {shown} needs --eval-data (the held-out set)")
     held_out = None
     if args.eval_data and plan is not None:
         held_out = finite_data(args, plan, args.eval_data, feeds, args.eval_batches)
@@ -80,6 +87,8 @@ def train_kwargs(args: argparse.Namespace, plan: Any, feeds: dict[str, str]) -> 
         eval_data=held_out,
         eval_every=args.eval_every,
         eval_output=getattr(args, "pred", None),
+        eval_group=args.eval_group,
+        eval_slice_by=args.eval_slice,
         max_restarts=args.max_restarts,
     )
 
@@ -103,7 +112,7 @@ def finite_data(args: argparse.Namespace, plan: Any, spec: str, feeds: dict[str,
 def describe_eval(history: Any) -> str:
     lines = []
     for e in history.eval:
-        ctr = "".join(f", {k} {e[k]:.4f}" for k in ("logloss", "calibration") if k in e)
+        ctr = "".join(f", {k} {e[k]:.4f}" for k in ("logloss", "calibration", "gauc") if k in e)
         lines.append(
             f"held-out at step {e['step']}: loss {e['loss']:.4f}, AUC {e['auc']:.4f}{ctr} "
             f"({e['examples']} examples)"

@@ -206,7 +206,9 @@ def _fit_model(args: argparse.Namespace, run: dict[str, Any], feeds: dict[str, s
     history = train(plan, data, **run, **life)
     print(describe(history))
     if held_out is not None:
-        print(f"held-out AUC {history.eval[-1]['auc']:.4f} on {held_out.rows()} rows of {args.eval_data}")
+        last = history.eval[-1]
+        grouped = f", GAUC {last['gauc']:.4f}" if "gauc" in last else ""
+        print(f"held-out AUC {last['auc']:.4f}{grouped} on {held_out.rows()} rows of {args.eval_data}")
     if out is None:
         print("no plan directory written (give --out DIR, or --checkpoint DIR to write DIR/plan)")
     else:

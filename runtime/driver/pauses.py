@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.driver import checkpoints
-from runtime.evaluation.forward import client_source, evaluate_with
+from runtime.evaluation.forward import batches_of, check_grouping, client_source, evaluate_grouped
 from runtime.ps import PSClient
 from transpiler.exporters.servable import ForwardGraph, forward_graph
 from transpiler.plan import Plan
@@ -42,10 +42,15 @@ class Pauses:
     client: PSClient | None = None  # the driver's (admin) client, set once the servers run
     saved: list[int] = field(default_factory=list)
     evaluated: list[int] = field(default_factory=list)
+    group: str | None = None  # the column of the held-out GAUC (None: none)
+    slice_by: str | None = None  # the column of the held-out per-slice figures (None: none)
 
     def __post_init__(self) -> None:  # (the values were checked by their records: driver/settings.py)
         if self.eval_data is not None:
             self.graph = forward_graph(self.plan, self.output)  # a plan whose prediction is unclear fails now
+        if self.group is not None or self.slice_by is not None:  # an unknown column fails now too
+            first = next(iter(batches_of(self.eval_data)), None)
+            check_grouping(self.graph, self.group, self.slice_by, self.eval_data, first)
 
     def _periods(self) -> list[int]:
         return [p for p in (self.every, self.eval_every) if p is not None]
@@ -87,7 +92,14 @@ class Pauses:
         return path
 
     def evaluate(self, step: int, history: Any, tel: Any) -> None:
-        got = evaluate_with(self.graph, client_source(self.client), self.eval_data, self.plan.loss_reduction)
+        got = evaluate_grouped(
+            self.graph,
+            client_source(self.client),
+            self.eval_data,
+            self.plan.loss_reduction,
+            self.group,
+            self.slice_by,
+        )
         record = {"step": step, **got}
         history.eval.append(record)
         tel.eval(record)

@@ -116,14 +116,23 @@ class CheckpointConfig:
 @dataclass(frozen=True)
 class EvalConfig:
     """The held-out loss and AUC of `data` (finite: feed dicts) every `every` steps and at the end;
-    `output`: the prediction scored (default: the plan's one forward result no op reads)."""
+    `output`: the prediction scored (default: the plan's one forward result no op reads); `group`:
+    a categorical column (or feed) for "gauc", `slice_by`: one for "slices" (as `evaluate`'s)."""
 
     data: Any = None
     every: int | None = None
     output: str | None = None
+    group: str | None = None
+    slice_by: str | None = None
 
     def __post_init__(self) -> None:
         check_positive(self.every, "EvalConfig.every", optional=True)
+        for what, flat in (("group", "eval_group"), ("slice_by", "eval_slice_by")):
+            value = getattr(self, what)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"EvalConfig.{what} ({flat}=) must be a column name, got {value!r}")
+            if value is not None and self.data is None:
+                raise ConfigError(f"EvalConfig.{what} ({flat}=) needs data (eval_data=, the held-out set)")
         if self.every is not None and self.data is None:
             raise ConfigError("EvalConfig.every (eval_every=N) needs data (eval_data=, the held-out set)")
 
@@ -238,6 +247,8 @@ FLAT: dict[str, tuple[str, str]] = {
     "eval_data": ("eval", "data"),
     "eval_every": ("eval", "every"),
     "eval_output": ("eval", "output"),
+    "eval_group": ("eval", "group"),
+    "eval_slice_by": ("eval", "slice_by"),
     **{n: ("telemetry", n) for n in ("metrics", "trace", "progress", "tensorboard", "callback")},
     **{n: ("failure", n) for n in ("max_restarts", "min_trainers")},
 }

@@ -266,6 +266,8 @@ def _pauses(plan: Plan, cfg: ResolvedRun) -> tuple[Pauses, list[Path], Path | No
         cfg.stall_timeout,
         ev.output,
         every_s=ck.every_s,
+        group=ev.group,
+        slice_by=ev.slice_by,
     )
     return pauses, [p for p in (root, start_from) if p is not None], start_from
 

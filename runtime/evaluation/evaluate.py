@@ -31,16 +31,18 @@ from runtime.evaluation.forward import (
     TableSource,
     Tally,
     batches_of,
+    check_grouping,
     checked_checkpoint,
     checkpoint_source,
     client_source,
+    evaluate_grouped,
     evaluate_with,
     forward_fn,
     label_feed,
     load_tables,
     run_forward,
+    value_names,
 )
-from runtime.evaluation.metrics import gauc, sliced
 from transpiler.exporters.servable import ONNX_LIMIT, export_inference, forward_graph
 from transpiler.plan import Plan
 
@@ -51,7 +53,9 @@ __all__ = [
     "checked_checkpoint",
     "checkpoint_source",
     "client_source",
+    "check_grouping",
     "evaluate",
+    "evaluate_grouped",
     "evaluate_with",
     "existing_tables",
     "export",
@@ -63,6 +67,7 @@ __all__ = [
     "predict",
     "remap_ids",
     "run_forward",
+    "value_names",
 ]
 
 
@@ -96,52 +101,9 @@ def evaluate(
             raise ValueError("group= / slice_by= are computed in this process: leave workers= out")
         return evaluate_parallel(plan, data, checkpoint, output, workers, servers, engine, stall_timeout)
     graph = forward_graph(plan, output)
-    if group is None and slice_by is None:
-        return evaluate_with(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction)
-    return _grouped(graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction, group, slice_by)
-
-
-def _grouped(graph, pull, data, reduction: str, group: str | None, slice_by: str | None) -> dict[str, Any]:
-    """`evaluate_with`'s figures plus GAUC by `group` and per-slice figures by `slice_by`."""
-    label = label_feed(graph)
-    if not graph.loss or label is None:
-        raise ValueError("group= / slice_by= need a plan with a loss against one label feed")
-    tally = Tally(reduction)
-    cols = list(dict.fromkeys(c for c in (group, slice_by) if c is not None))
-    keys: dict[str, list] = {c: [] for c in cols}
-    for batch, pred, loss in run_forward(graph, pull, data, with_loss=True):
-        tally.add(pred, loss, batch[label])
-        for c in cols:
-            keys[c].append(column_keys(data, batch, c))
-    out: dict[str, Any] = tally.result()
-    y, p = np.concatenate(tally.labels), np.concatenate(tally.scores)
-    if group is not None:
-        out["gauc"] = gauc(y, p, np.concatenate(keys[group]))
-    if slice_by is not None:
-        out["slices"] = sliced(y, p, np.concatenate(keys[slice_by]), value_names(data, slice_by))
-    return out
-
-
-def column_keys(data: Any, batch: dict[str, Any], column: str) -> np.ndarray:
-    """One key per example of `batch` for `column`: its id in a dataset's `sparse` feed, or the
-    first value of the feed of that name."""
-    schema = getattr(data, "schema", None)
-    if schema is not None and column in schema.sparse:
-        return np.asarray(batch["sparse"])[:, schema.sparse.index(column)]
-    if column in batch:
-        x = np.asarray(batch[column])
-        return x.reshape(len(x), -1)[:, 0]
-    have = list(schema.sparse) if schema is not None else sorted(batch)
-    raise ValueError(f"cannot group or slice by {column!r}: give a categorical column or feed, one of {have}")
-
-
-def value_names(data: Any, column: str) -> dict[int, str] | None:
-    """{id: value} of a dataset's categorical `column` (its values read from the files once)."""
-    schema = getattr(data, "schema", None)
-    if schema is None or column not in schema.sparse or not hasattr(data, "values_of"):
-        return None
-    values = data.values_of(column)
-    return dict(zip(schema.ids(values, column).tolist(), values.to_pylist(), strict=True))
+    return evaluate_grouped(
+        graph, checkpoint_source(plan, checkpoint), data, plan.loss_reduction, group, slice_by
+    )
 
 
 def predict(

@@ -1,7 +1,8 @@
 """The forward pass that `evaluate`, `predict`, their worker processes and `train`'s held-out
 evaluation share: a plan's forward graph run on the numpy executor, its pull ops reading the tables
 from a `TableSource` (running servers through peek pulls, or a checkpoint loaded into an in-process
-shard), and the tally of loss and AUC over batches (runtime/evaluation/evaluate.py says more).
+shard), the tally of loss and AUC over batches, and the GAUC and per-slice figures by a column
+(runtime/evaluation/evaluate.py says more).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from runtime.driver.checkpoints import check_resume, latest
-from runtime.evaluation.metrics import auc, calibration, logloss, task_aucs
+from runtime.evaluation.metrics import auc, calibration, gauc, logloss, sliced, task_aucs
 from runtime.exec.comm_ops import comm_handlers
 from runtime.exec.executor import Executor
 from runtime.ps import PSClient, Shard
@@ -217,3 +218,66 @@ def evaluate_with(
     for batch, pred, loss in run_forward(graph, pull, data, with_loss=True):
         tally.add(pred, loss, labels_of(graph, batch))
     return tally.result()
+
+
+def evaluate_grouped(
+    graph: ForwardGraph,
+    pull: TableSource,
+    data: Any,
+    reduction: str = "mean",
+    group: str | None = None,
+    slice_by: str | None = None,
+) -> dict[str, Any]:
+    """`evaluate_with`'s figures plus "gauc" by `group` and "slices" by `slice_by` (see `evaluate`;
+    `train`'s held-out evaluation uses it too)."""
+    if group is None and slice_by is None:
+        return evaluate_with(graph, pull, data, reduction)
+    check_grouping(graph, group, slice_by)
+    label = label_feed(graph)
+    tally = Tally(reduction)
+    cols = list(dict.fromkeys(c for c in (group, slice_by) if c is not None))
+    keys: dict[str, list] = {c: [] for c in cols}
+    for batch, pred, loss in run_forward(graph, pull, data, with_loss=True):
+        tally.add(pred, loss, batch[label])
+        for c in cols:
+            keys[c].append(column_keys(data, batch, c))
+    out: dict[str, Any] = tally.result()
+    y, p = np.concatenate(tally.labels), np.concatenate(tally.scores)
+    if group is not None:
+        out["gauc"] = gauc(y, p, np.concatenate(keys[group]))
+    if slice_by is not None:
+        out["slices"] = sliced(y, p, np.concatenate(keys[slice_by]), value_names(data, slice_by))
+    return out
+
+
+def check_grouping(
+    graph: ForwardGraph, group: str | None, slice_by: str | None, data: Any = None, batch: Any = None
+) -> None:
+    """ValueError unless `graph` has a loss against one label feed and, given `batch` (a batch of
+    `data`), the batch has the columns `group` / `slice_by`."""
+    if not graph.loss or label_feed(graph) is None:
+        raise ValueError("group= / slice_by= need a plan with a loss against one label feed")
+    for column in (c for c in (group, slice_by) if c is not None and batch is not None):
+        column_keys(data, batch, column)
+
+
+def column_keys(data: Any, batch: dict[str, Any], column: str) -> np.ndarray:
+    """One key per example of `batch` for `column`: its id in a dataset's `sparse` feed, or the
+    first value of the feed of that name."""
+    schema = getattr(data, "schema", None)
+    if schema is not None and column in schema.sparse:
+        return np.asarray(batch["sparse"])[:, schema.sparse.index(column)]
+    if column in batch:
+        x = np.asarray(batch[column])
+        return x.reshape(len(x), -1)[:, 0]
+    have = list(schema.sparse) if schema is not None else sorted(batch)
+    raise ValueError(f"cannot group or slice by {column!r}: give a categorical column or feed, one of {have}")
+
+
+def value_names(data: Any, column: str) -> dict[int, str] | None:
+    """{id: value} of a dataset's categorical `column` (its values read from the files once)."""
+    schema = getattr(data, "schema", None)
+    if schema is None or column not in schema.sparse or not hasattr(data, "values_of"):
+        return None
+    values = data.values_of(column)
+    return dict(zip(schema.ids(values, column).tolist(), values.to_pylist(), strict=True))

@@ -178,7 +178,10 @@ def write_trace(path: str | Path, tracks: dict[str, list[Span]], meta: dict[str,
 
 
 def _clean(v: Any) -> Any:
-    """JSON has no NaN / inf: they become null (e.g. the AUC of a window with one class only)."""
+    """JSON has no NaN / inf: they become null (e.g. the AUC of a window with one class only), in
+    nested records too (an evaluation's "slices")."""
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 
@@ -385,14 +388,16 @@ class Telemetry:
 
     def eval(self, record: dict[str, Any]) -> None:
         """A held-out evaluation {"step", "loss", "auc", "examples"} (train(eval_data=...)): an
-        "eval" record in the metrics file, `eval_loss` / `eval_auc` in TensorBoard, the bar's
-        val_loss / val_auc."""
+        "eval" record in the metrics file, `eval_loss` / `eval_auc` (`eval_gauc`, and per slice
+        `eval_auc/slice_<value>`, when evaluated) in TensorBoard, the bar's val_loss / val_auc."""
         if self.log:
             self.log.write("eval", **record)
         if self.tb:
             more = {k: v for k, v in record.items() if k in ("logloss", "calibration", "gauc")}
             self.tb.eval(record["step"], record["loss"], record["auc"], **more)
             self.tb.tasks(record["step"], record.get("task_auc", {}), "eval_auc")
+            slices = {f"slice_{k}": v["auc"] for k, v in record.get("slices", {}).items()}
+            self.tb.tasks(record["step"], slices, "eval_auc")
         self.bar.eval(record["loss"], record["auc"])
 
     def spans(self, who: str, spans: list[Span]) -> None:

@@ -1,7 +1,8 @@
 """`plot_metrics`: training curves (loss, AUC, examples/s against step) from metrics JSONL files.
 
 Held-out evaluations (`train(eval_data=..., eval_every=N)`, "eval" records) are drawn on the loss
-and AUC panels as a second line with square markers, labelled "<run> held-out".
+and AUC panels as a second line with square markers, labelled "<run> held-out"; their GAUC
+(`eval_group=`), when recorded, as a line with triangle markers on the AUC panel, "<run> held-out GAUC".
 
 Online training's passes ("pass" records: `train` on a stream) draw their online (test-then-train)
 loss and AUC at each pass's last step, as a line with diamond markers labelled "<run> online".
@@ -53,6 +54,38 @@ def pass_records(records: list[dict]) -> list[dict]:
     ]
 
 
+def panel_lines(
+    key: str, label: str, steps: list[dict], evals: list[dict], passes: list[dict]
+) -> list[tuple[str, tuple, tuple, dict]]:
+    """The lines of one run on the panel of `key`: (legend label, steps, values, plot style) each,
+    for the training steps, the held-out evaluations (on the AUC panel their GAUC too, when
+    recorded) and online passes."""
+    held = key != "examples_per_s"
+    series = [
+        (label, [(r["step"], r[key]) for r in steps if r.get(key) is not None], dict(linewidth=1.2)),
+        (f"{label} held-out", [(r["step"], r.get(key)) for r in evals if held], dict(marker="s")),
+        (
+            f"{label} held-out GAUC",
+            [(r["step"], r.get("gauc")) for r in evals if key == "auc"],
+            dict(marker="^"),
+        ),
+        (f"{label} online", [(r["step"], r.get(key)) for r in passes if held], dict(marker="D")),
+    ]
+    out = []
+    for i, (name, pts, style) in enumerate(series):
+        pts = [(x, y) for x, y in pts if y is not None]
+        if not pts:
+            continue
+        if i == 0:
+            name = f"{label} train" if evals else label
+            style["marker"] = "." if len(pts) < 40 else None
+        else:
+            style.update(linewidth=1.5, markersize=4)
+        xs, ys = zip(*pts, strict=True)
+        out.append((name, xs, ys, style))
+    return out
+
+
 def plot_metrics(paths: Sequence[str | Path], out: str | Path, labels: Sequence[str] | None = None) -> Path:
     """Draw every metrics file of `paths` into one PNG at `out` (panels: loss, AUC, examples/s).
 
@@ -79,24 +112,8 @@ def plot_metrics(paths: Sequence[str | Path], out: str | Path, labels: Sequence[
     axes = fig.subplots(1, len(PANELS))
     for ax, (key, title) in zip(axes, PANELS, strict=True):
         for label, (steps, evals, passes) in zip(labels, runs, strict=True):
-            pts = [(r["step"], r[key]) for r in steps if r.get(key) is not None]
-            if pts:
-                xs, ys = zip(*pts, strict=True)
-                ax.plot(
-                    xs,
-                    ys,
-                    label=f"{label} train" if evals else label,
-                    linewidth=1.2,
-                    marker="." if len(pts) < 40 else None,
-                )
-            held = [(r["step"], r[key]) for r in evals if key != "examples_per_s" and r.get(key) is not None]
-            if held:
-                xs, ys = zip(*held, strict=True)
-                ax.plot(xs, ys, label=f"{label} held-out", linewidth=1.5, marker="s", markersize=4)
-            online = [(r["step"], r[key]) for r in passes if key != "examples_per_s" and r[key] is not None]
-            if online:
-                xs, ys = zip(*online, strict=True)
-                ax.plot(xs, ys, label=f"{label} online", linewidth=1.5, marker="D", markersize=4)
+            for name, xs, ys, style in panel_lines(key, label, steps, evals, passes):
+                ax.plot(xs, ys, label=name, **style)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -96,6 +96,8 @@ def test_predict_eval_and_the_inference_export_agree(session, capsys):
     [
         (["--checkpoint-every", "3"], "--checkpoint-every N needs --checkpoint DIR"),
         (["--eval-every", "3"], "--eval-every N needs --eval-data"),
+        (["--eval-group", "sparse"], "--eval-group COLUMN needs --eval-data"),
+        (["--eval-slice", "sparse"], "--eval-slice COLUMN needs --eval-data"),
     ],
 )
 def test_lifecycle_options_without_their_partner_exit_2(session, argv, message, capsys):
@@ -125,3 +127,29 @@ def test_resume_from_a_directory_without_checkpoints_fails_with_the_reason(sessi
         ]
     )
     assert rc == 1 and "holds no complete checkpoint" in capsys.readouterr().err
+
+
+def test_train_eval_group_and_slice_record_the_held_out_gauc(session, capsys):
+    from test_lifecycle import auc_by_hand, gauc_by_hand
+
+    from runtime.evaluation.evaluate import predict
+    from transpiler.plan import Plan
+
+    ck, metrics = session / "ckpt-gauc", session / "gauc.jsonl"
+    argv = ["train", str(session / "plan"), "--data", "synthetic", "--batch-size", str(BATCH)]
+    argv += ["--allow-emulation", "--trainers", "cpu=1,gpu=1", "--steps", "2", "--no-progress"]
+    argv += ["--eval-data", "synthetic:seed=0", "--eval-batches", "2", "--eval-group", "sparse"]
+    argv += ["--eval-slice", "sparse", "--checkpoint", str(ck), "--metrics", str(metrics)]
+    assert main(argv) == 0
+    assert "gauc" in capsys.readouterr().out
+    (final,) = [r for r in read_metrics(metrics) if r["kind"] == "eval"]
+    gen = SyntheticCTR(vocab=100, num_slots=4)
+    batches = [gen.batch(10**6 + i, BATCH) for i in range(2)]
+    p = predict(Plan.load(session / "plan"), batches, ck).ravel().astype(np.float64)
+    y = np.concatenate([b["label"] for b in batches]).ravel()
+    first = np.concatenate([b["sparse"] for b in batches])[:, 0]
+    assert final["gauc"] == pytest.approx(gauc_by_hand(y, p, first), abs=1e-6)
+    (v, *_) = [v for v in np.unique(first) if 0 < y[first == v].sum() < (first == v).sum()]
+    rows = first == v
+    assert final["slices"][str(v)]["examples"] == int(rows.sum())
+    assert final["slices"][str(v)]["auc"] == pytest.approx(auc_by_hand(y[rows], p[rows]), abs=1e-6)

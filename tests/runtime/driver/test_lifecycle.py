@@ -242,6 +242,76 @@ def test_held_out_figures_reach_tensorboard_and_the_progress_bar(tmp_path, capsy
     assert f"val_loss={hist.eval[0]['loss']:.4f}" in capsys.readouterr().err
 
 
+def gauc_by_hand(y: np.ndarray, s: np.ndarray, groups: np.ndarray) -> float:
+    """The impression-weighted mean of each group's AUC, over groups with both classes."""
+    got = [
+        (auc_by_hand(y[groups == g], s[groups == g]), int((groups == g).sum()))
+        for g in np.unique(groups)
+        if 0 < y[groups == g].sum() < (groups == g).sum()
+    ]
+    return sum(a * n for a, n in got) / sum(n for _, n in got)
+
+
+def test_periodic_evaluation_records_gauc_and_slices_like_numpy_by_hand(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    m = model()
+    plan = transpile(m.main)
+    rng = np.random.default_rng(3)
+    ev = [
+        {
+            **b,
+            "user": rng.integers(0, 6, (len(b["label"]), 1)),
+            "country": rng.integers(0, 3, (len(b["label"]),)),
+        }
+        for b in held_out()
+    ]
+    ckpt, metrics, tb = tmp_path / "ckpt", tmp_path / "m.jsonl", tmp_path / "tb"
+    hist = train(
+        plan,
+        data(),
+        steps=4,
+        checkpoint=str(ckpt),
+        checkpoint_every=2,
+        eval_data=ev,
+        eval_every=2,
+        eval_group="user",
+        eval_slice_by="country",
+        metrics=str(metrics),
+        tensorboard=str(tb),
+        **{**RUN, "trainers": {"cpu": 1, "gpu": 1}},
+    )
+    y = np.concatenate([b["label"] for b in ev]).ravel()
+    users = np.concatenate([b["user"] for b in ev]).ravel()
+    countries = np.concatenate([b["country"] for b in ev])
+    assert [e["step"] for e in hist.eval] == [2, 4]
+    for e in hist.eval:
+        p = predict_by_hand(m, tables_by_hand(ckpt / f"step-{e['step']:08d}", plan), ev).ravel()
+        assert e["gauc"] == pytest.approx(gauc_by_hand(y, p, users), abs=1e-9)
+        assert sorted(e["slices"]) == ["0", "1", "2"]
+        for c, got in e["slices"].items():
+            rows = countries == int(c)
+            assert got["examples"] == int(rows.sum())
+            assert got["auc"] == pytest.approx(auc_by_hand(y[rows], p[rows]), abs=1e-9)
+            assert got["logloss"] == pytest.approx(log_loss_by_hand(y[rows], p[rows]), rel=1e-5)
+            assert got["calibration"] == pytest.approx(p[rows].mean() / y[rows].mean(), rel=1e-5)
+    logged = [r for r in read_metrics(metrics) if r["kind"] == "eval"]
+    assert [r["gauc"] for r in logged] == [e["gauc"] for e in hist.eval]
+    assert logged[-1]["slices"]["1"]["auc"] == pytest.approx(hist.eval[-1]["slices"]["1"]["auc"])
+    acc = EventAccumulator(str(tb), size_guidance={"scalars": 0})
+    acc.Reload()
+    got = [(e.step, e.value) for e in acc.Scalars("eval_gauc")]
+    np.testing.assert_allclose([v for _, v in got], [e["gauc"] for e in hist.eval], rtol=1e-6)
+    sliced = [e.value for e in acc.Scalars("eval_auc/slice_2")]
+    np.testing.assert_allclose(sliced, [e["slices"]["2"]["auc"] for e in hist.eval], rtol=1e-6)
+
+
+def test_periodic_evaluation_refuses_an_unknown_group_column_before_training():
+    with pytest.raises(ValueError, match="cannot group or slice by 'user'"):
+        train(transpile(model().main), data(), steps=2, eval_data=held_out(1), eval_group="user", **RUN)
+
+
 def test_resume_continues_an_iterable_source_at_its_batch_in_the_right_epoch(tmp_path):
     batches = [data().batch(100 + i, 48) for i in range(5)]  # one epoch: 5 steps
     m = model()

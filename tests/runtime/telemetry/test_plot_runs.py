@@ -45,3 +45,23 @@ def test_held_out_ctr_figures_reach_tensorboard_and_the_metrics_file(tmp_path):
     assert got["eval_calibration"] == [(1, 1.25)] and got["eval_logloss"] == [(1, 0.6000000238418579)]
     (ev,) = [r for r in read_metrics(tmp_path / "m.jsonl") if r["kind"] == "eval"]
     assert ev["calibration"] == 1.25
+
+
+def test_the_auc_panel_draws_the_held_out_gauc_when_recorded(tmp_path):
+    from runtime.telemetry.outputs import eval_records, read_metrics, step_records
+    from runtime.telemetry.plot import panel_lines
+
+    path = tmp_path / "run.jsonl"
+    log = MetricsLog(path)
+    _run(log, range(0, 4))
+    log.write("eval", step=2, loss=0.6, auc=0.7, examples=64, gauc=0.66)
+    log.write("eval", step=4, loss=0.5, auc=0.75, examples=64, gauc=0.68)
+    log.write("eval", step=5, loss=0.5, auc=0.75, examples=64)  # an evaluation without a group
+    log.close()
+    records = read_metrics(path)
+    steps, evals = step_records(records), eval_records(records)
+    lines = {name: (xs, ys) for name, xs, ys, _ in panel_lines("auc", "r", steps, evals, [])}
+    assert lines["r held-out GAUC"] == ((2, 4), (0.66, 0.68))
+    assert lines["r held-out"] == ((2, 4, 5), (0.7, 0.75, 0.75))
+    assert "r held-out GAUC" not in {n for n, *_ in panel_lines("loss", "r", steps, evals, [])}
+    assert plot_metrics([path], tmp_path / "c.png").stat().st_size > 0
