@@ -134,21 +134,25 @@ def train(
         flat, scale=scale, run=run, checkpoint=checkpoint, eval=eval, telemetry=telemetry, failure=failure
     )
     plan = _verified(plan_or_program)
-    r = settings.run
-    ends = r.steps is not None or r.epochs is not None or r.until_loss is not None
-    if online is not None or (isinstance(data, StreamSource) and not ends):
-        if not isinstance(data, StreamSource):
-            raise TypeError(
-                f"online= needs a stream source as data (runtime.data.streams), got {type(data).__name__}"
-            )
+    if _is_online(data, settings, online):
         run_pass = functools.partial(train, engine=engine, address=address, secret=secret)
         return train_online(plan, data, settings, online, run_pass)
     engines = _Engines(engine, address)
+    attempt = functools.partial(_attempt, plan, data, engines=engines, secret=secret)
+    return restart.run(plan, settings, attempt, lambda scale: engines.get().fits(_needs(scale)))
 
-    def fits(scale: ScaleConfig) -> bool:
-        return engines.get().fits(_needs(scale))
 
-    return restart.run(plan, settings, lambda s: _attempt(plan, data, s, engines, secret), fits)
+def _is_online(data: Any, settings: Settings, online: OnlineConfig | None) -> bool:
+    """Whether `data` is trained pass after pass: `online=` given, or a stream source with no end."""
+    r = settings.run
+    ends = r.steps is not None or r.epochs is not None or r.until_loss is not None
+    if online is None and not (isinstance(data, StreamSource) and not ends):
+        return False
+    if not isinstance(data, StreamSource):
+        raise TypeError(
+            f"online= needs a stream source as data (runtime.data.streams), got {type(data).__name__}"
+        )
+    return True
 
 
 class _Engines:
@@ -362,26 +366,33 @@ def _run(s: _Session) -> None:
                 secret=s.secret,
                 resources=needs[name],
             )
-        try:
-            listen.run()
-        except TrainingError as e:
-            lost = _lost_process(eng)  # a pause or the stall timeout failing on a dead process: name it
-            if lost is None or ProcessId.maybe(e.who) is not None:
-                raise
-            raise lost from e
-        lost = _lost_process(eng)
-        if lost is not None:  # a shard that died after the trainers' last step: its tables are gone
-            raise lost
-        try:
-            _finish(s, ps_eps, admin, listen.watch)
-        except (PSTimeoutError, OSError) as e:
-            raise _lost_process(eng) or e from e
+        _listen_and_finish(s, listen, ps_eps, admin)
     finally:
         if s.pauses.client is not None:
             s.pauses.client.close()
         out.close()
         s.history.refused_messages = inbox.refused
         inbox.close()
+
+
+def _listen_and_finish(s: _Session, listen: Listener, ps_eps: list[str], admin: bytes) -> None:
+    """Run the driver's loop to the trainers' end, then finish; a failure that a lost process caused
+    names that process."""
+    eng = s.engine
+    try:
+        listen.run()
+    except TrainingError as e:
+        lost = _lost_process(eng)  # a pause or the stall timeout failing on a dead process: name it
+        if lost is None or ProcessId.maybe(e.who) is not None:
+            raise
+        raise lost from e
+    lost = _lost_process(eng)
+    if lost is not None:  # a shard that died after the trainers' last step: its tables are gone
+        raise lost
+    try:
+        _finish(s, ps_eps, admin, listen.watch)
+    except (PSTimeoutError, OSError) as e:
+        raise _lost_process(eng) or e from e
 
 
 def _lost_process(eng: Engine) -> TrainingError | None:
