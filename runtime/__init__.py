@@ -1,8 +1,9 @@
 """hetps runtime: executes programs and plans (executor, simulate, train, evaluate / predict / export,
 data, metrics)."""
 
+import importlib
+
 from ops_registry.errors import HetpsError
-from runtime.driver.online import OnlineHistory
 from runtime.driver.settings import (
     CheckpointConfig,
     EvalConfig,
@@ -39,3 +40,13 @@ __all__ = [
     "simulate",
     "train",
 ]
+
+
+def __getattr__(name: str):
+    # the online pass loop (and the stream readers it imports) loads on first use: trainer and shard
+    # processes import this package and never need it
+    if name == "OnlineHistory":
+        value = importlib.import_module("runtime.driver.online").OnlineHistory
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")

@@ -1,19 +1,11 @@
 """hetps transpiler: the IR, frontends (builder, ONNX, Paddle), passes, and the Plan."""
 
+import importlib
+
 from ops_registry.errors import HetpsError
 from transpiler.config import TranspileConfig
 from transpiler.errors import DeadlockError, ModelImportError, PlanError
-from transpiler.exporters.forward import inference_program
-from transpiler.exporters.onnx import to_onnx
 from transpiler.frontends import builder
-from transpiler.frontends.onnx.importer import (
-    OnnxImportError,
-    OnnxShapeWarning,
-    UnsupportedOnnxOpsError,
-    from_onnx,
-)
-from transpiler.frontends.paddle.importer import PaddleImportError, from_paddle
-from transpiler.frontends.torch import from_torch
 from transpiler.ir import Block, LintError, Op, Program, Var, grad_name
 from transpiler.passes.backward import append_backward
 from transpiler.plan import Plan, transpile
@@ -48,3 +40,25 @@ __all__ = [
     "to_onnx",
     "transpile",
 ]
+
+# Imported on first use (PEP 562): the ONNX, Paddle and torch frontends and the exporters pull in
+# onnx (seconds of import time) that a trainer or shard process never needs.
+_LAZY = {
+    "inference_program": "transpiler.exporters.forward",
+    "to_onnx": "transpiler.exporters.onnx",
+    "OnnxImportError": "transpiler.frontends.onnx.importer",
+    "OnnxShapeWarning": "transpiler.frontends.onnx.importer",
+    "UnsupportedOnnxOpsError": "transpiler.frontends.onnx.importer",
+    "from_onnx": "transpiler.frontends.onnx.importer",
+    "PaddleImportError": "transpiler.frontends.paddle.importer",
+    "from_paddle": "transpiler.frontends.paddle.importer",
+    "from_torch": "transpiler.frontends.torch",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'transpiler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

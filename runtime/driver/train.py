@@ -23,15 +23,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.data import sources
-from runtime.data.streams.base import StreamSource
 from runtime.driver import restart
 from runtime.driver.checkpoints import check_root, step_dir
 from runtime.driver.history import CheckpointSaveError, History, TrainingError
 from runtime.driver.listener import LOOKAHEAD, Listener
-from runtime.driver.online import OnlineHistory, train_online
 from runtime.driver.pauses import Pauses, resume_state
 from runtime.driver.settings import (
     FLAT,
@@ -62,6 +60,9 @@ from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
 from transpiler.settings import ScaleConfig
 
+if TYPE_CHECKING:
+    from runtime.driver.online import OnlineHistory
+
 __all__ = [
     "LOOKAHEAD",
     "CheckpointConfig",
@@ -70,7 +71,6 @@ __all__ = [
     "FailureConfig",
     "History",
     "OnlineConfig",
-    "OnlineHistory",
     "RunConfig",
     "ScaleConfig",
     "Settings",
@@ -135,6 +135,8 @@ def train(
     )
     plan = _verified(plan_or_program)
     if _is_online(data, settings, online):
+        from runtime.driver.online import train_online
+
         run_pass = functools.partial(train, engine=engine, address=address, secret=secret)
         return train_online(plan, data, settings, online, run_pass)
     engines = _Engines(engine, address)
@@ -144,6 +146,8 @@ def train(
 
 def _is_online(data: Any, settings: Settings, online: OnlineConfig | None) -> bool:
     """Whether `data` is trained pass after pass: `online=` given, or a stream source with no end."""
+    from runtime.data.streams.base import StreamSource
+
     r = settings.run
     ends = r.steps is not None or r.epochs is not None or r.until_loss is not None
     if online is None and not (isinstance(data, StreamSource) and not ends):
