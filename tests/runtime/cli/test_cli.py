@@ -184,7 +184,7 @@ def test_transpile_reads_saved_paddle_and_hetps_programs(tmp_path):
     [
         ([], "COMMAND"),
         (["frobnicate"], "invalid choice"),
-        (["train"], "the following arguments are required"),
+        (["train"], "give --data (or --stream for online training)"),
         (["transpile", "no/such/model.onnx", "--out", "x"], "no model at"),
         (["draw", "not-a-plan", "-o", "x.png"], "is not a plan directory"),
         (["plot", "missing.jsonl", "-o", "x.png"], "no metrics file"),

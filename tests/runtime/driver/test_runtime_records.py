@@ -111,6 +111,7 @@ def spec_dict() -> dict:
         start=0,
         grant=None,
         report_s=0.1,
+        ps_key=None,
     )
 
 
