@@ -134,14 +134,18 @@ def train(
         flat, scale=scale, run=run, checkpoint=checkpoint, eval=eval, telemetry=telemetry, failure=failure
     )
     plan = _verified(plan_or_program)
-    if _is_online(data, settings, online):
-        from runtime.driver.online import train_online
-
-        run_pass = functools.partial(train, engine=engine, address=address, secret=secret)
-        return train_online(plan, data, settings, online, run_pass)
+    if _is_online(data, settings, online):  # pass after pass, each pass one `train`
+        return _online(plan, data, settings, online, dict(engine=engine, address=address, secret=secret))
     engines = _Engines(engine, address)
     attempt = functools.partial(_attempt, plan, data, engines=engines, secret=secret)
     return restart.run(plan, settings, attempt, lambda scale: engines.get().fits(_needs(scale)))
+
+
+def _online(plan: Plan, data: Any, settings: Settings, online: OnlineConfig | None, how: dict) -> Any:
+    """Train a stream source pass after pass (runtime/driver/online.py), each pass one `train(**how)`."""
+    from runtime.driver.online import train_online
+
+    return train_online(plan, data, settings, online, functools.partial(train, **how))
 
 
 def _is_online(data: Any, settings: Settings, online: OnlineConfig | None) -> bool:

@@ -251,9 +251,9 @@ def export(
     if schema is not None and "dense" in forward_graph(plan, output).feeds:
         raw = dense_inputs(schema, _list_widths(plan, schema))
     meta = {} if schema is None else {"hetps.features": json.dumps(schema.to_dict(), sort_keys=True)}
-    tables, ids = full_tables(plan, checkpoint), None
-    if rows == "existing":
-        tables, ids = existing_tables(plan, checkpoint)
+    tables, ids = (
+        existing_tables(plan, checkpoint) if rows == "existing" else (full_tables(plan, checkpoint), None)
+    )
     out = export_inference(plan, path, tables, output, opset, external_over, raw, meta)
     if ids is not None:
         np.savez(out.with_suffix(".ids.npz"), **ids)
