@@ -249,7 +249,8 @@ def export(
     schema = _features(features, checkpoint)
     raw = None
     if schema is not None and "dense" in forward_graph(plan, output).feeds:
-        raw = dense_inputs(schema, _list_widths(plan, schema))
+        _check_dense_width(plan, schema)
+        raw = dense_inputs(schema)
     meta = {} if schema is None else {"hetps.features": json.dumps(schema.to_dict(), sort_keys=True)}
     tables, ids = (
         existing_tables(plan, checkpoint) if rows == "existing" else (full_tables(plan, checkpoint), None)
@@ -270,8 +271,9 @@ def _features(features: Any, checkpoint: str | Path | None) -> Schema | None:
     return load_features(features)
 
 
-def _list_widths(plan: Plan, schema: Schema) -> dict[str, int]:
-    """Dense columns are one value wide, unless the `dense` feed is wider (a list column)."""
+def _check_dense_width(plan: Plan, schema: Schema) -> None:
+    """Raw dense inputs are one value per column: the plan's `dense` feed must be as wide as the
+    schema has dense columns (a list-valued column cannot take raw values)."""
     width = next(
         (v.shape[1] for p in plan.programs.values() for n, v in p.vars.items() if n == "dense"), None
     )
@@ -280,4 +282,3 @@ def _list_widths(plan: Plan, schema: Schema) -> dict[str, int]:
             f"the plan's dense feed is {width} wide, the features have {len(schema.dense)} dense "
             "columns: a list-valued dense column cannot take raw values; export with features=None"
         )
-    return {}
