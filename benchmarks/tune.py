@@ -166,7 +166,7 @@ def measure(args: argparse.Namespace, cost: Any, rows: list[Row]) -> None:
             s = row.settings
             if args.load:
                 row.loads.append(probe_load(seconds=0.2, slices=2))
-            hist, cpu_ms, _ = ctr.hetps(
+            hist, cpu_ms, *_ = ctr.hetps(
                 args.steps, args.warmup, s.trainers, s.micro_batches, s.mode, s.servers
             )
             row.rates.append(hist.examples_per_s(skip=args.warmup))
