@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     loads = [x.load_average for r in rows for x in r.loads]
     print(
         f"{len(rows)} settings x {args.repeats} repeats in {(time.perf_counter() - t0) / 60:.1f} min"
-        + (f"; load average {min(loads):.1f}-{max(loads):.1f}" * bool(loads))
+        + (f"; load average {min(loads):.1f}-{max(loads):.1f}" if loads else "")
         + f"; median |error| {100 * statistics.median(errors):.0f}%"
     )
     if args.load:
