@@ -276,9 +276,20 @@ class TieredSparseTable(SparseTable):
             rec = np.empty(part.size, self.record)
             for f in self.record.names:
                 rec[f] = arrays[f][part]
-            new = part.size - (int(self.store.get(ids[part])[0].sum()) if self.cold else 0)
+            new = part.size - self._stored(ids[part])
             self.store.put(ids[part], rec)
             self.cold += new
+
+    def _stored(self, ids: np.ndarray) -> int:
+        """How many of the distinct, non-resident `ids` have a row on disk: 0 without a seek
+        beyond one when no stored key lies between their least and greatest (a fill of new ids),
+        else one multi-get."""
+        if not self.cold or not ids.size:
+            return 0
+        keys = ids.view(np.uint64)
+        if not self.store.any_in(int(keys.min()), int(keys.max())):
+            return 0
+        return int(self.store.get(ids)[0].sum())
 
     # -- rows changed since a mark, delta checkpoints (SparseTable's API over both tiers) ----------
     def ids(self) -> np.ndarray:
