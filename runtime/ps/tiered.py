@@ -338,8 +338,8 @@ class TieredSparseTable(SparseTable):
         self.store.delete(ids)  # (a resident row may have an older copy on disk too)
 
     # -- feature lifecycle over both tiers ----------------------------------------------------
-    def show_click(self, ids: np.ndarray, labels: np.ndarray) -> None:
-        super().show_click(ids, labels)
+    def add_show_click(self, ids: np.ndarray, shows: np.ndarray, clicks: np.ndarray) -> None:
+        super().add_show_click(ids, shows, clicks)
         self._spill()
 
     def shrink(self) -> int:
