@@ -32,11 +32,12 @@ from pathlib import Path
 import numpy as np
 import rocksdict
 
+from runtime.ps.entry import ENTRY_LAST
 from runtime.ps.lifecycle import LIFE
 from runtime.ps.table import PSError
 
 KEY = np.dtype(">u8")
-META, ROWS = "meta.json", "rows"
+META, ROWS, EXTRAS = "meta.json", "rows", "extras.npz"
 FORMAT = "hetps-tiered/1"
 BATCH_ROWS = 1 << 16  # rows per WriteBatch when loading, and per batch when reading a store back
 ENGINE_WRITE_BUFFER = 16 << 20  # RocksDB memtable bytes (two at most)
@@ -63,8 +64,14 @@ def parse_bytes(value: int | str, what: str = "memory_budget") -> int:
 
 def record_dtype(dtype: np.dtype, dim: int, fields: list[str]) -> np.dtype:
     """One row's record: a [dim] array of `dtype` per field (Param, then the optimizer state), one
-    float32 per lifecycle field (Show, Click, Unseen: runtime/ps/lifecycle.py)."""
-    return np.dtype([(f, np.float32) if f in LIFE else (f, dtype, (dim,)) for f in fields])
+    float32 per lifecycle field (Show, Click, Unseen: runtime/ps/lifecycle.py), one int64 for the
+    push clock of the row's last touch (EntryLast: runtime/ps/entry.py)."""
+    return np.dtype(
+        [
+            (f, np.float32) if f in LIFE else (f, np.int64) if f == ENTRY_LAST else (f, dtype, (dim,))
+            for f in fields
+        ]
+    )
 
 
 def _options() -> rocksdict.Options:
@@ -238,9 +245,12 @@ def open_copy(saved: Path, path: Path, record: np.dtype, what: str) -> RowStore:
         raise PSError(f"{what}: saved directory {str(saved)!r} is corrupt: {e}") from None
 
 
-def save_dir(path: str | os.PathLike, store: RowStore, meta: dict) -> None:
-    """Write `store` (a checkpoint) and `meta` as the saved directory `path`, atomically: into a
-    staging directory beside it, renamed into place (a previous save is replaced only then)."""
+def save_dir(
+    path: str | os.PathLike, store: RowStore, meta: dict, extras: dict[str, np.ndarray] | None = None
+) -> None:
+    """Write `store` (a checkpoint), `meta` and the arrays `extras` (a table's state that is not per
+    row: `EXTRAS`, its size and sha256 in meta.json) as the saved directory `path`, atomically:
+    into a staging directory beside it, renamed into place (a previous save is replaced only then)."""
     path = Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     stage = path.parent / f".{path.name}.new-{uuid.uuid4().hex}"
@@ -248,6 +258,9 @@ def save_dir(path: str | os.PathLike, store: RowStore, meta: dict) -> None:
     try:
         store.checkpoint(stage / ROWS)
         files = {f.name: _file_sum(f) for f in sorted((stage / ROWS).iterdir()) if _SUMMED.fullmatch(f.name)}
+        if extras:
+            np.savez(stage / EXTRAS, **extras)
+            meta = {**meta, "extras": _file_sum(stage / EXTRAS)}
         (stage / META).write_text(json.dumps({"format": FORMAT, **meta, "files": files}, indent=1))
         old = path.parent / f".{path.name}.old-{uuid.uuid4().hex}"
         if path.exists():
@@ -281,14 +294,17 @@ def _file_sum(f: Path) -> list:
 
 def _check_files(path: Path, meta: dict) -> None:
     """PSError naming the file unless every file of `rows/` listed in `meta` has its size and hash."""
-    for name, want in (meta.get("files") or {}).items():
-        f = path / ROWS / name
+    listed = {f"{ROWS}/{name}": want for name, want in (meta.get("files") or {}).items()}
+    if meta.get("extras"):
+        listed[EXTRAS] = meta["extras"]
+    for name, want in listed.items():
+        f = path / name
         if not f.is_file():
-            raise PSError(f"saved tiered table {str(path)!r}: file {ROWS}/{name} is missing")
+            raise PSError(f"saved tiered table {str(path)!r}: file {name} is missing")
         got = _file_sum(f)
         if got != list(want):
             raise PSError(
-                f"saved tiered table {str(path)!r}: file {ROWS}/{name} has {got[0]} bytes (saved: "
+                f"saved tiered table {str(path)!r}: file {name} has {got[0]} bytes (saved: "
                 f"{want[0]}) or another sha256: it is truncated or corrupt"
             )
 
@@ -319,8 +335,22 @@ def batches(path: str | os.PathLike, check: Callable[[dict], None] | None = None
     dtype = np.dtype(meta["dtype"])
     store = RowStore(path / ROWS, record_dtype(dtype, meta["dim"], meta["fields"]), str(path), read_only=True)
     scalars = {s: np.asarray(v, dtype) for s, v in meta["scalars"].items()}
+    extras = read_extras(path, meta)
     try:
+        empty = True
         for ids, rec in store.items():
-            yield {"ids": ids, **{f: rec[f] for f in meta["fields"]}, **scalars}
+            empty = False
+            yield {"ids": ids, **{f: rec[f] for f in meta["fields"]}, **scalars, **extras}
+        if empty and extras:  # (no row, but the state that is not per row)
+            rec = np.zeros(0, store.record)
+            yield {"ids": np.zeros(0, np.int64), **{f: rec[f] for f in meta["fields"]}, **scalars, **extras}
     finally:
         store.close()
+
+
+def read_extras(path: str | os.PathLike, meta: dict) -> dict[str, np.ndarray]:
+    """The `extras` arrays of saved directory `path` ({} when it has none; checked by `read_meta`)."""
+    if not meta.get("extras"):
+        return {}
+    with np.load(Path(path) / EXTRAS) as z:
+        return {k: z[k] for k in z.files}

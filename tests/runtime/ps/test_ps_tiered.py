@@ -200,8 +200,6 @@ def test_request_larger_than_budget_is_refused_naming_table_and_budget():
         make_table(replace(t.spec, memory_budget=None))
     with pytest.raises(PSError, match="'emb'.*memory_budget 'lots'"):
         make_table(replace(t.spec, memory_budget="lots"))
-    with pytest.raises(PSError, match="without entry / evict_after"):
-        make_table(replace(t.spec, evict_after=5))
     dense = TableSpec("w", "dense", [3, 3], initializer=INIT, storage="disk", memory_budget=100)
     with pytest.raises(PSError, match="storage 'disk' is for sparse tables"):
         make_table(dense)
