@@ -172,3 +172,25 @@ def test_a_table_of_two_feeds_counts_the_occurrences_of_both(tmp_path, mode):
     assert set(got) == set(want)
     for i, c in want.items():
         assert got[i] == pytest.approx(tuple(c)), i
+
+
+@pytest.mark.parametrize("clip", [None, 1.0], ids=["sync", "sync-clipped"])
+def test_sync_pushes_add_show_click_once_the_step_is_applied(clip):
+    """Sync mode, 2 pushers: a step's (show, click) wait with its gradients and are added, summed
+    over both pushers, when the step is applied (a clipped table's: at clip_apply, not before)."""
+    from dataclasses import replace
+
+    spec = replace(plan().table("wide_emb.w_0"), clip_norm=clip)
+    shard = Shard([spec], mode="sync", pushes_per_step=2)
+    grad = np.ones((2, spec.shape[1]), np.float32)
+    ids = np.array([4, 8], np.int64)
+    shard.push(spec.name, grad, ids, 0, "a", show_click=np.array([[2, 1], [1, 0]], np.float32))
+    assert not shard.table(spec.name).exists(ids).any()  # one pusher in: nothing applied yet
+    shard.push(spec.name, grad, ids, 0, "b", show_click=np.array([[1, 1], [3, 2]], np.float32))
+    if clip is not None:
+        assert not shard.table(spec.name).exists(ids).any()  # held for its clip scale
+        shard.clip_apply(0, 0.5)
+    got = shard.table(spec.name).rows_of(ids)
+    np.testing.assert_array_equal(got["Show"], [3.0, 4.0])
+    np.testing.assert_array_equal(got["Click"], [2.0, 2.0])
+    shard.close()
