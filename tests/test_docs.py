@@ -116,7 +116,7 @@ def check_run(metrics: Path, trace: Path, steps: int, trainers: dict[str, int], 
     """run.jsonl: a start record naming the run, one record per step, an end record; trace.json:
     Chrome-trace JSON with one named track per trainer and server and spans on each."""
     recs = read_metrics(metrics)
-    assert [r["kind"] for r in recs] == ["start"] + ["step"] * steps + ["end"]
+    assert [r["kind"] for r in recs] == ["start"] + ["step"] * steps + ["tables", "end"]
     assert recs[0]["trainers"] == trainers and recs[0]["servers"] == servers
     losses = [r["loss"] for r in recs if r["kind"] == "step"]
     assert all(np.isfinite(losses)) and 0.3 < losses[0] < 3  # a BCE of an untrained model

@@ -27,6 +27,7 @@ from transpiler.config import TranspileConfig
 from transpiler.errors import PlanError
 from transpiler.ir import Op, Program
 from transpiler.passes import pipeline, verify
+from transpiler.show_click import ShowClick, record_show_click, show_click_of
 from transpiler.tables import OptimizerSpec, TableSpec, tables_from_dicts, tables_to_dicts
 from transpiler.tasks import task_names
 from transpiler.values import load_params, save_params
@@ -84,6 +85,12 @@ class Plan:
             None,
         )
         return "sum" if op is not None and op.type == "reduce_sum" else "mean"
+
+    @property
+    def show_click_feeds(self) -> dict[str, ShowClick]:
+        """Per sparse table with a lifecycle: the label and id feeds its rows' show/click counts come
+        from, sent by the reader's trainers with their pushes (transpiler/show_click.py)."""
+        return {k: v for p in self.programs.values() for k, v in show_click_of(p).items()}
 
     @property
     def clipped_tables(self) -> list[str]:
@@ -331,6 +338,7 @@ def _transpile(program: Program, config: TranspileConfig) -> Plan:
     for reasons in (c.placement.reasons, c.tables.reasons, c.channels.reasons):
         for k, reason in reasons.items():
             placement[k]["reason"] = reason
+    record_show_click(c.programs, c.tables.specs)
     plan = Plan(
         c.programs, c.tables.specs, c.channels.channels, config, placement, dict(c.program.params), c.loss
     )

@@ -18,7 +18,7 @@ A data source is either
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -116,9 +116,12 @@ def batch_size_of(feed: dict[str, Any]) -> int:
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def check_values(feed: dict[str, Any], names: list[str], lo: int, hi: int, step: int) -> None:
+def check_values(
+    feed: dict[str, Any], names: list[str], lo: int, hi: int, step: int, id_bits: Collection[str] = ()
+) -> None:
     """ValueError naming the feed, the step and a row when rows [lo, hi) of a float feed of `names`
-    hold NaN or Inf, or an unsigned one holds a value an int64 id cannot (>= 2^63, shown unsigned).
+    hold NaN or Inf, or an unsigned one holds a value an int64 id cannot (>= 2^63, shown unsigned)
+    — except the feeds `id_bits`, ids of unbounded tables only, where every 64-bit pattern is an id.
     The reader checks its share of each batch here, before it becomes work items."""
     for n in names:
         a = feed.get(n)
@@ -127,7 +130,7 @@ def check_values(feed: dict[str, Any], names: list[str], lo: int, hi: int, step:
         part = a[lo:hi]
         if part.dtype.kind == "f":
             bad = ~np.isfinite(part)
-        elif part.dtype.kind == "u" and part.dtype.itemsize == 8:
+        elif part.dtype.kind == "u" and part.dtype.itemsize == 8 and n not in id_bits:
             bad = part > _INT64_MAX
         else:
             continue
@@ -140,9 +143,16 @@ def check_values(feed: dict[str, Any], names: list[str], lo: int, hi: int, step:
             )
 
 
-def rows(feed: dict[str, Any], names: list[str], lo: int, hi: int) -> dict[str, np.ndarray]:
-    """Rows [lo, hi) of the arrays `names` of `feed` (views, no copies)."""
+def rows(
+    feed: dict[str, Any], names: list[str], lo: int, hi: int, id_bits: Collection[str] = ()
+) -> dict[str, np.ndarray]:
+    """Rows [lo, hi) of the arrays `names` of `feed` (views, no copies); a uint64 feed of `id_bits`
+    (ids of unbounded tables) as its int64 bits, the form tables keep 64-bit ids in."""
     missing = [n for n in names if n not in feed]
     if missing:
         raise KeyError(f"a data batch lacks the feeds {missing}; it has {sorted(feed)}")
-    return {n: np.asarray(feed[n])[lo:hi] for n in names}
+    out = {n: np.asarray(feed[n])[lo:hi] for n in names}
+    for n in id_bits:
+        if n in out and out[n].dtype == np.uint64:
+            out[n] = out[n].view(np.int64)
+    return out

@@ -459,6 +459,7 @@ def _finish(s: _Session, ps_eps: list[str], admin: bytes, watch: Callable[[], No
             if any("admitted" in st.get(n, {}) for st in stats):
                 keys = ("rows", "admitted", "evicted", "spilled")
                 t["shards"] = [{k: st[n][k] for k in keys} for st in stats if n in st]
+        s.tel.tables(pauses.start + history.steps, history.tables)
         if s.tel.tracing:
             for k, spans in enumerate(client.trace()):
                 s.tel.spans(str(ProcessId.server(k)), spans)

@@ -300,7 +300,9 @@ class PSClient:
         *,
         step: int | None = None,
     ) -> None:
-        """`push` of several (table, grad, ids or None) at once, in one round trip."""
+        """`push` of several (table, grad, ids or None) at once, in one round trip. A sparse one may
+        be (table, grad, ids, show_click): [n, 2] float32 (show, click) per id, which the shards add
+        to the rows' statistics (a table with a `lifecycle`, runtime/ps/lifecycle.py)."""
         self._send(self._push_parts(requests), [], step=step, pull_step=None)
 
     def push_pull(
@@ -353,7 +355,7 @@ class PSClient:
         unique ids, zero rows where a shard has none)."""
         parts: list[tuple[int, str, list]] = []
         last: tuple[np.ndarray, RowMerge] | None = None  # tables pushed for the same ids share a sort
-        for table, grad, ids in requests:
+        for table, grad, ids, *shows in requests:
             if isinstance(grad, SparseRows):
                 ids, grad = grad.rows, grad.values
             spec = self._check_ids(table, ids, "push")
@@ -361,16 +363,20 @@ class PSClient:
                 parts.append((self._dense[table], table, [np.asarray(grad)]))
                 continue
             ids, grad = np.asarray(ids).reshape(-1).astype(np.int64), np.asarray(grad)
-            if grad.ndim != 2 or grad.shape[0] != ids.size:
+            arrays = [grad, *(np.asarray(sc, np.float32) for sc in shows if sc is not None)]
+            if grad.ndim != 2 or grad.shape[0] != ids.size or any(a.shape[0] != ids.size for a in arrays):
                 raise PSError(
                     f"push to {table!r}: {ids.size} ids need a gradient of shape "
-                    f"[{ids.size}, {spec.shape[1]}], got {list(grad.shape)}"
+                    f"[{ids.size}, {spec.shape[1]}] (and a show/click of [{ids.size}, 2]), got "
+                    f"{[list(a.shape) for a in arrays]}"
                 )
             if not strictly_increasing(ids):
                 if last is None or not np.array_equal(last[0], ids):
                     last = (ids, RowMerge.of(np, ids))
-                ids, grad = last[1].unique_rows, last[1].sum(np, grad)
-            parts += [(k, table, [ids[pos], grad[pos]]) for k, pos in enumerate(self._split(ids))]
+                ids, arrays = last[1].unique_rows, [last[1].sum(np, a) for a in arrays]
+            parts += [
+                (k, table, [ids[pos], *(a[pos] for a in arrays)]) for k, pos in enumerate(self._split(ids))
+            ]
         return parts
 
     def _send(
@@ -397,8 +403,8 @@ class PSClient:
                 sends.append((k, p.PushPull(push, pull, step, pull_step, self.pusher, peek)))
             elif push:
                 ((table, arrays),) = push
-                ids, grad = arrays if len(arrays) == 2 else (None, arrays[0])
-                sends.append((k, p.Push(table, grad, ids, step, self.pusher)))
+                ids, grad, shows = p.push_arrays(arrays)
+                sends.append((k, p.Push(table, grad, ids, step, self.pusher, shows)))
             else:
                 ((table, arrays),) = pull
                 sends.append((k, p.Pull(table, arrays[0] if arrays else None, pull_step, peek)))

@@ -168,9 +168,13 @@ class Entry:
 
     def load_state(self, slots: np.ndarray, rows: int, arrays: dict[str, np.ndarray]) -> None:
         """Restore a checkpoint's state for rows now at `slots` (this shard's share of one file)."""
-        self.clock = int(arrays[ENTRY_CLOCK][0])
+        self.load_clock(arrays)
         self.touch(np.zeros(0, np.int64), rows)
         self.last[slots] = arrays[ENTRY_LAST]
+
+    def load_clock(self, arrays: dict[str, np.ndarray]) -> None:
+        """Restore a checkpoint's push clock and waiting ids (not the rows' last touches)."""
+        self.clock = int(arrays[ENTRY_CLOCK][0])
         if self.waiting is not None and WAITING[0] in arrays:
             w = self.waiting
             ids, count, seen = (arrays[k] for k in WAITING)

@@ -80,7 +80,7 @@ def _pull(cx: Context, r: p.Pull) -> Reply:
 
 
 def _push(cx: Context, r: p.Push) -> Reply:
-    if cx.shard.push(r.table, r.grad, r.ids, r.step, r.pusher):
+    if cx.shard.push(r.table, r.grad, r.ids, r.step, r.pusher, r.show_click):
         cx.release(r.table)
     return {}, []
 
@@ -92,7 +92,8 @@ def _push_pull(cx: Context, r: p.PushPull) -> Reply:
     s, applied = cx.shard, []
     try:
         for t, a in r.pushes:
-            if s.push(t, a[-1], a[0] if len(a) == 2 else None, r.step, r.pusher):
+            ids, grad, shows = p.push_arrays(a)
+            if s.push(t, grad, ids, r.step, r.pusher, shows):
                 applied.append(t)
     finally:  # (a refused part refuses the request; what was applied before it stays applied)
         for table in applied:

@@ -109,27 +109,38 @@ class Pull(_Request):
 
 @dataclass(slots=True)
 class Push(_Request):
-    """A gradient (`ids` for a sparse table's rows) of `pusher`; in sync mode of `step`."""
+    """A gradient (`ids` for a sparse table's rows) of `pusher`; in sync mode of `step`. A sparse
+    push may carry `show_click`: [n, 2] float32 (show, click) per id (runtime/ps/lifecycle.py)."""
 
     OP: ClassVar[str] = "push"
-    ARRAYS: ClassVar[tuple[str, ...]] = ("ids", "grad")
+    ARRAYS: ClassVar[tuple[str, ...]] = ("ids", "grad", "show_click")
     table: str
     grad: np.ndarray
     ids: np.ndarray | None = None
     step: int | None = None
     pusher: str = "0"
+    show_click: np.ndarray | None = None
 
     @classmethod
     def parse(cls, h: dict, arrays: list) -> Push:
-        _count("push", arrays, (1, 2), "[grad] or [ids, grad]")
-        ids, grad = _ids_and_last(arrays)
+        _count("push", arrays, (1, 2, 3), "[grad], [ids, grad] or [ids, grad, show_click]")
+        ids, grad, shows = push_arrays(arrays)
         return cls(
             _field(h, "table", str),
             grad,
             ids,
             _field(h, "step", int, optional=True),
             str(h.get("pusher", "0")),
+            shows,
         )
+
+
+def push_arrays(arrays: list) -> tuple[np.ndarray | None, np.ndarray, np.ndarray | None]:
+    """(ids or None, grad, show_click or None) of a push's [grad], [ids, grad] or [ids, grad,
+    show_click]."""
+    if len(arrays) == 3:
+        return arrays[0], arrays[1], arrays[2]
+    return (arrays[0] if len(arrays) == 2 else None), arrays[-1], None
 
 
 def _parts(h: dict, key: str, counts: tuple[int, ...], arrays: list) -> list[Part]:
@@ -162,7 +173,8 @@ def _parts(h: dict, key: str, counts: tuple[int, ...], arrays: list) -> list[Par
 
 @dataclass(slots=True)
 class PushPull(_Request):
-    """Several tables in one request: `pushes` ([grad] or [ids, grad] each) at `step`, applied
+    """Several tables in one request: `pushes` ([grad], [ids, grad] or [ids, grad, show_click] each,
+    as `Push`) at `step`, applied
     first, then `pulls` ([] or [ids] each) at `pull_step`, one reply array each, in order."""
 
     OP: ClassVar[str] = "push_pull"
@@ -179,7 +191,7 @@ class PushPull(_Request):
             p[1] for p in h.get("push", []) if isinstance(p, list) and len(p) == 2 and isinstance(p[1], int)
         )
         return cls(
-            _parts(h, "push", (1, 2), arrays[:n_push]),
+            _parts(h, "push", (1, 2, 3), arrays[:n_push]),
             _parts(h, "pull", (0, 1), arrays[n_push:]),
             _field(h, "step", int, optional=True),
             _field(h, "pull_step", int, optional=True),

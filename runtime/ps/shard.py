@@ -241,20 +241,32 @@ class Shard:
         ids: np.ndarray | None = None,
         step: int | None = None,
         pusher: str = "0",
+        show_click: np.ndarray | None = None,
     ) -> bool:
-        """Apply or buffer one push; True when a step was applied (sync: parked pulls may go on)."""
+        """Apply or buffer one push; True when a step was applied (sync: parked pulls may go on).
+        `show_click`: a sparse push's [n, 2] float32 (show, click) per id, added to the rows'
+        statistics after the step is applied (runtime/ps/lifecycle.py)."""
         t = self.table(name)
         self.check_not_held(name, "push")
         check_ids_given(t.spec.kind, name, ids, "push")
         self._check_new_rows(t, ids, "push")
+        shows = None if show_click is None else check_show_click(t, ids, show_click)
         if self.mode == "sync":
-            return self._sync_push(t, grad, ids, step, str(pusher))
+            return self._sync_push(t, grad, ids, step, str(pusher), shows)
         (t.add if self.mode == "geo" else t.push)(grad, ids)
+        if shows is not None:
+            t.add_show_click(*shows)
         self.applied[name] += 1
         return True
 
     def _sync_push(
-        self, t: Table, grad: np.ndarray, ids: np.ndarray | None, step: int | None, pusher: str
+        self,
+        t: Table,
+        grad: np.ndarray,
+        ids: np.ndarray | None,
+        step: int | None,
+        pusher: str,
+        shows: tuple | None = None,
     ) -> bool:
         name, v = t.name, self.version[t.name]
         if step is None or step < v:
@@ -278,7 +290,7 @@ class Shard:
         got = self.pending[name].setdefault(step, {})
         if pusher in got:
             raise PSError(f"sync push to {name!r}: pusher {pusher!r} already pushed step {step}")
-        got[pusher] = (grad, ids)
+        got[pusher] = (grad, ids, shows)
         return self.advance(t)
 
     def advance(self, t: Table) -> bool:
@@ -289,11 +301,14 @@ class Shard:
             name not in self.held
             and len(self.pending[name].get(self.version[name], ())) >= self.expected[name]
         ):
-            parts = [p for _, p in sorted(self.pending[name].pop(self.version[name]).items())]
+            got = [p for _, p in sorted(self.pending[name].pop(self.version[name]).items())]
+            parts, shows = [(g, i) for g, i, _ in got], [sc for *_, sc in got if sc is not None]
             if name in self.clip_tables:
-                self.held[name] = Held(*t.sum_parts(parts, merge=True), len(parts))
+                self.held[name] = Held(*t.sum_parts(parts, merge=True), len(parts), shows)
                 return True
             t.push(*t.sum_parts(parts), checked=True)  # (each part was checked on arrival)
+            for sc in shows:
+                t.add_show_click(*sc)
             self.version[name] += 1
             self.applied[name] += len(parts)
             applied = True
@@ -325,6 +340,8 @@ class Shard:
         for name in sorted(self.clip_tables):
             h, t = self.held.pop(name), self.tables[name]
             t.push((h.grad * t.dtype.type(scale)).astype(t.dtype, copy=False), h.ids, checked=True)
+            for sc in h.shows:
+                t.add_show_click(*sc)
             self.version[name] += 1
             self.applied[name] += h.parts
         for name in sorted(self.clip_tables):
@@ -461,3 +478,21 @@ def save_shards(shards: list[Shard], path: str | Path) -> None:
     except BaseException:
         checkpoint.abort(stage)
         raise
+
+
+def check_show_click(t: Table, ids: np.ndarray | None, show_click: np.ndarray) -> tuple:
+    """(distinct ids, shows, clicks) of a push's [n, 2] (show, click) per id (ids may repeat: summed);
+    PSError naming the table when it keeps no statistics or the array is malformed."""
+    if getattr(t, "life", None) is None:
+        raise PSError(f"push to {t.name!r} carries show/click, but the table has no lifecycle to keep them")
+    sc = np.asarray(show_click)
+    n = np.asarray(ids).size
+    if sc.dtype != np.float32 or sc.shape != (n, 2) or not np.isfinite(sc).all() or (sc < 0).any():
+        raise PSError(
+            f"push to {t.name!r}: show/click must be a finite, non-negative float32 array of shape "
+            f"[{n}, 2] (one (show, click) per id), got {sc.dtype} {list(sc.shape)}"
+        )
+    uniq, inv = np.unique(t.check_ids(np.asarray(ids).reshape(-1)), return_inverse=True)
+    inv = inv.reshape(-1)
+    sums = [np.bincount(inv, sc[:, j], uniq.size).astype(np.float32) for j in (0, 1)]
+    return uniq, sums[0], sums[1]

@@ -516,9 +516,15 @@ class SparseTable(_Base):
         labels = np.asarray(labels, np.float64).reshape(-1)
         if labels.shape != ids.shape:
             raise PSError(f"table {self.name!r}: show_click got {ids.size} ids and {labels.size} labels")
-        uniq, shows, clicks = counts(ids, labels)
-        have = self.exists(uniq)
-        slots = self.slots(uniq[have], init=False)
+        self.add_show_click(*counts(ids, labels))
+
+    def add_show_click(self, ids: np.ndarray, shows: np.ndarray, clicks: np.ndarray) -> None:
+        """Per existing row of `ids` (distinct): show += `shows`, click += `clicks` (the sums of a
+        batch's occurrences, Paddle's push_show / push_click). PSError without a lifecycle."""
+        if self.life is None:
+            raise PSError(f"table {self.name!r} has no lifecycle: show/click statistics are not kept")
+        have = self.exists(ids)
+        slots = self.slots(ids[have], init=False)
         self.row_state["Show"][slots] += shows[have]
         self.row_state["Click"][slots] += clicks[have]
 

@@ -22,10 +22,17 @@ sequence gives exactly the RAM table's values whatever the budget.
   possible id, pages touched only when used), RocksDB's bounded caches (`tiered_store`), and the
   transient arrays of the request being served (its rows may briefly exceed `max_rows`).
 - A request with more distinct rows than `max_rows` is refused (PSError naming table and budget).
-- Admission / eviction by pushes (`entry`, `evict_after`) are refused: their per-row clocks live
-  in RAM only. The feature lifecycle (`lifecycle`: passes unseen, show/click; runtime/ps/
-  lifecycle.py) works: its per-row fields are part of each disk record, and `shrink` goes over
-  the disk rows in batches. Rows changed since a mark and delta checkpoints: runtime/ps/delta.py.
+- Admission / eviction by pushes (`entry`, `evict_after`, runtime/ps/entry.py) as on a RAM table:
+  each row's push clock of its last touch (EntryLast, int64) is part of its disk record (and of
+  the RAM tier's rows, 8 bytes more per resident row); admission and pulls first promote the
+  request's rows found on disk (they exist); each expiry sweep (every evict_after // 4 pushes)
+  removes the expired RAM rows and then reads the rows only on disk, BATCH_ROWS at a time,
+  deleting the expired ones (a sweep costs a read of the whole store). The ids waiting for
+  admission stay in RAM, outside the budget (`Waiting`; forgotten after evict_after pushes
+  unseen). The push clock and waiting ids go into a saved directory's `extras.npz`.
+- The feature lifecycle (`lifecycle`: passes unseen, show/click; runtime/ps/lifecycle.py): its
+  per-row fields are part of each disk record, and `shrink` goes over the disk rows in batches.
+  Rows changed since a mark and delta checkpoints: runtime/ps/delta.py.
 
 `save(dir)` writes the RAM rows to disk, then saves a RocksDB checkpoint (hard links: no row goes
 through Python) and `meta.json` atomically; `load(dir)` links a saved directory into a fresh engine.
@@ -48,11 +55,21 @@ from shutil import rmtree
 import numpy as np
 
 from runtime.ps import checkpoint
+from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST
 from runtime.ps.index import DirectIndex, make_index, unique_ids
 from runtime.ps.lifecycle import shrink as _shrink
 from runtime.ps.sharding import shard_of
 from runtime.ps.table import PSError, SparseTable
-from runtime.ps.tiered_store import BATCH_ROWS, RowStore, batches, open_copy, parse_bytes, read_meta, save_dir
+from runtime.ps.tiered_store import (
+    BATCH_ROWS,
+    RowStore,
+    batches,
+    open_copy,
+    parse_bytes,
+    read_extras,
+    read_meta,
+    save_dir,
+)
 from runtime.ps.tiered_store import record_dtype as _record_dtype
 from transpiler.tables import TableSpec
 
@@ -90,12 +107,8 @@ class TieredSparseTable(SparseTable):
         store_dir: str | os.PathLike | None = None,
         shard: str | None = None,
     ) -> None:
-        if spec.kind != "sparse" or spec.entry is not None or spec.evict_after is not None:
-            raise PSError(
-                f"table {spec.name!r}: storage 'disk' is for sparse tables without entry / evict_after "
-                f"(got kind {spec.kind!r}, entry {spec.entry!r}, evict_after {spec.evict_after!r}); "
-                "a disk table removes rows by passes unseen and show/click with `lifecycle` instead"
-            )
+        if spec.kind != "sparse":
+            raise PSError(f"table {spec.name!r}: storage 'disk' is for sparse tables, got kind {spec.kind!r}")
         super().__init__(spec, check_finite)
         budget = memory_budget if memory_budget is not None else self.spec.memory_budget
         if budget is None:
@@ -106,7 +119,8 @@ class TieredSparseTable(SparseTable):
             raise PSError(f"table {self.name!r}: {e}") from None
         self.record = _record_dtype(self.dtype, self.dim, layout(self)["fields"])
         index_bytes = 0 if isinstance(self.index, DirectIndex) else 16
-        self.row_bytes = self.record.itemsize + 8 + index_bytes  # + the LRU stamp (int64)
+        entry_bytes = 8 if self.entry is not None else 0  # (the RAM copy of a row's EntryLast)
+        self.row_bytes = self.record.itemsize + 8 + index_bytes + entry_bytes  # + the LRU stamp (int64)
         self.max_rows = self.budget // self.row_bytes
         if self.max_rows < 1:
             raise PSError(
@@ -126,6 +140,8 @@ class TieredSparseTable(SparseTable):
         self.index = make_index(self.vocab)
         self._keep(np.zeros(0, bool), room=self.row_room())
         self.used = np.zeros(self.rows.shape[0], np.int64)  # per RAM slot: the request that last used it
+        if self.entry is not None:
+            self.entry.last = np.zeros(0, np.int64)
 
     def row_room(self) -> int:
         return min(self.vocab, self.max_rows) if self.vocab > 0 else self.max_rows
@@ -140,28 +156,41 @@ class TieredSparseTable(SparseTable):
                 f"than memory_budget {self.budget} bytes holds ({self.max_rows} rows of "
                 f"{self.row_bytes} bytes); raise memory_budget or send smaller requests"
             )
-        found = self.index.find(ids)
-        self.stats.lookups += ids.size
-        self.stats.ram_hits += int(np.count_nonzero(found >= 0))
-        miss = unique_ids(ids[found < 0])
-        promoted = 0
-        if miss.size and self.cold:
-            on_disk, rec = self.store.get(miss)
-            promoted = rec.size
-            if promoted:
-                slots = SparseTable.slots(self, miss[on_disk], init=False)
-                self.rows[slots] = rec["Param"]
-                for s, a in self.row_state.items():
-                    a[slots] = rec[s]
-                self.cold -= promoted
+        missed, promoted = self._promote(ids)
         out = SparseTable.slots(self, ids, init)
-        self.stats.disk_hits += promoted
-        self.stats.created += miss.size - promoted
+        self.stats.created += missed - promoted
+        self._stamp(out)
+        return out
+
+    def _promote(self, ids: np.ndarray, count: bool = True) -> tuple[int, int]:
+        """Move the rows of `ids` found on disk (not in RAM) into RAM, creating none; (distinct ids
+        not in RAM, rows promoted). `count`: as the lookups of a request (`stats`)."""
+        found = self.index.find(ids)
+        if count:
+            self.stats.lookups += ids.size
+            self.stats.ram_hits += int(np.count_nonzero(found >= 0))
+        miss = unique_ids(ids[found < 0])
+        if not (miss.size and self.cold):
+            return miss.size, 0
+        on_disk, rec = self.store.get(miss)
+        if rec.size:
+            slots = SparseTable.slots(self, miss[on_disk], init=False)
+            self.rows[slots] = rec["Param"]
+            for s, a in self.row_state.items():
+                a[slots] = rec[s]
+            if self.entry is not None:
+                self.entry.touch(np.zeros(0, np.int64), len(self.index))
+                self.entry.last[slots] = rec[ENTRY_LAST]
+            self.cold -= rec.size
+        self.stats.disk_hits += rec.size if count else 0
+        return miss.size, rec.size
+
+    def _stamp(self, slots: np.ndarray) -> None:
+        """RAM rows `slots` were just used (one more request served)."""
         self.tick += 1
         if self.used.size < self.rows.shape[0]:
             self.used = np.concatenate([self.used, np.zeros(self.rows.shape[0] - self.used.size, np.int64)])
-        self.used[out] = self.tick
-        return out
+        self.used[slots] = self.tick
 
     def _records(self, slots: np.ndarray) -> np.ndarray:
         """RAM rows `slots` with their optimizer state, as disk records."""
@@ -169,6 +198,9 @@ class TieredSparseTable(SparseTable):
         rec["Param"] = self.rows[slots]
         for s, a in self.row_state.items():
             rec[s] = a[slots]
+        if self.entry is not None:
+            self.entry.touch(np.zeros(0, np.int64), len(self.index))
+            rec[ENTRY_LAST] = self.entry.last[slots]
         return rec
 
     def _spill(self) -> None:
@@ -210,9 +242,18 @@ class TieredSparseTable(SparseTable):
 
     # -- the table interface -------------------------------------------------------------------
     def pull(self, ids: np.ndarray | None = None, *, copy: bool = True) -> np.ndarray:
+        if self._admits(ids):  # only rows that exist answer: bring those on disk into RAM first
+            ids = self.check_ids(ids)
+            self._promote(ids)
+            found = self.index.find(ids)
+            self._stamp(found[found >= 0])
         out = super().pull(ids, copy=copy)
         self._spill()
         return out
+
+    def _admits(self, ids: np.ndarray | None) -> bool:
+        """Admission is on (rows exist only once admitted: runtime/ps/entry.py) and `ids` given."""
+        return ids is not None and self.entry is not None and self.entry.waiting is not None
 
     def peek(self, ids: np.ndarray | None = None, *, copy: bool = True) -> np.ndarray:
         """As `SparseTable.peek`: rows from RAM or disk, promoting, creating and stamping nothing."""
@@ -236,8 +277,27 @@ class TieredSparseTable(SparseTable):
         return out
 
     def push(self, grad: np.ndarray, ids: np.ndarray, *, checked: bool = False) -> None:
+        if self._admits(ids):  # admission asks which rows exist: those on disk too
+            self._promote(self.check_ids(np.asarray(ids).reshape(-1)), count=False)
         super().push(grad, ids, checked=checked)
+        self._expire_cold()
         self._spill()
+
+    def _expire_cold(self) -> None:
+        """After a push that expired RAM rows (`Entry.expired`: every evict_after // 4 pushes), remove
+        the rows only on disk whose last touch is as old (EntryLast <= clock - evict_after), reading
+        the store BATCH_ROWS rows at a time."""
+        e = self.entry
+        if e is None or e.evict_after is None or e.clock % max(1, e.evict_after // 4) or not self.cold:
+            return
+        for ids, rec in self._cold_batches():
+            gone = ids[rec[ENTRY_LAST] <= e.clock - e.evict_after]
+            if gone.size:
+                self.store.delete(gone)
+                if self.changes.marks:
+                    self.changes.removed(gone)
+                self.cold -= gone.size
+                self.counts["evicted"] += gone.size
 
     def add(self, delta: np.ndarray, ids: np.ndarray) -> None:
         super().add(delta, ids)
@@ -254,7 +314,13 @@ class TieredSparseTable(SparseTable):
         parts = list(self.store.items())
         ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
         rec = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, self.record)
-        return {"ids": ids, **{f: rec[f] for f in self.record.names}, **self.scalars}
+        return {"ids": ids, **{f: rec[f] for f in self.record.names}, **self.scalars, **self._entry_state()}
+
+    def _entry_state(self) -> dict[str, np.ndarray]:
+        """The admission / eviction state that is not per row: the push clock, the waiting ids."""
+        if self.entry is None:
+            return {}
+        return {k: v for k, v in self.entry.state_dict(0).items() if k != ENTRY_LAST}
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Set rows `arrays["ids"]` (distinct, with their optimizer state) and the scalar state: rows
@@ -265,20 +331,46 @@ class TieredSparseTable(SparseTable):
             self.changes.changed(ids)
         for s in self.scalars:
             self.scalars[s][...] = arrays[s]
+        arrays = self._with_entry(arrays, ids.size)
         found = self.index.find(ids)
         ram = np.flatnonzero(found >= 0)
         self.rows[found[ram]] = arrays["Param"][ram]
         for s, a in self.row_state.items():
             a[found[ram]] = arrays[s][ram]
+        if self.entry is not None:
+            self.entry.last[found[ram]] = arrays[ENTRY_LAST][ram]
         rest = np.flatnonzero(found < 0)
         for lo in range(0, rest.size, BATCH_ROWS):
             part = rest[lo : lo + BATCH_ROWS]
             rec = np.empty(part.size, self.record)
             for f in self.record.names:
                 rec[f] = arrays[f][part]
-            new = part.size - (int(self.store.get(ids[part])[0].sum()) if self.cold else 0)
+            new = part.size - self._stored(ids[part])
             self.store.put(ids[part], rec)
             self.cold += new
+
+    def _with_entry(self, arrays: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+        """`arrays` to load, after restoring the push clock and waiting ids they carry (ENTRY_CLOCK);
+        rows without their EntryLast (a checkpoint made without admission / eviction) get the clock."""
+        if self.entry is None:
+            return arrays
+        if ENTRY_CLOCK in arrays:
+            self.entry.load_clock(arrays)
+        self.entry.touch(np.zeros(0, np.int64), len(self.index))
+        if ENTRY_LAST not in arrays:
+            arrays = {**arrays, ENTRY_LAST: np.full(n, self.entry.clock, np.int64)}
+        return arrays
+
+    def _stored(self, ids: np.ndarray) -> int:
+        """How many of the distinct, non-resident `ids` have a row on disk: 0 without a seek
+        beyond one when no stored key lies between their least and greatest (a fill of new ids),
+        else one multi-get."""
+        if not self.cold or not ids.size:
+            return 0
+        keys = ids.view(np.uint64)
+        if not self.store.any_in(int(keys.min()), int(keys.max())):
+            return 0
+        return int(self.store.get(ids)[0].sum())
 
     # -- rows changed since a mark, delta checkpoints (SparseTable's API over both tiers) ----------
     def ids(self) -> np.ndarray:
@@ -307,7 +399,7 @@ class TieredSparseTable(SparseTable):
                     f"table {self.name!r}: rows_of ids {self.shown(ids[cold][~on_disk][:5])} have no row"
                 )
             rec[cold] = got
-        return {"ids": ids, **{f: rec[f] for f in self.record.names}, **self.scalars}
+        return {"ids": ids, **{f: rec[f] for f in self.record.names}, **self.scalars, **self._entry_state()}
 
     def remove(self, ids: np.ndarray) -> None:
         """Drop the rows of `ids` from RAM and disk."""
@@ -327,8 +419,8 @@ class TieredSparseTable(SparseTable):
         self.store.delete(ids)  # (a resident row may have an older copy on disk too)
 
     # -- feature lifecycle over both tiers ----------------------------------------------------
-    def show_click(self, ids: np.ndarray, labels: np.ndarray) -> None:
-        super().show_click(ids, labels)
+    def add_show_click(self, ids: np.ndarray, shows: np.ndarray, clicks: np.ndarray) -> None:
+        super().add_show_click(ids, shows, clicks)
         self._spill()
 
     def shrink(self) -> int:
@@ -378,9 +470,8 @@ class TieredSparseTable(SparseTable):
         and `meta.json` (layout, row count, scalar state)."""
         self.flush()
         scalars = {s: a.tolist() for s, a in self.scalars.items()}
-        save_dir(
-            path, self.store, {"table": self.name, **layout(self), "rows": len(self), "scalars": scalars}
-        )
+        meta = {"table": self.name, **layout(self), "rows": len(self), "scalars": scalars}
+        save_dir(path, self.store, meta, self._entry_state())
 
     def load(self, path: str | os.PathLike) -> None:
         """Replace every row and the scalar state by those of saved directory `path` (`save`)."""
@@ -394,6 +485,8 @@ class TieredSparseTable(SparseTable):
         self.cold = int(meta["rows"])
         for s in self.scalars:
             self.scalars[s][...] = meta["scalars"][s]
+        if self.entry is not None and (extras := read_extras(path, meta)):
+            self.entry.load_clock(extras)
 
     def close(self) -> None:
         """Close the engine and remove its files (saved directories stay)."""
@@ -460,7 +553,12 @@ def layout(table: SparseTable) -> dict:
     return {
         "dim": table.dim,
         "dtype": table.dtype.name,
-        "fields": ["Param", *table.state_slots, *table.life_slots],
+        "fields": [
+            "Param",
+            *table.state_slots,
+            *table.life_slots,
+            *([ENTRY_LAST] if table.entry is not None else []),
+        ],
     }
 
 
@@ -483,8 +581,6 @@ def load_entry(table: SparseTable, path: str | os.PathLike, entry: dict, shard: 
             for arrays in batches(where, lambda meta: check_layout(table, where, meta)):
                 table.load_state(arrays)
         return int(entry["version"])  # (another shard's directory of as many shards: none of its rows)
-    per_row = {"ids", *layout(table)["fields"]}
-    for arrays in batches(where, lambda meta: check_layout(table, where, meta)):
-        mine = shard_of(arrays["ids"], num_shards) == shard
-        table.load_state({k: (a[mine] if k in per_row else a) for k, a in arrays.items()})
+    for arrays in batches(where, lambda meta: check_layout(table, where, meta)):  # (waiting ids too)
+        table.load_state(table.select_rows(arrays, lambda ids: shard_of(ids, num_shards) == shard))
     return int(entry["version"])

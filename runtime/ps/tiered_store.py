@@ -25,17 +25,19 @@ import os
 import re
 import shutil
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import rocksdict
 
+from runtime.ps.entry import ENTRY_LAST
 from runtime.ps.lifecycle import LIFE
 from runtime.ps.table import PSError
 
 KEY = np.dtype(">u8")
-META, ROWS = "meta.json", "rows"
+META, ROWS, EXTRAS = "meta.json", "rows", "extras.npz"
 FORMAT = "hetps-tiered/1"
 BATCH_ROWS = 1 << 16  # rows per WriteBatch when loading, and per batch when reading a store back
 ENGINE_WRITE_BUFFER = 16 << 20  # RocksDB memtable bytes (two at most)
@@ -62,8 +64,14 @@ def parse_bytes(value: int | str, what: str = "memory_budget") -> int:
 
 def record_dtype(dtype: np.dtype, dim: int, fields: list[str]) -> np.dtype:
     """One row's record: a [dim] array of `dtype` per field (Param, then the optimizer state), one
-    float32 per lifecycle field (Show, Click, Unseen: runtime/ps/lifecycle.py)."""
-    return np.dtype([(f, np.float32) if f in LIFE else (f, dtype, (dim,)) for f in fields])
+    float32 per lifecycle field (Show, Click, Unseen: runtime/ps/lifecycle.py), one int64 for the
+    push clock of the row's last touch (EntryLast: runtime/ps/entry.py)."""
+    return np.dtype(
+        [
+            (f, np.float32) if f in LIFE else (f, np.int64) if f == ENTRY_LAST else (f, dtype, (dim,))
+            for f in fields
+        ]
+    )
 
 
 def _options() -> rocksdict.Options:
@@ -110,13 +118,12 @@ class RowStore:
 
     def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(found mask, the found rows' records in order) of the distinct `ids`: one multi-get."""
-        kb = ids.astype(KEY).tobytes()
         try:
-            values = self.db.get([kb[i : i + 8] for i in range(0, len(kb), 8)])
+            values = self.db.get(_keys(ids))
         except Exception as e:
             raise self._error("reading", e) from None
         self.multi_gets += 1
-        found = np.fromiter((v is not None for v in values), bool, len(values))
+        found = np.fromiter(map(_is_not_none, values), bool, len(values))
         buf = b"".join(v for v in values if v is not None)
         if len(buf) != int(found.sum()) * self.record.itemsize:
             raise PSError(
@@ -129,10 +136,9 @@ class RowStore:
         """Write records `rec` of `ids`: one WriteBatch over one contiguous buffer."""
         if not ids.size:
             return
-        kb, vb, size = ids.astype(KEY).tobytes(), np.ascontiguousarray(rec).tobytes(), self.record.itemsize
+        values = np.ascontiguousarray(rec).view(f"V{self.record.itemsize}").tolist()
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for i in range(ids.size):
-            batch.put(kb[8 * i : 8 * i + 8], vb[size * i : size * (i + 1)])
+        deque(map(batch.put, _keys(ids), values), maxlen=0)  # (the loop in C: no Python per row)
         try:
             self.db.write(batch)
         except Exception as e:
@@ -143,15 +149,22 @@ class RowStore:
         """Delete the rows of `ids`: one WriteBatch."""
         if not ids.size:
             return
-        kb = ids.astype(KEY).tobytes()
         batch = rocksdict.WriteBatch(raw_mode=True)
-        for i in range(ids.size):
-            batch.delete(kb[8 * i : 8 * i + 8])
+        deque(map(batch.delete, _keys(ids)), maxlen=0)
         try:
             self.db.write(batch)
         except Exception as e:
             raise self._error("writing", e) from None
         self.write_batches += 1
+
+    def any_in(self, lo: int, hi: int) -> bool:
+        """Whether any row has an id in [lo, hi]: one seek (no multi-get of the ids between)."""
+        try:
+            it = self.db.iter()
+            it.seek(_keys(np.array([lo]))[0])
+            return bool(it.valid()) and int.from_bytes(it.key(), "big") <= hi
+        except Exception as e:
+            raise self._error("reading", e) from None
 
     def items(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(ids, records) of every stored row, BATCH_ROWS at a time, in id order."""
@@ -202,6 +215,15 @@ class RowStore:
         self.db.close()
 
 
+def _keys(ids: np.ndarray) -> list[bytes]:
+    """The engine keys of `ids`: 8 big-endian bytes each (one numpy conversion, no slicing loop)."""
+    return np.ascontiguousarray(ids, KEY).view("V8").tolist()
+
+
+def _is_not_none(v: object) -> bool:
+    return v is not None
+
+
 def _link_or_copy(src: str, dst: str) -> None:
     """SST files are immutable: hard-link them; copy the small mutable ones (manifest, options)."""
     if src.endswith(".sst"):
@@ -223,9 +245,12 @@ def open_copy(saved: Path, path: Path, record: np.dtype, what: str) -> RowStore:
         raise PSError(f"{what}: saved directory {str(saved)!r} is corrupt: {e}") from None
 
 
-def save_dir(path: str | os.PathLike, store: RowStore, meta: dict) -> None:
-    """Write `store` (a checkpoint) and `meta` as the saved directory `path`, atomically: into a
-    staging directory beside it, renamed into place (a previous save is replaced only then)."""
+def save_dir(
+    path: str | os.PathLike, store: RowStore, meta: dict, extras: dict[str, np.ndarray] | None = None
+) -> None:
+    """Write `store` (a checkpoint), `meta` and the arrays `extras` (a table's state that is not per
+    row: `EXTRAS`, its size and sha256 in meta.json) as the saved directory `path`, atomically:
+    into a staging directory beside it, renamed into place (a previous save is replaced only then)."""
     path = Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     stage = path.parent / f".{path.name}.new-{uuid.uuid4().hex}"
@@ -233,6 +258,9 @@ def save_dir(path: str | os.PathLike, store: RowStore, meta: dict) -> None:
     try:
         store.checkpoint(stage / ROWS)
         files = {f.name: _file_sum(f) for f in sorted((stage / ROWS).iterdir()) if _SUMMED.fullmatch(f.name)}
+        if extras:
+            np.savez(stage / EXTRAS, **extras)
+            meta = {**meta, "extras": _file_sum(stage / EXTRAS)}
         (stage / META).write_text(json.dumps({"format": FORMAT, **meta, "files": files}, indent=1))
         old = path.parent / f".{path.name}.old-{uuid.uuid4().hex}"
         if path.exists():
@@ -266,14 +294,17 @@ def _file_sum(f: Path) -> list:
 
 def _check_files(path: Path, meta: dict) -> None:
     """PSError naming the file unless every file of `rows/` listed in `meta` has its size and hash."""
-    for name, want in (meta.get("files") or {}).items():
-        f = path / ROWS / name
+    listed = {f"{ROWS}/{name}": want for name, want in (meta.get("files") or {}).items()}
+    if meta.get("extras"):
+        listed[EXTRAS] = meta["extras"]
+    for name, want in listed.items():
+        f = path / name
         if not f.is_file():
-            raise PSError(f"saved tiered table {str(path)!r}: file {ROWS}/{name} is missing")
+            raise PSError(f"saved tiered table {str(path)!r}: file {name} is missing")
         got = _file_sum(f)
         if got != list(want):
             raise PSError(
-                f"saved tiered table {str(path)!r}: file {ROWS}/{name} has {got[0]} bytes (saved: "
+                f"saved tiered table {str(path)!r}: file {name} has {got[0]} bytes (saved: "
                 f"{want[0]}) or another sha256: it is truncated or corrupt"
             )
 
@@ -304,8 +335,22 @@ def batches(path: str | os.PathLike, check: Callable[[dict], None] | None = None
     dtype = np.dtype(meta["dtype"])
     store = RowStore(path / ROWS, record_dtype(dtype, meta["dim"], meta["fields"]), str(path), read_only=True)
     scalars = {s: np.asarray(v, dtype) for s, v in meta["scalars"].items()}
+    extras = read_extras(path, meta)
     try:
+        empty = True
         for ids, rec in store.items():
-            yield {"ids": ids, **{f: rec[f] for f in meta["fields"]}, **scalars}
+            empty = False
+            yield {"ids": ids, **{f: rec[f] for f in meta["fields"]}, **scalars, **extras}
+        if empty and extras:  # (no row, but the state that is not per row)
+            rec = np.zeros(0, store.record)
+            yield {"ids": np.zeros(0, np.int64), **{f: rec[f] for f in meta["fields"]}, **scalars, **extras}
     finally:
         store.close()
+
+
+def read_extras(path: str | os.PathLike, meta: dict) -> dict[str, np.ndarray]:
+    """The `extras` arrays of saved directory `path` ({} when it has none; checked by `read_meta`)."""
+    if not meta.get("extras"):
+        return {}
+    with np.load(Path(path) / EXTRAS) as z:
+        return {k: z[k] for k in z.files}

@@ -8,7 +8,7 @@ arrays; None for a dense table), rows and values go out as arrays.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -42,6 +42,7 @@ class Held:
     grad: np.ndarray
     ids: np.ndarray | None  # a sparse table's rows (unique); None for a dense table
     parts: int  # the pushes summed
+    shows: list = field(default_factory=list)  # (ids, [n, 2] show/click) of its pushes that had them
 
 
 @runtime_checkable

@@ -316,6 +316,14 @@ class TensorBoardLog:
             if isinstance(v, (int, float)) and math.isfinite(v):
                 self.writer.add_scalar(f"eval_{name}", v, step)
 
+    def table_counts(self, step: int, shards: dict[str, list[dict[str, int]]]) -> None:
+        """Per sparse table and shard k its counts (rows, admitted, evicted, spilled), as
+        `tables/<table>/<count>/shard_<k>` at `step`."""
+        for table, per_shard in shards.items():
+            for k, counts in enumerate(per_shard):
+                for count, v in counts.items():
+                    self.writer.add_scalar(f"tables/{table}/{count}/shard_{k}", v, step)
+
     def close(self) -> None:
         self.writer.close()
 
@@ -399,6 +407,18 @@ class Telemetry:
             slices = {f"slice_{k}": v["auc"] for k, v in record.get("slices", {}).items()}
             self.tb.tasks(record["step"], slices, "eval_auc")
         self.bar.eval(record["loss"], record["auc"])
+
+    def tables(self, step: int, tables: dict[str, dict[str, Any]]) -> None:
+        """The sparse tables' per-shard counts (`History.tables[name]["shards"]`: rows, admitted,
+        evicted, spilled) after `step` steps: a "tables" record {"step", "shards": {table: [per
+        shard]}} in the metrics file, `tables/<table>/<count>/shard_<k>` scalars in TensorBoard."""
+        shards = {n: t["shards"] for n, t in tables.items() if "shards" in t}
+        if not shards:
+            return
+        if self.log:
+            self.log.write("tables", step=step, shards=shards)
+        if self.tb:
+            self.tb.table_counts(step, shards)
 
     def spans(self, who: str, spans: list[Span]) -> None:
         self.tracks.setdefault(who, []).extend(spans)

@@ -51,6 +51,7 @@ from runtime.ps import PSClient
 from runtime.telemetry.outputs import Recorder, pack_spans, timed
 from runtime.trainer.mail import Item, Mail, route
 from runtime.trainer.ps_access import PSAccess
+from runtime.trainer.step_sort import id_bit_feeds
 from runtime.trainer.steps import Ahead, StepBook
 from runtime.transport.channels import Inbox, Outbox, pack_tensors, unpack_tensors
 from runtime.transport.messages import (
@@ -89,6 +90,7 @@ class Trainer:
         self.segs = segment_programs(self.program)  # its stored run segments (passes/segment_order.py)
         self.seg_recvs = [[op.attrs["tensor"] for op in seg.ops if op.type == "recv"] for seg in self.segs]
         self.feeds = self.program.attrs.get("feeds", [])
+        self.id_bits = id_bit_feeds(self.program, spec.tables)  # uint64 ids >= 2^63 allowed (unbounded)
         self.loss = spec.loss if spec.loss in self.program.vars else None
         self.score = score_names(self.program) if self.loss else None  # reported for the AUC
         self.seg_outs = kept_outputs(self.segs, [self.loss, *(self.score or [])])
@@ -314,9 +316,9 @@ class Trainer:
         return self.ahead is not None
 
     def _make_items(self, t: int, batch: dict, n: int, lo: int, hi: int) -> list[Item]:
-        sources.check_values(batch, self.feeds, lo, hi, t)
+        sources.check_values(batch, self.feeds, lo, hi, t, self.id_bits)
         return [
-            Item(t, self.index, m, b - a, n, sources.rows(batch, self.feeds, a, b))
+            Item(t, self.index, m, b - a, n, sources.rows(batch, self.feeds, a, b, self.id_bits))
             for m, (a, b) in enumerate(sources.split(lo, hi, self.mb_count))
         ]
 

@@ -40,6 +40,7 @@ from runtime.trainer.background import Background, Prefetch, pull_task
 from runtime.trainer.step_sort import StepSort, feed_of_table, sparse_feeds
 from runtime.trainer.steps import StepBook, StepState
 from transpiler.ir import Program
+from transpiler.show_click import ShowClick, show_click_of
 from transpiler.tables import TableSpec
 
 
@@ -87,6 +88,7 @@ class PSAccess:
         clipped = [t for t in tables if t.clip_norm is not None]
         self.clip = (float(clipped[0].clip_norm), clipped[0].dtype) if clipped else None
         self.clip_lead = False  # the run's first trainer clips each step (PSClient.clip_step)
+        self.show_click = show_click_of(program)  # tables whose pushes carry (show, click) per id
 
     def connect(self, make_client: Callable[[], PSClient]) -> None:
         self.client = make_client()
@@ -246,6 +248,8 @@ class PSAccess:
         if isinstance(grad, SparseRows):
             ids, grad = ids[_host(grad.rows)], grad.values
         st, grad = self.book.step(it.step), _host(grad)
+        if table in self.show_click and it.key not in st.shows.setdefault(table, {}):
+            st.shows[table][it.key] = occurrences(self.show_click[table], it.feed)
         x = self.feed_of.get(table)
         fed = st.fed_rows.setdefault(table, {})
         if (
@@ -307,18 +311,15 @@ class PSAccess:
                 continue
             fed, parts = st.fed_rows.get(table, {}), st.rows.get(table, [])
             sort = sorts.get(self.feed_of.get(table))
+            shows = st.shows.get(table, {})
             if fed and not parts and sort is not None and set(fed) == set(sort.spans):
                 # every lookup of the step's feed: sum with the sort made for its prefetch
                 parts = [fed[k][1] for k in sort.spans]  # (one item per step: no copy)
                 rows = sort.merge.sum(np, parts[0] if len(parts) == 1 else np.concatenate(parts))
-                grads.append((table, rows, sort.merge.unique_rows))
+                grads.append((table, rows, sort.merge.unique_rows, *merged_shows(sort, shows, table)))
                 continue
             parts = list(fed.values()) + parts
-            ids = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-            rows = (
-                np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, spec.shape[1]), spec.dtype)
-            )
-            grads.append((table, rows, ids))
+            grads.append(general_push(table, spec, parts, list(shows.values()), table in self.show_click))
         if grads and self.mode == "sync" and not self.leads_clip():
             fut = self._push_pull(t, grads, list(ahead))
         elif grads and self.defer_push:  # with the next step's row pull (`prefetch_rows`)
@@ -368,3 +369,50 @@ class PSAccess:
     def leads_clip(self) -> bool:
         """This trainer clips each sync step by global norm once its own push is in."""
         return self.clip is not None and self.clip_lead and self.mode == "sync"
+
+
+# -- show/click from training (transpiler/show_click.py) -------------------------------------------
+def occurrences(sc: ShowClick, feed: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
+    """An item's id occurrences in `sc`'s id feeds and a (1, label) per occurrence: show 1, click its
+    sample's label (Paddle's PushSparseVarsWithLabelAsync). ValueError when a feed is missing or an
+    id feed's rows are not the label's samples."""
+    if feed is None or sc.label not in feed or any(x not in feed for x in sc.ids):
+        raise ValueError(
+            f"table {sc.table!r} counts show/click from feeds {[*sc.ids, sc.label]}: the item lacks them"
+        )
+    label = np.asarray(feed[sc.label], np.float32).reshape(-1)
+    ids, shows = [], []
+    for x in sc.ids:
+        got = np.asarray(feed[x])
+        if got.ndim == 0 or got.shape[0] != label.size:
+            raise ValueError(
+                f"table {sc.table!r}: feed {x!r} of shape {list(got.shape)} has no row per sample of "
+                f"label {sc.label!r} ({label.size}): its ids cannot be paired with labels"
+            )
+        per = got.size // label.size if label.size else 0
+        ids.append(got.reshape(-1))
+        shows.append(np.stack([np.ones(got.size, np.float32), np.repeat(label, per)], axis=1))
+    return np.concatenate(ids), np.concatenate(shows)
+
+
+def merged_shows(sort: StepSort, shows: dict[tuple, tuple], table: str) -> list[np.ndarray]:
+    """[the step's (show, click) per unique row of `sort`] when every item of the sort sent the
+    occurrences of its one feed (in the sort's order, as its row gradients), else []."""
+    if not shows:
+        return []
+    occ = [shows[k][1] for k in sort.spans]
+    return [sort.merge.sum(np, occ[0] if len(occ) == 1 else np.concatenate(occ))]
+
+
+def general_push(table: str, spec: TableSpec, parts: list, shows: list, counted: bool) -> tuple:
+    """(table, rows, ids[, show/click]) of a step's row gradients `parts` ((ids, rows) each) and,
+    for a `counted` table, its items' occurrences `shows`: appended as zero-gradient rows with their
+    (1, label) beside zero (show, click) for the gradients' rows (the client sums repeated ids)."""
+    ids = [p[0] for p in parts] + [o[0] for o in shows]
+    rows = [p[1] for p in parts] + [np.zeros((o[0].size, spec.shape[1]), spec.dtype) for o in shows]
+    ids = np.concatenate(ids).astype(np.int64, copy=False) if ids else np.zeros(0, np.int64)
+    rows = np.concatenate(rows) if rows else np.zeros((0, spec.shape[1]), spec.dtype)
+    if not counted:
+        return table, rows, ids
+    sc = [np.zeros((p[0].size, 2), np.float32) for p in parts] + [o[1] for o in shows]
+    return table, rows, ids, (np.concatenate(sc) if sc else np.zeros((0, 2), np.float32))

@@ -11,6 +11,7 @@ import numpy as np
 
 from ops_registry.base import RowMerge
 from transpiler.ir import Program
+from transpiler.tables import TableSpec
 
 
 @dataclass
@@ -61,3 +62,29 @@ def sparse_feeds(program: Program, feeds: list[str]) -> list[tuple[str, str, str
         and made[u].outputs["Unique"] == [u]
         and made[u].inputs["Ids"][0] in feeds
     ]
+
+
+def id_bit_feeds(program: Program, tables: list[TableSpec]) -> list[str]:
+    """The feeds of `program` read only by `unique_ids` ops whose unique ids go only to the pulls and
+    pushes of unbounded sparse tables: any 64-bit pattern is an id there, so a uint64 feed of them
+    may hold values >= 2^63 (the reader passes them on as int64 bits: `sources.id_bits`)."""
+    unbounded = {t.name for t in tables if t.kind == "sparse" and t.shape[0] < 0}
+    readers: dict[str, list] = {}
+    for op in program.ops:
+        for n in op.input_names():
+            readers.setdefault(n, []).append(op)
+
+    def to_unbounded(op: Any) -> bool:
+        uniq = op.outputs.get("Unique", [])
+        return (
+            op.type == "unique_ids"
+            and bool(uniq)
+            and all(
+                r.type in ("pull_sparse", "push_sparse") and r.attrs.get("table") in unbounded
+                for u in uniq
+                for r in readers.get(u, [])
+            )
+        )
+
+    feeds = program.attrs.get("feeds") or []
+    return [x for x in feeds if readers.get(x) and all(to_unbounded(op) for op in readers[x])]

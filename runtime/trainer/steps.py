@@ -25,6 +25,8 @@ class StepState:
     rows: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)  # sparse
     # sparse, per item: (ids, rows) with one row per lookup of the item's prefetched feed, in order
     fed_rows: dict[str, dict[tuple, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    # a table with show/click, per item: (its ids' occurrences, [n, 2] float32 (1, label) of each)
+    shows: dict[str, dict[tuple, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     reports: list[tuple[int, float, list]] = field(default_factory=list)  # (size, loss, [score, label])
     leases: list[Any] = field(default_factory=list)  # release() of its messages read in place
 

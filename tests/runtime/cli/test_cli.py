@@ -105,7 +105,7 @@ def test_train_learns_what_the_executor_computes(round_trip):
     CLI's synthetic data is SyntheticCTR(seed=0) with the model's names), and the run trained."""
     tmp, model, _ = round_trip
     recs = read_metrics(tmp / "run.jsonl")
-    assert [r["kind"] for r in recs] == ["start"] + ["step"] * STEPS + ["end"]
+    assert [r["kind"] for r in recs] == ["start"] + ["step"] * STEPS + ["tables", "end"]
     steps = [r for r in recs if r["kind"] == "step"]
     assert [r["step"] for r in steps] == list(range(STEPS)) and steps[-1]["examples"] == 4 * STEPS
     assert recs[0]["trainers"] == {"cpu": 1, "gpu": 1} and recs[-1]["steps"] == STEPS

@@ -25,6 +25,9 @@ KINDS = {
     "ram": BASE,
     "disk": replace(BASE, storage="disk", memory_budget=16000),
     "entry": replace(BASE, entry={"type": "count", "threshold": 2}, evict_after=6),
+    "disk-entry": replace(
+        BASE, storage="disk", memory_budget=16000, entry={"type": "count", "threshold": 2}, evict_after=6
+    ),
     "life": replace(
         BASE, storage="disk", memory_budget=16000, lifecycle={"ttl_passes": 2, "delete_threshold": 0.05}
     ),

@@ -173,3 +173,33 @@ def test_hetps_transpile_unbounded_writes_unbounded_embedding_tables(tmp_path):
     tables = Plan.load(tmp_path / "p").tables
     assert {t.shape[0] for t in tables if t.kind == "sparse"} == {-1}
     assert all(t.shape[0] > 0 for t in tables if t.kind == "dense")
+
+
+class HashedU64(Hashed64):
+    """Hashed64's batches with the ids as uint64 (a data source's raw 64-bit hashes, many >= 2^63)."""
+
+    def batch(self, i, n):
+        b = super().batch(i, n)
+        b["sparse"] = b["sparse"].view(np.uint64)
+        return b
+
+
+def test_uint64_feeds_at_and_above_2_63_train_unbounded_tables_and_export(tmp_path):
+    """A uint64 id feed read only by unbounded tables' lookups takes ids >= 2^63 (bounded: refused,
+    tests/runtime/driver/test_clear_errors.py): trained, checkpointed and exported as the same
+    64-bit ids, and the training equals the int64-bits run of the same ids."""
+    from runtime.driver.train import train
+    from runtime.evaluation.evaluate import export
+
+    m = wide_deep(num_slots=2, vocab=50, dim=4, hidden=(4,), optimizer=nn.SGD(lr=0.1))
+    plan = transpile(m.main, TranspileConfig(unbounded=True))
+    data, ckpt = HashedU64(), tmp_path / "ckpt"
+    seen = np.unique(np.concatenate([data.batch(i, 16)["sparse"].ravel() for i in range(3)]))
+    assert seen.dtype == np.uint64 and (seen >= np.uint64(1 << 63)).any()
+    run = dict(batch_size=16, trainers={"cpu": 1, "gpu": 1}, allow_emulation=True, progress=False)
+    hist = train(plan, data, steps=3, checkpoint=str(ckpt), return_params=False, **run)
+    ref = train(plan, Hashed64(), steps=3, **run)  # the same ids as int64 bits
+    np.testing.assert_array_equal(hist.loss, ref.loss)
+    export(plan, tmp_path / "model.onnx", checkpoint=str(ckpt))
+    with np.load(tmp_path / "model.ids.npz") as z:
+        np.testing.assert_array_equal(np.sort(z["sparse"].view(np.uint64)), seen)

@@ -165,7 +165,7 @@ def test_tensorboard_events_hold_the_history_beside_the_jsonl(tmp_path):
     )
     assert hist.steps == steps and all(math.isfinite(a) for a in hist.auc)
     got = read_tensorboard(tmp_path / "tb")
-    assert set(got) == {"loss", "auc", "examples_per_s"}
+    assert {t for t in got if not t.startswith("tables/")} == {"loss", "auc", "examples_per_s"}
     assert [s for s, _ in got["loss"]] == [s for s, _ in got["auc"]] == list(range(steps))
     # event files hold float32: equal to the History's float64 values at float32 precision
     np.testing.assert_allclose([v for _, v in got["loss"]], hist.loss, rtol=1e-6)
@@ -174,6 +174,50 @@ def test_tensorboard_events_hold_the_history_beside_the_jsonl(tmp_path):
     rates = {r["step"]: r["examples_per_s"] for r in jsonl if r["examples_per_s"] is not None}
     assert rates and dict(got["examples_per_s"]) == pytest.approx(rates, rel=1e-6)
     assert plot_metrics([tmp_path / "run.jsonl"], tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_per_shard_table_counts_reach_tensorboard_and_the_jsonl(tmp_path):
+    """A run over 2 shards with count admission (an id gets a row at its 2nd sighting): the event
+    file read back by TensorBoard's reader holds tables/<table>/<count>/shard_<k> at the last step,
+    equal to the JSONL "tables" record; summed over the shards, rows = admitted = the ids seen at
+    least twice in the steps' batches, counted by hand."""
+    from collections import Counter
+
+    from runtime import train
+    from runtime.data import SyntheticCTR
+    from transpiler import TranspileConfig, transpile
+    from transpiler import builder as nn
+    from transpiler.models import wide_deep
+
+    m = wide_deep(num_slots=4, vocab=100, dim=4, hidden=(8,), optimizer=nn.SGD(lr=0.1))
+    plan = transpile(m.main, TranspileConfig(sparse_entry={"type": "count", "threshold": 2}))
+    steps, data = 4, SyntheticCTR(vocab=100, num_slots=4, seed=1)
+    hist = train(
+        plan,
+        data,
+        steps=steps,
+        batch_size=32,
+        trainers={"cpu": 1, "gpu": 1},
+        servers=2,
+        allow_emulation=True,
+        progress=False,
+        metrics=str(tmp_path / "run.jsonl"),
+        tensorboard=str(tmp_path / "tb"),
+    )
+    # a sighting is one push (one step: 1 trainer, 1 micro-batch) holding the id
+    seen = Counter(i for t in range(steps) for i in set(data.batch(t, 32)["sparse"].ravel().tolist()))
+    twice = sum(1 for c in seen.values() if c >= 2)
+    got = read_tensorboard(tmp_path / "tb")
+    (record,) = [r for r in read_metrics(tmp_path / "run.jsonl") if r["kind"] == "tables"]
+    assert record["step"] == steps and set(record["shards"]) == {"wide_emb.w_0", "deep_emb.w_0"}
+    for table, shards in record["shards"].items():
+        assert len(shards) == 2 and shards == hist.tables[table]["shards"]
+        for k, counts in enumerate(shards):
+            assert set(counts) == {"rows", "admitted", "evicted", "spilled"}
+            for count, v in counts.items():
+                assert got[f"tables/{table}/{count}/shard_{k}"] == [(steps, v)]
+        assert sum(c["rows"] for c in shards) == sum(c["admitted"] for c in shards) == twice
+        assert all(c["rows"] > 0 for c in shards)
 
 
 def test_tensorboard_leaves_out_undefined_auc(tmp_path):
