@@ -75,9 +75,9 @@ class Executor:
 
     `handlers` maps op types to callables `(op, values, ctx)` that the runtime supplies for ops
     whose work is not a kernel (send/recv, parameter-server pull/push: `runtime.exec.comm_ops`); `ctx` is
-    what the caller passed to `run`. `xp` is the array namespace
-    (numpy, or cupy on a CUDA device); `graphs` (`runtime.exec.graphs.DeviceGraphs`, on a device)
-    runs each program's kernels as one captured CUDA graph after a warm-up. Every kernel output is checked against the shape the
+    what the caller passed to `run`. `xp` is the array namespace (numpy, or cupy on a CUDA device);
+    `graphs` (`runtime.exec.graphs.DeviceGraphs`, on a device) replays each program's kernels as
+    captured CUDA graphs after a warm-up. Every kernel output is checked against the shape the
     program declares for it, so a wrong-shaped parameter or feed cannot broadcast silently.
     """
 

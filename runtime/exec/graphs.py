@@ -11,7 +11,7 @@ graph's fixed input buffers, launches the graph on the compute stream and copies
 the graph's output buffers (another item's replay overwrites them while this item still holds its
 values).
 
-A segment runs eagerly instead, said once (logger `hetps.device`, with why), when it cannot be
+A segment runs eagerly instead, said once (a warning of logger `hetps.device`, with why), when it cannot be
 captured: a handler between kernels feeds later kernels, an op draws random numbers seeded per
 step (a graph would replay one draw), a kernel writes one of its inputs in place (an optimizer op:
 the graph would write the buffer, not the value), a kernel synchronises with the host (CUDA
@@ -62,6 +62,9 @@ class CapturedGraph:
     outputs: dict[str, Any]
     signature: tuple
     pool: Any
+    # inputs read from another graph's output buffer: name -> (that graph, its output's name)
+    linked: dict[str, tuple[CapturedGraph, str]] = field(default_factory=dict)
+    holds: dict[str, Any] = field(default_factory=dict)  # output -> the array whose values it holds
 
 
 @dataclass
@@ -72,6 +75,15 @@ class GraphStats:
     replays: int = 0
     eager: int = 0
     refused: dict[str, str] = field(default_factory=dict)  # part -> why it ran eagerly (the latest)
+
+    def as_dict(self) -> dict[str, Any]:
+        """As a trainer reports them (`History.trainers`)."""
+        return {
+            "graphs_captured": self.captured,
+            "graph_replays": self.replays,
+            "graph_eager_runs": self.eager,
+            "graph_eager_parts": len(self.refused),
+        }
 
 
 Execute = Callable[[list, dict, set, Any, int], None]  # Executor._execute
@@ -152,15 +164,20 @@ class DeviceGraphs:
             return run(compiled.steps, values, keep, ctx, rng)
         run(plan.pre, values, keep, ctx, rng)
         for i, part in enumerate(plan.parts):
-            where = (id(compiled), i)
-            graph = self._graph_for(where, _name(compiled, i), part, values, keep | part.needed, (ctx, rng, run))
-            if graph is not None and not self._replay(graph, values):
-                self._moved(where, _name(compiled, i), graph, values)
-                graph = None
-            if graph is None:
-                run(part.kernels, values, keep | part.needed, ctx, rng)
+            where, name = (id(compiled), i), _name(compiled, i)
+            self._run_part(where, name, part, values, keep | part.needed, (ctx, rng, run))
             run(part.after, values, keep, ctx, rng)
         run(plan.post, values, keep, ctx, rng)
+
+    def _run_part(self, where: tuple, name: str, part: Part, values: dict, keep: set, how: tuple) -> None:
+        """One kernel part: its graph replayed, or its kernels run eagerly."""
+        graph = self._graph_for(where, name, part, values, keep, how)
+        if graph is not None and not self._replay(graph, values):
+            self._moved(where, name, graph, values)
+            graph = None
+        if graph is None:
+            ctx, rng, run = how
+            run(part.kernels, values, keep, ctx, rng)
 
     def _eager(self, name: str, why: str) -> None:
         """Count an eager run; say why (once per part and reason) when it is not the warm-up."""
@@ -168,17 +185,17 @@ class DeviceGraphs:
         if why and (name, why) not in self.told:
             self.told.add((name, why))
             self.stats.refused[name] = why
-            log.info("device graphs: %s runs eagerly: %s", name, why)
+            log.warning("device graphs: %s runs eagerly: %s", name, why)
 
     def _graph_for(
         self, where: tuple, name: str, part: Part, values: dict, keep: set, how: tuple
     ) -> CapturedGraph | None:
         """The part's graph for these inputs (captured now, after the warm-up), or None: run its
         kernels eagerly (the warm-up, or why not, said once)."""
-        sig, why = _signature(part.inputs, values)
+        sig, why = _signature(self.xp.ndarray, part.inputs, values)
         graph = self.graphs.get(where)
         if graph is not None and not why and sig != graph.signature:
-            why = f"its inputs {_changed(graph.signature, sig)} differ from those it was captured with"
+            why = f"its inputs {_changed(part.inputs, graph.signature, sig)} differ from the captured ones"
         why = why or self.failed.get(where, "")
         if graph is not None and not why:
             return graph
@@ -208,8 +225,9 @@ class DeviceGraphs:
         in `inplace`: the same arrays as at the last run, read where they are); (None, why) when the
         capture fails."""
         xp = self.xp
-        bufs = {n: values[n].copy() for n in part.inputs if n not in inplace}
-        vals = {**values, **bufs}
+        linked = {n: got for n in part.inputs if n not in inplace and (got := self._holder(values[n]))}
+        bufs = {n: values[n].copy() for n in part.inputs if n not in inplace and n not in linked}
+        vals = {**values, **bufs, **{n: g.outputs[m] for n, (g, m) in linked.items()}}
         stream, pool = xp.cuda.Stream(non_blocking=True), xp.cuda.MemoryPool()
         err: Exception | None = None
         graph = None
@@ -228,7 +246,15 @@ class DeviceGraphs:
         made = {n for s in part.kernels for n in _names(s.outs)}
         outputs = {n: vals[n] for n in made if n in vals}
         held = {n: values[n] for n in inplace}
-        return CapturedGraph(graph, bufs, held, outputs, (), pool), ""
+        return CapturedGraph(graph, bufs, held, outputs, (), pool, linked), ""
+
+    def _holder(self, value: Any) -> tuple[CapturedGraph, str] | None:
+        """(graph, output) whose output buffer holds `value`'s values (a copy it handed out)."""
+        for graph in self.graphs.values():
+            for name, held in graph.holds.items():
+                if held is value:
+                    return graph, name
+        return None
 
     def _moved(self, where: tuple, name: str, graph: CapturedGraph, values: dict) -> None:
         """An input the graph reads in place is another array now: drop the graph (the part is
@@ -247,9 +273,13 @@ class DeviceGraphs:
             return False
         for name, buf in graph.inputs.items():
             xp.copyto(buf, values[name])
+        for name, (src, out) in graph.linked.items():  # (nothing to copy: the usual case)
+            if src.holds.get(out) is not values[name]:
+                xp.copyto(src.outputs[out], values[name])
+                src.holds[out] = values[name]
         graph.graph.launch(stream=xp.cuda.get_current_stream())
         for name, out in graph.outputs.items():
-            values[name] = out.copy()
+            values[name] = graph.holds[name] = out.copy()
         self.stats.replays += 1
         return True
 
@@ -258,20 +288,23 @@ def _names_of(steps: list) -> set[str]:
     return {n for s in steps for n in s.op.input_names()}
 
 
-def _signature(names: list[str], values: dict) -> tuple[tuple, str]:
-    """((name, shape, dtype) of each input), or why the inputs cannot be a graph's."""
+def _signature(array: type, names: list[str], values: dict) -> tuple[tuple, str]:
+    """((shape, dtype) of each input), or why the inputs cannot be a graph's."""
     sig = []
     for n in names:
         v = values.get(n)
-        if v is None or not hasattr(v, "shape") or not hasattr(v, "__cuda_array_interface__"):
+        if type(v) is not array:
             return (), f"its input {n!r} is not a device array ({type(v).__name__})"
-        sig.append((n, v.shape, v.dtype))
+        sig.append((v.shape, v.dtype))
     return tuple(sig), ""
 
 
-def _changed(old: tuple, new: tuple) -> str:
-    diff = [f"{a[0]} {list(a[1])} {a[2]} (captured: {list(b[1])} {b[2]})" for a, b in zip(new, old) if a != b]
-    return ", ".join(diff)
+def _changed(names: list[str], old: tuple, new: tuple) -> str:
+    return ", ".join(
+        f"{n} {list(a[0])} {a[1]} (captured: {list(b[0])} {b[1]})"
+        for n, a, b in zip(names, new, old, strict=True)
+        if a != b
+    )
 
 
 def _name(compiled: Any, part: int | None) -> str:
