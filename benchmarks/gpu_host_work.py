@@ -66,7 +66,7 @@ def setup(batch: int, graphs: bool = False):
         def hold(self, names):
             return {n: held_tables.hold(shard, n) for n in names}
 
-    kept = held_tables.HeldTables(Client(), [t.name for t in dense], 0, False, xp=fake_cupy)
+    kept = held_tables.HeldTables(Client(), [t.name for t in dense], 0, False, xp=fake_cupy, graphs=graphs)
 
     class Held:  # the held tables' side of PSAccess: the device value, the step on the device
         def __init__(self):
@@ -99,7 +99,7 @@ def setup(batch: int, graphs: bool = False):
         mail.forget(it.key)
         held.apply()
 
-    return step, fake_cupy, exe.graphs
+    return step, fake_cupy, (exe.graphs, kept.graphed)
 
 
 def measure(batch: int, steps: int, profile: bool = False, graphs: bool = False) -> dict[str, float]:
@@ -133,9 +133,11 @@ def _measure(batch: int, steps: int, profile: bool, graphs: bool) -> dict[str, f
     calls, fc.RECORD = fc.RECORD, None
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    if dg is not None and dg.stats.refused:
-        print(f"  (eager: {dg.stats.refused})")
-    replays = dg.stats.replays if dg is not None else 0
+    segs, held = dg
+    for g in (segs, held):
+        if g is not None and g.stats.refused:
+            print(f"  (eager: {g.stats.refused})")
+    replays = segs.stats.replays + held.stats.replays if segs is not None else 0
     return {
         "cpu_ms": cpu_ms,
         "kernel_ms": kernel_ms,

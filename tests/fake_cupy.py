@@ -564,7 +564,7 @@ class _Capture:
             msg = "a kernel on another stream than the capturing one (use `with stream:`)"
             self.invalid = self.invalid or msg
             raise CUDARuntimeError(f"cudaErrorStreamCaptureImplicit: {msg}")
-        for a in _arrays((args, kwargs)):
+        for a in _arrays((getattr(fn, "__self__", None), args, kwargs)):  # (a method's own array too)
             r = _root(a)
             if id(r) not in self.made and id(r) not in self.saved:
                 self.saved[id(r)] = (r, r.copy())

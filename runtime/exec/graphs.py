@@ -76,14 +76,15 @@ class GraphStats:
     eager: int = 0
     refused: dict[str, str] = field(default_factory=dict)  # part -> why it ran eagerly (the latest)
 
-    def as_dict(self) -> dict[str, Any]:
-        """As a trainer reports them (`History.trainers`)."""
-        return {
+    def as_dict(self, prefix: str = "") -> dict[str, int]:
+        """As a trainer reports them (`History.trainers`), the keys after `prefix`."""
+        got = {
             "graphs_captured": self.captured,
             "graph_replays": self.replays,
             "graph_eager_runs": self.eager,
             "graph_eager_parts": len(self.refused),
         }
+        return {prefix + k: v for k, v in got.items()}
 
 
 Execute = Callable[[list, dict, set, Any, int], None]  # Executor._execute
@@ -228,21 +229,9 @@ class DeviceGraphs:
         linked = {n: got for n in part.inputs if n not in inplace and (got := self._holder(values[n]))}
         bufs = {n: values[n].copy() for n in part.inputs if n not in inplace and n not in linked}
         vals = {**values, **bufs, **{n: g.outputs[m] for n, (g, m) in linked.items()}}
-        stream, pool = xp.cuda.Stream(non_blocking=True), xp.cuda.MemoryPool()
-        err: Exception | None = None
-        graph = None
-        with xp.cuda.using_allocator(pool.malloc), stream:
-            stream.begin_capture()
-            try:
-                run(part.kernels, vals, keep, ctx, rng)
-            except Exception as e:  # (e.g. a sync inside the capture: CUDA refuses it)
-                err = e
-            try:
-                graph = stream.end_capture()
-            except Exception as e:
-                err = err or e
-        if err is not None:
-            return None, f"its capture failed: {type(err).__name__}: {err}"
+        graph, pool, why = capture(xp, lambda: run(part.kernels, vals, keep, ctx, rng))
+        if why:
+            return None, why
         made = {n for s in part.kernels for n in _names(s.outs)}
         outputs = {n: vals[n] for n in made if n in vals}
         held = {n: values[n] for n in inplace}
@@ -282,6 +271,68 @@ class DeviceGraphs:
             values[name] = graph.holds[name] = out.copy()
         self.stats.replays += 1
         return True
+
+
+def capture(xp: Any, work: Callable[[], Any]) -> tuple[Any, Any, str]:
+    """(graph, its memory pool, "") of what `work()` launches, captured on a stream of its own
+    with a private memory pool; (None, None, why) when the capture fails (a host sync in it)."""
+    stream, pool = xp.cuda.Stream(non_blocking=True), xp.cuda.MemoryPool()
+    err: Exception | None = None
+    graph = None
+    with xp.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture()
+        try:
+            work()
+        except Exception as e:  # (e.g. a sync inside the capture: CUDA refuses it)
+            err = e
+        try:
+            graph = stream.end_capture()
+        except Exception as e:
+            err = err or e
+    if err is not None:
+        return None, None, f"its capture failed: {type(err).__name__}: {err}"
+    return graph, pool, ""
+
+
+class GraphedCall:
+    """`fn(arrays)` (named device arrays; it may write those in `inplace`) replayed as one CUDA
+    graph: after `warmup` eager calls it is captured, reading the `inplace` arrays where they are
+    and the others through buffers they are copied into before each launch. It runs eagerly
+    (captured again after a warm-up) when an in-place array is another one than at the capture or
+    an array's shape or dtype changed; a failed capture makes it eager for good, said once."""
+
+    def __init__(self, xp: Any, name: str, fn: Callable[[dict], None], warmup: int = 1) -> None:
+        self.xp, self.name, self.fn, self.warmup = xp, name, fn, warmup
+        self.graph: CapturedGraph | None = None
+        self.seen, self.failed = 0, ""
+        self.stats = GraphStats()
+
+    def __call__(self, arrays: dict[str, Any], inplace: set[str]) -> None:
+        sig = tuple((n, a.shape, a.dtype) for n, a in arrays.items())
+        g = self.graph
+        if g is not None and (sig != g.signature or any(arrays[n] is not a for n, a in g.inplace.items())):
+            self.graph, self.seen, g = None, 0, None
+        if g is None and not self.failed and self.seen >= self.warmup:
+            g = self.graph = self._capture(arrays, inplace, sig)
+        if g is None:
+            self.seen += 1
+            self.stats.eager += 1
+            return self.fn(arrays)
+        for n, buf in g.inputs.items():
+            self.xp.copyto(buf, arrays[n])
+        g.graph.launch(stream=self.xp.cuda.get_current_stream())
+        self.stats.replays += 1
+
+    def _capture(self, arrays: dict[str, Any], inplace: set[str], sig: tuple) -> CapturedGraph | None:
+        bufs = {n: a.copy() for n, a in arrays.items() if n not in inplace}
+        vals = {**arrays, **bufs}
+        graph, pool, why = capture(self.xp, lambda: self.fn(vals))
+        if why:
+            self.failed = self.stats.refused[self.name] = why
+            log.warning("device graphs: %s runs eagerly: %s", self.name, why)
+            return None
+        self.stats.captured += 1
+        return CapturedGraph(graph, bufs, {n: arrays[n] for n in inplace}, {}, sig, pool)
 
 
 def _names_of(steps: list) -> set[str]:

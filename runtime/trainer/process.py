@@ -103,7 +103,15 @@ class Trainer:
             self.name, self.is_reader, self.counts[spec.reader], spec.start, spec.grant, spec.steps
         )
         self.ps = PSAccess(
-            self.program, spec.tables, spec.mode, self.xp, self.book, self.stats, self.rec, spec.held
+            self.program,
+            spec.tables,
+            spec.mode,
+            self.xp,
+            self.book,
+            self.stats,
+            self.rec,
+            spec.held,
+            spec.device_graphs,
         )
         self.ps.clip_lead = self.name == next(iter(spec.endpoints))
         self.mail = Mail(self.xp)
@@ -166,6 +174,8 @@ class Trainer:
                 self.stats.update(CROSSINGS.as_dict())
             if self.exe.graphs is not None:  # (runtime.exec.graphs.GraphStats)
                 self.stats.update(self.exe.graphs.stats.as_dict())
+            if self.ps.kept is not None and self.ps.kept.graphed is not None:
+                self.stats.update(self.ps.kept.graphed.stats.as_dict("held_"))
             spans = [pack_spans(self.rec.take())] if self.rec.on else []
             self.reports.now(Done(self.name, self.stats), spans)
         finally:

@@ -69,15 +69,19 @@ def test_the_stand_in_capture_runs_nothing_until_the_graph_is_launched(fake_gpu)
     a = fake_cupy.asarray(np.ones(3, np.float32))
     w = fake_cupy.asarray(np.full(3, 2.0, np.float32))
     s = fake_cupy.cuda.Stream(non_blocking=True)
+    c = fake_cupy.asarray(np.zeros(2, np.float32))
     with s:
         s.begin_capture()
         b = a * w
         w -= b
+        c += 1  # (an array only a method's own operand)
         graph = s.end_capture()
     assert np.isnan(to_host(b)).all() and (to_host(w) == 2).all()  # not computed, not written yet
+    np.testing.assert_array_equal(to_host(c), [0, 0])
     graph.launch()
     np.testing.assert_array_equal(to_host(b), [2, 2, 2])
     np.testing.assert_array_equal(to_host(w), [0, 0, 0])
+    np.testing.assert_array_equal(to_host(c), [1, 1])
     a[...] = fake_cupy.asarray(np.full(3, 3.0, np.float32))
     graph.launch()  # reads a's and w's memory as it is now
     np.testing.assert_array_equal(to_host(b), [0, 0, 0])
@@ -205,3 +209,32 @@ def test_graphed_sync_training_with_a_gpu_trainer_equals_eager(fake_gpu):
     assert gpu["graphs_captured"] > 0 and gpu["graph_replays"] >= 6 * 2, gpu
     assert gpu["graph_eager_parts"] == 0, gpu
     assert "graph_replays" not in runs[False].trainers["gpu:0"]
+
+
+def test_the_held_tables_adam_step_as_one_graph_is_adam_by_hand_through_a_copy_on_write(fake_gpu):
+    """HeldTables(graphs=True): every table's optimizer step is one graph replay (its Adam moments
+    and powers updated where they are), equal to Adam by hand; a step that must keep its old value
+    (async: a later step read it) makes the table another array, and the step is captured again."""
+    from test_fake_device import _adam_by_hand
+    from test_held_dense import _ShardClient, _specs
+
+    from runtime.ps.held_tables import HeldTables
+    from runtime.ps.shard import Shard
+
+    shard = Shard(_specs({"type": "adam", "lr": 0.1}), mode="async")
+    held = HeldTables(_ShardClient(shard), ["w"], start=0, sync=False, xp=fake_cupy, graphs=True)
+    rng = np.random.default_rng(1)
+    grads = [rng.normal(size=(3, 2)).astype(np.float32) for _ in range(6)]
+    for step, g in enumerate(grads):
+        if step == 3:
+            kept = held.pull("w", 4)  # (step 4 reads the table before step 3 is applied)
+        held.apply({"w": fake_cupy.asarray(g)}, step)
+    p, m, v = _adam_by_hand(np.ones((3, 2)), grads)
+    states = held._host_states()
+    np.testing.assert_allclose(states["w"]["Param"], p, rtol=1e-5)
+    np.testing.assert_allclose(states["w"]["Moment1"], m, rtol=1e-5)
+    np.testing.assert_allclose(states["w"]["Moment2"], v, rtol=1e-5)
+    np.testing.assert_allclose(to_host(kept), _adam_by_hand(np.ones((3, 2)), grads[:3])[0], rtol=1e-5)
+    stats = held.graphed.stats
+    # step 0 eager (warm-up), 1 captured, 2 replayed; 3 eager (a new array), 4 captured again, 5
+    assert (stats.captured, stats.replays, stats.eager) == (2, 4, 2), stats
