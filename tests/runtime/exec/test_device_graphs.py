@@ -238,3 +238,19 @@ def test_the_held_tables_adam_step_as_one_graph_is_adam_by_hand_through_a_copy_o
     stats = held.graphed.stats
     # step 0 eager (warm-up), 1 captured, 2 replayed; 3 eager (a new array), 4 captured again, 5
     assert (stats.captured, stats.replays, stats.eager) == (2, 4, 2), stats
+
+
+def test_a_last_partial_batch_runs_eagerly_in_a_graphed_run(fake_gpu):
+    """Three batches of 64 and a last one of 40: the gpu trainer's parts run eagerly for it (their
+    inputs' shapes changed) and the run ends where an eager run ends."""
+    m = model()
+    feeds = [data().batch(t, 64) for t in range(3)] + [data().batch(3, 40)]
+    run = dict(RUN, batch_size=None)
+    runs = {
+        graphs: train(m.main, feeds, epochs=1, mode="sync", return_params=True, device_graphs=graphs, **run)
+        for graphs in (True, False)
+    }
+    for name, want in runs[False].params.items():
+        np.testing.assert_allclose(runs[True].params[name], want, rtol=1e-6, atol=1e-7, err_msg=name)
+    gpu = runs[True].trainers["gpu:0"]
+    assert gpu["graph_replays"] > 0 and gpu["graph_eager_parts"] > 0, gpu  # replayed, then the fallback
