@@ -1,22 +1,25 @@
-"""Device graphs: a gpu trainer's segment captured once into a CUDA graph and replayed every step,
-so that the host launches one graph instead of dispatching each of the segment's kernels.
+"""Device graphs: a gpu trainer's segments captured once into CUDA graphs and replayed every step,
+so that the host launches a few graphs instead of dispatching each kernel (docs/gpu.md).
 
-A segment's ops split into the handlers that give its kernels their inputs (recv, pull_dense, the
-loss-gradient seed: run on the host first), its kernels (captured), and the handlers that take the
-kernels' results (send, push_dense: run after). A segment runs eagerly `warmup` times (cupy compiles
-and caches its kernels, cuBLAS its handles), is then captured with cupy's stream capture
-(`Stream.begin_capture` / `end_capture`, on a stream of its own, with a private memory pool so
-that no one else gets the graph's memory), and from then on each run copies its inputs into the
-graph's fixed input buffers, launches the graph on the compute stream and copies the outputs off
-the graph's output buffers (another item's replay overwrites them while this item still holds its
-values).
+A segment's ops split into the handlers that give its kernels their inputs (recv, pull_dense: run
+on the host first), its kernels, and the handlers that take the kernels' results (send,
+push_dense: run after); a handler that takes kernels' results and feeds later kernels (the
+loss-gradient seed, scaled per item on the host) cuts the kernels into parts, each its own graph.
+A part runs eagerly `warmup` times (cupy compiles and caches its kernels), is then captured with
+cupy's stream capture (`Stream.begin_capture` / `end_capture`, on a stream of its own, with a
+private memory pool so that no one else is handed the graph's memory), and from then on each run
+copies its inputs into the graph's input buffers (but for inputs that are the same array at every
+run, the held tables, read where they are, and for those another graph's output buffer holds
+already), launches the graph on the compute stream and copies the outputs off the graph's buffers
+(another item's replay overwrites them while this item still holds its values). `GraphedCall` does
+the same for one function of named arrays (the held tables' optimizer step).
 
-A segment runs eagerly instead, said once (a warning of logger `hetps.device`, with why), when it cannot be
-captured: a handler between kernels feeds later kernels, an op draws random numbers seeded per
-step (a graph would replay one draw), a kernel writes one of its inputs in place (an optimizer op:
-the graph would write the buffer, not the value), a kernel synchronises with the host (CUDA
-refuses it during capture), or an input's shape or dtype differs from the captured one (the last
-partial batch).
+A part runs eagerly instead, said once per reason (a warning of logger `hetps.device`), when it
+cannot be captured: an op draws random numbers seeded per step (a graph would replay one draw), a
+kernel writes one of its inputs in place (an optimizer op: the graph would write the buffer, not
+the value), a kernel synchronises with the host (CUDA refuses it during capture), or an input's
+shape or dtype differs from the captured one (the last partial batch); an input read in place that
+became another array makes it eager once and captured again.
 """
 
 from __future__ import annotations
