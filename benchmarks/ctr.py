@@ -384,7 +384,7 @@ def device_lines(
         if c is not None:  # the stand-in, over the timed steps
             per, where = c, "timed steps, counted by the stand-in"
             figs[f"{name} host ms"] = host = cpu_ms.get(name, float("nan")) - kernel_ms
-            work = f"{host:.2f} CPU ms per step besides its kernels ({kernel_ms:.2f} ms, replayed alone)"
+            work = f"{host:.2f} CPU ms per step besides its kernels ({kernel_ms:.2f} ms, gpu_host_work.py)"
         else:  # hetps's own count over the whole run; the kernels ran on the device
             per, where = (
                 {k: st[k] / max(hist.steps, 1) for k in ("h2d", "h2d_bytes", "d2h", "d2h_bytes")},
@@ -399,6 +399,13 @@ def device_lines(
             f"{per['d2h_bytes'] / 1e3:.1f} kB"
         )
         lines.append(f"  {name} host work: {work}; goal <= 1 at batch 512")
+        if "graph_replays" in st:  # (runtime.exec.graphs: RunConfig.device_graphs)
+            n = max(hist.steps, 1)
+            lines.append(
+                f"  {name} device graphs: {st['graph_replays'] / n:.1f} segment replays and "
+                f"{st.get('held_graph_replays', 0) / n:.1f} held-table step replays per step, "
+                f"{st['graph_eager_runs']} eager runs (warm-up, fallbacks), {st['graphs_captured']} captured"
+            )
     return lines, figs
 
 
@@ -535,11 +542,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.stand_in:  # the gpu trainer's step alone, in this process (benchmarks/gpu_host_work.py)
         import gpu_host_work
 
-        ref = gpu_host_work.measure(BATCH, steps=10)
+        ref = gpu_host_work.measure(BATCH, steps=10, graphs=True)  # (as the trainers run: device graphs)
         kernels_ms = ref["kernel_ms"]
         print(
-            f"gpu trainer's step alone on the stand-in (gpu_host_work.py): {ref['cpu_ms']:.2f} CPU ms, "
-            f"{ref['calls']} kernels taking {kernels_ms:.2f} when replayed alone: host work "
+            f"gpu trainer's step alone on the stand-in (gpu_host_work.py, device graphs): "
+            f"{ref['cpu_ms']:.2f} CPU ms, {ref['calls']} kernels taking {kernels_ms:.2f}: host work "
             f"{ref['host_ms']:.2f} CPU ms per step (no messages)"
         )
     line = (

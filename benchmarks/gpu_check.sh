@@ -12,12 +12,15 @@
 #    so they fail rather than skip when cupy cannot reach a device;
 # 4. times the dense stage (the CTR MLP's forward + backward) on the GPU against one CPU core, at
 #    batch 512, 4096 and 16384;
-# 5. runs benchmarks/ctr.py with one real gpu trainer (cupy) in async and sync mode at the same three
-#    batch sizes (fewer steps for the larger ones), each bounded in time; it prints the gpu
-#    trainer's host <-> device crossings and CPU ms per step (docs/gpu.md).
+# 5. runs benchmarks/ctr.py with one real gpu trainer (cupy) fed by as many cpu trainers and shards
+#    as the cores allow (benchmarks/gpu_layout.py: 16 cores -> 12 cpu trainers, 2 shards, 1 gpu
+#    trainer) in async and sync mode at the same three batch sizes (fewer steps for the larger
+#    ones), each bounded in time by what is left of the budget (BUDGET_S, 470 s); it prints the gpu
+#    trainer's host <-> device crossings, graph replays and CPU ms per step (docs/gpu.md).
 #
 # Results go to $OUT (a device run's output folder) or else out/gpu_check/: one file per stage
-# (*.txt: its output; dense_stage.json; cuda_tests.xml). The whole check takes under 8 minutes.
+# (*.txt: its output; dense_stage.json; cuda_tests.xml; layout.txt: stage 5's processes and runs).
+# The whole check takes under 8 minutes: it says so, and fails, when it did not.
 # Without a CUDA GPU it stops at stage 2 with exit status 2 and says so: it makes no GPU claim
 # (stage 1 still runs, which is the dry run on a machine without one). PYTHON picks the interpreter;
 # WHEELS the wheel folder (default .whl).
@@ -29,6 +32,7 @@ STEPS=100
 if [[ "${1:-}" == "--steps" && -n "${2:-}" ]]; then
     STEPS=$2
 fi
+BUDGET_S=${BUDGET_S:-470}  # the whole check, under 8 minutes; stage 5 fits what is left
 RESULTS=${OUT:-$PWD/out/gpu_check}
 mkdir -p "$RESULTS"
 START=$SECONDS
@@ -96,12 +100,25 @@ json.dump(got, open(sys.argv[1], "w"), indent=1)
 EOF
 
 stage "5/5 benchmarks/ctr.py with a real gpu trainer, async and sync"
-for spec in "512 $STEPS 20 120" "4096 20 5 60" "16384 8 3 60"; do
-    read -r batch steps warmup limit <<<"$spec"
+# trainers and shards from the cores, the batch matrix within the budget left (benchmarks/gpu_layout.py)
+eval "$("$PY" benchmarks/gpu_layout.py --nproc "$(nproc)" --left $((BUDGET_S - (SECONDS - START) - 15)) \
+    --steps "$STEPS")"
+echo "$(nproc) cores: $CPU_TRAINERS cpu trainers, $SHARDS shards, $GPU_TRAINERS gpu trainer(s); runs" \
+    "(batch:steps:warm-up:limit s) $RUNS${DROPPED:+; dropped for want of time: batch $DROPPED}" \
+    | tee "$RESULTS/layout.txt" | tee -a "$RESULTS/summary.txt"
+[[ -z "$DROPPED" ]] || status=1
+for spec in $RUNS; do
+    IFS=: read -r batch steps warmup limit <<<"$spec"
     echo "-- batch $batch: $warmup warm-up + $steps timed steps (at most $limit s)"
     timeout "$limit" "$PY" benchmarks/ctr.py --skip-paddle --modes async,sync --batch "$batch" \
+        --trainers "cpu=$CPU_TRAINERS,gpu=$GPU_TRAINERS" --servers "$SHARDS" \
         --steps "$steps" --warmup "$warmup" 2>&1 | tee "$RESULTS/ctr_batch$batch.txt" || status=1
 done
 
-stage "done: exit status $status"
+took=$((SECONDS - START))
+if ((took > BUDGET_S)); then
+    echo "gpu_check: took $took s, over its budget of $BUDGET_S s" | tee -a "$RESULTS/summary.txt"
+    status=1
+fi
+stage "done in $took s (budget $BUDGET_S s): exit status $status"
 exit $status

@@ -8,7 +8,9 @@ CPU time per step minus the time inside the stand-in's kernels (numpy underneath
 the same code does on a GPU: op dispatch, copies' bookkeeping, the optimizer's per-table calls.
 Messages (ZeroMQ, shared memory) are not in it: `ctr.py --stand-in` reports the whole trainer.
 
-    python benchmarks/gpu_host_work.py [--steps 50] [--profile]
+    python benchmarks/gpu_host_work.py [--steps 50] [--batch 512 8] [--profile]
+
+Each batch size runs eagerly and with device graphs (`runtime.exec.graphs`), as `RunConfig.device_graphs`.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
 os.environ["HETPS_FAKE_CUPY"] = "fake_cupy"
 
 
-def setup(batch: int):
-    """(run one step, the stand-in module)."""
+def setup(batch: int, graphs: bool = False):
+    """(run one step, the stand-in module, the executor's DeviceGraphs or None)."""
     import ctr
     import fake_cupy
 
     from runtime.exec.comm_ops import comm_handlers, seeded_fill
     from runtime.exec.device import to_host
     from runtime.exec.executor import Executor
+    from runtime.exec.graphs import DeviceGraphs
     from runtime.ps import held_tables
     from runtime.ps.shard import Shard
     from runtime.trainer.mail import Item, Mail
@@ -63,7 +66,7 @@ def setup(batch: int):
         def hold(self, names):
             return {n: held_tables.hold(shard, n) for n in names}
 
-    kept = held_tables.HeldTables(Client(), [t.name for t in dense], 0, False, xp=fake_cupy)
+    kept = held_tables.HeldTables(Client(), [t.name for t in dense], 0, False, xp=fake_cupy, graphs=graphs)
 
     class Held:  # the held tables' side of PSAccess: the device value, the step on the device
         def __init__(self):
@@ -82,7 +85,7 @@ def setup(batch: int):
     mail, held = Mail(fake_cupy), Held()
     handlers = {**comm_handlers(mail), **comm_handlers(held)}
     handlers["fill_constant"] = seeded_fill(fake_cupy, None, lambda it, v: v)
-    exe = Executor(fake_cupy, handlers=handlers)
+    exe = Executor(fake_cupy, handlers=handlers, graphs=DeviceGraphs(fake_cupy) if graphs else None)
 
     def step(t: int) -> None:
         it = Item(t, 0, 0, batch, batch)
@@ -96,24 +99,26 @@ def setup(batch: int):
         mail.forget(it.key)
         held.apply()
 
-    return step, fake_cupy
+    return step, fake_cupy, (exe.graphs, kept.graphed)
 
 
-def measure(batch: int, steps: int, profile: bool = False) -> dict[str, float]:
-    """CPU ms per step of the gpu trainer's step on the stand-in (`cpu_ms`), of its kernels alone
-    (`kernel_ms`: one step's kernel calls recorded, then replayed back to back) and the difference,
-    its host work (`host_ms`)."""
+def measure(batch: int, steps: int, profile: bool = False, graphs: bool = False) -> dict[str, float]:
+    """CPU ms per step of the gpu trainer's step on the stand-in (`cpu_ms`), of that the time inside
+    its kernels (`kernel_ms`: numpy underneath, timed call by call, a graph's replay as a whole)
+    and the difference, its host work (`host_ms`); `calls`: the kernels of one step (copies in and
+    out of a graph's buffers included), `replays`: graph launches in all."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):  # (as in a trainer process)
-        return _measure(batch, steps, profile)
+        return _measure(batch, steps, profile, graphs)
 
 
-def _measure(batch: int, steps: int, profile: bool) -> dict[str, float]:
-    step, fc = setup(batch)
+def _measure(batch: int, steps: int, profile: bool, graphs: bool) -> dict[str, float]:
+    step, fc, dg = setup(batch, graphs)
     for t in range(3):
         step(t)
     prof = cProfile.Profile() if profile else None
+    fc.TIME_KERNELS, fc.KERNEL_S[0] = True, 0.0
     cpu0 = time.process_time()
     if prof:
         prof.enable()
@@ -122,28 +127,43 @@ def _measure(batch: int, steps: int, profile: bool) -> dict[str, float]:
     if prof:
         prof.disable()
     cpu_ms = 1e3 * (time.process_time() - cpu0) / steps
+    fc.TIME_KERNELS, kernel_ms = False, 1e3 * fc.KERNEL_S[0] / steps
     fc.RECORD = []
     step(3 + steps)
     calls, fc.RECORD = fc.RECORD, None
-    kernel_ms = 1e3 * fc.replay(calls, steps) / steps
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-    return {"cpu_ms": cpu_ms, "kernel_ms": kernel_ms, "host_ms": cpu_ms - kernel_ms, "calls": len(calls)}
+    segs, held = dg
+    for g in (segs, held):
+        if g is not None and g.stats.refused:
+            print(f"  (eager: {g.stats.refused})")
+    replays = segs.stats.replays + held.stats.replays if segs is not None else 0
+    return {
+        "cpu_ms": cpu_ms,
+        "kernel_ms": kernel_ms,
+        "host_ms": cpu_ms - kernel_ms,
+        "calls": len(calls),
+        "replays": replays,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--batch", type=int, nargs="+", default=[512, 8])
     ap.add_argument("--profile", action="store_true", help="print cProfile's top functions (by own time)")
     args = ap.parse_args()
-    got = measure(args.batch, args.steps, args.profile)
-    print(
-        f"gpu trainer dense stage, batch {args.batch}, stand-in: {got['cpu_ms']:.2f} CPU ms per step, of "
-        f"which {got['kernel_ms']:.2f} in its {got['calls']} kernels: host work {got['host_ms']:.2f} "
-        "CPU ms per step "
-        f"(goal <= 1); load average {os.getloadavg()[0]:.1f}"
-    )
+    for batch in args.batch:
+        got = {g: measure(batch, args.steps, args.profile, g) for g in (False, True)}
+        for g, m in got.items():
+            print(
+                f"batch {batch:>5}, {'graphs' if g else 'eager '}: {m['cpu_ms']:6.2f} CPU ms per step, of "
+                f"which {m['kernel_ms']:6.2f} in its {m['calls']} kernels: host work {m['host_ms']:5.2f} "
+                f"CPU ms per step (goal <= 1)" + (f"; {m['replays']} graph replays" if g else "")
+            )
+        ratio = got[False]["host_ms"] / max(got[True]["host_ms"], 1e-9)
+        print(f"batch {batch:>5}: host work eager / graphs = {ratio:.1f}x")
+    print(f"load average {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ spawned trainer processes inherit.
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 import time
@@ -118,6 +119,8 @@ def _unwrap_index(v: Any) -> Any:
         return _unwrap(v)
     if isinstance(v, tuple):
         return tuple(_unwrap_index(x) for x in v)
+    if isinstance(v, np.ndarray) and _CAPTURE:
+        _sync("a host index array (copied to the device)")
     return v
 
 
@@ -139,10 +142,26 @@ RECORD: list | None = None  # a list: every kernel call (fn, args, kwargs) is ap
 
 
 def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
-    args, kwargs = _unwrap(args), _unwrap(kwargs)
+    return _wrap(_run(fn, _unwrap(args), _unwrap(kwargs)))
+
+
+KERNEL_S = [0.0]  # with TIME_KERNELS: CPU seconds inside kernels (numpy underneath), summed
+TIME_KERNELS = False
+
+
+def _run(fn: Any, args: tuple, kwargs: dict) -> Any:
+    """One kernel on numpy values: recorded (`RECORD`), and captured while a stream captures."""
     if RECORD is not None:
         RECORD.append((fn, args, kwargs))
-    return _wrap(fn(*args, **kwargs))
+    if _CAPTURE:
+        return _CAPTURE[0].kernel(fn, args, kwargs)
+    if TIME_KERNELS:
+        t0 = time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            KERNEL_S[0] += time.process_time() - t0
+    return fn(*args, **kwargs)
 
 
 def replay(calls: list, times: int = 1) -> float:
@@ -177,6 +196,7 @@ class ndarray:  # noqa: N801  (cupy's name)
 
     # --- crossings and the refusals
     def get(self, stream: Any = None, order: str = "C", out: Any = None, blocking: bool = True) -> np.ndarray:
+        _sync("a device -> host copy (get)")
         a = _unwrap(self)
         pinned = out is not None and _is_pinned(out) and stream not in (None, cuda.Stream.null)
         COUNTS.d2h_add(a.nbytes, pinned)
@@ -184,21 +204,17 @@ class ndarray:  # noqa: N801  (cupy's name)
             return a.copy()
         if not isinstance(out, np.ndarray) or out.shape != a.shape or out.dtype != a.dtype:
             raise ValueError("fake_cupy: get(out=) needs a host array of the same shape and dtype")
-        if RECORD is not None:
-            RECORD.append((np.copyto, (out, a), {}))
-        np.copyto(out, a)
+        _run(np.copyto, (out, a), {})  # (the DMA: device work)
         if stream is not None and blocking:
             stream.synchronize()
         return out
 
     def set(self, arr: Any, stream: Any = None) -> None:
         """Host -> device into this array, on `stream` (pending until waited for, off the null one)."""
+        _sync("a host -> device copy (set)")
         if not isinstance(arr, np.ndarray) or arr.shape != self._a.shape:
             raise ValueError("fake_cupy: set() needs a host array of the array's shape")
-        args = (self._a, arr.astype(self._a.dtype, copy=False))
-        if RECORD is not None:  # (the DMA: device work)
-            RECORD.append((np.copyto, args, {}))
-        np.copyto(*args)
+        _run(np.copyto, (self._a, arr.astype(self._a.dtype, copy=False)), {})  # (the DMA: device work)
         off_null = stream is not None and stream is not cuda.Stream.null
         COUNTS.h2d_add(arr.nbytes, off_null and _is_pinned(arr))
         if off_null:
@@ -243,6 +259,7 @@ class ndarray:  # noqa: N801  (cupy's name)
 
     # implicit device -> host copies (cupy syncs and copies for them): counted
     def _scalar(self) -> np.ndarray:
+        _sync("a device value read on the host (bool / float / int / item / tolist)")
         a = _unwrap(self)
         COUNTS.d2h_add(a.nbytes)
         return a
@@ -266,10 +283,10 @@ class ndarray:  # noqa: N801  (cupy's name)
         return self._scalar().tolist()
 
     def __getitem__(self, key: Any) -> Any:
-        return _wrap(_unwrap(self)[_unwrap_index(key)])
+        return _wrap(_run(operator.getitem, (_unwrap(self), _unwrap_index(key)), {}))
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        _unwrap(self)[_unwrap_index(key)] = _unwrap(value)
+        _run(operator.setitem, (_unwrap(self), _unwrap_index(key), _unwrap(value)), {})
 
     def __getattr__(self, name: str) -> Any:  # methods: reshape, astype, sum, ...
         if name.startswith("__"):  # no __array_interface__ / __array_struct__: numpy must not see in
@@ -341,6 +358,7 @@ def asarray(a: Any, dtype: Any = None, order: Any = None) -> ndarray:
     """Host -> device (a device array stays where it is)."""
     if isinstance(a, ndarray):
         return a if dtype is None or a.dtype == dtype else a.astype(dtype)
+    _sync("a host -> device copy (asarray of a host value)")
     host = np.asarray(a, dtype=dtype, order=order)
     COUNTS.h2d_add(host.nbytes)
     return ndarray(host.copy())
@@ -377,7 +395,7 @@ def _scatter(u: np.ufunc) -> Any:
     def scatter(a: ndarray, slices: Any, value: Any) -> None:
         if not isinstance(a, ndarray):
             raise _host_error(a)
-        u.at(a._a, _unwrap_index(slices), _unwrap(value))
+        _run(u.at, (a._a, _unwrap_index(slices), _unwrap(value)), {})
 
     return scatter
 
@@ -436,6 +454,7 @@ class _Stream:
         _STREAMS.append(self)
 
     def synchronize(self) -> None:
+        _sync("Stream.synchronize")
         self.synced = self.seq
 
     def record(self, event: Any = None) -> _Event:
@@ -450,6 +469,35 @@ class _Stream:
     def __hash__(self) -> int:
         return id(self)
 
+    def __enter__(self) -> _Stream:  # the current stream inside the block, as in cupy
+        _CURRENT.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _CURRENT.pop()
+
+    # -- stream capture (CUDA graphs)
+    def begin_capture(self, mode: Any = None) -> None:
+        """Kernels on this stream are recorded into a graph, not run (`end_capture` gives it)."""
+        if self.null:
+            raise CUDARuntimeError("cudaErrorStreamCaptureUnsupported: the null stream cannot capture")
+        if _CAPTURE:
+            raise CUDARuntimeError("cudaErrorIllegalState: a stream is capturing already")
+        _CAPTURE.append(_Capture(self))
+
+    def is_capturing(self) -> bool:
+        return bool(_CAPTURE) and _CAPTURE[0].stream is self
+
+    def end_capture(self) -> _Graph:
+        """The captured graph; raises, the capture dropped, when a sync invalidated it."""
+        if not self.is_capturing():
+            raise CUDARuntimeError("cudaErrorIllegalState: this stream is not capturing")
+        cap = _CAPTURE.pop()
+        cap.undo()
+        if cap.invalid:
+            raise CUDARuntimeError(f"cudaErrorStreamCaptureInvalidated: {cap.invalid}")
+        return _Graph(cap.calls)
+
 
 class _Event:
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
@@ -460,6 +508,7 @@ class _Event:
         self.seq = self.stream.seq
 
     def synchronize(self) -> None:
+        _sync("Event.synchronize")
         if self.stream is not None:
             self.stream.synced = max(self.stream.synced, self.seq)
 
@@ -468,7 +517,132 @@ class _Event:
         return True
 
 
+class CUDARuntimeError(RuntimeError):
+    """What cupy raises for a CUDA error (`cupy.cuda.runtime.CUDARuntimeError`)."""
+
+
+_CAPTURE: list = []  # the one capture in progress (_Capture), if any
+
+
+def _sync(what: str) -> None:
+    """A host synchronisation or host copy: refused while a stream captures, as CUDA refuses it
+    (and the capture is invalidated: `end_capture` raises)."""
+    if _CAPTURE:
+        msg = f"operation not permitted when stream is capturing: {what}"
+        _CAPTURE[0].invalid = _CAPTURE[0].invalid or msg
+        raise CUDARuntimeError(f"cudaErrorStreamCaptureUnsupported: {msg}")
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _arrays(v: Any) -> list[np.ndarray]:
+    if isinstance(v, np.ndarray):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [a for x in v for a in _arrays(x)]
+    if isinstance(v, dict):
+        return [a for x in v.values() for a in _arrays(x)]
+    return []
+
+
+class _Capture:
+    """A capture in progress: its kernels (fn, args, kwargs, results), as a graph replays them. As
+    on a GPU, nothing captured takes effect: a kernel runs (for its results' shapes) on memory
+    that `undo` puts back as it was (what existed before) or poisons (NaN: what the capture made)."""
+
+    def __init__(self, stream: _Stream) -> None:
+        self.stream, self.calls, self.invalid = stream, [], ""
+        self.saved: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # memory from before: its contents
+        self.made: dict[int, np.ndarray] = {}  # memory the capture allocated (the graph's own)
+
+    def kernel(self, fn: Any, args: tuple, kwargs: dict) -> Any:
+        if _CURRENT[-1] is not self.stream:
+            msg = "a kernel on another stream than the capturing one (use `with stream:`)"
+            self.invalid = self.invalid or msg
+            raise CUDARuntimeError(f"cudaErrorStreamCaptureImplicit: {msg}")
+        for a in _arrays((getattr(fn, "__self__", None), args, kwargs)):  # (a method's own array too)
+            r = _root(a)
+            if id(r) not in self.made and id(r) not in self.saved:
+                self.saved[id(r)] = (r, r.copy())
+        res = fn(*args, **kwargs)
+        if isinstance(res, np.generic):
+            res = np.asarray(res)
+        for a in _arrays(res):
+            r = _root(a)
+            if id(r) not in self.saved:
+                self.made[id(r)] = r
+        self.calls.append((fn, args, kwargs, res))
+        return res
+
+    def undo(self) -> None:
+        for r in self.made.values():
+            if r.dtype.kind in "fc":
+                r.fill(np.nan)
+        for r, before in self.saved.values():
+            np.copyto(r, before)
+
+
+def _into(rec: Any, res: Any) -> None:
+    """A replayed kernel's results into the memory its capture gave it."""
+    if isinstance(rec, np.ndarray):
+        if res is not rec:
+            np.copyto(rec, res)
+    elif isinstance(rec, (list, tuple)):
+        for a, b in zip(rec, res, strict=True):
+            _into(a, b)
+
+
+class _Graph:
+    """A captured graph (`cupy.cuda.graph.Graph`): `launch` runs its kernels again, on the memory
+    they were captured with (inputs: what that memory holds now)."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+        self.launches = 0
+
+    def launch(self, stream: Any = None) -> None:
+        if _CAPTURE:
+            raise CUDARuntimeError("fake_cupy: a graph launched while a stream captures (not modelled)")
+        t0 = time.process_time()
+        for fn, args, kwargs, rec in self.calls:
+            if RECORD is not None:
+                RECORD.append((fn, args, kwargs))
+            _into(rec, fn(*args, **kwargs))
+        if TIME_KERNELS:
+            KERNEL_S[0] += time.process_time() - t0
+        self.launches += 1
+
+    def upload(self, stream: Any = None) -> None:
+        pass
+
+
+class _MemoryPool:
+    """`cupy.cuda.MemoryPool` as far as hetps uses it (a private pool for a graph's memory)."""
+
+    def malloc(self, size: int) -> Any:
+        raise NotImplementedError("fake_cupy: arrays are numpy's; the pool only stands in")
+
+    def used_bytes(self) -> int:
+        return 0
+
+
+class _UsingAllocator:
+    def __init__(self, allocator: Any = None) -> None:
+        self.allocator = allocator
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
 _NULL = _Stream(null=True)
+_CURRENT: list = [_NULL]
 
 
 class _StreamType:
@@ -483,6 +657,7 @@ class _Device:
         self.id = i
 
     def synchronize(self) -> None:  # every stream's work is done
+        _sync("Device.synchronize")
         for stream in _STREAMS:
             stream.synchronize()
 
@@ -493,10 +668,14 @@ class _Device:
         pass
 
 
+_Runtime.CUDARuntimeError = CUDARuntimeError
 cuda = types.SimpleNamespace(
     runtime=_Runtime(),
     Device=_Device,
     Event=_Event,
-    get_current_stream=lambda: _NULL,
+    get_current_stream=lambda: _CURRENT[-1],
     Stream=_StreamType(),
+    MemoryPool=_MemoryPool,
+    using_allocator=_UsingAllocator,
+    graph=types.SimpleNamespace(Graph=_Graph),
 )

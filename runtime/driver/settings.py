@@ -74,6 +74,7 @@ class RunConfig:
     stall_timeout: float = 60.0  # seconds a process waits for a peer before it gives up
     allow_emulation: bool = False  # a gpu type without CUDA runs CPU kernels (else refused)
     return_params: bool = False  # History.params: the final table values
+    device_graphs: bool = True  # a gpu trainer replays its segments' kernels as CUDA graphs (docs/gpu.md)
 
     def __post_init__(self) -> None:
         check_positive(self.steps, "RunConfig.steps", optional=True)
@@ -83,6 +84,7 @@ class RunConfig:
         _check_number(self.stall_timeout, "RunConfig.stall_timeout", positive=True)
         check_bool(self.allow_emulation, "RunConfig.allow_emulation")
         check_bool(self.return_params, "RunConfig.return_params")
+        check_bool(self.device_graphs, "RunConfig.device_graphs")
 
     def check_end(self) -> None:
         if self.steps is None and self.epochs is None and self.until_loss is None:
@@ -238,7 +240,7 @@ FLAT: dict[str, tuple[str, str]] = {
     **{n: ("scale", n) for n in ("trainers", "micro_batches", "servers", "mode", "dense_on_trainer")},
     **{n: ("scale", n) for n in ("kernel_threads", "device_map")},
     **{n: ("run", n) for n in ("steps", "epochs", "until_loss", "batch_size", "stall_timeout")},
-    **{n: ("run", n) for n in ("allow_emulation", "return_params")},
+    **{n: ("run", n) for n in ("allow_emulation", "return_params", "device_graphs")},
     "checkpoint": ("checkpoint", "dir"),
     "checkpoint_every": ("checkpoint", "every"),
     "checkpoint_every_s": ("checkpoint", "every_s"),
@@ -488,6 +490,10 @@ class TrainerSpec:
     @property
     def allow_emulation(self) -> bool:
         return self.run.allow_emulation
+
+    @property
+    def device_graphs(self) -> bool:
+        return self.run.device_graphs
 
     @property
     def stall_timeout(self) -> float:

@@ -102,8 +102,8 @@ def train(
       re-iterable of global feed dicts (see `runtime.data.sources`).
     - `scale` (`ScaleConfig`: trainers per type, servers, micro-batches, mode, dense_on_trainer,
       kernel_threads, device_map), `run` (`RunConfig`: steps, epochs, until_loss, batch_size,
-      stall_timeout, allow_emulation, return_params), `checkpoint` (`CheckpointConfig`: dir, every,
-      keep, resume), `eval` (`EvalConfig`: data, every), `telemetry` (`TelemetryConfig`: metrics,
+      stall_timeout, allow_emulation, return_params, device_graphs), `checkpoint` (`CheckpointConfig`:
+      dir, every, keep, resume), `eval` (`EvalConfig`: data, every), `telemetry` (`TelemetryConfig`: metrics,
       trace, progress, tensorboard, callback), `failure` (`FailureConfig`: max_restarts,
       min_trainers; runtime/driver/restart.py): the run's settings, each field documented on its
       record (runtime/driver/settings.py, transpiler/settings.py). `tune(...).scale` goes to `scale=`

@@ -75,13 +75,15 @@ class Executor:
 
     `handlers` maps op types to callables `(op, values, ctx)` that the runtime supplies for ops
     whose work is not a kernel (send/recv, parameter-server pull/push: `runtime.exec.comm_ops`); `ctx` is
-    what the caller passed to `run`. `xp` is the array namespace
-    (numpy, or cupy on a CUDA device). Every kernel output is checked against the shape the
+    what the caller passed to `run`. `xp` is the array namespace (numpy, or cupy on a CUDA device);
+    `graphs` (`runtime.exec.graphs.DeviceGraphs`, on a device) replays each program's kernels as
+    captured CUDA graphs after a warm-up. Every kernel output is checked against the shape the
     program declares for it, so a wrong-shaped parameter or feed cannot broadcast silently.
     """
 
-    def __init__(self, xp: Any = np, handlers: dict[str, Handler] | None = None) -> None:
+    def __init__(self, xp: Any = np, handlers: dict[str, Handler] | None = None, graphs: Any = None) -> None:
         self.xp = xp
+        self.graphs = graphs  # runtime.exec.graphs.DeviceGraphs: segments replayed as CUDA graphs
         self.scope: dict[str, Any] = {}
         self.handlers = dict(handlers or {})
         self._cache: dict[tuple[int, int], _Compiled] = {}
@@ -151,7 +153,11 @@ class Executor:
         fetch = [f.name if isinstance(f, Var) else f for f in fetch_list or ()]
         values = self._bind(compiled, program, feed or {}, scope)
         step = getattr(ctx, "step", None)
-        self._execute(compiled.steps, values, set(fetch), ctx, self.run_count if step is None else step)
+        rng = self.run_count if step is None else step
+        if self.graphs is None:
+            self._execute(compiled.steps, values, set(fetch), ctx, rng)
+        else:
+            self.graphs.execute(compiled, values, set(fetch), ctx, rng, self._execute)
         for name in compiled.persistable:
             if name in values:
                 scope[name] = values[name]

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from runtime.exec.device import to_device, to_host
+from runtime.exec.graphs import GraphedCall
 from runtime.ps.table import DenseTable
 from runtime.ps.types import PSError
 from runtime.telemetry.outputs import Recorder, timed
@@ -96,9 +97,13 @@ class HeldTables:
     """The dense tables one trainer holds: its copies, the steps applied since the hold (from step
     `start`), and when to write them back (`due`: (steps pushed, final))."""
 
-    def __init__(self, client: PSClient, names: list[str], start: int, sync: bool, xp: Any = np) -> None:
+    def __init__(
+        self, client: PSClient, names: list[str], start: int, sync: bool, xp: Any = np, graphs: bool = False
+    ) -> None:
         self.tables: dict[str, DenseTable] = {}
         self.xp = xp
+        # on a device with `graphs`: every table's optimizer step as one CUDA graph (runtime.exec.graphs)
+        self.graphed = GraphedCall(xp, "the held tables' step", self._step_all) if graphs else None
         for name, state in client.hold(names).items():
             t = self.tables[name] = DenseTable(client.specs[name])
             t.load_state(state)
@@ -128,26 +133,39 @@ class HeldTables:
         for name, t in self.tables.items():
             if self.lent.pop(name, step) > step:
                 t.param = t.param.copy()
-            grad = grads.get(name)
             if self.xp is np:
+                grad = grads.get(name)
                 t.push(np.zeros(t.shape, t.dtype) if grad is None else grad)
-            else:
-                self._apply_on_device(name, t, grad)
+        if self.xp is not np:
+            self._apply_on_device(grads)
         self.steps += 1
 
-    def _apply_on_device(self, name: str, t: DenseTable, grad: Any) -> None:
-        """The optimizer step on the device, shape and dtype checked on the host (metadata)."""
-        xp = self.xp
-        grad = xp.zeros(t.shape, t.dtype) if grad is None else to_device(xp, grad)
-        if tuple(grad.shape) != t.shape:
-            raise PSError(
-                f"held table {name!r}: a gradient of shape {list(grad.shape)}, expected {list(t.shape)}"
-            )
-        if grad.dtype != t.dtype:
-            grad = grad.astype(t.dtype)
-        res = t.kernel(xp, {"Param": t.param, "Grad": grad, **t.state, **t.scalars}, t.attrs)
-        for slot in t.scalars:
-            t.scalars[slot] = res[t.out_slot[slot]]
+    def _apply_on_device(self, grads: dict[str, Any]) -> None:
+        """Every table's optimizer step on the device (one graph replay with `graphs`), the
+        gradients' shapes and dtypes checked on the host (metadata)."""
+        xp, arrays = self.xp, {}
+        for name, t in self.tables.items():
+            grad = grads.get(name)
+            grad = xp.zeros(t.shape, t.dtype) if grad is None else to_device(xp, grad)
+            if tuple(grad.shape) != t.shape:
+                raise PSError(
+                    f"held table {name!r}: a gradient of shape {list(grad.shape)}, expected {list(t.shape)}"
+                )
+            arrays[(name, "Grad")] = grad if grad.dtype == t.dtype else grad.astype(t.dtype)
+            arrays[(name, "Param")] = t.param
+            arrays.update({(name, k): a for k, a in (*t.state.items(), *t.scalars.items())})
+        if self.graphed is None:
+            return self._step_all(arrays)
+        self.graphed(arrays, {k for k in arrays if k[1] != "Grad"})
+
+    def _step_all(self, arrays: dict[tuple[str, str], Any]) -> None:
+        """The optimizer kernels of every table on `arrays` ((table, slot) -> device array), which
+        they update in place (the scalar states too: written back into their arrays)."""
+        for name, t in self.tables.items():
+            ins = {slot: arrays[(name, slot)] for slot in ("Param", "Grad", *t.state, *t.scalars)}
+            res = t.kernel(self.xp, ins, t.attrs)
+            for slot in t.scalars:
+                ins[slot][...] = res[t.out_slot[slot]]
 
     def _host_states(self) -> dict[str, dict[str, np.ndarray]]:
         """Every table's state on the host (copies off the device, refused when not finite: a NaN /

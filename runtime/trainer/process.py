@@ -47,6 +47,7 @@ from runtime.exec.comm_ops import comm_handlers, seeded_fill
 from runtime.exec.device import CROSSINGS, array_module
 from runtime.exec.device import to_host as _host
 from runtime.exec.executor import Executor
+from runtime.exec.graphs import DeviceGraphs
 from runtime.ps import PSClient
 from runtime.telemetry.outputs import Recorder, pack_spans, timed
 from runtime.trainer.mail import Item, Mail, route
@@ -104,12 +105,23 @@ class Trainer:
             self.name, self.is_reader, self.counts[spec.reader], spec.start, spec.grant, spec.steps
         )
         self.ps = PSAccess(
-            self.program, spec.tables, spec.mode, self.xp, self.book, self.stats, self.rec, spec.held
+            self.program,
+            spec.tables,
+            spec.mode,
+            self.xp,
+            self.book,
+            self.stats,
+            self.rec,
+            spec.held,
+            spec.device_graphs,
         )
         self.ps.clip_lead = self.name == next(iter(spec.endpoints))
         self.mail = Mail(self.xp)
         handlers = {**comm_handlers(self.mail), **comm_handlers(self.ps)}
-        self.exe = Executor(self.xp, handlers={**handlers, "fill_constant": self._seed_fill(spec)})
+        graphs = DeviceGraphs(self.xp) if self.xp is not np and spec.device_graphs else None
+        self.exe = Executor(
+            self.xp, handlers={**handlers, "fill_constant": self._seed_fill(spec)}, graphs=graphs
+        )
         parallel.set_threads(spec.kernel_threads)  # its large matrix products over this many threads
         self.items: dict[tuple[int, int, int], Item] = {}
         self.batches: Iterator | None = None  # a reader's share of the data
@@ -162,6 +174,10 @@ class Trainer:
             self.stats["refused_messages"] = self.inbox.refused  # (unsigned or replayed: skipped)
             if self.xp is not np:  # host <-> device copies (runtime.exec.device.Crossings)
                 self.stats.update(CROSSINGS.as_dict())
+            if self.exe.graphs is not None:  # (runtime.exec.graphs.GraphStats)
+                self.stats.update(self.exe.graphs.stats.as_dict())
+            if self.ps.kept is not None and self.ps.kept.graphed is not None:
+                self.stats.update(self.ps.kept.graphed.stats.as_dict("held_"))
             spans = [pack_spans(self.rec.take())] if self.rec.on else []
             self.reports.now(Done(self.name, self.stats), spans)
         finally:

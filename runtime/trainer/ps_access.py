@@ -57,8 +57,10 @@ class PSAccess:
         stats: dict[str, float],
         rec: Recorder,
         held: list[str] = (),
+        graphs: bool = False,
     ) -> None:
         self.xp, self.mode, self.book, self.stats, self.rec = xp, mode, book, stats, rec
+        self.graphs = graphs and xp is not np  # the held tables' step as a CUDA graph
         self.tables = {t.name: t for t in tables}
         self.held, self.kept = list(held), None  # dense tables this trainer keeps (ps/hold.py)
         self.pushed = {
@@ -94,7 +96,8 @@ class PSAccess:
         self.client = make_client()
         self.bg = Background(make_client)
         if self.held:
-            self.kept = HeldTables(self.client, self.held, self.book.flushed, self.mode == "sync", self.xp)
+            sync = self.mode == "sync"
+            self.kept = HeldTables(self.client, self.held, self.book.flushed, sync, self.xp, self.graphs)
 
     def write_back(self, before: int | None = None) -> None:
         """Write the held tables back once the steps < `before` are pushed (a pause, which the driver

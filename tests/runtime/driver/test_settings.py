@@ -48,6 +48,7 @@ from transpiler.models import wide_deep
         (lambda: RunConfig(stall_timeout=0), "RunConfig.stall_timeout must be a positive number, got 0"),
         (lambda: RunConfig(allow_emulation=1), "RunConfig.allow_emulation must be True or False"),
         (lambda: RunConfig(return_params=None), "RunConfig.return_params must be True or False"),
+        (lambda: RunConfig(device_graphs="yes"), "RunConfig.device_graphs must be True or False"),
         (lambda: CheckpointConfig(dir=3), "CheckpointConfig.dir must be a path"),
         (lambda: CheckpointConfig(every=0, dir="d"), "CheckpointConfig.every must be a positive int"),
         (lambda: CheckpointConfig(keep=0), "CheckpointConfig.keep must be a positive int, got 0"),
@@ -130,6 +131,7 @@ def test_flat_keywords_and_records_are_the_same_settings():
         stall_timeout=30.0,
         allow_emulation=True,
         return_params=True,
+        device_graphs=False,
         checkpoint="ckpt",
         checkpoint_every=2,
         checkpoint_every_s=30.0,
@@ -151,7 +153,7 @@ def test_flat_keywords_and_records_are_the_same_settings():
     assert set(flat) == set(FLAT) and {g for g, _ in FLAT.values()} == set(GROUPS)
     records = Settings(
         ScaleConfig({"cpu": 1, "gpu": 2}, 2, 2, "async", False, {"gpu": 2}, {"gpu": "gpu"}),
-        RunConfig(4, None, 0.1, 16, 30.0, True, True),
+        RunConfig(4, None, 0.1, 16, 30.0, True, True, False),
         CheckpointConfig("ckpt", 2, 3, "old", 30.0),
         EvalConfig(held_out, 2, "sigmoid_0.tmp", "user", "country"),
         TelemetryConfig("m.jsonl", "t.json", False, "tb", print),

@@ -112,3 +112,23 @@ def test_held_tables_step_on_the_device_as_on_the_host():
         states.append(held._host_states()["w"])
     for k, want in states[0].items():
         np.testing.assert_allclose(states[1][k], want, rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+def test_a_program_replayed_as_a_cuda_graph_equals_numpy():
+    """runtime.exec.graphs on real cupy: the small MLP of test_device_graphs.py captured once and
+    replayed (a capture that fails on this GPU fails here, saying why), equal to numpy by hand."""
+    import cupy
+    from test_device_graphs import _batch, _by_hand, _mlp
+
+    from runtime.exec.executor import Executor
+    from runtime.exec.graphs import DeviceGraphs
+
+    main, params, y, _ = _mlp()
+    exe = Executor(cupy, graphs=DeviceGraphs(cupy))
+    exe.scope.update({n: cupy.asarray(v) for n, v in params.items()})
+    for t in range(5):
+        x = _batch(t)
+        (got,) = exe.run(main, feed={"x": x}, fetch_list=[y])
+        np.testing.assert_allclose(got, _by_hand(params, x)[1], rtol=1e-5, atol=1e-6)
+    stats = exe.graphs.stats
+    assert not stats.refused and (stats.captured, stats.replays) == (1, 4), stats

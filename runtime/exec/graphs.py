@@ -1,0 +1,367 @@
+"""Device graphs: a gpu trainer's segments captured once into CUDA graphs and replayed every step,
+so that the host launches a few graphs instead of dispatching each kernel (docs/gpu.md).
+
+A segment's ops split into the handlers that give its kernels their inputs (recv, pull_dense: run
+on the host first), its kernels, and the handlers that take the kernels' results (send,
+push_dense: run after); a handler that takes kernels' results and feeds later kernels (the
+loss-gradient seed, scaled per item on the host) cuts the kernels into parts, each its own graph.
+A part runs eagerly `warmup` times (cupy compiles and caches its kernels), is then captured with
+cupy's stream capture (`Stream.begin_capture` / `end_capture`, on a stream of its own, with a
+private memory pool so that no one else is handed the graph's memory), and from then on each run
+copies its inputs into the graph's input buffers (but for inputs that are the same array at every
+run, the held tables, read where they are, and for those another graph's output buffer holds
+already), launches the graph on the compute stream and copies the outputs off the graph's buffers
+(another item's replay overwrites them while this item still holds its values). `GraphedCall` does
+the same for one function of named arrays (the held tables' optimizer step).
+
+A part runs eagerly instead, said once per reason (a warning of logger `hetps.device`), when it
+cannot be captured: an op draws random numbers seeded per step (a graph would replay one draw), a
+kernel writes one of its inputs in place (an optimizer op: the graph would write the buffer, not
+the value), a kernel synchronises with the host (CUDA refuses it during capture), or an input's
+shape or dtype differs from the captured one (the last partial batch); an input read in place that
+became another array makes it eager once and captured again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("hetps.device")
+
+
+@dataclass
+class Part:
+    """A run of a segment's kernels captured as one graph, and the handlers run after it (those
+    that take its results and feed later kernels: the loss-gradient seed, scaled per item on the
+    host)."""
+
+    kernels: list
+    inputs: list[str]  # names its kernels read that none of them makes
+    after: list = field(default_factory=list)
+    needed: set[str] = field(default_factory=set)  # names read by what runs after it
+
+
+@dataclass
+class SegmentPlan:
+    """A segment split for capture. `why`: why it cannot be captured ("" when it can)."""
+
+    pre: list  # handler steps that read nothing a kernel makes (run first)
+    parts: list[Part]  # its kernels, cut where a handler takes their results and feeds later ones
+    post: list  # handler steps that take the kernels' results and feed none (send, push_dense)
+    why: str = ""
+
+
+@dataclass
+class CapturedGraph:
+    """A captured part: its graph, input buffers and output arrays (by name), the signature
+    (name, shape, dtype) of the inputs it was captured for, and its private memory pool."""
+
+    graph: Any
+    inputs: dict[str, Any]  # buffers its inputs are copied into before each launch
+    inplace: dict[str, Any]  # inputs it reads where they are (the same array every run: held tables)
+    outputs: dict[str, Any]
+    signature: tuple
+    pool: Any
+    # inputs read from another graph's output buffer: name -> (that graph, its output's name)
+    linked: dict[str, tuple[CapturedGraph, str]] = field(default_factory=dict)
+    holds: dict[str, Any] = field(default_factory=dict)  # output -> the array whose values it holds
+
+
+@dataclass
+class GraphStats:
+    """Runs of graphed parts: captures, replays, eager runs (warm-up and fallback)."""
+
+    captured: int = 0
+    replays: int = 0
+    eager: int = 0
+    refused: dict[str, str] = field(default_factory=dict)  # part -> why it ran eagerly (the latest)
+
+    def as_dict(self, prefix: str = "") -> dict[str, int]:
+        """As a trainer reports them (`History.trainers`), the keys after `prefix`."""
+        got = {
+            "graphs_captured": self.captured,
+            "graph_replays": self.replays,
+            "graph_eager_runs": self.eager,
+            "graph_eager_parts": len(self.refused),
+        }
+        return {prefix + k: v for k, v in got.items()}
+
+
+Execute = Callable[[list, dict, set, Any, int], None]  # Executor._execute
+
+
+def _names(slots: list) -> list[str]:
+    out = []
+    for _, names, variadic, *_ in slots:
+        out.extend(n for n in (names if variadic else [names]) if n)
+    return out
+
+
+def plan_segment(steps: list) -> SegmentPlan:
+    """Split a compiled segment's steps (`Executor._compile`): handlers that read nothing a kernel
+    of the segment makes (moved ahead), kernel parts, handlers after; say why it cannot be
+    captured."""
+    plan = SegmentPlan([], [Part([], [])], [])
+    made: set[str] = set()
+    for i, s in enumerate(steps):
+        if not s.handler:
+            part = plan.parts[-1]
+            part.inputs += [n for n in _names(s.ins) if n not in made and n not in part.inputs]
+            part.kernels.append(s)
+            made.update(_names(s.outs))
+        elif not made & set(s.op.input_names()):
+            plan.pre.append(s)
+        elif set(s.op.output_names()) & {n for k in steps[i + 1 :] if not k.handler for n in _names(k.ins)}:
+            plan.parts[-1].after.append(s)
+            plan.parts.append(Part([], []))
+            made = set()  # (what the next part reads from before it is its input)
+        else:
+            plan.post.append(s)
+    plan.parts = [p for p in plan.parts if p.kernels]
+    later = set(_names_of(plan.post))
+    for p in reversed(plan.parts):
+        p.needed = set(later)
+        later |= _names_of(p.after) | set(p.inputs)
+    whys = [_kernels_why(p.kernels, set(p.inputs)) for p in plan.parts]
+    plan.why = next((w for w in whys if w), "") if plan.parts else "it has no kernels"
+    return plan
+
+
+def _kernels_why(kernels: list, inputs: set[str]) -> str:
+    """Why these kernels cannot be replayed as a graph ("" when they can)."""
+    for s in kernels:
+        written = set(_names(s.outs)) & inputs
+        if s.needs_rng:
+            return f"its {s.op.type} op (id {s.op.id}) draws random numbers seeded per step"
+        if written:
+            return f"its {s.op.type} op (id {s.op.id}) writes its input(s) {sorted(written)} in place"
+    return ""
+
+
+class DeviceGraphs:
+    """The captured graphs of an Executor's segments (one per kernel part of a segment, for the
+    input signature it was captured with); `execute` runs a compiled segment through them
+    (`Executor(graphs=)`)."""
+
+    def __init__(self, xp: Any, warmup: int = 1) -> None:
+        self.xp, self.warmup = xp, warmup
+        self.plans: dict[int, SegmentPlan] = {}
+        self.graphs: dict[tuple[int, int], CapturedGraph] = {}  # (id of compiled segment, part)
+        self.failed: dict[tuple[int, int], str] = {}  # parts whose capture failed: why
+        self.seen: dict[tuple[int, int], int] = {}  # eager runs of a part before its capture
+        self.last: dict[tuple[int, int], dict[str, Any]] = {}  # a part's inputs at its last run
+        self.moved: dict[tuple[int, int], set[str]] = {}  # inputs that were another array since
+        self.told: set[tuple[str, str]] = set()
+        self.stats = GraphStats()
+
+    def execute(self, compiled: Any, values: dict, keep: set, ctx: Any, rng: int, run: Execute) -> None:
+        """Run compiled segment `compiled` on `values` (as `Executor._execute` would): its
+        handlers on the host, each kernel part as a graph replay once captured."""
+        plan = self.plans.get(id(compiled))
+        if plan is None:
+            plan = self.plans[id(compiled)] = plan_segment(compiled.steps)
+        if plan.why:
+            self._eager(_name(compiled, None), plan.why)
+            return run(compiled.steps, values, keep, ctx, rng)
+        run(plan.pre, values, keep, ctx, rng)
+        for i, part in enumerate(plan.parts):
+            where, name = (id(compiled), i), _name(compiled, i)
+            self._run_part(where, name, part, values, keep | part.needed, (ctx, rng, run))
+            run(part.after, values, keep, ctx, rng)
+        run(plan.post, values, keep, ctx, rng)
+
+    def _run_part(self, where: tuple, name: str, part: Part, values: dict, keep: set, how: tuple) -> None:
+        """One kernel part: its graph replayed, or its kernels run eagerly."""
+        graph = self._graph_for(where, name, part, values, keep, how)
+        if graph is not None and not self._replay(graph, values):
+            self._moved(where, name, graph, values)
+            graph = None
+        if graph is None:
+            ctx, rng, run = how
+            run(part.kernels, values, keep, ctx, rng)
+
+    def _eager(self, name: str, why: str) -> None:
+        """Count an eager run; say why (once per part and reason) when it is not the warm-up."""
+        self.stats.eager += 1
+        if why and (name, why) not in self.told:
+            self.told.add((name, why))
+            self.stats.refused[name] = why
+            log.warning("device graphs: %s runs eagerly: %s", name, why)
+
+    def _graph_for(
+        self, where: tuple, name: str, part: Part, values: dict, keep: set, how: tuple
+    ) -> CapturedGraph | None:
+        """The part's graph for these inputs (captured now, after the warm-up), or None: run its
+        kernels eagerly (the warm-up, or why not, said once)."""
+        sig, why = _signature(self.xp.ndarray, part.inputs, values)
+        graph = self.graphs.get(where)
+        if graph is not None and not why and sig != graph.signature:
+            why = f"its inputs {_changed(part.inputs, graph.signature, sig)} differ from the captured ones"
+        why = why or self.failed.get(where, "")
+        if graph is not None and not why:
+            return graph
+        if why:
+            self._eager(name, why)
+            return None
+        self.seen[where] = self.seen.get(where, 0) + 1
+        now, before = {n: values[n] for n in part.inputs}, self.last.get(where, {})
+        same, self.last[where] = {n for n, a in now.items() if before.get(n) is a}, now
+        if self.seen[where] <= self.warmup:
+            self._eager(name, "")
+            return None
+        graph, why = self._capture(part, values, same - self.moved.get(where, set()), keep, *how)
+        if graph is None:
+            self.failed[where] = why
+            self._eager(name, why)
+            return None
+        graph.signature = sig
+        self.graphs[where] = graph
+        self.stats.captured += 1
+        return graph
+
+    def _capture(
+        self, part: Part, values: dict, inplace: set[str], keep: set, ctx: Any, rng: int, run: Execute
+    ) -> tuple[CapturedGraph | None, str]:
+        """Capture the part's kernels on fixed input buffers (copies of `values`' inputs, but those
+        in `inplace`: the same arrays as at the last run, read where they are); (None, why) when the
+        capture fails."""
+        xp = self.xp
+        linked = {n: got for n in part.inputs if n not in inplace and (got := self._holder(values[n]))}
+        bufs = {n: values[n].copy() for n in part.inputs if n not in inplace and n not in linked}
+        vals = {**values, **bufs, **{n: g.outputs[m] for n, (g, m) in linked.items()}}
+        graph, pool, why = capture(xp, lambda: run(part.kernels, vals, keep, ctx, rng))
+        if why:
+            return None, why
+        made = {n for s in part.kernels for n in _names(s.outs)}
+        outputs = {n: vals[n] for n in made if n in vals}
+        held = {n: values[n] for n in inplace}
+        return CapturedGraph(graph, bufs, held, outputs, (), pool, linked), ""
+
+    def _holder(self, value: Any) -> tuple[CapturedGraph, str] | None:
+        """(graph, output) whose output buffer holds `value`'s values (a copy it handed out)."""
+        for graph in self.graphs.values():
+            for name, held in graph.holds.items():
+                if held is value:
+                    return graph, name
+        return None
+
+    def _moved(self, where: tuple, name: str, graph: CapturedGraph, values: dict) -> None:
+        """An input the graph reads in place is another array now: drop the graph (the part is
+        captured again, with a buffer for that input)."""
+        moved = {n for n, a in graph.inplace.items() if values[n] is not a}
+        self.moved.setdefault(where, set()).update(moved)
+        del self.graphs[where]
+        self.seen[where] = 0
+        self._eager(name, f"its input(s) {sorted(moved)} read in place became other arrays (captured again)")
+
+    def _replay(self, graph: CapturedGraph, values: dict) -> bool:
+        """Inputs into the graph's buffers, one launch on the compute stream, outputs copied off;
+        False (nothing done) when an input it reads in place is another array now."""
+        xp = self.xp
+        if any(values[n] is not a for n, a in graph.inplace.items()):
+            return False
+        for name, buf in graph.inputs.items():
+            xp.copyto(buf, values[name])
+        for name, (src, out) in graph.linked.items():  # (nothing to copy: the usual case)
+            if src.holds.get(out) is not values[name]:
+                xp.copyto(src.outputs[out], values[name])
+                src.holds[out] = values[name]
+        graph.graph.launch(stream=xp.cuda.get_current_stream())
+        for name, out in graph.outputs.items():
+            values[name] = graph.holds[name] = out.copy()
+        self.stats.replays += 1
+        return True
+
+
+def capture(xp: Any, work: Callable[[], Any]) -> tuple[Any, Any, str]:
+    """(graph, its memory pool, "") of what `work()` launches, captured on a stream of its own
+    with a private memory pool; (None, None, why) when the capture fails (a host sync in it)."""
+    stream, pool = xp.cuda.Stream(non_blocking=True), xp.cuda.MemoryPool()
+    err: Exception | None = None
+    graph = None
+    with xp.cuda.using_allocator(pool.malloc), stream:
+        stream.begin_capture()
+        try:
+            work()
+        except Exception as e:  # (e.g. a sync inside the capture: CUDA refuses it)
+            err = e
+        try:
+            graph = stream.end_capture()
+        except Exception as e:
+            err = err or e
+    if err is not None:
+        return None, None, f"its capture failed: {type(err).__name__}: {err}"
+    return graph, pool, ""
+
+
+class GraphedCall:
+    """`fn(arrays)` (named device arrays; it may write those in `inplace`) replayed as one CUDA
+    graph: after `warmup` eager calls it is captured, reading the `inplace` arrays where they are
+    and the others through buffers they are copied into before each launch. It runs eagerly
+    (captured again after a warm-up) when an in-place array is another one than at the capture or
+    an array's shape or dtype changed; a failed capture makes it eager for good, said once."""
+
+    def __init__(self, xp: Any, name: str, fn: Callable[[dict], None], warmup: int = 1) -> None:
+        self.xp, self.name, self.fn, self.warmup = xp, name, fn, warmup
+        self.graph: CapturedGraph | None = None
+        self.seen, self.failed = 0, ""
+        self.stats = GraphStats()
+
+    def __call__(self, arrays: dict[str, Any], inplace: set[str]) -> None:
+        sig = tuple((n, a.shape, a.dtype) for n, a in arrays.items())
+        g = self.graph
+        if g is not None and (sig != g.signature or any(arrays[n] is not a for n, a in g.inplace.items())):
+            self.graph, self.seen, g = None, 0, None
+        if g is None and not self.failed and self.seen >= self.warmup:
+            g = self.graph = self._capture(arrays, inplace, sig)
+        if g is None:
+            self.seen += 1
+            self.stats.eager += 1
+            return self.fn(arrays)
+        for n, buf in g.inputs.items():
+            self.xp.copyto(buf, arrays[n])
+        g.graph.launch(stream=self.xp.cuda.get_current_stream())
+        self.stats.replays += 1
+
+    def _capture(self, arrays: dict[str, Any], inplace: set[str], sig: tuple) -> CapturedGraph | None:
+        bufs = {n: a.copy() for n, a in arrays.items() if n not in inplace}
+        vals = {**arrays, **bufs}
+        graph, pool, why = capture(self.xp, lambda: self.fn(vals))
+        if why:
+            self.failed = self.stats.refused[self.name] = why
+            log.warning("device graphs: %s runs eagerly: %s", self.name, why)
+            return None
+        self.stats.captured += 1
+        return CapturedGraph(graph, bufs, {n: arrays[n] for n in inplace}, {}, sig, pool)
+
+
+def _names_of(steps: list) -> set[str]:
+    return {n for s in steps for n in s.op.input_names()}
+
+
+def _signature(array: type, names: list[str], values: dict) -> tuple[tuple, str]:
+    """((shape, dtype) of each input), or why the inputs cannot be a graph's."""
+    sig = []
+    for n in names:
+        v = values.get(n)
+        if type(v) is not array:
+            return (), f"its input {n!r} is not a device array ({type(v).__name__})"
+        sig.append((v.shape, v.dtype))
+    return tuple(sig), ""
+
+
+def _changed(names: list[str], old: tuple, new: tuple) -> str:
+    return ", ".join(
+        f"{n} {list(a[0])} {a[1]} (captured: {list(b[0])} {b[1]})"
+        for n, a, b in zip(names, new, old, strict=True)
+        if a != b
+    )
+
+
+def _name(compiled: Any, part: int | None) -> str:
+    ops = compiled.program.ops
+    first = f"first op {ops[0].type} id {ops[0].id}" if ops else "empty"
+    return f"segment ({len(ops)} ops, {first})" + ("" if part is None else f" part {part}")
