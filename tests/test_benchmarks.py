@@ -32,6 +32,7 @@ SMOKE: dict[str, list[str]] = {
     "evaluate_workers.py": ["--rows", "2000", "--repeats", "1", "--workers", "2", "--servers", "1"],
     "executor_overhead.py": ["--layers", "5", "--repeats", "5"],
     "gpu_host_work.py": ["--steps", "3"],
+    "gpu_layout.py": ["--nproc", "16", "--left", "250"],
     "ingest.py": ["--lines", "2000", "--repeat", "1", "--steps", "2"],
     "online.py": ["--rows", "2000", "--vocab", "2000", "--repeats", "1"],
     "optim_rules.py": ["--rows", "1000", "--ids", "64", "--repeats", "1"],
