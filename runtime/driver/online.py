@@ -293,6 +293,7 @@ class _Loop:
             "verdict": verdict,
             "published": published,
             "changed_rows": None if update is None else sum(update.changed.values()),
+            "removed_rows": hist.removed_rows,
             "late": self._late,
             "malformed": malformed,
             "lag_event_trained_s": trained_at - end,
@@ -336,7 +337,7 @@ class _Loop:
             self.plan,
             _Resumed(batches, self.state.step),
             scale=s.scale,
-            run=replace(s.run, epochs=1),
+            run=replace(s.run, epochs=1, ends_pass=True),
             checkpoint=CheckpointConfig(self.root, keep=max(s.checkpoint.keep, 2), resume=start_ck),
             telemetry=TelemetryConfig(progress=False, callback=on_step),
         )

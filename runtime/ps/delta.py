@@ -13,7 +13,10 @@ table equals the one saved (`Shard.load` applies them; any shard count).
 
 A shard links from its previous save only when that checkpoint still lists the chain's files as
 this shard wrote them (its manifest is read and compared); otherwise (a save that failed or was
-removed, a load since) the save is full and starts a new chain.
+removed) the save is full and starts a new chain. A load of a checkpoint saved by as many shards
+continues its chain (`Shard.load`: the next save is a delta of the rows changed since the load, so
+online training, whose servers restart each pass, writes deltas between its full saves); a load
+with another shard count starts a new one.
 """
 
 from __future__ import annotations
