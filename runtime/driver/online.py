@@ -294,6 +294,7 @@ class _Loop:
             "published": published,
             "changed_rows": None if update is None else sum(update.changed.values()),
             "removed_rows": hist.removed_rows,
+            "restarts": len(hist.restarts),
             "late": self._late,
             "malformed": malformed,
             "lag_event_trained_s": trained_at - end,
@@ -340,6 +341,7 @@ class _Loop:
             run=replace(s.run, epochs=1, ends_pass=True),
             checkpoint=CheckpointConfig(self.root, keep=max(s.checkpoint.keep, 2), resume=start_ck),
             telemetry=TelemetryConfig(progress=False, callback=on_step),
+            failure=s.failure,  # (a lost process restarts the pass from the checkpoint before it)
         )
 
     def _judge(self, before: dict, update: Any) -> str | None:

@@ -175,9 +175,11 @@ class _Engines:
         return self.engine
 
     def fresh(self) -> Engine:
-        """The engine for the next attempt: a used one forgets its last attempt's processes."""
-        if self.engine is not None:
-            self.engine.reset()
+        """The engine for the next attempt: a used one forgets its last attempt's processes (an
+        Engine instance given to `train` may come from an earlier `train`: an online run's pass
+        before, or the caller's own run)."""
+        if self.engine is not None or isinstance(self.spec, Engine):
+            self.get().reset()
         return self.get()
 
 

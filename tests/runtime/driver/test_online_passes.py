@@ -121,3 +121,71 @@ def test_per_pass_checkpoints_as_a_delta_chain_restore_the_tables_of_full_saves(
             new = sum(e["bytes"] for e in files if e.get("delta") == i % 3)
             whole = sum(e["bytes"] for e in read_manifest(a)["files"] if e["table"] in SPARSE)
             assert new < whole / 10, (i, new, whole)
+
+
+@pytest.mark.slow
+def test_on_stall_wait_waits_for_a_late_done_flag_then_trains_the_pass(tmp_path):
+    """Pass 1's flag appears ~1.5 s after pass 0 was trained, past the source's 0.3 s timeout:
+    the stall is reported (metrics "stall" records) and waited through, then pass 1 is trained."""
+    import threading
+
+    from runtime.telemetry.outputs import read_metrics
+
+    logs = tmp_path / "logs"
+    write_users(logs, 0, ["u1", "u2"])
+    write_users(logs, 1, ["u3"], 48)
+    (logs / "20240101/01/_SUCCESS").unlink()
+    timers = []
+
+    def flag_later(rec):
+        if not timers:
+            timers.append(threading.Timer(1.5, (logs / "20240101/01/_SUCCESS").write_text, ("",)))
+            timers[0].start()
+
+    src = PassDirectorySource(logs, schema(64), batch_size=32, follow=True, poll=0.05, timeout=0.3)
+    cfg = OnlineConfig(on_stall="wait", max_passes=2)
+    hist = train(make_plan(64), src, checkpoint=tmp_path / "ck", trainers={"cpu": 1}, progress=False,
+                 online=cfg, metrics=tmp_path / "m.jsonl", callback=flag_later)  # fmt: skip
+    timers[0].join()
+    assert [(p["pass"], p["examples"]) for p in hist.passes] == [("20240101/00", 32), ("20240101/01", 48)]
+    recs = read_metrics(tmp_path / "m.jsonl")
+    stalls = [r for r in recs if r["kind"] == "stall"]
+    assert stalls and all("20240101/01 has had no done flag" in r["error"] for r in stalls)
+    assert all(r["after_pass"] == "20240101/00" for r in stalls)
+    assert hist.state.examples == 80 and hist.state.step == 3
+
+
+@pytest.mark.slow
+def test_a_shard_killed_mid_pass_restarts_the_pass_on_the_same_engine_and_ends_as_the_unbroken_run(
+    tmp_path,
+):
+    """One LocalEngine instance for every pass; max_restarts=1; ps:0 is SIGKILLed at the second
+    step of pass 1: that pass restarts from pass 0's checkpoint, and the last checkpoint holds the
+    tables the run without a kill holds (sync mode: exactly)."""
+    import os
+    import signal
+
+    from runtime.engines import LocalEngine
+
+    logs = tmp_path / "logs"
+    for h in range(3):
+        write_users(logs, h, [f"u{k}" for k in range(3 * h, 3 * h + 6)], 96)
+    plan = make_plan(64)
+    ref = online(plan, logs, tmp_path / "ref", 64, 32, engine=LocalEngine(), servers=2)
+    eng, killed = LocalEngine(), []
+
+    def kill(rec):
+        if rec["step"] == 4 and not killed:
+            killed.append(eng.pids()["ps:0"])
+            os.kill(killed[0], signal.SIGKILL)
+
+    hist = online(plan, logs, tmp_path / "ck", 64, 32, engine=eng, servers=2, max_restarts=1, callback=kill)
+    assert killed and [p["restarts"] for p in hist.passes] == [0, 1, 0]
+    assert [p["step"] for p in hist.passes] == [p["step"] for p in ref.passes] == [3, 6, 9]
+    got, want = (
+        tables(plan, tmp_path / "ck" / "step-00000009"),
+        tables(plan, tmp_path / "ref" / "step-00000009"),
+    )
+    for n in want:
+        for k in want[n]:
+            np.testing.assert_array_equal(got[n][k], want[n][k], err_msg=f"{n}.{k}")
