@@ -383,7 +383,7 @@ class Shard:
             arrays = {**t.state_dict(), "version": np.array([version])}
             entries = [checkpoint.write_arrays(path, checkpoint.file_name(index, n, self.shard), n, arrays)]
         if delta.uses_deltas(t):
-            t.mark(delta.MARK)
+            t.mark(delta.MARK, replay_shrinks=True)
             self.chains[n] = delta.Chain(delta.target_of(path), entries, 0)
         return entries
 
@@ -441,7 +441,7 @@ class Shard:
             [e for e in doc["files"] if e["table"] == t.name and e["file"].startswith(mine)]
         )
         if entries and "delta" not in entries[0]:
-            t.mark(delta.MARK)
+            t.mark(delta.MARK, replay_shrinks=True)
             self.chains[t.name] = delta.Chain(path, entries, max(e.get("delta", 0) for e in entries))
 
     def close_table(self, name: str) -> None:

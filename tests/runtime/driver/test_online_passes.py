@@ -57,11 +57,13 @@ def held(plan, ck: Path) -> dict[str, set[int]]:
 
 
 @pytest.mark.slow
-def test_rows_unseen_for_ttl_passes_are_removed_at_the_pass_end_before_its_save(tmp_path):
+@pytest.mark.parametrize("delta_every", [None, 3])
+def test_rows_unseen_for_ttl_passes_are_removed_at_the_pass_end_before_its_save(tmp_path, delta_every):
     """ttl_passes 2. Pass 0 looks up 8 ids (A), passes 1 and 2 four others (B), passes 3 and 4 one
     more (C). By hand: A's rows go at the end of pass 2 (unseen in passes 1 and 2), B's at the end
     of pass 4; removed per pass and table [0, 0, 8, 0, 4]; pass 2's checkpoint holds B only, pass
-    4's C only."""
+    4's C only. With delta checkpoints (full at passes 0 and 3) the deltas hold the rows the pass
+    looked up, not every row its pass end changed."""
     logs = tmp_path / "logs"
     a, b, c = [f"u{k}" for k in range(8)], ["u15", "u18", "u19", "u21"], ["u24"]
     for h, users in enumerate((a, b, b, c, c)):
@@ -69,13 +71,20 @@ def test_rows_unseen_for_ttl_passes_are_removed_at_the_pass_end_before_its_save(
     ids = ids_of(logs, 64, 32)
     sets = [ids[f"20240101/{h:02d}"] for h in range(5)]
     assert [len(s) for s in sets] == [8, 4, 4, 1, 1] and not (sets[0] & sets[1]) and not (sets[1] & sets[3])
-    plan = make_plan(64, lifecycle={"ttl_passes": 2})
+    plan = make_plan(64, lifecycle={"ttl_passes": 2}, checkpoint_delta_every=delta_every)
     hist = online(plan, logs, tmp_path / "ck", 64, 32, keep=5)
     assert [r["removed_rows"] for r in hist.passes] == [dict.fromkeys(SPARSE, n) for n in (0, 0, 8, 0, 4)]
     cks = [tmp_path / "ck" / f"step-{s:08d}" for s in range(1, 6)]
     assert held(plan, cks[1]) == dict.fromkeys(SPARSE, sets[0] | sets[1])
     assert held(plan, cks[2]) == dict.fromkeys(SPARSE, sets[1])
     assert held(plan, cks[4]) == dict.fromkeys(SPARSE, sets[3])
+    if delta_every:
+        for i in (1, 2, 4):  # the delta each pass added: the ids it looked up
+            doc = read_manifest(cks[i])
+            for n in SPARSE:
+                (e,) = [e for e in doc["files"] if e["table"] == n and e.get("delta") == i % 3]
+                with np.load(cks[i] / e["file"]) as z:
+                    assert set(z["ids"].tolist()) == sets[i] and z["Shrinks"].tolist() == [1]
 
 
 def tables(plan, ck: Path) -> dict[str, dict[str, np.ndarray]]:
