@@ -16,7 +16,9 @@ export, and a per-pass delta checkpoint against a full one.
    servable ONNX export (`export_inference`, what a full publish writes) of the same tables.
 3. Per-pass checkpoint: a sparse `--vocab` x `--dim` Adagrad table on 2 in-process shards
    (`Shard.save`, what each server does, and the manifest), `--changed` of its rows pushed per
-   pass; a full save against a delta save (`delta_every`: runtime/ps/delta.py), ms and new bytes.
+   pass; a full save against a delta save (`delta_every`: runtime/ps/delta.py), and a delta save
+   of the table with a feature lifecycle (each pass ended by `shrink`, which the delta replays on
+   load instead of writing every row), ms and new bytes.
 Prints medians and mins over `--repeats`, absolute figures and the ratios.
 """
 
@@ -213,32 +215,47 @@ def publish(args, tmp: Path) -> None:
 
 
 def checkpoints(args, tmp: Path) -> None:
-    """Per-pass saves of a sparse table on 2 shards: full each pass against a delta chain."""
+    """Per-pass saves of a sparse table on 2 shards: full each pass against a delta chain, and a
+    delta chain of a table with a feature lifecycle (a pass end, `shrink`, before each save)."""
     init = {"type": "uniform", "low": -0.1, "high": 0.1, "seed": 1}
     spec = TableSpec(
         "emb", "sparse", [-1, args.dim], initializer=init, optimizer={"type": "adagrad", "lr": 0.1}
     )
     ids = np.arange(args.vocab)
     pushed = np.random.default_rng(3).choice(ids, max(1, int(args.changed * args.vocab)), replace=False)
-    out = {}
-    for kind, every in (("full", None), ("delta", 10**6)):
-        group = [Shard([replace(spec, delta_every=every)], shard=k, num_shards=2) for k in range(2)]
-        push(group, ids)
-        save_shards(group, tmp / kind / "step-0")  # the chain's base (a full save either way)
-        times, sizes = [], []
-        for i in range(1, args.repeats + 1):
-            push(group, pushed)  # a pass
-            t0 = time.perf_counter()
-            save_shards(group, tmp / kind / f"step-{i}")
-            times.append(time.perf_counter() - t0)
-            sizes.append(new_bytes(tmp / kind / f"step-{i}"))
-        out[kind] = (float(np.median(times)), min(times), int(np.median(sizes)))
-    (fm, fl, fb), (dm, dl, db) = out["full"], out["delta"]
+    life = replace(spec, lifecycle={"ttl_passes": 1000})
+    kinds = {  # name: (spec, the full save it is compared with)
+        "full save": (spec, None),
+        "delta save": (replace(spec, delta_every=10**6), "full save"),
+        "full, lifecycle": (life, None),
+        "delta, lifecycle": (replace(life, delta_every=10**6), "full, lifecycle"),
+    }
+    out = {k: saves(sp, ids, pushed, tmp / k.replace(" ", "_"), args.repeats) for k, (sp, _) in kinds.items()}
     print(f"per-pass checkpoint, a {args.vocab} x {args.dim} adagrad table on 2 shards, {pushed.size} rows "
           f"({args.changed:.1%}) pushed per pass:")  # fmt: skip
-    print(f"  full save   {fm * 1e3:>8.1f} ms median, {fl * 1e3:>8.1f} ms min, {fb / 2**20:>8.2f} MiB new")
-    print(f"  delta save  {dm * 1e3:>8.1f} ms median, {dl * 1e3:>8.1f} ms min, {db / 2**20:>8.2f} MiB new"
-          f"   full / delta {fm / dm:.1f}x time (median), {fb / db:.1f}x bytes")  # fmt: skip
+    for kind, (med, low, nbytes) in out.items():
+        ref = kinds[kind][1]
+        ratio = "" if ref is None else f"   {ref} / this: {out[ref][0] / med:.1f}x time (median), "
+        ratio += "" if ref is None else f"{out[ref][2] / nbytes:.1f}x bytes"
+        print(f"  {kind:<17} {med * 1e3:>8.1f} ms median, {low * 1e3:>8.1f} ms min, "
+              f"{nbytes / 2**20:>8.2f} MiB new{ratio}")  # fmt: skip
+
+
+def saves(spec: TableSpec, ids: np.ndarray, pushed: np.ndarray, root: Path, repeats: int) -> tuple:
+    """(median s, min s, median new bytes) of a save after each of `repeats` passes pushing `pushed`."""
+    group = [Shard([spec], shard=k, num_shards=2) for k in range(2)]
+    push(group, ids)
+    save_shards(group, root / "step-0")  # the chain's base (a full save either way)
+    times, sizes = [], []
+    for i in range(1, repeats + 1):
+        push(group, pushed)  # a pass
+        for s in group:
+            s.shrink()  # its end (nothing without a lifecycle)
+        t0 = time.perf_counter()
+        save_shards(group, root / f"step-{i}")
+        times.append(time.perf_counter() - t0)
+        sizes.append(new_bytes(root / f"step-{i}"))
+    return float(np.median(times)), min(times), int(np.median(sizes))
 
 
 def push(group: list, ids: np.ndarray) -> None:
