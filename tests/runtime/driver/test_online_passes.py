@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import OnlineConfig, train
+from runtime import OnlineConfig, predict, train
 from runtime.data.streams import PassDirectorySource
+from runtime.driver.publish import ServedModel
 from runtime.evaluation.forward import load_tables
 from runtime.ps.checkpoint import read_manifest
 from transpiler import builder as nn
@@ -46,6 +47,11 @@ def ids_of(logs: Path, vocab: int, batch: int) -> dict[str, set[int]]:
     return {p.id: {int(i) for b in p.batches for i in b["sparse"].ravel()} for p in src.passes()}
 
 
+def batches(logs: Path, vocab: int, batch: int, pass_id: str) -> list[dict]:
+    src = PassDirectorySource(logs, schema(vocab), batch_size=batch, follow=False)
+    return {p.id: list(p.batches) for p in src.passes()}[pass_id]
+
+
 def online(plan, logs, root, vocab, batch, **kw):
     src = PassDirectorySource(logs, schema(vocab), batch_size=batch, follow=False)
     return train(plan, src, checkpoint=root, trainers={"cpu": 1}, mode="sync", progress=False, **kw)
@@ -63,7 +69,8 @@ def test_rows_unseen_for_ttl_passes_are_removed_at_the_pass_end_before_its_save(
     more (C). By hand: A's rows go at the end of pass 2 (unseen in passes 1 and 2), B's at the end
     of pass 4; removed per pass and table [0, 0, 8, 0, 4]; pass 2's checkpoint holds B only, pass
     4's C only. With delta checkpoints (full at passes 0 and 3) the deltas hold the rows the pass
-    looked up, not every row its pass end changed."""
+    looked up, not every row its pass end changed. The published model (a full ONNX, then deltas)
+    scores pass 0's records (rows removed since) and pass 4's as `predict` on the last checkpoint."""
     logs = tmp_path / "logs"
     a, b, c = [f"u{k}" for k in range(8)], ["u15", "u18", "u19", "u21"], ["u24"]
     for h, users in enumerate((a, b, b, c, c)):
@@ -72,12 +79,19 @@ def test_rows_unseen_for_ttl_passes_are_removed_at_the_pass_end_before_its_save(
     sets = [ids[f"20240101/{h:02d}"] for h in range(5)]
     assert [len(s) for s in sets] == [8, 4, 4, 1, 1] and not (sets[0] & sets[1]) and not (sets[1] & sets[3])
     plan = make_plan(64, lifecycle={"ttl_passes": 2}, checkpoint_delta_every=delta_every)
-    hist = online(plan, logs, tmp_path / "ck", 64, 32, keep=5)
+    cfg = OnlineConfig(publish=tmp_path / "pub", full_every=10, on_regression="ignore")
+    hist = online(plan, logs, tmp_path / "ck", 64, 32, keep=5, online=cfg)
     assert [r["removed_rows"] for r in hist.passes] == [dict.fromkeys(SPARSE, n) for n in (0, 0, 8, 0, 4)]
     cks = [tmp_path / "ck" / f"step-{s:08d}" for s in range(1, 6)]
     assert held(plan, cks[1]) == dict.fromkeys(SPARSE, sets[0] | sets[1])
     assert held(plan, cks[2]) == dict.fromkeys(SPARSE, sets[1])
     assert held(plan, cks[4]) == dict.fromkeys(SPARSE, sets[3])
+    served = ServedModel.load(tmp_path / "pub")
+    assert [r["action"] for r in hist.passes] == ["published"] * 5
+    for pid in ("20240101/00", "20240101/04"):
+        data = batches(logs, 64, 32, pid)
+        got = np.concatenate([served.predict(b) for b in data])
+        np.testing.assert_allclose(got, predict(plan, data, checkpoint=cks[4]), atol=1e-5)
     if delta_every:
         for i in (1, 2, 4):  # the delta each pass added: the ids it looked up
             doc = read_manifest(cks[i])
