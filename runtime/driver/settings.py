@@ -65,7 +65,10 @@ def _check_number(value: Any, what: str, *, positive: bool = False, optional: bo
 @dataclass(frozen=True)
 class RunConfig:
     """How long and how a run trains (see `train`). End conditions, whichever comes first: `steps`,
-    `epochs` of a finite data source, `until_loss` (the mean loss of the last 10 steps)."""
+    `epochs` of a finite data source, `until_loss` (the mean loss of the last 10 steps). `ends_pass`:
+    the run is one pass of online training (the online loop sets it): at its end, before the final
+    save, the servers apply the sparse tables' feature lifecycle (`PSClient.shrink`: decay, TTL,
+    score threshold; runtime/ps/lifecycle.py) and `History.removed_rows` counts the rows removed."""
 
     steps: int | None = None
     epochs: int | None = None
@@ -75,6 +78,7 @@ class RunConfig:
     allow_emulation: bool = False  # a gpu type without CUDA runs CPU kernels (else refused)
     return_params: bool = False  # History.params: the final table values
     device_graphs: bool = True  # a gpu trainer replays its segments' kernels as CUDA graphs (docs/gpu.md)
+    ends_pass: bool = False  # a pass end of the feature lifecycle before the final save
 
     def __post_init__(self) -> None:
         check_positive(self.steps, "RunConfig.steps", optional=True)
@@ -85,6 +89,7 @@ class RunConfig:
         check_bool(self.allow_emulation, "RunConfig.allow_emulation")
         check_bool(self.return_params, "RunConfig.return_params")
         check_bool(self.device_graphs, "RunConfig.device_graphs")
+        check_bool(self.ends_pass, "RunConfig.ends_pass")
 
     def check_end(self) -> None:
         if self.steps is None and self.epochs is None and self.until_loss is None:

@@ -175,9 +175,11 @@ class _Engines:
         return self.engine
 
     def fresh(self) -> Engine:
-        """The engine for the next attempt: a used one forgets its last attempt's processes."""
-        if self.engine is not None:
-            self.engine.reset()
+        """The engine for the next attempt: a used one forgets its last attempt's processes (an
+        Engine instance given to `train` may come from an earlier `train`: an online run's pass
+        before, or the caller's own run)."""
+        if self.engine is not None or isinstance(self.spec, Engine):
+            self.get().reset()
         return self.get()
 
 
@@ -446,11 +448,13 @@ def _trainer_spec(
 
 
 def _finish(s: _Session, ps_eps: list[str], admin: bytes, watch: Callable[[], None]) -> None:
-    """After every trainer is done: table statistics, trace spans, final values, the final checkpoint
-    and evaluation."""
+    """After every trainer is done: a pass end (`RunConfig.ends_pass`), table statistics, trace
+    spans, final values, the final checkpoint and evaluation."""
     history, pauses = s.history, s.pauses
     timeout = s.settings.stall_timeout
     with PSClient(ps_eps, secret=s.ps_secret, timeout=timeout, admin_secret=admin, watch=watch) as client:
+        if s.settings.run.ends_pass:  # the pass end of the feature lifecycle, before the final save
+            history.removed_rows = client.shrink()
         stats = client.stats()  # per shard; the tables' memory goes to History.tables and metrics
         history.tables = {
             n: {k: sum(st[n][k] for st in stats if n in st) for k in ("rows", "bytes")} for n in client.specs

@@ -15,6 +15,12 @@ by a tiered table is not a change. The API, on the table:
 
 Without a mark nothing is recorded (no cost). Memory: one int64 per changed id and mark, merged
 into a sorted distinct array whenever the log doubles.
+
+A pass end of the feature lifecycle (`shrink`) changes every row (show / click decayed, one more
+unseen pass). A mark set with `replay_shrinks=True` (the delta checkpoint chain's) does not list
+those rows: it counts the pass ends instead (`ChangedRows.shrinks`), which whoever applies the
+changes replays on the rows it holds before writing the changed ones (deterministic: the same
+float32 operations on the same values); the rows a shrink removes are listed as removed either way.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class ChangedRows:
 
     ids: np.ndarray
     removed: np.ndarray
+    shrinks: int = 0  # pass ends since the mark, not listed in `ids` (a `replay_shrinks` mark)
 
 
 class _Log:
@@ -63,12 +70,28 @@ class Changes:
 
     def __init__(self) -> None:
         self.marks: dict[str, tuple[_Log, _Log]] = {}
+        self.shrinks: dict[str, int] = {}  # the marks that count pass ends instead of listing rows
 
-    def mark(self, name: str) -> None:
+    def mark(self, name: str, replay_shrinks: bool = False) -> None:
         self.marks[name] = (_Log(), _Log())
+        self.shrinks.pop(name, None)
+        if replay_shrinks:
+            self.shrinks[name] = 0
 
     def unmark(self, name: str) -> None:
         self.marks.pop(name, None)
+        self.shrinks.pop(name, None)
+
+    def pass_end(self) -> None:
+        """A shrink began: counted by the `replay_shrinks` marks."""
+        for name in self.shrinks:
+            self.shrinks[name] += 1
+
+    def shrunk(self, ids: np.ndarray) -> None:
+        """Rows a shrink changed (kept): listed by the marks that do not replay shrinks."""
+        for name, (log, _) in self.marks.items():
+            if name not in self.shrinks:
+                log.add(ids)
 
     def changed(self, ids: np.ndarray) -> None:
         for log, _ in self.marks.values():
@@ -88,4 +111,4 @@ class Changes:
         changed, removed = (log.merged() for log in self.marks[name])
         every = unique_ids(np.concatenate([changed, removed]))
         have = exists(every) if every.size else np.zeros(0, bool)
-        return ChangedRows(every[have], every[~have])
+        return ChangedRows(every[have], every[~have], self.shrinks.get(name, 0))

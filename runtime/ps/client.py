@@ -481,6 +481,18 @@ class PSClient:
         req = p.Load(path, None if step is None else int(step))
         self._call(dict.fromkeys(range(len(self._socks)), req))
 
+    def shrink(self) -> dict[str, int]:
+        """A pass end of the feature lifecycle on every shard (runtime/ps/lifecycle.py: show and
+        click decayed, rows past `ttl_passes` unseen passes or below `delete_threshold` removed, one
+        more unseen pass counted for the rest); {table: rows removed over all shards}, for the
+        sparse tables with a `lifecycle`. Admin only."""
+        r = self._call(dict.fromkeys(range(len(self._socks)), p.Shrink()))
+        out: dict[str, int] = {}
+        for k in sorted(r):
+            for name, n in r[k][0]["removed"].items():
+                out[name] = out.get(name, 0) + int(n)
+        return out
+
     def stats(self) -> list[dict]:
         """Per shard: {table: {"rows": n, "bytes": memory held, "version": applied sync steps}}."""
         r = self._call(dict.fromkeys(range(len(self._socks)), p.Stats()))

@@ -6,14 +6,20 @@ A checkpoint directory stays self-contained: a delta save hard-links the files o
 (the full file or tiered directory and the earlier deltas) from the previous checkpoint into the new
 one, and adds `NNN-<table>.shard<k>.delta<j>.npz`: the rows changed since the previous save
 (`SparseTable.changed_since`, runtime/ps/changes.py) with their optimizer and admission / eviction
-state, the ids removed since (`Deleted`), the scalar state and the applied steps. Deleting an older
-checkpoint (a run's `keep`) never breaks a newer one, and the new bytes on disk are those of the
-delta alone, proportional to the rows touched. Restore = base + deltas in order, exact: the loaded
-table equals the one saved (`Shard.load` applies them; any shard count).
+state, the ids removed since (`Deleted`), the pass ends of the feature lifecycle since (`Shrinks`:
+a shrink changes every row, so it is replayed on load, not written row by row), the scalar state
+and the applied steps. Deleting an older checkpoint (a run's `keep`) never breaks a newer one, and
+the new bytes on disk are those of the delta alone, proportional to the rows touched. Restore =
+base + deltas in order (each: its `Shrinks` replayed on the rows so far, then its rows written and
+its `Deleted` removed), exact: the loaded table equals the one saved (`Shard.load` applies them;
+any shard count).
 
 A shard links from its previous save only when that checkpoint still lists the chain's files as
 this shard wrote them (its manifest is read and compared); otherwise (a save that failed or was
-removed, a load since) the save is full and starts a new chain.
+removed) the save is full and starts a new chain. A load of a checkpoint saved by as many shards
+continues its chain (`Shard.load`: the next save is a delta of the rows changed since the load, so
+online training, whose servers restart each pass, writes deltas between its full saves); a load
+with another shard count starts a new one.
 """
 
 from __future__ import annotations
@@ -93,10 +99,15 @@ def save_delta(
         _link(chain.path / e["file"], stage / e["file"])
     rows = t.changed_since(MARK)
     seq = chain.deltas + 1
-    arrays = {**t.rows_of(rows.ids), "Deleted": rows.removed, "version": np.array([version])}
+    arrays = {
+        **t.rows_of(rows.ids),
+        "Deleted": rows.removed,
+        "Shrinks": np.array([rows.shrinks]),
+        "version": np.array([version]),
+    }
     entry = checkpoint.write_arrays(stage, delta_name(index, t.name, shard, seq), t.name, arrays)
     entry.update(delta=seq, shard=shard, num_shards=num_shards)
-    t.mark(MARK)
+    t.mark(MARK, replay_shrinks=True)
     return Chain(target_of(stage), [*chain.entries, entry], seq)
 
 
@@ -119,8 +130,10 @@ def load_delta(t: SparseTable, path: Path, entry: dict, mine) -> int:
         raise checkpoint.CheckpointError(f"{where}: arrays {bad} are missing or of the wrong shape")
     version = int(arrays.pop("version")[0])
     deleted = arrays.pop("Deleted")
+    origin = lambda ids: shard_of(ids, int(entry["num_shards"])) == int(entry["shard"])  # noqa: E731
+    for _ in range(int(arrays.pop("Shrinks", np.zeros(1))[0])):  # pass ends since the save before,
+        t.shrink(origin)  # on the rows of the shard that wrote this delta
     rows = t.select_rows(arrays, mine)
     rows["Deleted"] = deleted[mine(deleted)]
-    origin = lambda ids: shard_of(ids, int(entry["num_shards"])) == int(entry["shard"])  # noqa: E731
     t.apply_delta(rows, origin)
     return version

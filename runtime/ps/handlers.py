@@ -143,6 +143,10 @@ def _load(cx: Context, r: p.Load) -> Reply:
     return {}, []
 
 
+def _shrink(cx: Context, r: p.Shrink) -> Reply:
+    return {"removed": cx.shard.shrink()}, []  # {table: rows removed} of the tables with a lifecycle
+
+
 def _stats(cx: Context, r: p.Stats) -> Reply:
     return {"tables": cx.shard.table_stats()}, []  # (rows, bytes, steps; a sparse table's counts)
 
@@ -163,6 +167,7 @@ HANDLERS: dict[type, Callable[[Context, Any], Reply]] = {
     p.Assign: _assign,
     p.Save: _save,
     p.Load: _load,
+    p.Shrink: _shrink,
     p.Stats: _stats,
     p.Trace: _trace,
 }  # (Shutdown: the loop's own)

@@ -9,8 +9,9 @@ server.py) are not part of a record.
 
 Ops: `Hello`, `Pull`, `Push`, `PushPull` (several tables' pushes, then pulls, in one request),
 `Norm` and `Apply` (gradient clipping by global norm, clip.py), `Hold` and `WriteBack` (a dense
-table its only trainer keeps, held_tables.py), `Assign`, `Save`, `Load`, `Stats`, `Trace`,
-`Shutdown`. `ADMIN_OPS` need the admin key (server.py).
+table its only trainer keeps, held_tables.py), `Assign`, `Save`, `Load`, `Shrink` (a pass end of
+the feature lifecycle, lifecycle.py), `Stats`, `Trace`, `Shutdown`. `ADMIN_OPS` need the admin
+key (server.py).
 """
 
 from __future__ import annotations
@@ -331,6 +332,14 @@ class Load(_Request):
 
 
 @dataclass(slots=True)
+class Shrink(_Request):
+    """A pass end: apply every sparse table's lifecycle (decay, TTL, score threshold:
+    runtime/ps/lifecycle.py); the reply carries the rows removed per table."""
+
+    OP: ClassVar[str] = "shrink"
+
+
+@dataclass(slots=True)
 class Stats(_Request):
     OP: ClassVar[str] = "stats"
 
@@ -357,6 +366,7 @@ Request = (
     | Assign
     | Save
     | Load
+    | Shrink
     | Stats
     | Trace
     | Shutdown
@@ -375,13 +385,14 @@ REQUESTS: dict[str, type] = {
         Assign,
         Save,
         Load,
+        Shrink,
         Stats,
         Trace,
         Shutdown,
     )
 }
 OPS = tuple(REQUESTS)
-ADMIN_OPS = frozenset({"assign", "save", "load", "shutdown"})
+ADMIN_OPS = frozenset({"assign", "save", "load", "shrink", "shutdown"})
 TRACED_OPS = frozenset({"pull", "push", "push_pull"})  # the requests a traced server records
 
 

@@ -21,7 +21,7 @@ starts with that name, it pushes only as pusher `name` and holds only the tables
 (`sess`), a sequence number newer than the last (`wire.Sessions`: a forgotten sender must say hello
 again, so a captured request is never accepted later) and the index of the shard it is for (`to`),
 so a captured request cannot be replayed, reordered or sent to another shard. Admin requests
-(`ADMIN_OPS`: assign, save, load, shutdown) must be signed with `admin_secret` when one is given
+(`ADMIN_OPS`: assign, save, load, shrink, shutdown) must be signed with `admin_secret` when one is given
 (only the driver holds it), and save / load only touch directories inside `checkpoint_root`.
 `Servers` (runtime/ps/local.py) makes both keys at random. Limits on what a request may cost:
 `shard.Limits`.

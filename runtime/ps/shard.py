@@ -400,7 +400,7 @@ class Shard:
             arrays = {**t.state_dict(), "version": np.array([version])}
             entries = [checkpoint.write_arrays(path, checkpoint.file_name(index, n, self.shard), n, arrays)]
         if delta.uses_deltas(t):
-            t.mark(delta.MARK)
+            t.mark(delta.MARK, replay_shrinks=True)
             self.chains[n] = delta.Chain(delta.target_of(path), entries, 0)
         return entries
 
@@ -443,7 +443,23 @@ class Shard:
             self.tables[name], self.version[name] = new, version if step is None else step
             self.pending[name].clear()
             self.held.pop(name, None)
-            self.chains.pop(name, None)  # (the next save is full)
+            self.chains.pop(name, None)
+            self._continue_chain(Path(path), doc, new)
+
+    def _continue_chain(self, path: Path, doc: dict, t: Table) -> None:
+        """After loading checkpoint `path` saved by as many shards: the next save of a table with
+        delta checkpoints goes on with the chain `path` ends (a delta of the rows changed since the
+        load, linking this shard's files of `path`); another shard count: the next save is full."""
+        if not delta.uses_deltas(t) or doc.get("num_shards") != self.num_shards:
+            return
+        index = next(i for i, s in enumerate(self.specs) if s.name == t.name)
+        mine = checkpoint.file_name(index, t.name, self.shard).removesuffix(".npz") + "."
+        entries = delta.ordered(
+            [e for e in doc["files"] if e["table"] == t.name and e["file"].startswith(mine)]
+        )
+        if entries and "delta" not in entries[0]:
+            t.mark(delta.MARK, replay_shrinks=True)
+            self.chains[t.name] = delta.Chain(path, entries, max(e.get("delta", 0) for e in entries))
 
     def close_table(self, name: str) -> None:
         """Release a table's resources beyond RAM (a tiered table's engine files)."""

@@ -452,9 +452,10 @@ class SparseTable(_Base):
         return arrays
 
     # -- rows changed since a mark (runtime/ps/changes.py), delta checkpoints (runtime/ps/delta.py) --
-    def mark(self, name: str) -> None:
-        """Start (or restart) collecting the rows changed under mark `name`."""
-        self.changes.mark(name)
+    def mark(self, name: str, replay_shrinks: bool = False) -> None:
+        """Start (or restart) collecting the rows changed under mark `name` (`replay_shrinks`: count
+        pass ends instead of listing the rows they change, runtime/ps/changes.py)."""
+        self.changes.mark(name, replay_shrinks)
 
     def changed_since(self, name: str) -> ChangedRows:
         """The rows changed, and the ids removed, since `mark(name)` (runtime/ps/changes.py)."""
@@ -527,20 +528,37 @@ class SparseTable(_Base):
         slots = self.slots(ids[have], init=False)
         self.row_state["Show"][slots] += shows[have]
         self.row_state["Click"][slots] += clicks[have]
+        if self.changes.marks:
+            self.changes.changed(uniq[have])
 
-    def shrink(self) -> int:
+    def shrink(self, which: Callable[[np.ndarray], np.ndarray] | None = None) -> int:
         """A pass end: decay show/click, remove the rows whose score or unseen passes say so, count
-        one more unseen pass for the others (runtime/ps/lifecycle.py); the rows removed."""
+        one more unseen pass for the others (runtime/ps/lifecycle.py); the rows removed. `which(ids)`:
+        only those rows (a delta's replay on the rows of the shard that wrote it)."""
         if self.life is None:
             return 0
         n = len(self.index)
-        keep = shrink(self.life, *(self.row_state[f][:n] for f in LIFE))
+        if which is None:
+            keep = shrink(self.life, *(self.row_state[f][:n] for f in LIFE))
+        else:
+            keep = self._shrink_some(which(self.index.ids_by_slot()), n)
         if self.changes.marks:  # (every row's show, click and unseen passes changed)
-            self.changes.changed(self.index.ids_by_slot()[keep])
+            self.changes.pass_end()
+            self.changes.shrunk(self.index.ids_by_slot()[keep])
         gone = n - int(np.count_nonzero(keep))
         if gone:
             self._drop(keep)
         return gone
+
+    def _shrink_some(self, sel: np.ndarray, n: int) -> np.ndarray:
+        """`shrink` of the rows in slots `sel` (a mask over the `n` slots): the keep mask."""
+        fields = [self.row_state[f][:n] for f in LIFE]
+        part = [f[sel] for f in fields]
+        keep = np.ones(n, bool)
+        keep[sel] = shrink(self.life, *part)
+        for f, p in zip(fields, part, strict=True):
+            f[sel] = p
+        return keep
 
     def table_counts(self) -> dict[str, int]:
         """Rows held, rows admitted (created) and evicted (by their lifecycle) since the table was

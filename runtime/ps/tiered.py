@@ -48,6 +48,7 @@ import re
 import tempfile
 import uuid
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from shutil import rmtree
@@ -423,19 +424,23 @@ class TieredSparseTable(SparseTable):
         super().add_show_click(ids, shows, clicks)
         self._spill()
 
-    def shrink(self) -> int:
+    def shrink(self, which: Callable[[np.ndarray], np.ndarray] | None = None) -> int:
         """`SparseTable.shrink` over the RAM rows, then over the rows only on disk, BATCH_ROWS at a
-        time (each batch's survivors written back and the others deleted in one WriteBatch each)."""
-        gone = super().shrink()
+        time (each batch's survivors written back and the others deleted in one WriteBatch each);
+        `which(ids)`: only those rows."""
+        gone = super().shrink(which)
         if not self.cold:
             return gone
         for ids, rec in self._cold_batches():  # (the iterator reads a snapshot: writes do not disturb it)
+            if which is not None:
+                sel = which(ids)
+                ids, rec = ids[sel], rec[sel]
             rec = rec.copy()
             keep = _shrink(self.life, rec["Show"], rec["Click"], rec["Unseen"])
             self.store.put(ids[keep], rec[keep])
             self.store.delete(ids[~keep])
             if self.changes.marks:
-                self.changes.changed(ids[keep])
+                self.changes.shrunk(ids[keep])
                 self.changes.removed(ids[~keep])
             dropped = int(ids.size - np.count_nonzero(keep))
             self.cold -= dropped

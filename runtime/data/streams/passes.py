@@ -6,8 +6,10 @@ not (and a folder that appears once a later pass was read is never read: write p
 The files of a pass are read by the format readers of `runtime.data.files` (`open_dataset` on the
 pass's files), split among reader shards as `Dataset.shard` splits files (byte ranges of plain
 text, whole .gz files, Parquet row groups). Position: (last pass read whole, files of the next
-pass read whole by this shard, rows of the next file yielded). Files are read from a local (or
-mounted) file system: the format readers open paths.
+pass read whole by this shard, rows of the next file yielded). The root is a local directory or
+one of any file system pyarrow.fs or fsspec reads (a URI, or a (file system, path) pair:
+runtime/data/streams/fs.py; a non-local pass's files are copied to a temporary directory while
+the pass is read).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from runtime.data.files.dataset import open_dataset
 from runtime.data.streams.base import Feed, Pass, StreamPosition, StreamSource, StreamStalled, marked, rebatch
+from runtime.data.streams.fs import tree
 
 FIELDS = {"day": (r"\d{8}", timedelta(days=1)), "hour": (r"\d{2}", timedelta(hours=1))}
 FIELDS["minute"] = (r"\d{2}", timedelta(minutes=1))
@@ -32,15 +34,18 @@ FIELDS["minute"] = (r"\d{2}", timedelta(minutes=1))
 
 @dataclass(frozen=True)
 class PassDir:
-    """A pass's folder: its id (the path below the root), event-time start and folder."""
+    """A pass's folder: its id (the path below the root), event-time start and folder (a path in
+    the source's file system)."""
 
     id: str
     start: datetime
-    path: Path
+    path: str
 
 
 class PassDirectorySource(StreamSource):
-    """Passes from `root/<layout>/` folders, e.g. layout "{day}/{hour}" (20240101/03) or
+    """Passes from `root/<layout>/` folders (`root`: a local path, a URI pyarrow.fs or fsspec
+    reads, such as `s3://bucket/logs` or `file:///data/logs`, or a (pyarrow or fsspec file system,
+    path) pair: runtime/data/streams/fs.py), e.g. layout "{day}/{hour}" (20240101/03) or
     "dt={day}/hr={hour}"; fields: {day} (YYYYMMDD), {hour}, {minute} (two digits). A pass is ready
     when `done_flag` exists in its folder; its other files (hidden and `_`-prefixed ones skipped)
     are its data, in `format` (None: guessed from the first file) read by `schema`.
@@ -55,7 +60,7 @@ class PassDirectorySource(StreamSource):
 
     def __init__(
         self,
-        root: str | os.PathLike,
+        root: str | os.PathLike | tuple,
         schema: Any,
         batch_size: int,
         *,
@@ -70,7 +75,8 @@ class PassDirectorySource(StreamSource):
         pass_length: timedelta | None = None,
     ) -> None:
         super().__init__(schema, batch_size, shard)
-        self.root, self.layout, self.done_flag, self.format = Path(root), layout, done_flag, format
+        self.tree = tree(root)
+        self.root, self.layout, self.done_flag, self.format = self.tree.name, layout, done_flag, format
         self.follow, self.poll, self.timeout, self.until = follow, poll, timeout, until
         self._levels = [_level_regex(part, layout) for part in layout.strip("/").split("/")]
         names = re.findall(r"{(\w+)}", layout)
@@ -96,20 +102,21 @@ class PassDirectorySource(StreamSource):
     def _pass_batches(self, p: PassDir) -> Iterator[Feed]:
         skip_files, skip_rows = self._position.file, self._position.row
         files = [
-            str(f)
-            for f in sorted(p.path.iterdir())
-            if f.is_file() and f.name != self.done_flag and not f.name.startswith((".", "_"))
+            self.tree.join(p.id, f)
+            for f in self.tree.files(p.path)
+            if f != self.done_flag and not f.startswith((".", "_"))
         ]
-        pieces = []
         if files:
-            ds = open_dataset(files, self.schema, self.batch_size, self.format, prefetch=0)
-            pieces = ds.plan(self.shard[1])[self.shard[0]]
-            chunks = self._chunks(ds, pieces, skip_files, skip_rows)
-            for feed, unit, row in rebatch(chunks, self.local_batch):
-                self._position = StreamPosition(self.kind, self.shard, self._position.pass_id, unit, 0, row)
-                if unit == len(pieces):  # the pass's last row
-                    self._position = StreamPosition(self.kind, self.shard, p.id)
-                yield feed
+            with self.tree.staged(files) as local:
+                ds = open_dataset(local, self.schema, self.batch_size, self.format, prefetch=0)
+                pieces = ds.plan(self.shard[1])[self.shard[0]]
+                chunks = self._chunks(ds, pieces, skip_files, skip_rows)
+                for feed, unit, row in rebatch(chunks, self.local_batch):
+                    pos = StreamPosition(self.kind, self.shard, self._position.pass_id, unit, 0, row)
+                    self._position = pos
+                    if unit == len(pieces):  # the pass's last row
+                        self._position = StreamPosition(self.kind, self.shard, p.id)
+                    yield feed
         self._position = StreamPosition(self.kind, self.shard, p.id)
 
     def _chunks(self, ds, pieces: list, skip_files: int, skip_rows: int) -> Iterator[Feed]:
@@ -128,20 +135,19 @@ class PassDirectorySource(StreamSource):
 
     def _ready(self) -> tuple[list[PassDir], bool]:
         """(pass folders in event-time order, whether each has its done flag)."""
-        found = [(self.root, {})]
+        found: list[tuple[str, dict]] = [("", {})]  # (id so far, field values)
         for level in self._levels:
             found = [
-                (d, {**values, **m.groupdict()})
-                for parent, values in found
-                if parent.is_dir()
-                for d in sorted(parent.iterdir())
-                if d.is_dir() and (m := level.fullmatch(d.name))
+                (f"{rel}/{d}".lstrip("/"), {**values, **m.groupdict()})
+                for rel, values in found
+                for d in self.tree.dirs(self.tree.join(rel))
+                if (m := level.fullmatch(d))
             ]
         dirs = sorted(
-            (PassDir(d.relative_to(self.root).as_posix(), _start(v), d) for d, v in found),
+            (PassDir(rel, _start(v), self.tree.join(rel)) for rel, v in found),
             key=lambda p: (p.start, p.id),
         )
-        return dirs, [(p.path / self.done_flag).exists() for p in dirs]
+        return dirs, [self.tree.exists(f"{p.path}/{self.done_flag}") for p in dirs]
 
     def _next_ready(self, after: str) -> PassDir | None:
         """The first pass after the pass `after` ("": from the first), waited for; None at the end."""
@@ -161,9 +167,10 @@ class PassDirectorySource(StreamSource):
             waited = time.monotonic() - t0
             if self.timeout is not None and waited > self.timeout:
                 if waiting:
+                    where = self.tree.describe(waiting[0][0].path)
                     raise StreamStalled(
-                        f"pass directory {waiting[0][0].path} has had no done flag {self.done_flag!r} "
-                        f"for {waited:.1f} s (timeout={self.timeout}); later passes wait for it"
+                        f"pass directory {where} has had no done flag {self.done_flag!r} for "
+                        f"{waited:.1f} s (timeout={self.timeout}); later passes wait for it"
                     )
                 raise StreamStalled(
                     f"no new pass directory under {self.root} (layout {self.layout!r}) after pass "

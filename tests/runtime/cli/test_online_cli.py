@@ -49,3 +49,15 @@ def test_hetps_train_stream_trains_and_publishes_each_pass(setup, capsys):
     write_pass(t / "logs", 2, 64)
     assert main([*argv, "--resume", str(t / "ck")]) == 0
     assert "1 passes, 64 examples trained" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_hetps_train_stream_reads_pass_directories_by_a_file_uri(setup, capsys):
+    t = setup
+    write_pass(t / "logs", 0, 40)
+    argv = ["train", str(t / "plan"), "--stream", (t / "logs").as_uri(), "--schema", str(t / "schema.yaml")]
+    argv += ["--batch-size", str(BATCH), "--trainers", "cpu=1", "--checkpoint", str(t / "ck")]
+    assert main(argv) == 0
+    assert "pass 20240101/00: 40 examples" in capsys.readouterr().out
+    assert main([*argv[:3], "nosuchscheme://logs", *argv[4:]]) == 2
+    assert "nosuchscheme://logs: neither pyarrow.fs" in capsys.readouterr().err

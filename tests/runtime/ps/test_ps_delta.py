@@ -34,11 +34,18 @@ KINDS = {
 }
 
 
-def run(spec, root, shards=2, saves=5, seed=0):
-    """Train shards on a fixed random stream, saving root/step-i after each of `saves` rounds."""
+def run(spec, root, shards=2, saves=5, seed=0, restart=False):
+    """Train shards on a fixed random stream, saving root/step-i after each of `saves` rounds;
+    `restart`: before each round but the first, new shards load the last save (an online pass)."""
     group = [Shard([spec], shard=k, num_shards=shards) for k in range(shards)]
     rng = np.random.default_rng(seed)
     for i in range(saves):
+        if restart and i:
+            for s in group:
+                s.close()
+            group = [Shard([spec], shard=k, num_shards=shards) for k in range(shards)]
+            for s in group:
+                s.load(root / f"step-{i - 1}")
         for _ in range(4):
             ids = np.unique(rng.zipf(1.3, 40) % 3000 + (1 << 62) * rng.integers(0, 2))
             grad = rng.normal(size=(ids.size, 4)).astype(np.float32)
@@ -101,6 +108,84 @@ def test_a_delta_chain_restores_the_tables_a_full_save_run_restores(tmp_path, ki
     for i in range(4):  # older checkpoints removed (a run's keep): the newer ones stay whole
         shutil.rmtree(tmp_path / "chain" / f"step-{i}")
     same(state(tmp_path / "full" / "step-4", spec, 2), state(tmp_path / "chain" / "step-4", spec, 2))
+
+
+@pytest.mark.parametrize("kind", ["ram", "life"])
+def test_the_chain_goes_on_after_a_load_by_as_many_shards_and_restores_as_full_saves(tmp_path, kind):
+    """Shards restarted before every round from the last save (as the online loop's servers):
+    full at 0 and 3, deltas between, the same tables as full saves of the unrestarted run."""
+    spec = KINDS[kind]
+    for s in run(spec, tmp_path / "full"):
+        s.close()
+    for s in run(replace(spec, delta_every=3), tmp_path / "chain", restart=True):
+        s.close()
+    for i in range(5):
+        doc = read_manifest(tmp_path / "chain" / f"step-{i}")
+        assert sorted({e.get("delta", 0) for e in doc["files"]}) == list(range(i % 3 + 1))
+        same(
+            state(tmp_path / "full" / f"step-{i}", spec, 2), state(tmp_path / "chain" / f"step-{i}", spec, 2)
+        )
+
+
+def test_a_load_by_another_shard_count_makes_the_next_save_full(tmp_path):
+    spec = replace(KINDS["ram"], delta_every=5)
+    s = Shard([spec], shard=0, num_shards=2)
+    s.push("emb", np.ones((4, 4), np.float32), s_ids(2))
+    save_shards([s, Shard([spec], shard=1, num_shards=2)], tmp_path / "a")
+    one = Shard([spec])
+    one.load(tmp_path / "a")
+    one.push("emb", np.ones((1, 4), np.float32), s_ids(2)[:1])
+    save_shards([one], tmp_path / "b")
+    assert all("delta" not in e for e in read_manifest(tmp_path / "b")["files"])
+    same2 = Shard([spec], shard=0, num_shards=2)
+    same2.load(tmp_path / "a")
+    same2.push("emb", np.ones((1, 4), np.float32), s_ids(2)[:1])
+    save_shards([same2, Shard([spec], shard=1, num_shards=2)], tmp_path / "c")
+    assert any(e.get("delta") == 1 for e in read_manifest(tmp_path / "c")["files"])
+
+
+def s_ids(shards):
+    """Four ids that shard 0 of `shards` holds."""
+    ids = np.arange(200)
+    return ids[shard_of(ids, shards) == 0][:4]
+
+
+@pytest.mark.parametrize("storage", ["ram", "disk"])
+def test_a_pass_end_is_replayed_on_load_not_written_row_by_row(tmp_path, storage):
+    """ttl_passes 2. Pass 1 pushes rows 0-499, then a full save; pass 2 pushes 4 rows: its delta
+    holds those 4 and Shrinks = 1, and restores the 497 others one unseen pass older (2, by
+    hand); pass 3 pushes nothing: those 497 are gone, and the restore (base + 2 deltas) is the live
+    table, row for row."""
+    spec = replace(BASE, lifecycle={"ttl_passes": 2}, delta_every=5)
+    if storage == "disk":
+        spec = replace(spec, storage="disk", memory_budget=16000)
+    s = Shard([spec])
+    for lo in range(0, 500, 100):
+        s.push("emb", np.ones((100, 4), np.float32), np.arange(lo, lo + 100))
+    s.tables["emb"].shrink()
+    save_shards([s], tmp_path / "a")
+    touched = np.array([3, 10, 499, 1000])
+    s.push("emb", np.ones((4, 4), np.float32), touched)
+    s.tables["emb"].shrink()
+    save_shards([s], tmp_path / "b")
+    (d,) = [e for e in read_manifest(tmp_path / "b")["files"] if e.get("delta")]
+    with np.load(tmp_path / "b" / d["file"]) as z:
+        assert z["ids"].tolist() == touched.tolist() and z["Shrinks"].tolist() == [1]
+    b = state(tmp_path / "b", spec)[0]
+    assert b["ids"].size == 501 and b["Unseen"].tolist().count(2.0) == 497
+    assert b["Unseen"][np.isin(b["ids"], touched)].tolist() == [1.0] * 4
+    assert s.tables["emb"].shrink() == 497
+    save_shards([s], tmp_path / "c")
+    c = state(tmp_path / "c", spec)[0]
+    assert c["ids"].tolist() == touched.tolist()
+    same([c], [state_of(s)])
+    s.close()
+
+
+def state_of(s: Shard) -> dict:
+    d = s.tables["emb"].state_dict()
+    order = np.argsort(d["ids"])
+    return {k: a[order] if a.shape[:1] == order.shape else a for k, a in d.items()}
 
 
 def test_a_delta_holds_the_rows_touched_since_the_save_before(tmp_path):

@@ -112,3 +112,29 @@ def test_bad_lifecycle_rules_are_refused_naming_the_table():
             make_table(replace(SPEC, lifecycle=rule))
     with pytest.raises(PSError, match="no lifecycle"):
         make_table(replace(SPEC, lifecycle=None)).show_click(np.array([1]), np.array([1.0]))
+
+
+def test_the_shrink_request_ends_a_pass_on_every_shard_and_needs_the_admin_key():
+    """Two server shards, ttl_passes 2, no threshold: ids 0-9 pushed in pass 1, ids 0-3 in pass 2,
+    none in pass 3. By hand: pass 1 and 2 remove nothing, pass 3 removes 4..9 (two passes unseen)
+    and keeps 0-3 (one); pass 4 removes 0-3. A trainer's key cannot shrink."""
+    from runtime.ps import PSClient, Servers
+
+    spec = replace(SPEC, lifecycle={"ttl_passes": 2})
+    with Servers([spec], num_shards=2) as servers, servers.client() as admin:
+        removed = []
+        for ids in (np.arange(10), np.arange(4), None, None):
+            if ids is not None:
+                admin.push("emb", np.ones((ids.size, 2), np.float32), ids)
+            removed.append(admin.shrink())
+            held = sum(s["emb"]["rows"] for s in admin.stats())
+            removed[-1]["held"] = held
+        assert removed == [
+            {"emb": 0, "held": 10},
+            {"emb": 0, "held": 10},
+            {"emb": 6, "held": 4},
+            {"emb": 4, "held": 0},
+        ]
+        with PSClient(servers.endpoints, secret=servers.secret, pusher="cpu:0", timeout=10) as trainer:
+            with pytest.raises(PSError, match="admin"):
+                trainer.shrink()

@@ -34,6 +34,7 @@ SAMPLES = [
     p.Save("/ckpt/a"),
     p.Load("/ckpt/a", step=9),
     p.Load("/ckpt/a"),
+    p.Shrink(),
     p.Stats(),
     p.Trace(),
     p.Shutdown(),
@@ -67,7 +68,7 @@ def test_the_holder_of_a_hold_is_the_requests_client_id():
 
 
 def test_every_op_has_one_record_and_every_record_but_shutdown_a_handler():
-    assert set(p.REQUESTS) == set(p.OPS) and len(p.OPS) == 14
+    assert set(p.REQUESTS) == set(p.OPS) and len(p.OPS) == 15
     assert set(HANDLERS) == set(p.REQUESTS.values()) - {p.Shutdown}
     assert p.ADMIN_OPS <= set(p.OPS)
     assert {type(r) for r in SAMPLES} == set(p.REQUESTS.values())
