@@ -529,7 +529,7 @@ class SparseTable(_Base):
         self.row_state["Show"][slots] += shows[have]
         self.row_state["Click"][slots] += clicks[have]
         if self.changes.marks:
-            self.changes.changed(uniq[have])
+            self.changes.changed(ids[have])
 
     def shrink(self, which: Callable[[np.ndarray], np.ndarray] | None = None) -> int:
         """A pass end: decay show/click, remove the rows whose score or unseen passes say so, count
