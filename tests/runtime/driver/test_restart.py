@@ -125,7 +125,10 @@ def test_without_a_checkpoint_it_restarts_from_the_start_and_gives_up_after_n(tm
     with pytest.raises(
         TrainingError, match=r"(?s)cpu:1 failed: was killed by signal SIGKILL.*giving up"
     ) as e:
-        train(model().main, data(), mode="sync", engine=eng, callback=kill, failure=FailureConfig(1), **RUN)
+        # 400 steps, not 16: on a quiet machine the trainers ran all 16 steps before the driver's
+        # callback saw step 3, so the kill came after cpu:0 had finished (rightly no restart)
+        run = {**RUN, "steps": 400}
+        train(model().main, data(), mode="sync", engine=eng, callback=kill, failure=FailureConfig(1), **run)
     err = e.value
     assert err.who == "cpu:1" and "after 1 restart(s)" in str(err)
     assert [(r.culprit, r.resumed_from, r.checkpoint) for r in err.restarts] == [("cpu:0", 0, None)]
