@@ -36,7 +36,7 @@ def raw_push(ep: str, *messages: list, login: str | None = "a", receiver: str = 
     """Send `messages` (lists of frames) in order through one raw socket logged in as `login` with
     its link key's token (None: no login, a peer without a key)."""
     sock = zmq.Context.instance().socket(zmq.PUSH)
-    sock.linger = 1000
+    sock.linger, sock.sndhwm = 1000, 0
     if login is not None:
         zap.credentials(sock, login, link_key(MASTER, login, receiver))
     sock.connect(ep)
