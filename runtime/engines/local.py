@@ -71,7 +71,7 @@ def holders():
                 ppid = int(f.read().rpartition(b")")[2].split()[1])
             children.setdefault(ppid, []).append(pid)
             with open(f"/proc/{{pid}}/cmdline", "rb") as f:
-                args = f.read().decode(errors="replace").split("\0")
+                args = f.read().decode(errors="replace").split("\\0")
             fds = [os.readlink(f"/proc/{{pid}}/fd/{{fd}}") for fd in os.listdir(f"/proc/{{pid}}/fd")]
         except (OSError, ValueError, IndexError):
             continue
