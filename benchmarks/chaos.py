@@ -684,11 +684,11 @@ def insider_rows() -> list[Row]:
 
 # -- insiders at an inbox: a process with a link key of its own ("cpu:1") ----------------------------
 def _drain(inbox: Inbox) -> int:
-    """Messages `inbox` accepts until one call neither accepts nor refuses any."""
+    """Messages `inbox` accepts until one call (waiting up to 0.5 s) neither accepts nor refuses any."""
     heard = 0
     while True:
         refused = inbox.refused
-        if inbox.recv(2000) is not None:
+        if inbox.recv(500) is not None:
             heard += 1
         elif inbox.refused == refused:
             return heard

@@ -28,8 +28,9 @@ _DRIVER = textwrap.dedent(
         if rec["step"] == 1:
             print("TMP", eng.tmp, flush=True)
     plan = transpile(wide_deep(vocab=300, dim=8, hidden=(16,), optimizer=nn.SGD(lr=0.1)).main)
-    train(plan, SyntheticCTR(vocab=300), steps=100000, batch_size=64, engine=eng, trainers={"cpu": 1, "gpu": 1},
-          servers=1, mode="async", allow_emulation=True, progress=False, callback=tell)
+    train(plan, SyntheticCTR(vocab=300), steps=100000, batch_size=64, engine=eng,
+          trainers={"cpu": 1, "gpu": 1}, servers=1, mode="async", allow_emulation=True,
+          progress=False, callback=tell)
     """
 )
 
