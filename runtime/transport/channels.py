@@ -231,14 +231,17 @@ class Outbox:
             if ring is not None:
                 laid = [wire_array(i, a, contiguous=False) for i, a in enumerate(arrays)]  # (put copies)
                 if desc := ring.put(laid):
-                    sock.send_multipart(encode({**header, "shm": desc}, (), key, name))
-                    return
+                    return self._send(sock, endpoint, encode({**header, "shm": desc}, (), key, name))
+        self._send(sock, endpoint, encode(header, arrays, key, name))
+
+    def _send(self, sock: zmq.Socket, endpoint: str, frames: list[Any]) -> None:
         try:
-            sock.send_multipart(encode(header, arrays, key, name), copy=False)
+            sock.send_multipart(frames, copy=False)
         except zmq.Again:
             raise WireError(
-                f"{name or 'this process'} could not send to {endpoint!r} for {SEND_TIMEOUT_MS / 1e3:.0f} s: "
-                "its inbox refuses this process's login (a link key of another run?)"
+                f"{self.links.name if self.links else 'this process'} could not send to {endpoint!r} for "
+                f"{SEND_TIMEOUT_MS / 1e3:.0f} s: its inbox refuses this process's login (a link key of "
+                "another run?)"
             ) from None
 
     def _connect(self, endpoint: str, key: bytes | None) -> zmq.Socket:

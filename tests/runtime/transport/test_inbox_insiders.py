@@ -156,3 +156,28 @@ def _key(sender: str, receiver: str) -> bytes:
     from runtime.transport.wire import link_key
 
     return link_key(MASTER, sender, receiver)
+
+
+def test_a_sender_whose_login_is_refused_gets_an_error_not_a_hang(run_dir, monkeypatch):
+    """A process with a key of no link to an inbox (another run's) is refused at its handshake;
+    ZeroMQ then has no connection to queue in, and a send fails after SEND_TIMEOUT_MS naming the
+    endpoint instead of blocking for ever."""
+    import pytest
+
+    from runtime.transport import channels
+    from runtime.transport.wire import WireError
+
+    monkeypatch.setattr(channels, "SEND_TIMEOUT_MS", 300)
+    inbox = Inbox(f"ipc://{run_dir}/b", inbox_links())
+    out = Outbox(outbox_links(inbox.endpoint, name="z"))
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WireError, match="refuses this process's login"):
+            for _ in range(50):
+                out.send(inbox.endpoint, {"k": "t"})
+                time.sleep(0.05)
+        assert time.monotonic() - t0 < 10 and inbox.recv(200) is None
+        assert inbox.refused_connections >= 1
+    finally:
+        out.close()
+        inbox.close()
