@@ -16,6 +16,11 @@ Tensor messages carry one micro-batch's tensors for one destination:
 `height` is None for a dense array; for a row-sparse gradient (`SparseRows`) it is the height and the
 message carries two arrays (rows, values) for that name.
 
+Every process signs with the keys of its own links only (`Links`: one key per sender and receiver,
+`wire.link_key`, derived by the driver, which alone holds the run's master secret); an inbox admits
+a connection only with a sender's login token (zap.py) and a message only under its sender's link
+key, numbered by its `Outbox` (`wire.LinkGuard`). See docs/cluster.md for who holds which key.
+
 Same-host tensors go through shared memory (`runtime.transport.shm`): an `Outbox` writes a message's arrays
 into a ring segment it owns for that receiver and sends only the signed control message; other hosts,
 and endpoints without a shared-memory directory, use ZeroMQ frames.
@@ -72,12 +77,14 @@ class Links:
     recv: dict[str, bytes]  # sender's name -> key of the link sender -> name
 
     @staticmethod
-    def derive(master: bytes, name: str, to: Mapping[str, str] = {}, senders: Iterable[str] = ()) -> Links:
+    def derive(
+        master: bytes, name: str, to: Mapping[str, str] | None = None, senders: Iterable[str] = ()
+    ) -> Links:
         """Process `name`'s links under `master`: to each receiver of `to` (name -> endpoint), from
         each of `senders` (names)."""
         return Links(
             name,
-            {ep: link_key(master, name, peer) for peer, ep in to.items()},
+            {ep: link_key(master, name, peer) for peer, ep in (to or {}).items()},
             {peer: link_key(master, peer, name) for peer in senders},
         )
 
@@ -119,7 +126,11 @@ class Inbox:
         self.sock.maxmsgsize = max_bytes
         if self.gate is not None:
             Gate.guard(self.sock)
-        self.sock.bind(endpoint)
+        try:
+            self.sock.bind(endpoint)
+        except zmq.ZMQError:
+            self._close_sockets()
+            raise
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
         shm = shm_dir(self.endpoint)
         self.segments = None if shm is None else ShmSegments(shm)
@@ -179,12 +190,15 @@ class Inbox:
         return got.header, got.arrays
 
     def close(self) -> None:
+        self._close_sockets()
+        if self.segments is not None:
+            self.segments.close()
+
+    def _close_sockets(self) -> None:
         self.sock.close()
         if self.gate is not None:
             self.gate.close()
             self.own_ctx.term()
-        if self.segments is not None:
-            self.segments.close()
 
 
 class Outbox:
