@@ -79,13 +79,12 @@ class History:
     {"step", "loss", "auc", "examples"}; `started_at`: the origin of `time` on the driver
     process's `time.perf_counter()` clock (to relate other measurements made there to the steps);
     `refused_messages`: messages to the driver's inbox without their sender's link key, or replayed,
-    skipped; `refused_connections`: connections to it refused at their handshake (no link key; each
-    trainer's own counts are in `trainers[name]["refused_messages" / "refused_connections"]`);
-    `task_auc`: a multi-task plan's per-step AUC of each task (`Plan.tasks`), whose first task's is also
-    `auc`; `filled`: per column, the missing values a dataset's policies filled (counted by
-    `open_dataset`'s pass before training); `restarts`: a `Restart` per restart of the run
-    (`max_restarts=`), the steps they lost not in the per-step lists; `saved`: the checkpoints this run
-    saved completely, oldest first.
+    skipped; `refused_connections`: logins to it refused (each trainer's own counts are in
+    `trainers[name]["refused_messages"]`, `["refused_connections"]`); `task_auc`: a multi-task
+    plan's per-step AUC of each task (`Plan.tasks`), whose first task's is also `auc`; `filled`: per
+    column, the missing values a dataset's policies filled (counted by `open_dataset`'s pass before
+    training); `restarts`: a `Restart` per restart of the run (`max_restarts=`), the steps they lost
+    not in the per-step lists; `saved`: the checkpoints this run saved completely, oldest first.
     """
 
     loss: list[float] = field(default_factory=list)
