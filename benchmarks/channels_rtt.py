@@ -27,13 +27,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.transport.channels import Inbox, Outbox  # noqa: E402
+from runtime.transport.channels import Inbox, Links, Outbox  # noqa: E402
 from runtime.transport.shm import shm_dir_for  # noqa: E402
 
 
 def _echo(run_dir: str, secret: bytes, shm: bool, trips: int) -> None:
-    inbox = Inbox(f"ipc://{run_dir}/echo", secret)
-    out = Outbox(secret, shm=shm)
+    inbox = Inbox(f"ipc://{run_dir}/echo", Links.derive(secret, "echo", senders=["main"]))
+    out = Outbox(Links.derive(secret, "echo", {"main": f"ipc://{run_dir}/main"}), shm=shm)
     got = 0
     while got < trips:
         msg = inbox.recv(10_000)
@@ -49,8 +49,8 @@ def _echo(run_dir: str, secret: bytes, shm: bool, trips: int) -> None:
 
 def round_trips(run_dir: str, secret: bytes, shm: bool, nbytes: int, trips: int) -> tuple[float, float]:
     """(median round trip in µs, CPU µs of both processes per round trip) for one message size."""
-    inbox = Inbox(f"ipc://{run_dir}/main", secret)
-    out = Outbox(secret, shm=shm)
+    inbox = Inbox(f"ipc://{run_dir}/main", Links.derive(secret, "main", senders=["echo"]))
+    out = Outbox(Links.derive(secret, "main", {"echo": f"ipc://{run_dir}/echo"}), shm=shm)
     peer = mp.get_context("spawn").Process(target=_echo, args=(run_dir, secret, shm, trips))
     peer.start()
     arrays = [np.random.default_rng(0).random(nbytes // 4, np.float32), np.arange(16)]

@@ -26,8 +26,12 @@ Rows (issue 11):
   gpu:0's table, cpu:0's sender id with a huge sequence number, a sync push as pusher cpu:0, 4 200
   hellos and then a captured push replayed — and fresh ids into an unbounded table past the
   shard's memory cap; the legitimate clients' values must stay exact.
+- insiders at an inbox: cpu:1, holding only its own link key to the driver, sends the driver's
+  inbox a message with cpu:0's sender id and a huge sequence number, then 5 000 fresh ids of its own
+  and one of them replayed; cpu:0 must still be heard.
 - memory before authentication: 3 frames of `--frame-mb` MB each from a peer without a key: the
-  shard's peak memory growth.
+  shard's peak memory growth; 120 x 10 MB messages on tcp from peers without a key to a driver's
+  inbox that reads nothing meanwhile: its process's peak memory growth.
 - load: 16 client threads pull and push for `--load-seconds` against one async shard; the final
   values must equal the count of pushes, exactly (gradients are powers of two).
 - finish (`max_restarts`): rows where the run must *finish*. A sync run (Wide&Deep, 2 cpu + 1
@@ -69,7 +73,8 @@ import zmq  # noqa: E402
 
 from runtime.ps import Limits, PSClient, PSError, Servers  # noqa: E402
 from runtime.transport import zap  # noqa: E402
-from runtime.transport.wire import AuthError, client_key, decode, encode, header_frame, sign  # noqa: E402
+from runtime.transport.channels import Inbox, Links, Outbox  # noqa: E402
+from runtime.transport.wire import AuthError, client_key, decode, encode, header_frame, link_key, sign  # noqa: E402
 from transpiler.tables import TableSpec  # noqa: E402
 
 STALL_S = 8.0  # the driver's stall_timeout in the process rows (SIGSTOP rows wait for it)
@@ -441,8 +446,9 @@ def replay_row(servers: Servers, c: PSClient) -> Row:
 
 def trainer_hostile_row() -> Row:
     """A sync run whose trainers and driver get junk, unsigned and wrongly signed messages (twice
-    each, at steps 1 and 3) from a process without the run's key: it must finish with the losses
-    of the same run undisturbed, each trainer counting what it refused."""
+    each, at steps 1 and 3) from a process without a key, through a connection without a login and
+    one with a made-up token: it must finish with the losses of the same run undisturbed, each
+    trainer counting the logins it refused."""
     from runtime import train
     from runtime.data import SyntheticCTR
     from runtime.engines import LocalEngine
@@ -467,13 +473,21 @@ def trainer_hostile_row() -> Row:
         if rec["step"] not in (1, 3):
             return
         for name in ("cpu:0", "gpu:0", "driver"):
-            sock = zmq.Context.instance().socket(zmq.PUSH)
-            sock.linger = 1000
-            sock.connect(eng.endpoint(name))
-            sock.send_multipart([b"junk"])
-            sock.send_multipart(encode({"k": "e", "s": 0, "o": 0, "cid": "x", "seq": 1}, []))
-            sock.send_multipart(encode({"k": "e", "s": 0, "o": 0, "cid": "x", "seq": rec["step"]}, [], other))
-            sock.close()
+            for login in (None, "cpu:0"):  # no login; a login with a made-up token
+                sock = zmq.Context.instance().socket(zmq.PUSH)
+                sock.linger, sock.sndtimeo = 1000, 500  # (a refused login leaves nothing to queue in)
+                if login is not None:
+                    sock.plain_username, sock.plain_password = login.encode(), b"0" * 32
+                sock.connect(eng.endpoint(name))
+                try:
+                    sock.send_multipart([b"junk"])
+                    sock.send_multipart(encode({"k": "e", "s": 0, "o": 0, "cid": "x/y", "seq": 1}, []))
+                    sock.send_multipart(
+                        encode({"k": "e", "s": 0, "o": 0, "cid": "x/y", "seq": rec["step"]}, [], other)
+                    )
+                except zmq.Again:
+                    pass
+                sock.close()
 
     row = Row("junk, unsigned, other-key msgs to trainers + driver")
     try:
@@ -481,7 +495,9 @@ def trainer_hostile_row() -> Row:
     except Exception as e:  # noqa: BLE001 - the row reports it
         row.named, row.left = f"RUN FAILED: {e}"[:90], "?"
         return row
-    row.named = "refused " + ", ".join(f"{n} {s['refused_messages']}" for n, s in hist.trainers.items())
+    row.named = "logins refused " + ", ".join(
+        f"{n} {s['refused_connections']}" for n, s in [*hist.trainers.items(), ("driver", vars(hist))]
+    )
     row.left = "run finished"
     exact = hist.steps == clean.steps and np.allclose(hist.loss, clean.loss, rtol=1e-6, atol=0)
     row.exact = "yes (losses as undisturbed)" if exact else "no"
@@ -666,6 +682,62 @@ def insider_rows() -> list[Row]:
     return rows
 
 
+# -- insiders at an inbox: a process with a link key of its own ("cpu:1") ----------------------------
+def _drain(inbox: Inbox) -> int:
+    """Messages `inbox` accepts until one call (waiting up to 0.5 s) neither accepts nor refuses any."""
+    heard = 0
+    while True:
+        refused = inbox.refused
+        if inbox.recv(500) is not None:
+            heard += 1
+        elif inbox.refused == refused:
+            return heard
+
+
+def _raw_inbox_push(ep: str, name: str, key: bytes, messages: list) -> None:
+    sock = zmq.Context.instance().socket(zmq.PUSH)
+    sock.linger, sock.sndhwm = 5000, 0
+    zap.credentials(sock, name, key)
+    sock.connect(ep)
+    for frames in messages:
+        sock.send_multipart(frames)
+    sock.close()
+
+
+def inbox_insider_rows(tmp: Path) -> list[Row]:
+    """cpu:1, with its own key of its link to the driver, against the driver's inbox: cpu:0's id with
+    a huge sequence number, then 5 000 fresh ids of its own and one of its messages replayed."""
+    master = os.urandom(32)
+    inbox = Inbox(f"ipc://{tmp}/driver", Links.derive(master, "driver", senders=["cpu:0", "cpu:1"]))
+    ep, evil = inbox.endpoint, link_key(master, "cpu:1", "driver")
+    out = Outbox(Links.derive(master, "cpu:0", {"driver": ep}), shm=False)
+    rows = []
+    try:
+        row, t0 = Row("inbox: cpu:0's id, seq 2**62, by cpu:1"), time.perf_counter()
+        _raw_inbox_push(ep, "cpu:1", evil, [encode({"cid": out.cid, "seq": 2**62}, (), evil, "cpu:1")])
+        _drain(inbox)
+        row.time_to_error = f"{1e3 * (time.perf_counter() - t0):.0f} ms"
+        row.named = inbox.last_refused[:90] if inbox.refused == 1 else "ACCEPTED"
+        out.send(ep, {"k": "real"})
+        row.lost = "none (cpu:0 still heard)" if inbox.recv(5000) is not None else "cpu:0 LOCKED OUT"
+        rows.append(row)
+        row, t0 = Row("inbox: 5 000 fresh ids by cpu:1, then one replayed"), time.perf_counter()
+        ids = [encode({"cid": f"cpu:1/{i}", "seq": 1}, (), evil, "cpu:1") for i in range(5000)]
+        _raw_inbox_push(ep, "cpu:1", evil, ids)
+        heard = _drain(inbox)
+        _raw_inbox_push(ep, "cpu:1", evil, ids[:1])
+        replayed = _drain(inbox)
+        row.time_to_error = f"{time.perf_counter() - t0:.1f} s"
+        row.named = f"{heard} ids heard, the replay {'ACCEPTED' if replayed else 'refused'}"
+        out.send(ep, {"k": "real"})
+        row.lost = "none (cpu:0 still heard)" if inbox.recv(5000) is not None else "cpu:0 NOT HEARD"
+        rows.append(row)
+    finally:
+        out.close()
+        inbox.close()
+    return rows
+
+
 # -- memory before authentication ------------------------------------------------------------------
 def _peak_rss(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
@@ -695,6 +767,60 @@ def memauth_row(mb: int) -> Row:
         row.left = "shard alive" if all(p.is_alive() for p in s.processes) else "SHARD DIED"
         row.exact = "yes" if np.array_equal(c.pull("w"), np.ones((4, 2), np.float32)) else "NO"
         row.lost = "none"
+    return row
+
+
+def _inbox_child(conn, master: bytes) -> None:
+    """An inbox on tcp that reads nothing until told, then one message (memauth_inbox_row)."""
+    inbox = Inbox("tcp://127.0.0.1:*", Links.derive(master, "driver", senders=["cpu:0"]))
+    conn.send(inbox.endpoint)
+    conn.recv()
+    got = inbox.recv(10_000)
+    conn.send((got is not None, inbox.refused_connections))
+    inbox.close()
+
+
+def memauth_inbox_row(count: int = 120, mb: int = 10) -> Row:
+    """`count` x `mb` MB messages on tcp from peers without a key (half without a login, half with a
+    token of no link) to a driver's inbox that reads nothing meanwhile: its process's peak growth."""
+    import multiprocessing as mp
+
+    row, master = Row(f"inbox: {count} x {mb} MB messages on tcp, no key"), os.urandom(32)
+    parent, conn = mp.get_context("spawn").Pipe()
+    child = mp.get_context("spawn").Process(target=_inbox_child, args=(conn, master))
+    child.start()
+    try:
+        ep = parent.recv()
+        before, big = _peak_rss(child.pid), np.ones(mb << 20, np.uint8)
+        t0 = time.perf_counter()
+        for login in (None, "cpu:9"):
+            sock = zmq.Context.instance().socket(zmq.PUSH)
+            sock.linger, sock.sndtimeo = 0, 200
+            if login is not None:
+                sock.plain_username, sock.plain_password = login.encode(), b"0" * 32
+            sock.connect(ep)
+            for i in range(count // 2):
+                try:
+                    sock.send_multipart(encode({"cid": "x/y", "seq": i + 1}, [big], None), copy=False)
+                except zmq.Again:
+                    pass
+            time.sleep(1.0)
+            sock.close()
+        out = Outbox(Links.derive(master, "cpu:0", {"driver": ep}))
+        out.send(ep, {"k": "real"})
+        parent.send("read")
+        heard, refused = parent.recv()
+        out.close()
+        row.time_to_error = (
+            f"refused at connection ({refused} logins refused, {time.perf_counter() - t0:.1f} s)"
+        )
+        row.named = f"inbox peak memory +{(_peak_rss(child.pid) - before) / 2**20:.1f} MiB"
+        row.lost = "none (cpu:0 heard)" if heard else "cpu:0 NOT HEARD"
+    finally:
+        child.join(15)
+        if child.is_alive():
+            child.kill()
+    row.left = "inbox ended" if child.exitcode == 0 else f"inbox exit {child.exitcode}"
     return row
 
 
@@ -1067,8 +1193,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
             rows += startup_rows()
         if "insider" in groups:
             rows += insider_rows()
+            rows += inbox_insider_rows(tmp)
         if "memauth" in groups:
             rows.append(memauth_row(args.frame_mb))
+            rows.append(memauth_inbox_row())
         if "load" in groups:
             rows.append(load_row(args.clients, args.load_seconds))
         if "finish" in groups:

@@ -78,8 +78,9 @@ class History:
     steps first_step, first_step + 1, ...; `eval`: the held-out evaluations (`eval_data=`), each
     {"step", "loss", "auc", "examples"}; `started_at`: the origin of `time` on the driver
     process's `time.perf_counter()` clock (to relate other measurements made there to the steps);
-    `refused_messages`: messages to the driver's inbox without the run's key, or replayed, skipped
-    (each trainer's own count is in `trainers[name]["refused_messages"]`); `task_auc`: a multi-task
+    `refused_messages`: messages to the driver's inbox without their sender's link key, or replayed,
+    skipped; `refused_connections`: logins to it refused (each trainer's own counts are in
+    `trainers[name]["refused_messages"]`, `["refused_connections"]`); `task_auc`: a multi-task
     plan's per-step AUC of each task (`Plan.tasks`), whose first task's is also `auc`; `filled`: per
     column, the missing values a dataset's policies filled (counted by `open_dataset`'s pass before
     training); `restarts`: a `Restart` per restart of the run (`max_restarts=`), the steps they lost
@@ -102,6 +103,7 @@ class History:
     eval: list[dict[str, float]] = field(default_factory=list)
     started_at: float = 0.0
     refused_messages: int = 0
+    refused_connections: int = 0
     task_auc: dict[str, list[float]] = field(default_factory=dict)
     filled: dict[str, int] = field(default_factory=dict)
     restarts: list[Restart] = field(default_factory=list)

@@ -190,6 +190,7 @@ def _join(a: History | None, b: History, r: _Run) -> History:
         scores=(a.scores[: len(a.scores) - dropped] + b.scores)[-100:],
         eval=[x for x in a.eval if x["step"] <= b.first_step] + b.eval,
         refused_messages=a.refused_messages + b.refused_messages,
+        refused_connections=a.refused_connections + b.refused_connections,
         restarts=a.restarts + b.restarts,
         saved=a.saved + b.saved,
     )

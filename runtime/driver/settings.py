@@ -28,6 +28,7 @@ from ops_registry.errors import ConfigError
 from runtime.data import sources
 from runtime.exec.device import array_module
 from runtime.exec.executor import check_feed
+from runtime.transport.channels import Links
 from transpiler.passes.held import held_dense
 from transpiler.plan import Plan
 from transpiler.settings import DEFAULT_COUNTS, ScaleConfig, check_bool, check_positive, record_from_dict
@@ -457,7 +458,7 @@ class TrainerSpec:
     endpoints: dict[str, str]  # trainer name -> its inbox
     driver: str  # the driver's inbox
     ps: list[str]  # the servers' addresses, by shard
-    secret: bytes | None
+    links: Links | None  # its inbox's and outbox's link keys (channels.Links; None: unsigned)
     data: Any  # the data source (readers only; None for the others)
     trace: bool = False
     start: int = 0  # the run's first step (a resumed run starts later)
@@ -465,7 +466,7 @@ class TrainerSpec:
     report_s: float = (
         0.0  # how long it may keep its step reports to the driver (runtime/transport/reports.py)
     )
-    ps_key: bytes | None = None  # its own key to the shards (wire.client_key; None: `secret`)
+    ps_key: bytes | None = None  # its own key to the shards (wire.client_key)
 
     @property
     def is_reader(self) -> bool:
@@ -524,6 +525,7 @@ class TrainerSpec:
             "scale": asdict(self.scale),
             "run": asdict(self.run),
             "tables": tables_to_dicts(self.tables),
+            "links": None if self.links is None else self.links.to_dict(),
         }
 
     @classmethod
@@ -542,4 +544,5 @@ class TrainerSpec:
             scale=ScaleConfig(**spec.scale),
             run=RunConfig(**spec.run),
             tables=tables_from_dicts(spec.tables),
+            links=Links.of(spec.links),
         )

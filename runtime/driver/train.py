@@ -52,9 +52,9 @@ from runtime.ps.launch import load_values, pull_all, start_servers
 from runtime.telemetry.outputs import Telemetry
 from runtime.trainer.process import run_trainer
 from runtime.transport import reports
-from runtime.transport.channels import Inbox, Outbox
+from runtime.transport.channels import DRIVER, Inbox, Links, Outbox
 from runtime.transport.process_id import SERVER, ProcessId, process_names
-from runtime.transport.wire import client_key
+from runtime.transport.wire import client_key, link_key
 from transpiler.config import kind_of
 from transpiler.ir import Program
 from transpiler.plan import Plan, transpile
@@ -300,7 +300,8 @@ class _Session:
     callback: Callable[[dict[str, Any]], None] | None
     roots: list[Path]
     start_from: Path | None  # the checkpoint to resume from
-    # the shards' master key: each trainer gets only its own key under it (wire.client_key)
+    # `secret`: the run's master key of the links (channels.Links), held by the driver alone; the
+    # shards' master key: each trainer gets only its own key under it (wire.client_key)
     ps_secret: bytes = field(default_factory=lambda: os.urandom(32))
 
 
@@ -338,11 +339,13 @@ def _run(s: _Session) -> None:
     names = cfg.trainer_names()
     needs = _needs(cfg.scale)
     eng.place(needs)
-    inbox = Inbox(eng.endpoint("driver"), s.secret)
-    out = Outbox(s.secret)
-    ps_eps = [eng.endpoint(n) for n in process_names(SERVER, cfg.scale.servers)]
-    admin = os.urandom(32)  # assign / save / load: only this driver may (the trainers lack this key)
+    servers = process_names(SERVER, cfg.scale.servers)
     endpoints = {n: eng.endpoint(n) for n in names}
+    links = Links.derive(s.secret, DRIVER, endpoints, [*names, *servers])  # (only the driver holds s.secret)
+    inbox = Inbox(eng.endpoint(DRIVER), links)
+    out = Outbox(links)
+    ps_eps = [eng.endpoint(n) for n in servers]
+    admin = os.urandom(32)  # assign / save / load: only this driver may (the trainers lack this key)
     listen = Listener(cfg, eng, inbox, out, endpoints, s.history, s.callback, s.tel, s.pauses, t0)
     try:
         start_servers(
@@ -373,7 +376,7 @@ def _run(s: _Session) -> None:
                 run_trainer,
                 {"spec": spec.to_dict()},
                 report=inbox.endpoint,
-                secret=s.secret,
+                secret=link_key(s.secret, name, DRIVER),  # (its failure report)
                 resources=needs[name],
             )
         _listen_and_finish(s, listen, ps_eps, admin)
@@ -382,6 +385,7 @@ def _run(s: _Session) -> None:
             s.pauses.client.close()
         out.close()
         s.history.refused_messages = inbox.refused
+        s.history.refused_connections = inbox.refused_connections
         inbox.close()
 
 
@@ -437,7 +441,7 @@ def _trainer_spec(
         endpoints=endpoints,
         driver=report,
         ps=ps_eps,
-        secret=s.secret,
+        links=Links.derive(s.secret, name, {**endpoints, DRIVER: report}, [*endpoints, DRIVER]),
         data=cfg.data if t == cfg.reader else None,
         trace=s.tel.tracing,
         start=s.pauses.start,

@@ -31,10 +31,11 @@ class Engine(ABC):
     """Starts named entry points, tells their addresses, reports the dead, tears down.
 
     `start(name, target, kwargs)` runs `child_main(name, target, kwargs, report, secret)`, so a
-    failing entry point sends its traceback to the driver's inbox at `report` before it exits.
+    failing entry point sends its traceback to the driver's inbox at `report` before it exits,
+    signed with `secret`: the key of its link to the driver (`wire.link_key(master, name, "driver")`).
     """
 
-    secret: bytes | None = None  # the run's random key to sign its messages with (train's default)
+    secret: bytes | None = None  # the run's random master key of its links (train's default; driver only)
 
     def place(self, needs: dict[str, dict[str, float]]) -> None:  # noqa: B027 (optional hook)
         """Decide where every process of the run goes, before any `endpoint` is asked for:
@@ -126,7 +127,7 @@ def child_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from threadpoolctl import threadpool_limits
 
-    from runtime.transport.channels import Outbox, deliver_pending
+    from runtime.transport.channels import Links, Outbox, deliver_pending
     from runtime.transport.messages import Failed, header
 
     threadpool_limits(1)
@@ -137,7 +138,8 @@ def child_main(
     except BaseException:
         code, text = 1, traceback.format_exc()
         try:
-            out = Outbox(secret, patient=[report])
+            links = None if secret is None else Links(name, {report: secret}, {})
+            out = Outbox(links, patient=[report])
             out.send(report, header(Failed(name, text)))
             out.close()
         except Exception:  # the driver cannot be told (e.g. it is gone): its engine sees the exit code

@@ -46,14 +46,53 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_S = 0.1  # how often a child and the janitor look whether the driver is still there
 
-# The janitor: argv = [driver pid, run directory, its shared-memory twin]. It runs in a session of its
-# own, so signals to the driver's process group (Ctrl-C, `timeout`, a closed terminal) do not end it
-# before its work.
+JANITOR_ROUNDS = 50  # the janitor's rounds of killing what holds the run's directories (0.1 s apart)
+
+# The janitor: argv = [driver pid, directories...] (the run directory and its shared-memory twin; on
+# the Ray engine, Ray's temp dir). It runs in a session of its own, so signals to the driver's
+# process group (Ctrl-C, `timeout`, a closed terminal) do not end it before its work. Once the
+# driver is gone it SIGKILLs every process of this user that names one of the directories on its
+# command line or holds a file in one (Ray's gcs_server, raylet, and its agents, which rename
+# themselves "ray::DashboardAgent" but keep their log files open; the children of those), round
+# after round until none is left, then removes the directories.
 _JANITOR = f"""
 import os, shutil, signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-parent, paths = int(sys.argv[1]), sys.argv[2:]
+parent, paths = int(sys.argv[1]), [p.rstrip("/") for p in sys.argv[2:]]
 while os.getppid() == parent:
+    time.sleep({WATCH_S})
+def inside(text):
+    return any(text == p or text.startswith(p + "/") for p in paths)
+def holders():
+    found, children = set(), {{}}
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+        try:
+            with open(f"/proc/{{pid}}/stat", "rb") as f:
+                ppid = int(f.read().rpartition(b")")[2].split()[1])
+            children.setdefault(ppid, []).append(pid)
+            with open(f"/proc/{{pid}}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\\0")
+            fds = [os.readlink(f"/proc/{{pid}}/fd/{{fd}}") for fd in os.listdir(f"/proc/{{pid}}/fd")]
+        except (OSError, ValueError, IndexError):
+            continue
+        if any(p in a for a in args for p in paths) or any(map(inside, fds)):
+            found.add(pid)
+    todo = list(found)
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            if c not in found:
+                found.add(c)
+                todo.append(c)
+    return found
+for _ in range({JANITOR_ROUNDS}):
+    found = holders()
+    if not found:
+        break
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
     time.sleep({WATCH_S})
 for path in paths:
     shutil.rmtree(path, ignore_errors=True)
@@ -201,7 +240,7 @@ class LocalEngine(Engine):
         if self.tmp is None:
             self.tmp = tempfile.mkdtemp(prefix="hetps-run-")
             self._make_shm_dir()
-            self.janitor = _start_janitor(self._run_paths())
+            self.janitor = start_janitor(self._run_paths())
         return f"ipc://{self.tmp}/{name.replace(':', '-')}"
 
     def _run_paths(self) -> list[str]:
@@ -292,8 +331,9 @@ class LocalEngine(Engine):
             self.janitor = None
 
 
-def _start_janitor(paths: list[str]) -> subprocess.Popen | None:
-    """The process that removes `paths` once this one has died (see the module docstring)."""
+def start_janitor(paths: list[str]) -> subprocess.Popen | None:
+    """The process that, once this one has died, kills what holds files in `paths` and removes them
+    (`_JANITOR`; the local and the Ray engine start one per run)."""
     try:
         return subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpid()), *paths],

@@ -33,14 +33,15 @@ How a run goes:
    down too. A stopped worker that is not continued lingers several seconds after `ray.kill`.
 
 Without `address` and with no Ray running, the engine starts a private local Ray sized for the run
-(its own temp dir, a small object store, no dashboard, usage stats off, and one `gpu_trainer`
-resource per gpu trainer on a machine without GPUs). `address="auto"` joins the cluster of
-`ray start --head`; `"ray://host:10001"` connects through Ray Client (see docs/cluster.md).
+(its own temp dir `hetps-ray-*/ray`, inside a private `hetps-ray-*` that a janitor process removes,
+with Ray's processes, if the driver is killed; a small object store, no dashboard, usage stats off,
+and one `gpu_trainer` resource per gpu trainer on a machine without GPUs). `address="auto"` joins
+the cluster of `ray start --head`; `"ray://host:10001"` connects through Ray Client (see docs/cluster.md).
 `resources={"cpu": {"head": 1}}` adds custom resource requests per process kind (`ps`, or a
 trainer type), so processes can be pinned to nodes that offer those resources.
 
-Over tcp every message is signed: the engine makes a random secret per run (`Engine.secret`),
-which reaches the actors through Ray.
+Over tcp every message is signed: the engine makes a random master secret per run (`Engine.secret`),
+which stays in the driver; each actor gets only its own link keys (channels.Links) through Ray.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -56,7 +58,7 @@ from collections.abc import Callable
 from typing import Any
 
 from runtime.engines.base import Engine, ProcessFailure, child_main
-from runtime.engines.local import process_stopped
+from runtime.engines.local import process_stopped, start_janitor
 from runtime.transport.process_id import ProcessId
 
 GPU_RESOURCE = "gpu_trainer"  # the custom resource a CPU-only cluster offers for emulated gpu trainers
@@ -135,6 +137,7 @@ class RayEngine(Engine):
         self.placement_timeout, self.init_kwargs = placement_timeout, dict(init or {})
         self.secret = os.urandom(32)
         self.owns_ray, self.tmp = False, None
+        self.janitor: subprocess.Popen | None = None
         self.actors: dict[str, Any] = {}
         self.addresses: dict[str, str] = {}
         self.pid_of: dict[str, int] = {}
@@ -157,13 +160,17 @@ class RayEngine(Engine):
             ray.init(address=self.address, **self.init_kwargs)
             return
         gpus = sum(r.get("gpu", 0) for r in needs.values())
+        # hetps's own directory (0700); Ray makes its temp dir inside it and opens that one to all
+        # (0777): Ray's modes never reach hetps's files. The janitor (local.start_janitor) kills Ray's
+        # processes and removes both if this process dies without `stop` (SIGKILL).
         self.tmp = tempfile.mkdtemp(prefix="hetps-ray-")
+        self.janitor = start_janitor([self.tmp])
         kw = dict(
             num_cpus=max(os.cpu_count() or 1, int(len(needs) * self.num_cpus + 0.999)),
             resources={GPU_RESOURCE: gpus} if gpus else {},
             object_store_memory=256 << 20,
             include_dashboard=False,
-            _temp_dir=self.tmp,
+            _temp_dir=os.path.join(self.tmp, "ray"),
         )
         ray.init(**{**kw, **self.init_kwargs})
         self.owns_ray = True
@@ -438,6 +445,10 @@ class RayEngine(Engine):
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
+        if self.janitor is not None:
+            self.janitor.kill()
+            self.janitor.wait()
+            self.janitor = None
 
 
 def _driver_ip() -> str:

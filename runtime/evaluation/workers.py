@@ -2,7 +2,7 @@
 S parameter-server shards, for data too big for one process.
 
 The driver (the calling process) checks the checkpoint, then starts, through an engine (the local
-one by default, as `train`), S shards with the per-run secret (`runtime.ps.launch.start_servers`, the
+one by default, as `train`), S shards with per-run keys (`runtime.ps.launch.start_servers`, the
 same start-up as `train`'s), loads the checkpoint into them (or the plan's values without one) and
 starts the workers "eval:0".."eval:N-1". Each worker runs the forward graph (`evaluation.forward_fn`)
 on its share of the data, reading rows with peek pulls (no row created, nothing updated), and
@@ -46,9 +46,10 @@ from runtime.evaluation.forward import (
 )
 from runtime.ps import PSClient
 from runtime.ps.launch import load_values, start_servers
-from runtime.transport.channels import Inbox, Outbox
+from runtime.transport.channels import DRIVER, Inbox, Links, Outbox
 from runtime.transport.messages import TO_EVALUATOR, Done, Failed, ProtocolError, Scored, header, parse
 from runtime.transport.process_id import EVALUATOR, SERVER, process_names
+from runtime.transport.wire import client_key
 from transpiler.exporters.servable import ForwardGraph, forward_graph
 from transpiler.plan import Plan
 
@@ -70,7 +71,8 @@ class WorkerSpec:
     data: Any  # [(batch index, feed dict)], or a sharded dataset (its shard `index` of `count`)
     ps: list[str]
     driver: str
-    secret: bytes
+    links: Links  # its link to the driver (channels.Links)
+    ps_key: bytes  # its own key to the shards (wire.client_key)
     timeout: float
 
 
@@ -84,8 +86,8 @@ class _Result:
 
 def run_worker(spec: WorkerSpec) -> None:
     """An evaluation worker's entry point (see the module docstring)."""
-    out = Outbox(spec.secret)
-    client = PSClient(spec.ps, secret=spec.secret, timeout=spec.timeout)
+    out = Outbox(spec.links)
+    client = PSClient(spec.ps, client_key=spec.ps_key, timeout=spec.timeout, pusher=spec.name)
     try:
         forward = forward_fn(spec.graph, client_source(client), spec.with_loss)
         for order, batch in _share(spec):
@@ -218,10 +220,12 @@ def _start_and_gather(
 ) -> list[_Result]:
     names = process_names(EVALUATOR, len(shares))
     eng.place({n: {} for n in process_names(SERVER, servers) + names})
-    secret = eng.secret or os.urandom(32)
+    secret = eng.secret or os.urandom(32)  # the links' master key: only this driver holds it
+    ps_secret = os.urandom(32)  # the shards' master key: each worker gets its own key under it
     admin = os.urandom(32)  # load / assign: only this driver may
-    inbox = Inbox(eng.endpoint("driver"), secret)
-    ps_eps = [eng.endpoint(n) for n in process_names(SERVER, servers)]
+    shards = process_names(SERVER, servers)
+    inbox = Inbox(eng.endpoint(DRIVER), Links.derive(secret, DRIVER, senders=[*shards, *names]))
+    ps_eps = [eng.endpoint(n) for n in shards]
     try:
         start_servers(
             eng,
@@ -231,18 +235,23 @@ def _start_and_gather(
             secret=secret,
             admin=admin,
             report=inbox.endpoint,
+            ps_secret=ps_secret,
             roots=None if path is None else [path],
         )
         if path is not None:
-            with PSClient(ps_eps, secret=secret, timeout=timeout, admin_secret=admin) as client:
+            with PSClient(ps_eps, secret=ps_secret, timeout=timeout, admin_secret=admin) as client:
                 client.load(path)
         elif plan.params:
-            load_values(plan, ps_eps, secret, admin)
+            load_values(plan, ps_eps, ps_secret, admin)
         for w, name in enumerate(names):
+            links = Links.derive(secret, name, {DRIVER: inbox.endpoint})
+            key = client_key(ps_secret, name)
             spec = WorkerSpec(
-                name, w, len(names), graph, with_loss, shares[w], ps_eps, inbox.endpoint, secret, timeout
+                name, w, len(names), graph, with_loss, shares[w], ps_eps, inbox.endpoint, links, key, timeout
             )
-            eng.start(name, run_worker, {"spec": spec}, report=inbox.endpoint, secret=secret)
+            eng.start(
+                name, run_worker, {"spec": spec}, report=inbox.endpoint, secret=links.send[inbox.endpoint]
+            )
         return _Gather(eng, inbox, names, timeout).run()
     finally:
         inbox.close()

@@ -24,7 +24,7 @@ import numpy as np
 
 from runtime.exec.device import cuda_available, cupy_module
 from runtime.exec.executor import Executor
-from runtime.transport.channels import Inbox, Outbox, pack_tensors
+from runtime.transport.channels import Inbox, Links, Outbox, pack_tensors
 from transpiler.config import KINDS
 from transpiler.cost.profile import KernelCost, LinkCost, PSCost, kernel_ops, op_signature
 from transpiler.ir import Program
@@ -174,8 +174,8 @@ def measure_link(sizes: tuple[int, int] = (1024, 1 << 20), count: int = 50) -> L
     bytes costs several times the copy: unsigned, the per-byte cost came out ~9x too low)."""
     tmp = tempfile.mkdtemp(prefix="hetps-profile-")
     secret = os.urandom(32)
-    inbox = Inbox(f"ipc://{tmp}/link", secret)
-    out = Outbox(secret)
+    inbox = Inbox(f"ipc://{tmp}/link", Links.derive(secret, "b", senders=["a"]))
+    out = Outbox(Links.derive(secret, "a", {"b": inbox.endpoint}))
     got = {}
     try:
         for n in sizes:

@@ -11,6 +11,8 @@ import numpy as np
 
 from runtime.engines import Engine
 from runtime.ps import PSClient, serve
+from runtime.transport.channels import DRIVER
+from runtime.transport.wire import link_key
 from transpiler.plan import Plan
 from transpiler.tables import TableSpec, tables_to_dicts
 
@@ -24,19 +26,21 @@ def start_servers(
     secret: bytes,
     admin: bytes,
     report: str,
+    ps_secret: bytes,
     pushes: int | dict[str, int] = 1,
     trace: bool = False,
     roots: list[Path] | None = None,
-    ps_secret: bytes | None = None,
     holders: dict[str, str] | None = None,
 ) -> None:
     """Start the shards "ps:k" serving tables `specs` at `ps_eps` through `eng`: requests signed with
-    a client's key under the shards' master `ps_secret` (default: `secret`, the run's key, with which
-    they report a failure), admin ones (assign, save, load) with `admin`; save / load only inside
-    `roots`; `holders`: table -> the trainer that may hold it (server.py)."""
+    a client's key under the shards' master `ps_secret`, admin ones (assign, save, load) with
+    `admin`; a shard reports a failure to `report` under its link key from the run's master `secret`
+    (wire.link_key; the shard is not given `secret`); save / load only inside `roots`; `holders`:
+    table -> the trainer that may hold it (server.py)."""
     for k, ep in enumerate(ps_eps):
+        name = f"ps:{k}"
         eng.start(
-            f"ps:{k}",
+            name,
             serve,
             dict(
                 endpoint=ep,
@@ -45,14 +49,14 @@ def start_servers(
                 num_shards=len(ps_eps),
                 mode=mode,
                 pushes_per_step=pushes,
-                secret=secret if ps_secret is None else ps_secret,
+                secret=ps_secret,
                 trace=trace,
                 admin_secret=admin,
                 checkpoint_root=[str(p) for p in roots or ()] or None,
                 holders=holders,
             ),
             report=report,
-            secret=secret,
+            secret=link_key(secret, name, DRIVER),
         )
 
 

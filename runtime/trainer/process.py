@@ -141,13 +141,11 @@ class Trainer:
     # -- wiring ---------------------------------------------------------------------------------
     def _connect(self) -> None:
         s = self.spec
-        self.inbox = Inbox(s.endpoints[self.name], s.secret)
-        self.out = Outbox(s.secret, patient=[s.driver])  # (a stopped driver still gets the last reports)
+        self.inbox = Inbox(s.endpoints[self.name], s.links)
+        self.out = Outbox(s.links, patient=[s.driver])  # (a stopped driver still gets the last reports)
         self.reports = ReportQueue(self.out, s.driver, self.name, s.report_s)
         self.ps.connect(
-            lambda: PSClient(
-                s.ps, secret=s.secret, client_key=s.ps_key, timeout=s.stall_timeout, pusher=self.name
-            )
+            lambda: PSClient(s.ps, client_key=s.ps_key, timeout=s.stall_timeout, pusher=self.name)
         )
         self.ps.prefetch_dense(self.book.flushed)
         if self.is_reader:
@@ -172,6 +170,7 @@ class Trainer:
             self.stats["ring_full"] = self.out.ring_full()  # (messages that found no room in shared memory)
             self.stats["kernel_threads"] = parallel.threads()
             self.stats["refused_messages"] = self.inbox.refused  # (unsigned or replayed: skipped)
+            self.stats["refused_connections"] = self.inbox.refused_connections  # (no link key)
             if self.xp is not np:  # host <-> device copies (runtime.exec.device.Crossings)
                 self.stats.update(CROSSINGS.as_dict())
             if self.exe.graphs is not None:  # (runtime.exec.graphs.GraphStats)

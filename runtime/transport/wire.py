@@ -31,11 +31,16 @@ client's MAC frame carries its name after the tag (`sign(..., sender=name)`), th
 the key from the name and checks the tag under it, and `Signed.sender` is the name: a client can
 sign only as itself, so a holder of one client's key cannot claim another client's identity.
 
+Per-link keys: a process's inbox (`channels.Inbox`) accepts a message only under the key of the
+link from its sender to it, `link_key(master, sender, receiver)`, which the driver derives from the
+run's master secret and hands to the two ends of that link alone; the MAC frame names the sender as
+above, so a trainer signs only as itself and only to the peers it has links to.
+
 The MAC authenticates the sender; on its own
-it does not stop a recorded message from being replayed: a receiver that must refuse replays (a
-parameter server, and every trainer's and driver's `channels.Inbox`) also checks the header's sender
-id `cid` and sequence number `seq` with a `ReplayGuard`. Parameter servers and trainer-to-trainer
-channels share this format.
+it does not stop a recorded message from being replayed: a receiver that must refuse replays checks
+the header's sender id `cid` and sequence number `seq` — a parameter server with `Sessions`, every
+trainer's and driver's `channels.Inbox` with a `LinkGuard`. Both fail closed: a sender they do not
+remember is refused, never trusted. Parameter servers and trainer-to-trainer channels share this format.
 
 Limits (each a WireError naming it): a message of more than `max_bytes` when the receiver gives one
 (the parameter server does: `MAX_MESSAGE_BYTES` by default), a header frame of more than
@@ -51,7 +56,7 @@ import hmac
 import math
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
@@ -68,7 +73,8 @@ MAX_HEADER_BYTES = 1 << 20
 # of every process's import at 10, 0.9 s at 16.
 MAX_HEADER_DEPTH = 10
 MAX_DIMS = 32  # dimensions of one array (numpy allows 64)
-MAX_SENDERS = 4096  # sender ids a ReplayGuard remembers (least recently seen forgotten first)
+MAX_SENDERS = 4096  # sender ids a `Sessions` or a `LinkGuard` remembers
+MAX_IDS_PER_NAME = 64  # a `LinkGuard`'s sender ids (Outbox instances) per link name
 MAX_NAME_BYTES = 64  # a per-client key's name, carried in the MAC frame
 NONCE_BYTES = 16
 TAG_BYTES = NONCE_BYTES + 16  # the MAC frame: nonce + tag
@@ -168,6 +174,18 @@ def client_key(master: bytes, name: str) -> bytes:
     ).digest()
 
 
+@functools.lru_cache(maxsize=4096)
+def link_key(master: bytes, sender: str, receiver: str) -> bytes:
+    """The key of the link from process `sender` to process `receiver` under the run's `master`
+    secret (see the module docstring): the driver derives it, only the two ends hold it."""
+    for name in (sender, receiver):
+        if not name or len(name.encode()) > MAX_NAME_BYTES or "/" in name:
+            raise WireError(f"a link's end must be 1 to {MAX_NAME_BYTES} bytes, no '/', got {name!r:.100}")
+    return hashlib.blake2b(
+        f"{sender}/{receiver}".encode(), key=_mac_key(master), digest_size=32, person=b"hetps-link"
+    ).digest()
+
+
 def _feed(mac: Any, frames: Sequence[Any]) -> Any:
     """`mac` updated with every frame, each prefixed by its length (8 bytes, little-endian)."""
     for f in frames:
@@ -262,36 +280,21 @@ def decode_signed(
     *,
     max_bytes: int | None = None,
     master: bytes | None = None,
+    key_of: Callable[[str], bytes] | None = None,
 ) -> Signed:
     """`decode` for an endpoint that accepts several keys (e.g. a data key and an admin key): the
     message must be signed by one of `keys` (none: unsigned), and `Signed.key` says which. With
     `master`, a message may instead be signed by a per-client key (`client_key(master, name)`; then
-    `Signed.key` is None and `Signed.sender` the name)."""
+    `Signed.key` is None and `Signed.sender` the name); with `key_of`, by the key `key_of(name)` of
+    the name it carries (KeyError: no such sender; an inbox's link keys)."""
     bufs = [_as_buffer(f) for f in frames]
     if max_bytes is not None and (total := sum(len(b) for b in bufs)) > max_bytes:
         raise WireError(f"message is {total} bytes, more than the limit of {max_bytes} (max_message_bytes)")
+    if master is not None:
+        key_of = functools.partial(client_key, master)
     key = sender = None
-    if keys or master is not None:
-        last = len(bufs[-1]) if len(bufs) >= 2 else 0
-        if last < TAG_BYTES or (last > TAG_BYTES and (master is None or last > TAG_BYTES + MAX_NAME_BYTES)):
-            raise AuthError(
-                "message carries no MAC tag, but this endpoint requires one "
-                "(is the sender configured with the shared secret?)"
-            )
-        tag = bytes(bufs[-1])
-        nonce, candidates = tag[:NONCE_BYTES], list(enumerate(keys))
-        if last > TAG_BYTES:
-            try:
-                sender = tag[TAG_BYTES:].decode("ascii")
-            except UnicodeDecodeError:
-                raise AuthError("message MAC frame names its sender in other than ASCII") from None
-            candidates = [(None, client_key(master, sender))]
-            tag = tag[:TAG_BYTES]
-        key = next((i for i, k in candidates if hmac.compare_digest(_tag(k, bufs[:-1], nonce), tag)), False)
-        if key is False:
-            raise AuthError(
-                "message MAC does not match: sender uses a different shared secret or the frames were altered"
-            )
+    if keys or key_of is not None:
+        key, sender = _verify(bufs, keys, key_of)
         bufs = bufs[:-1]
     if not bufs:
         raise WireError("empty message: expected a header frame")
@@ -311,6 +314,36 @@ def decode_signed(
         )
     arrays = [checked_view(i, *desc, b) for i, (desc, b) in enumerate(zip(descs, bufs[1:], strict=True))]
     return Signed(frame.header, arrays, key, sender)
+
+
+def _verify(
+    bufs: list[memoryview], keys: Sequence[bytes], key_of: Callable[[str], bytes] | None
+) -> tuple[int | None, str | None]:
+    """(which of `keys` signed `bufs`, or None and the name of the `key_of` key that did); AuthError
+    when none did."""
+    last = len(bufs[-1]) if len(bufs) >= 2 else 0
+    if last < TAG_BYTES or (last > TAG_BYTES and (key_of is None or last > TAG_BYTES + MAX_NAME_BYTES)):
+        raise AuthError(
+            "message carries no MAC tag, but this endpoint requires one "
+            "(is the sender configured with the shared secret?)"
+        )
+    tag = bytes(bufs[-1])
+    nonce, candidates, sender = tag[:NONCE_BYTES], list(enumerate(keys)), None
+    if last > TAG_BYTES:
+        try:
+            sender = tag[TAG_BYTES:].decode("ascii")
+            candidates = [(None, key_of(sender))]
+        except UnicodeDecodeError:
+            raise AuthError("message MAC frame names its sender in other than ASCII") from None
+        except KeyError:
+            raise AuthError(f"message signed as {sender!r}, which has no link to this endpoint") from None
+        tag = tag[:TAG_BYTES]
+    key = next((i for i, k in candidates if hmac.compare_digest(_tag(k, bufs[:-1], nonce), tag)), False)
+    if key is False:
+        raise AuthError(
+            "message MAC does not match: sender uses a different shared secret or the frames were altered"
+        )
+    return key, sender
 
 
 def _invalid(why: str) -> str:
@@ -343,33 +376,42 @@ def checked_view(i: int, dtype: str, shape: list[int], buf: memoryview) -> np.nd
         raise WireError(f"array {i}: shape {shape} is not a valid array shape: {e}") from None
 
 
-class ReplayGuard:
-    """Refuses replayed or reordered messages: each sender (header `cid`, a string) numbers its
-    messages (`seq`, an int) in increasing order, and a message not newer than the last one accepted
-    from its sender raises ReplayError. Use it only on authenticated messages (an unsigned sender
-    could forge any number). Remembers the last `max_senders` senders."""
+class LinkGuard:
+    """An inbox's replay guard, failing closed. Every message's MAC names its sender (the link whose
+    key verified it, `decode_signed`'s `key_of`); its header's sender id `cid` = "name/instance"
+    (an `Outbox`'s own id) must carry that name — a message claiming another sender is refused —
+    and its `seq` must be newer than the last one accepted from that id. Memory is bounded and
+    nothing is forgotten: at most `max_senders` ids in all and `max_ids` per name; a new id past
+    either bound is refused (a forgotten id's captured messages would be accepted again)."""
 
-    def __init__(self, max_senders: int = MAX_SENDERS) -> None:
-        self.max_senders = max_senders
-        self.last: OrderedDict[str, int] = OrderedDict()
+    def __init__(self, max_senders: int = MAX_SENDERS, max_ids: int = MAX_IDS_PER_NAME) -> None:
+        self.max_senders, self.max_ids = max_senders, max_ids
+        self.last: dict[str, int] = {}  # cid -> last seq
+        self.per_name: dict[str, int] = {}
 
-    def check(self, header: dict[str, Any]) -> None:
-        cid, seq = header.get("cid"), header.get("seq")
-        if not isinstance(cid, str) or not isinstance(seq, int) or isinstance(seq, bool):
+    def check(self, sender: str | None, header: dict[str, Any]) -> None:
+        """ReplayError unless `header` (of a message the link key of `sender` verified) is new."""
+        cid, seq = header.get("cid"), _seq(header)
+        name = Sessions.name_of(cid)
+        if name != sender:
             raise ReplayError(
-                f"a signed message needs a sender id 'cid' (string) and sequence number "
-                f"'seq' (int), got cid={cid!r:.80}, seq={seq!r:.80}"
+                f"message claims sender {cid!r:.80} but is signed with the link key of "
+                f"{sender!r:.80}; refused"
             )
         last = self.last.get(cid)
-        if last is not None and seq <= last:
+        if last is None:
+            if self.per_name.get(name, 0) >= self.max_ids or len(self.last) >= self.max_senders:
+                raise ReplayError(
+                    f"sender id {cid!r:.80} is one too many (at most {self.max_ids} per sender, "
+                    f"{self.max_senders} in all, none forgotten); refused"
+                )
+            self.per_name[name] = self.per_name.get(name, 0) + 1
+        elif seq <= last:
             raise ReplayError(
                 f"sender {cid!r:.80} sent sequence number {seq} after {last}: a replayed "
                 "or reordered message; refused"
             )
         self.last[cid] = seq
-        self.last.move_to_end(cid)
-        while len(self.last) > self.max_senders:
-            self.last.popitem(last=False)
 
 
 MAX_SESSIONS_PER_NAME = 256  # a client name's sessions a `Sessions` keeps (its oldest forgotten first)

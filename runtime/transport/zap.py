@@ -6,7 +6,8 @@ unauthenticated peer could make a server buffer any number of frames, each up to
 handler (a thread on the socket's context, ZAP's `inproc://zeromq.zap.01` endpoint) about every
 new connection during its handshake, and drops it unless the peer's PLAIN user name is a client
 name and its password that name's token, `token(key)` of its per-client key
-(`wire.client_key(master, name)`): nothing a peer without a key sends is ever queued.
+(`wire.client_key(master, name)`; at a trainer's or the driver's inbox, of its link key
+`wire.link_key(master, name, receiver)`): nothing a peer without a key sends is ever queued.
 
 The password travels in the clear in the handshake (PLAIN has no encryption), so a token guards
 memory, not messages: every message still carries its MAC, and a token a peer has seen lets it
@@ -74,7 +75,7 @@ class Gate:
             try:
                 name = req[6].decode("ascii")
                 ok = bool(name) and hmac.compare_digest(token(self.key_of(name)), req[7])
-            except (UnicodeDecodeError, ValueError):
+            except (UnicodeDecodeError, ValueError, LookupError):  # (not a client: no key)
                 ok = False
         if not ok:
             self.refused += 1

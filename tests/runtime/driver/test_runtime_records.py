@@ -105,7 +105,7 @@ def spec_dict() -> dict:
         endpoints={"cpu:0": "ipc://a", "cpu:1": "ipc://b"},
         driver="ipc://d",
         ps=["ipc://p"],
-        secret=b"s" * 32,
+        links={"name": "cpu:1", "send": {"ipc://a": b"k" * 32}, "recv": {"driver": b"d" * 32}},
         data=None,
         trace=False,
         start=0,

@@ -13,12 +13,13 @@ from cryptography.hazmat.primitives.poly1305 import Poly1305
 from runtime.transport.wire import (
     MAX_HEADER_DEPTH,
     AuthError,
+    LinkGuard,
     ReplayError,
-    ReplayGuard,
     WireError,
     decode,
     decode_signed,
     encode,
+    link_key,
     sign,
 )
 
@@ -237,19 +238,40 @@ def test_decode_signed_says_which_key_signed():
         decode_signed(encode({"op": "save"}, [], b"other"), [data, admin])
 
 
-def test_replay_guard_refuses_old_and_repeated_sequence_numbers_per_sender():
-    guard = ReplayGuard(max_senders=2)
-    guard.check({"cid": "a", "seq": 1})
-    guard.check({"cid": "a", "seq": 5})  # gaps are fine (requests to other shards)
-    guard.check({"cid": "b", "seq": 1})  # senders are independent
+def test_link_guard_refuses_old_and_repeated_numbers_and_ids_past_its_bounds():
+    guard = LinkGuard(max_senders=3, max_ids=2)
+    guard.check("a", {"cid": "a/1", "seq": 1})
+    guard.check("a", {"cid": "a/1", "seq": 5})  # gaps are fine
+    guard.check("b", {"cid": "b/1", "seq": 1})  # senders are independent
     for seq in (5, 4):
         with pytest.raises(ReplayError, match="replayed or reordered"):
-            guard.check({"cid": "a", "seq": seq})
-    for bad in ({"seq": 9}, {"cid": "a"}, {"cid": "a", "seq": True}, {"cid": 3, "seq": 1}):
-        with pytest.raises(ReplayError, match="needs a sender id"):
-            guard.check(bad)
-    guard.check({"cid": "c", "seq": 1})  # a third sender: "a", the least recent, is forgotten
-    assert set(guard.last) == {"b", "c"}
+            guard.check("a", {"cid": "a/1", "seq": seq})
+    with pytest.raises(ReplayError, match="signed with the link key of 'b'"):
+        guard.check("b", {"cid": "a/1", "seq": 99})  # b claims to be a
+    for bad in ({"seq": 9}, {"cid": "a", "seq": 1}, {"cid": "a/1", "seq": True}, {"cid": 3, "seq": 1}):
+        with pytest.raises(ReplayError, match="needs a se"):
+            guard.check("a", bad)
+    guard.check("a", {"cid": "a/2", "seq": 1})
+    with pytest.raises(ReplayError, match="one too many"):  # a's third id: past 2 per name
+        guard.check("a", {"cid": "a/3", "seq": 1})
+    with pytest.raises(ReplayError, match="one too many"):  # c's first: past 3 in all
+        guard.check("c", {"cid": "c/1", "seq": 1})
+    with pytest.raises(ReplayError, match="replayed"):  # nothing was forgotten
+        guard.check("a", {"cid": "a/1", "seq": 5})
+
+
+def test_link_keys_differ_per_direction_and_verify_only_as_their_sender():
+    master = b"m" * 32
+    ab, ba = link_key(master, "a", "b"), link_key(master, "b", "a")
+    assert len({ab, ba, link_key(master, "a", "c"), link_key(b"n" * 32, "a", "b")}) == 4
+    keys = {"a": ab}
+    assert decode_signed(encode({"k": 1}, [], ab, "a"), key_of=keys.__getitem__).sender == "a"
+    with pytest.raises(AuthError, match="no link to this endpoint"):
+        decode_signed(encode({"k": 1}, [], ab, "c"), key_of=keys.__getitem__)
+    with pytest.raises(AuthError, match="does not match"):
+        decode_signed(encode({"k": 1}, [], ba, "a"), key_of=keys.__getitem__)
+    with pytest.raises(WireError, match="no '/'"):
+        link_key(master, "a/b", "c")
 
 
 def test_encode_refuses_object_arrays_and_arrays_is_an_ordinary_key():

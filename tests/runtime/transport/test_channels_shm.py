@@ -7,20 +7,18 @@ import time
 
 import numpy as np
 import pytest
-import zmq
+from link_keys import inbox_links, outbox_links, raw_push, signed
 
 from runtime.engines import LocalEngine
 from runtime.transport import shm
 from runtime.transport.channels import Inbox, Outbox
 from runtime.transport.shm import shm_dir_for
-from runtime.transport.wire import WireError, encode
-
-KEY = os.urandom(32)
+from runtime.transport.wire import WireError
 
 
 def _pair(run_dir, shm=True):
-    inbox = Inbox(f"ipc://{run_dir}/b", KEY)
-    return inbox, Outbox(KEY, shm=shm), f"ipc://{run_dir}/b"
+    inbox = Inbox(f"ipc://{run_dir}/b", inbox_links())
+    return inbox, Outbox(outbox_links(inbox.endpoint), shm=shm), inbox.endpoint
 
 
 def _recv(inbox):
@@ -63,8 +61,9 @@ def test_tensors_arrive_exactly_through_the_segment(run_dir):
 
 
 def test_small_messages_and_endpoints_without_the_twin_go_as_zeromq_frames(run_dir, tmp_path):
-    inbox, out, ep = _pair(run_dir)
-    other = Inbox(f"ipc://{tmp_path}/c", KEY)  # not a run directory: no shared memory
+    inbox, _, ep = _pair(run_dir)
+    other = Inbox(f"ipc://{tmp_path}/c", inbox_links())  # not a run directory: no shared memory
+    out = Outbox(outbox_links(ep, other.endpoint))
     try:
         out.send(ep, {"k": 1}, [np.arange(10)])
         assert out.rings[ep].head == 0 and _recv(inbox)[1][0].tolist() == list(range(10))
@@ -109,14 +108,10 @@ def test_a_full_ring_falls_back_to_zeromq_and_order_is_kept(run_dir, monkeypatch
 _forged = itertools.count(1)
 
 
-def _control(ep, desc, secret=KEY):
-    """Send a hand-made control message to `ep` (a peer that holds the key, or not), numbered as an
-    Outbox numbers its messages."""
-    sock = zmq.Context.instance().socket(zmq.PUSH)
-    sock.linger = 1000
-    sock.connect(ep)
-    sock.send_multipart(encode({"k": "t", "shm": desc, "cid": "hand", "seq": next(_forged)}, (), secret))
-    sock.close()
+def _control(ep, desc, key=None):
+    """Send a hand-made control message to `ep` as sender "a" (signed with its link key, or `key`),
+    numbered as an Outbox numbers its messages."""
+    raw_push(ep, signed({"k": "t", "shm": desc, "cid": "a/hand", "seq": next(_forged)}, key=key))
 
 
 @pytest.mark.parametrize(
@@ -160,7 +155,7 @@ def test_hostile_control_messages_are_refused_without_reading_outside_the_segmen
 def test_unsigned_control_messages_and_symlinked_segments_are_refused(run_dir):
     inbox, out, ep = _pair(run_dir)
     try:
-        _control(ep, {"seg": "1-0badc0de-x", "at": 0, "n": 0, "arrays": []}, secret=os.urandom(32))
+        _control(ep, {"seg": "1-0badc0de-x", "at": 0, "n": 0, "arrays": []}, key=os.urandom(32))
         assert inbox.recv(500) is None  # refused before its descriptor is looked at, and skipped
         assert inbox.refused == 1 and "MAC" in inbox.last_refused
         os.symlink("/etc/hostname", os.path.join(shm_dir_for(run_dir), "1-0badc0de-link"))
@@ -194,7 +189,7 @@ def test_the_local_engine_makes_a_private_twin_and_removes_it_with_the_run_direc
     twin = shm_dir_for(eng.tmp)
     try:
         assert os.path.isdir(twin) and os.stat(twin).st_mode & 0o777 == 0o700
-        inbox, out = Inbox(ep, KEY), Outbox(KEY)
+        inbox, out = Inbox(ep, inbox_links()), Outbox(outbox_links(ep, eng.endpoint("gpu:0")))
         out.send(ep, {}, [np.zeros(10_000, np.float32)])
         _recv(inbox)
         out.send(eng.endpoint("gpu:0"), {}, [np.zeros(10_000, np.float32)])  # a segment nobody mapped

@@ -440,22 +440,23 @@ def test_measure_link_signs_like_a_trainer(monkeypatch):
     seen = []
 
     class SpyOutbox(Outbox):
-        def __init__(self, secret=None, *a, **k):
-            seen.append(("out", secret))
-            super().__init__(secret, *a, **k)
+        def __init__(self, links=None, *a, **k):
+            seen.append(("out", links))
+            super().__init__(links, *a, **k)
 
     class SpyInbox(Inbox):
-        def __init__(self, endpoint, secret=None, *a, **k):
-            seen.append(("in", secret))
-            super().__init__(endpoint, secret, *a, **k)
+        def __init__(self, endpoint, links=None, *a, **k):
+            seen.append(("in", links))
+            super().__init__(endpoint, links, *a, **k)
 
     monkeypatch.setattr(profile_measure, "Outbox", SpyOutbox)
     monkeypatch.setattr(profile_measure, "Inbox", SpyInbox)
     link = profile_measure.measure_link(sizes=(64, 4096), count=2)
     assert link.latency_s > 0
-    assert {w for w, _ in seen} == {"in", "out"}
-    secrets = {s for _, s in seen}
-    assert len(secrets) == 1 and isinstance(secrets.pop(), bytes)  # both ends hold the same secret
+    links = dict(seen)
+    assert set(links) == {"in", "out"}
+    (key,) = links["out"].send.values()  # both ends hold the key of the link from one to the other
+    assert links["in"].recv == {links["out"].name: key} and isinstance(key, bytes)
 
 
 def test_cli_inspect_refuses_prediction_options_without_predict(tmp_path, capsys):
