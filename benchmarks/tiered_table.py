@@ -119,6 +119,8 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
         out.update(
             budget_mib=round(parse_bytes(budget) / 2**20, 1),
             resident=t.resident(),
+            engine_mib=round(t.engine_bytes() / 2**20, 1),
+            resident_over_budget=round((rss() - base) / parse_bytes(budget), 2),
             disk_bytes_per_row=round(t.disk_bytes() / len(t), 1),
             evicted=t.stats.evicted,
         )
@@ -193,6 +195,12 @@ def main() -> None:
     ap.add_argument("--rows", default="100000,1000000", help="table sizes, comma-separated")
     ap.add_argument("--kinds", default="memory,disk", help="memory (RAM table) and/or disk (tiered)")
     ap.add_argument("--budget", default="64MiB", help="the tiered table's memory_budget")
+    ap.add_argument(
+        "--ram-max",
+        type=int,
+        default=10**7,
+        help="largest RAM table measured; a larger disk table is compared with the last RAM one",
+    )
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--delta", action="store_true", help="measure delta checkpoints (see above)")
@@ -215,15 +223,28 @@ def main() -> None:
         f"Zipf alpha {ALPHA}, {BATCH} x {SLOTS} ids per step (unique'd), dim {DIM}, Adagrad, "
         f"budget {a.budget}"
     )
+    ref = None
     for rows in (int(r) for r in a.rows.split(",")):
         for kind in a.kinds.split(","):
-            cmd = [sys.executable, __file__, "--one", kind, str(rows), "--budget", a.budget]
-            cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
-            res = subprocess.run(cmd, capture_output=True, text=True)
-            if res.returncode:  # the measurement runs in a child: show what it said, not only its code
-                sys.exit(f"{kind} table of {rows} rows failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
-            print(res.stdout.strip().splitlines()[-1], flush=True)
+            if kind == "memory" and rows > a.ram_max:
+                continue  # (the last RAM table measured stays the reference)
+            r = run_one(kind, rows, a)
+            if kind == "memory":
+                ref = r
+            elif ref is not None:
+                r["ram_ref_rows"] = ref["rows"]
+                r["ratio_to_ram"] = round(r["rows_per_s"] / ref["rows_per_s"], 3)
+            print(json.dumps(r), flush=True)
 
+
+def run_one(kind: str, rows: int, a: argparse.Namespace) -> dict:
+    """`one(kind, rows, ...)` in a fresh subprocess (its memory measured alone)."""
+    cmd = [sys.executable, __file__, "--one", kind, str(rows), "--budget", a.budget]
+    cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:  # the measurement runs in a child: show what it said, not only its code
+        sys.exit(f"{kind} table of {rows} rows failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 if __name__ == "__main__":
     main()
