@@ -269,5 +269,6 @@ def run_one(kind: str, rows: int, a: argparse.Namespace) -> dict:
         sys.exit(f"{kind} table of {rows} rows failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
+
 if __name__ == "__main__":
     main()

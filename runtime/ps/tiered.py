@@ -52,7 +52,7 @@ import tempfile
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from shutil import rmtree
 
@@ -129,6 +129,28 @@ class BudgetSplit:
         return self.ram_tier // self.row_bytes
 
 
+def _row_bytes(table: SparseTable) -> int:
+    """Bytes of one resident row of sparse `table` tiered, but its id index entry: the disk record,
+    the LRU stamp (int64) and, with admission/eviction, the RAM copy of its EntryLast (int64)."""
+    record = _record_dtype(table.dtype, table.dim, layout(table)["fields"])
+    return record.itemsize + 8 + (8 if table.entry is not None else 0)
+
+
+def budget_for_rows(spec: TableSpec, rows: int) -> int:
+    """A memory_budget (bytes) whose RAM tier holds `rows` rows of the sparse table `spec` (its
+    storage ignored), RocksDB's share and the id index included (`BudgetSplit`): the fixed point
+    budget = engine + index + rows x row bytes (exactly `rows` rows while the engine's share is at
+    its floor, budgets under 8 MiB)."""
+    vocab, per_row = spec.shape[0], _row_bytes(SparseTable(replace(spec, storage="memory")))
+    budget = rows * per_row
+    while True:
+        split = BudgetSplit.of(budget, vocab, per_row)
+        need = split.engine.nbytes + split.direct_index + rows * split.row_bytes
+        if need <= budget:
+            return budget
+        budget = need
+
+
 class TieredSparseTable(SparseTable):
     """A sparse table whose rows live in RocksDB under a RAM tier of at most `max_rows` hot rows (see
     the module docstring). `memory_budget` (bytes or "4GiB") defaults to the spec's."""
@@ -153,8 +175,7 @@ class TieredSparseTable(SparseTable):
         except ValueError as e:
             raise PSError(f"table {self.name!r}: {e}") from None
         self.record = _record_dtype(self.dtype, self.dim, layout(self)["fields"])
-        entry_bytes = 8 if self.entry is not None else 0  # (the RAM copy of a row's EntryLast)
-        self.split = BudgetSplit.of(self.budget, self.vocab, self.record.itemsize + 8 + entry_bytes)
+        self.split = BudgetSplit.of(self.budget, self.vocab, _row_bytes(self))
         self.direct_max = self.vocab if self.split.direct_index else 0
         self.row_bytes = self.split.row_bytes
         self.max_rows = self.split.max_rows
@@ -523,7 +544,11 @@ class TieredSparseTable(SparseTable):
         meta = read_meta(path)
         check_layout(self, path, meta)
         fresh = open_copy(
-            Path(path), self.path / f"rows.{uuid.uuid4().hex}", self.record, self.store.what, self.split.engine
+            Path(path),
+            self.path / f"rows.{uuid.uuid4().hex}",
+            self.record,
+            self.store.what,
+            self.split.engine,
         )
         old, self.store = self.store, fresh
         old.close()
