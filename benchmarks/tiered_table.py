@@ -4,9 +4,11 @@ A Zipf-distributed id stream (bounded power law over the table's ids, alpha 1.1,
 over the id space by a multiplicative hash), batches of 4096 x 26 ids unique'd per step, dim 16,
 Adagrad. Each table is first filled with `rows` rows (the initializer's values, zero moments: what
 lazily created rows hold; `fill_s` / `fill_rows_per_s`: the table's `load_state` calls alone),
-then runs `warmup` + `steps` steps of pull + push. Per (table, rows), in a fresh subprocess:
-throughput (pulled + pushed rows/s), the RAM hit rate of the pulls, the process's anonymous
-resident memory growth (RssAnon after the fill and after the steps, against the budget;
+then runs `warmup` steps (a tiered table: until its RAM tier is full, so that the hit rate is the
+steady state's) + `steps` timed steps of pull + push; the RAM table of as many rows (at most
+`--ram-max`; else the last one measured) is the reference of `ratio_to_ram`. Per (table, rows),
+in a fresh subprocess: throughput (pulled + pushed rows/s), the RAM hit rate of the pulls, the
+process's anonymous resident memory growth (RssAnon after the fill and after the steps, against the budget;
 peak RSS), disk bytes per row.
 
     python benchmarks/tiered_table.py                       # --rows 100000,1000000 --budget 64MiB
@@ -103,14 +105,18 @@ def step_batches(rows: int):
 
 
 def run_steps(t, rows: int, warmup: int, steps: int) -> dict:
-    """`warmup` steps (a disk table: at least until its RAM tier is full and has evicted once, at
-    most 1000), then `steps` timed steps of pull + push; rows moved, seconds, RAM hits/lookups."""
+    """`warmup` steps (a disk table: at least until its RAM tier has evicted once or a step misses
+    none, at most 1000), then `steps` timed steps of pull + push; rows moved, seconds, RAM
+    hits/lookups."""
     stream, disk = step_batches(rows), hasattr(t, "stats")
     n = 0
-    while n < warmup or (disk and not t.stats.evicted and n < 1000):
+    missed = disk
+    while n < warmup or (missed and not t.stats.evicted and n < 1000):
         ids, g = next(stream)
+        before = t.stats.lookups - t.stats.ram_hits if disk else 0
         t.pull(ids)
         t.push(g, ids)
+        missed = disk and t.stats.lookups - t.stats.ram_hits > before  # (a miss: the tier is not warm)
         n += 1
     work = [next(stream) for _ in range(steps)]
     h0, l0 = (t.stats.ram_hits, t.stats.lookups) if disk else (0, 0)
@@ -156,7 +162,7 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
             resident=t.resident(),
             engine_mib=round(t.engine_bytes() / 2**20, 1),
             rss_file_mib=round(rss_file() / 2**20, 1),
-            resident_over_budget=round((rss() - base) / parse_bytes(budget), 2),
+            resident_over_budget=round(out["rss_growth_mib"] * 2**20 / parse_bytes(budget), 2),
             disk_bytes_per_row=round(t.disk_bytes() / len(t), 1),
             evicted=t.stats.evicted,
         )
