@@ -18,7 +18,7 @@ sequence gives exactly the RAM table's values whatever the budget.
   rows are resident after a request, the least recently stamped are written back in one WriteBatch
   until 90% of `max_rows` remain (eviction amortised over ~10% of the budget) and the RAM arrays
   are compacted. The budget is split (`BudgetSplit`): RocksDB's block cache (1/32, holding the SST
-  index and filter blocks too) and two memtables (1/32 each + one write: `tiered_store.EngineMemory`); the
+  index and filter blocks too) and two memtables (1/32 each: `tiered_store.EngineMemory`); the
   direct id index of a known vocab (`DirectIndex`, 4 bytes per possible id) when it fits in 1/8 of
   the budget, else the sorted index (16 bytes per resident row); `max_rows` = the rest // bytes per
   resident row (record + LRU stamp + index entry). Outside the budget: the transient arrays of the

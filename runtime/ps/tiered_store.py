@@ -88,14 +88,8 @@ class EngineMemory:
 
     @property
     def nbytes(self) -> int:
-        """The most RocksDB holds in its caches and memtables: a memtable is switched after the
-        write that fills it, so each holds up to `write_buffer` + one write (`put_bytes`)."""
-        return self.block_cache + WRITE_BUFFERS * (self.write_buffer + self.put_bytes)
-
-    @property
-    def put_bytes(self) -> int:
-        """The largest WriteBatch `RowStore.put` writes: 1/4 of a memtable."""
-        return self.write_buffer // 4
+        """The most RocksDB holds in its caches and memtables."""
+        return self.block_cache + WRITE_BUFFERS * self.write_buffer
 
     @classmethod
     def of_budget(cls, budget: int) -> EngineMemory:
@@ -138,7 +132,7 @@ class RowStore:
         read_only: bool = False,
         memory: EngineMemory = EngineMemory(),
     ) -> None:
-        self.path, self.record, self.what, self.memory = Path(path), record, what, memory
+        self.path, self.record, self.what = Path(path), record, what
         self.multi_gets = self.write_batches = 0
         try:
             access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
@@ -177,13 +171,7 @@ class RowStore:
         return found, np.frombuffer(buf, self.record)
 
     def put(self, ids: np.ndarray, rec: np.ndarray) -> None:
-        """Write records `rec` of `ids`: WriteBatches of at most `memory.put_bytes` (a memtable
-        outgrows its size by at most one write), each over one contiguous buffer."""
-        step = max(1, self.memory.put_bytes // (self.record.itemsize + 8))
-        for lo in range(0, ids.size, step):
-            self._put(ids[lo : lo + step], rec[lo : lo + step])
-
-    def _put(self, ids: np.ndarray, rec: np.ndarray) -> None:
+        """Write records `rec` of `ids`: one WriteBatch over one contiguous buffer."""
         if not ids.size:
             return
         values = np.ascontiguousarray(rec).view(f"V{self.record.itemsize}").tolist()

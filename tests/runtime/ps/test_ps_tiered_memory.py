@@ -38,15 +38,13 @@ def spec(vocab: int, budget: str) -> TableSpec:
 )
 def test_budget_split_is_hand_computed_and_its_parts_sum_within_the_budget(vocab, direct, row_bytes):
     # 16 MiB, Adagrad dim 16: a record is Param + Moment = 2 x 16 float32 = 128 bytes, + 8 (LRU stamp).
-    # RocksDB: block cache max(1 MiB, 16 MiB / 32) = 1 MiB, two memtables of max(256 KiB, 512 KiB),
-    # each up to one WriteBatch (512 KiB / 4) over its size.
+    # RocksDB: block cache max(1 MiB, 16 MiB / 32) = 1 MiB, two memtables of max(256 KiB, 512 KiB).
     t = make_table(spec(vocab, "16MiB"))
     try:
         split = t.split
         assert split.engine.block_cache == 1 * MiB and split.engine.write_buffer == 512 << 10
         assert split.direct_index == direct and split.row_bytes == row_bytes
-        assert split.engine.put_bytes == 128 << 10
-        ram_tier = 16 * MiB - 1 * MiB - 2 * (512 << 10) - 2 * (128 << 10) - direct
+        ram_tier = 16 * MiB - 1 * MiB - 2 * (512 << 10) - direct
         assert split.ram_tier == ram_tier and t.max_rows == ram_tier // row_bytes
         assert split.engine.nbytes + split.direct_index + split.ram_tier == 16 * MiB
         rng = np.random.default_rng(0)
@@ -65,7 +63,7 @@ def test_budget_split_is_hand_computed_and_its_parts_sum_within_the_budget(vocab
 def test_budget_split_scales_and_caps_the_memtables():
     engine = BudgetSplit.of(4 << 30, -1, 136).engine  # 4 GiB: cache 128 MiB, memtables capped
     assert engine.block_cache == 128 * MiB and engine.write_buffer == 64 * MiB
-    assert BudgetSplit.of(64 * MiB, -1, 136).engine.nbytes == 2 * MiB + 2 * (2 * MiB + MiB // 2)
+    assert BudgetSplit.of(64 * MiB, -1, 136).engine.nbytes == 2 * MiB + 2 * 2 * MiB
 
 
 @pytest.mark.slow
