@@ -4,9 +4,11 @@ A Zipf-distributed id stream (bounded power law over the table's ids, alpha 1.1,
 over the id space by a multiplicative hash), batches of 4096 x 26 ids unique'd per step, dim 16,
 Adagrad. Each table is first filled with `rows` rows (the initializer's values, zero moments: what
 lazily created rows hold; `fill_s` / `fill_rows_per_s`: the table's `load_state` calls alone),
-then runs `warmup` + `steps` steps of pull + push. Per (table, rows), in a fresh subprocess:
-throughput (pulled + pushed rows/s), the RAM hit rate of the pulls, the process's anonymous
-resident memory growth (RssAnon after the fill and after the steps, against the budget;
+then runs `warmup` steps (a tiered table: until its RAM tier is full, so that the hit rate is the
+steady state's) + `steps` timed steps of pull + push; the RAM table of as many rows (at most
+`--ram-max`; else the last one measured) is the reference of `ratio_to_ram`. Per (table, rows),
+in a fresh subprocess: throughput (pulled + pushed rows/s), the RAM hit rate of the pulls, the
+process's anonymous resident memory growth (RssAnon after the fill and after the steps, against the budget;
 peak RSS), disk bytes per row.
 
     python benchmarks/tiered_table.py                       # --rows 100000,1000000 --budget 64MiB
@@ -55,6 +57,12 @@ def rss() -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssAnon:"))
 
 
+def rss_file() -> int:
+    """File-backed resident bytes (RssFile: the mmap'd SST pages the OS may drop)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssFile:"))
+
+
 def zipf_ids(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
     """`size` ids in [0, n): rank r (1-based) with probability ~ r^-ALPHA, ranks hashed over ids."""
     u = rng.random(size)
@@ -62,12 +70,9 @@ def zipf_ids(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
     return (np.minimum(rank, n - 1) * 2654435761) % n  # a permutation of [0, n) for n not divisible by it
 
 
-def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
-    rng = np.random.default_rng(0)
-    batches = [unique_ids(zipf_ids(rng, rows, BATCH * SLOTS)) for _ in range(warmup + steps)]
-    grads = [rng.normal(0, 1e-3, (b.size, DIM)).astype(np.float32) for b in batches]
-    base = rss()
-    spec = TableSpec(
+def make_spec(kind: str, rows: int, budget: str, **extra: object) -> TableSpec:
+    """The benchmark's table: [rows, DIM] with Adagrad, in RAM (`memory`) or tiered (`disk`)."""
+    return TableSpec(
         "emb",
         "sparse",
         [rows, DIM],
@@ -75,39 +80,75 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
         optimizer={"type": "adagrad", "lr": 0.01},
         storage=kind,
         memory_budget=budget if kind == "disk" else None,
+        **extra,
     )
-    t = make_table(spec)
+
+
+def fill(t, rows: int) -> float:
+    """Load `rows` initial rows into `t`; seconds in the table's `load_state` calls alone."""
     fill_s, chunk = 0.0, 1 << 19
     for lo in range(0, rows, chunk):
         ids = np.arange(lo, min(rows, lo + chunk))
         param = init_rows(INIT, (rows, DIM), "float32", ids)
         t0 = time.perf_counter()
         t.load_state({"ids": ids, "Param": param, "Moment": np.zeros_like(param)})
-        fill_s += time.perf_counter() - t0  # (the table's load_state only, not making the rows)
-    filled = rss()
-    moved, hits, lookups, t0, c0 = 0, 0, 0, 0.0, 0.0
-    for i, (ids, g) in enumerate(zip(batches, grads, strict=True)):
-        if i == warmup:
-            t0, c0 = time.perf_counter(), time.process_time()
-        before = (t.stats.ram_hits, t.stats.lookups) if kind == "disk" else (0, 0)
+        fill_s += time.perf_counter() - t0
+    return fill_s
+
+
+def step_batches(rows: int):
+    """Endless (unique'd ids, grads) of the Zipf stream (seed 0: the same stream for every kind)."""
+    rng = np.random.default_rng(0)
+    while True:
+        ids = unique_ids(zipf_ids(rng, rows, BATCH * SLOTS))
+        yield ids, rng.normal(0, 1e-3, (ids.size, DIM)).astype(np.float32)
+
+
+def run_steps(t, rows: int, warmup: int, steps: int) -> dict:
+    """`warmup` steps (a disk table: at least until its RAM tier has evicted once or a step misses
+    none, at most 1000), then `steps` timed steps of pull + push; rows moved, seconds, RAM
+    hits/lookups."""
+    stream, disk = step_batches(rows), hasattr(t, "stats")
+    n = 0
+    missed = disk
+    while n < warmup or (missed and not t.stats.evicted and n < 1000):
+        ids, g = next(stream)
+        before = t.stats.lookups - t.stats.ram_hits if disk else 0
         t.pull(ids)
-        if kind == "disk" and i >= warmup:
-            hits += t.stats.ram_hits - before[0]
-            lookups += t.stats.lookups - before[1]
         t.push(g, ids)
-        if i >= warmup:
-            moved += 2 * ids.size
+        missed = disk and t.stats.lookups - t.stats.ram_hits > before  # (a miss: the tier is not warm)
+        n += 1
+    work = [next(stream) for _ in range(steps)]
+    h0, l0 = (t.stats.ram_hits, t.stats.lookups) if disk else (0, 0)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for ids, g in work:
+        t.pull(ids)
+        t.push(g, ids)
     run_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    hits, lookups = (t.stats.ram_hits - h0, t.stats.lookups - l0) if disk else (1, 1)
+    moved = 2 * sum(ids.size for ids, _ in work)
+    return {"warmup_steps": n, "moved": moved, "run_s": run_s, "cpu_s": cpu_s, "hit": hits / lookups}
+
+
+def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
+    """One table's measurements (see the module docstring)."""
+    base = rss()
+    t = make_table(make_spec(kind, rows, budget))
+    fill_s = fill(t, rows)
+    filled = rss()
+    r = run_steps(t, rows, warmup, steps)
+    moved, run_s, cpu_s = r["moved"], r["run_s"], r["cpu_s"]
     out = {
         "kind": kind,
         "rows": len(t),
         "fill_s": round(fill_s, 1),
         "fill_rows_per_s": round(rows / fill_s),
-        "unique_per_step": int(np.mean([b.size for b in batches])),
+        "warmup_steps": r["warmup_steps"],
+        "unique_per_step": round(moved / 2 / steps),
         "rows_per_s": round(moved / run_s),
         "rows_per_cpu_s": round(moved / cpu_s),
         "ms_per_step": round(1000 * run_s / steps, 1),
-        "hit_rate": round(hits / lookups, 3) if lookups else 1.0,
+        "hit_rate": round(r["hit"], 3),
         "rss_growth_mib": round((rss() - base) / 2**20, 1),
         "rss_after_fill_mib": round((filled - base) / 2**20, 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10, 1),
@@ -119,6 +160,9 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
         out.update(
             budget_mib=round(parse_bytes(budget) / 2**20, 1),
             resident=t.resident(),
+            engine_mib=round(t.engine_bytes() / 2**20, 1),
+            rss_file_mib=round(rss_file() / 2**20, 1),
+            resident_over_budget=round(out["rss_growth_mib"] * 2**20 / parse_bytes(budget), 2),
             disk_bytes_per_row=round(t.disk_bytes() / len(t), 1),
             evicted=t.stats.evicted,
         )
@@ -132,22 +176,9 @@ def delta_one(kind: str, rows: int, budget: str, touch: list[int]) -> list[dict]
 
     from runtime.ps.shard import Shard, save_shards
 
-    spec = TableSpec(
-        "emb",
-        "sparse",
-        [rows, DIM],
-        initializer=INIT,
-        optimizer={"type": "adagrad", "lr": 0.01},
-        storage=kind,
-        memory_budget=budget if kind == "disk" else None,
-        delta_every=1 << 30,
-    )
+    spec = make_spec(kind, rows, budget, delta_every=1 << 30)
     shard, rng = Shard([spec]), np.random.default_rng(0)
-    t = shard.tables["emb"]
-    for lo in range(0, rows, 1 << 19):
-        ids = np.arange(lo, min(rows, lo + (1 << 19)))
-        param = init_rows(INIT, (rows, DIM), "float32", ids)
-        t.load_state({"ids": ids, "Param": param, "Moment": np.zeros_like(param)})
+    fill(shard.tables["emb"], rows)
     root = Path(tempfile.mkdtemp(prefix="hetps-delta-bench-"))
     out = []
     try:
@@ -193,6 +224,12 @@ def main() -> None:
     ap.add_argument("--rows", default="100000,1000000", help="table sizes, comma-separated")
     ap.add_argument("--kinds", default="memory,disk", help="memory (RAM table) and/or disk (tiered)")
     ap.add_argument("--budget", default="64MiB", help="the tiered table's memory_budget")
+    ap.add_argument(
+        "--ram-max",
+        type=int,
+        default=10**7,
+        help="largest RAM table measured; a larger disk table is compared with the last RAM one",
+    )
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--delta", action="store_true", help="measure delta checkpoints (see above)")
@@ -215,14 +252,28 @@ def main() -> None:
         f"Zipf alpha {ALPHA}, {BATCH} x {SLOTS} ids per step (unique'd), dim {DIM}, Adagrad, "
         f"budget {a.budget}"
     )
+    ref = None
     for rows in (int(r) for r in a.rows.split(",")):
         for kind in a.kinds.split(","):
-            cmd = [sys.executable, __file__, "--one", kind, str(rows), "--budget", a.budget]
-            cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
-            res = subprocess.run(cmd, capture_output=True, text=True)
-            if res.returncode:  # the measurement runs in a child: show what it said, not only its code
-                sys.exit(f"{kind} table of {rows} rows failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
-            print(res.stdout.strip().splitlines()[-1], flush=True)
+            if kind == "memory" and rows > a.ram_max:
+                continue  # (the last RAM table measured stays the reference)
+            r = run_one(kind, rows, a)
+            if kind == "memory":
+                ref = r
+            elif ref is not None:
+                r["ram_ref_rows"] = ref["rows"]
+                r["ratio_to_ram"] = round(r["rows_per_s"] / ref["rows_per_s"], 3)
+            print(json.dumps(r), flush=True)
+
+
+def run_one(kind: str, rows: int, a: argparse.Namespace) -> dict:
+    """`one(kind, rows, ...)` in a fresh subprocess (its memory measured alone)."""
+    cmd = [sys.executable, __file__, "--one", kind, str(rows), "--budget", a.budget]
+    cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:  # the measurement runs in a child: show what it said, not only its code
+        sys.exit(f"{kind} table of {rows} rows failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -130,6 +130,7 @@ class DirectIndex:
         return out
 
 
-def make_index(vocab: int) -> RowIndex | DirectIndex:
-    """The direct index for a known, moderate vocab; the sorted-array index otherwise."""
-    return DirectIndex(vocab) if 0 < vocab <= DIRECT_MAX else RowIndex()
+def make_index(vocab: int, direct_max: int = DIRECT_MAX) -> RowIndex | DirectIndex:
+    """The direct index for a known vocab of at most `direct_max` ids; the sorted-array index
+    otherwise."""
+    return DirectIndex(vocab) if 0 < vocab <= direct_max else RowIndex()

@@ -34,7 +34,7 @@ from ops_registry.embedding import id_range_error
 from ops_registry.optimizer import state_init, state_slots
 from runtime.ps.changes import ChangedRows, Changes
 from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST, WAITING, Entry
-from runtime.ps.index import make_index, strictly_increasing
+from runtime.ps.index import DIRECT_MAX, make_index, strictly_increasing
 from runtime.ps.lifecycle import LIFE, check_lifecycle, counts, shrink
 from runtime.ps.table_specs import check_spec, optimizer_attrs
 from runtime.ps.types import PSError, Table, check_ids_given
@@ -196,11 +196,13 @@ class DenseTable(_Base):
 
 
 class SparseTable(_Base):
+    direct_max = DIRECT_MAX  # the largest vocab given a direct id index (`make_index`)
+
     def __init__(self, spec: TableSpec, check_finite: bool = True) -> None:
         super().__init__(spec, check_finite)
         self.vocab, self.dim = self.shape
         self.unbounded = self.vocab < 0
-        self.index = make_index(self.vocab)
+        self.index = make_index(self.vocab, self.direct_max)
         self.rows = np.empty((0, self.dim), self.dtype)
         self.row_state = {s: np.empty((0, self.dim), self.dtype) for s in self.state_slots}
         # feature lifecycle (runtime/ps/lifecycle.py): per-row Show, Click, Unseen beside the state
@@ -369,7 +371,7 @@ class SparseTable(_Base):
     def _keep(self, keep: np.ndarray, room: int = 0) -> None:
         """Drop the rows (and optimizer state) whose slot is unset in `keep`; room for `room` more."""
         ids, old = self.index.ids_by_slot()[keep], np.flatnonzero(keep)
-        self.index = make_index(self.vocab)
+        self.index = make_index(self.vocab, self.direct_max)
         slots, _, _ = self.index.find_or_add(ids)
 
         def moved(a: np.ndarray) -> np.ndarray:

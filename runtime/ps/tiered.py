@@ -17,10 +17,13 @@ sequence gives exactly the RAM table's values whatever the budget.
 - Eviction is LRU: each request stamps its rows with a request counter; when more than `max_rows`
   rows are resident after a request, the least recently stamped are written back in one WriteBatch
   until 90% of `max_rows` remain (eviction amortised over ~10% of the budget) and the RAM arrays
-  are compacted. `max_rows` = budget // bytes per resident row (record + LRU stamp + id index entry).
-  Outside the budget: the id index of a table with a known vocab <= 2^24 (`DirectIndex`: 4 bytes per
-  possible id, pages touched only when used), RocksDB's bounded caches (`tiered_store`), and the
-  transient arrays of the request being served (its rows may briefly exceed `max_rows`).
+  are compacted. The budget is split (`BudgetSplit`): RocksDB's block cache (1/32, holding the SST
+  index and filter blocks too) and two memtables (1/32 each: `tiered_store.EngineMemory`); the
+  direct id index of a known vocab (`DirectIndex`, 4 bytes per possible id) when it fits in 1/8 of
+  the budget, else the sorted index (16 bytes per resident row); `max_rows` = the rest // bytes per
+  resident row (record + LRU stamp + index entry). Outside the budget: the transient arrays of the
+  request being served (its rows may briefly exceed `max_rows`) and the engine's fixed overhead
+  (open-file table readers, thread stacks).
 - A request with more distinct rows than `max_rows` is refused (PSError naming table and budget).
 - Admission / eviction by pushes (`entry`, `evict_after`, runtime/ps/entry.py) as on a RAM table:
   each row's push clock of its last touch (EntryLast, int64) is part of its disk record (and of
@@ -49,7 +52,7 @@ import tempfile
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from shutil import rmtree
 
@@ -57,12 +60,13 @@ import numpy as np
 
 from runtime.ps import checkpoint
 from runtime.ps.entry import ENTRY_CLOCK, ENTRY_LAST
-from runtime.ps.index import DirectIndex, make_index, unique_ids
+from runtime.ps.index import DIRECT_MAX, make_index, unique_ids
 from runtime.ps.lifecycle import shrink as _shrink
 from runtime.ps.sharding import shard_of
 from runtime.ps.table import PSError, SparseTable
 from runtime.ps.tiered_store import (
     BATCH_ROWS,
+    EngineMemory,
     RowStore,
     batches,
     open_copy,
@@ -95,6 +99,58 @@ class TierStats:
         return self.ram_hits / self.lookups if self.lookups else 1.0
 
 
+@dataclass(frozen=True)
+class BudgetSplit:
+    """How a table's memory budget is spent: RocksDB's block cache and memtables (`engine`), the
+    direct id index (4 bytes per possible id; 0 when the table uses the sorted index, whose 16
+    bytes per resident row are part of `row_bytes`), and the RAM tier: `max_rows` rows of
+    `row_bytes` (record, LRU stamp, index entry) in the rest."""
+
+    budget: int
+    engine: EngineMemory
+    direct_index: int
+    row_bytes: int
+
+    @classmethod
+    def of(cls, budget: int, vocab: int, row_bytes: int) -> BudgetSplit:
+        """The split for a vocab (< 0: unbounded) and rows of `row_bytes` without their index entry.
+        A direct index only when it fits in 1/8 of the budget (DIRECT_MAX ids at most)."""
+        engine = EngineMemory.of_budget(budget)
+        direct = 4 * vocab if 0 < vocab <= DIRECT_MAX and 4 * vocab <= budget // 8 else 0
+        return cls(budget, engine, direct, row_bytes + (0 if direct else 16))
+
+    @property
+    def ram_tier(self) -> int:
+        """Bytes left for the RAM tier's rows."""
+        return max(0, self.budget - self.engine.nbytes - self.direct_index)
+
+    @property
+    def max_rows(self) -> int:
+        return self.ram_tier // self.row_bytes
+
+
+def _row_bytes(table: SparseTable) -> int:
+    """Bytes of one resident row of sparse `table` tiered, but its id index entry: the disk record,
+    the LRU stamp (int64) and, with admission/eviction, the RAM copy of its EntryLast (int64)."""
+    record = _record_dtype(table.dtype, table.dim, layout(table)["fields"])
+    return record.itemsize + 8 + (8 if table.entry is not None else 0)
+
+
+def budget_for_rows(spec: TableSpec, rows: int) -> int:
+    """A memory_budget (bytes) whose RAM tier holds `rows` rows of the sparse table `spec` (its
+    storage ignored), RocksDB's share and the id index included (`BudgetSplit`): the fixed point
+    budget = engine + index + rows x row bytes (exactly `rows` rows while the engine's share is at
+    its floor, budgets under 8 MiB)."""
+    vocab, per_row = spec.shape[0], _row_bytes(SparseTable(replace(spec, storage="memory")))
+    budget = rows * per_row
+    while True:
+        split = BudgetSplit.of(budget, vocab, per_row)
+        need = split.engine.nbytes + split.direct_index + rows * split.row_bytes
+        if need <= budget:
+            return budget
+        budget = need
+
+
 class TieredSparseTable(SparseTable):
     """A sparse table whose rows live in RocksDB under a RAM tier of at most `max_rows` hot rows (see
     the module docstring). `memory_budget` (bytes or "4GiB") defaults to the spec's."""
@@ -119,14 +175,15 @@ class TieredSparseTable(SparseTable):
         except ValueError as e:
             raise PSError(f"table {self.name!r}: {e}") from None
         self.record = _record_dtype(self.dtype, self.dim, layout(self)["fields"])
-        index_bytes = 0 if isinstance(self.index, DirectIndex) else 16
-        entry_bytes = 8 if self.entry is not None else 0  # (the RAM copy of a row's EntryLast)
-        self.row_bytes = self.record.itemsize + 8 + index_bytes + entry_bytes  # + the LRU stamp (int64)
-        self.max_rows = self.budget // self.row_bytes
+        self.split = BudgetSplit.of(self.budget, self.vocab, _row_bytes(self))
+        self.direct_max = self.vocab if self.split.direct_index else 0
+        self.row_bytes = self.split.row_bytes
+        self.max_rows = self.split.max_rows
         if self.max_rows < 1:
             raise PSError(
-                f"table {self.name!r}: memory_budget {self.budget} bytes holds no row "
-                f"({self.row_bytes} bytes each)"
+                f"table {self.name!r}: memory_budget {self.budget} bytes holds no row: RocksDB takes "
+                f"{self.split.engine.nbytes} bytes of it, the id index {self.split.direct_index}, "
+                f"a row {self.row_bytes}; raise memory_budget"
             )
         self.tick, self.cold = 0, 0  # requests served; rows on disk and not in RAM
         self.stats = TierStats()
@@ -134,11 +191,11 @@ class TieredSparseTable(SparseTable):
         self.what = f"tiered table {self.name!r}" + (f" on shard {shard}" if shard else "")
         self.path = engine_dir(self.name, store_dir)
         self._cleanup = weakref.finalize(self, rmtree, str(self.path), ignore_errors=True)
-        self.store = RowStore(self.path / "rows", self.record, self.what)
+        self.store = RowStore(self.path / "rows", self.record, self.what, memory=self.split.engine)
 
     def _empty_ram(self) -> None:
         """No resident row; room for max_rows (the arrays' pages are touched only when used)."""
-        self.index = make_index(self.vocab)
+        self.index = make_index(self.vocab, self.direct_max)
         self._keep(np.zeros(0, bool), room=self.row_room())
         self.used = np.zeros(self.rows.shape[0], np.int64)  # per RAM slot: the request that last used it
         if self.entry is not None:
@@ -237,6 +294,10 @@ class TieredSparseTable(SparseTable):
         """Bytes of the RAM tier: rows and optimizer state (allocated capacity), LRU stamps, the id
         index (RocksDB's caches are not counted)."""
         return super().memory_bytes() + self.used.nbytes
+
+    def engine_bytes(self) -> int:
+        """Bytes RocksDB holds now in its block cache and memtables (at most `split.engine.nbytes`)."""
+        return self.store.engine_bytes()
 
     def disk_bytes(self) -> int:
         return self.store.disk_bytes()
@@ -482,7 +543,13 @@ class TieredSparseTable(SparseTable):
         """Replace every row and the scalar state by those of saved directory `path` (`save`)."""
         meta = read_meta(path)
         check_layout(self, path, meta)
-        fresh = open_copy(Path(path), self.path / f"rows.{uuid.uuid4().hex}", self.record, self.store.what)
+        fresh = open_copy(
+            Path(path),
+            self.path / f"rows.{uuid.uuid4().hex}",
+            self.record,
+            self.store.what,
+            self.split.engine,
+        )
         old, self.store = self.store, fresh
         old.close()
         rmtree(old.path, ignore_errors=True)

@@ -17,19 +17,29 @@ from runtime.ps import make_table
 from runtime.ps.checkpoint import read_manifest
 from runtime.ps.shard import Shard, save_shards
 from runtime.ps.sharding import shard_of
+from runtime.ps.tiered_store import EngineMemory
 from transpiler.tables import TableSpec
+
+ENGINE_FLOOR = EngineMemory.of_budget(1).nbytes  # RocksDB's share of a budget under 8 MiB (tiered_store)
 
 INIT = {"type": "uniform", "low": -0.1, "high": 0.1, "seed": 3}
 BASE = TableSpec("emb", "sparse", [-1, 4], initializer=INIT, optimizer={"type": "adagrad", "lr": 0.1})
 KINDS = {
     "ram": BASE,
-    "disk": replace(BASE, storage="disk", memory_budget=16000),
+    "disk": replace(BASE, storage="disk", memory_budget=ENGINE_FLOOR + 16000),
     "entry": replace(BASE, entry={"type": "count", "threshold": 2}, evict_after=6),
     "disk-entry": replace(
-        BASE, storage="disk", memory_budget=16000, entry={"type": "count", "threshold": 2}, evict_after=6
+        BASE,
+        storage="disk",
+        memory_budget=ENGINE_FLOOR + 16000,
+        entry={"type": "count", "threshold": 2},
+        evict_after=6,
     ),
     "life": replace(
-        BASE, storage="disk", memory_budget=16000, lifecycle={"ttl_passes": 2, "delete_threshold": 0.05}
+        BASE,
+        storage="disk",
+        memory_budget=ENGINE_FLOOR + 16000,
+        lifecycle={"ttl_passes": 2, "delete_threshold": 0.05},
     ),
 }
 
@@ -158,7 +168,7 @@ def test_a_pass_end_is_replayed_on_load_not_written_row_by_row(tmp_path, storage
     table, row for row."""
     spec = replace(BASE, lifecycle={"ttl_passes": 2}, delta_every=5)
     if storage == "disk":
-        spec = replace(spec, storage="disk", memory_budget=16000)
+        spec = replace(spec, storage="disk", memory_budget=ENGINE_FLOOR + 16000)
     s = Shard([spec])
     for lo in range(0, 500, 100):
         s.push("emb", np.ones((100, 4), np.float32), np.arange(lo, lo + 100))

@@ -17,7 +17,10 @@ import pytest
 
 from ops_registry import init_rows
 from runtime.ps import PSError, make_table
+from runtime.ps.tiered_store import EngineMemory
 from transpiler.tables import TableSpec
+
+ENGINE_FLOOR = EngineMemory.of_budget(1).nbytes  # RocksDB's share of a budget under 8 MiB (tiered_store)
 
 INIT = {"type": "uniform", "low": -0.1, "high": 0.1, "seed": 9}
 RULE = {"ttl_passes": 2, "decay": 0.9, "nonclk_coeff": 0.1, "click_coeff": 1.0, "delete_threshold": 0.35}
@@ -62,7 +65,7 @@ class Paddle:
 
 @pytest.mark.parametrize("storage", [None, "disk"])
 def test_show_click_decay_threshold_and_ttl_follow_paddles_accessor(storage):
-    spec = replace(SPEC, storage="disk", memory_budget=2000) if storage else SPEC
+    spec = replace(SPEC, storage="disk", memory_budget=ENGINE_FLOOR + 2000) if storage else SPEC
     t, ref = make_table(spec), Paddle()
     rng = np.random.default_rng(1)
     for _ in range(6):  # passes

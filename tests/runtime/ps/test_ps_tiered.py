@@ -14,7 +14,7 @@ import pytest
 
 from ops_registry import init_rows
 from runtime.ps import PSError, Shard, SparseTable, make_table, save_shards
-from runtime.ps.tiered import TieredSparseTable, parse_bytes
+from runtime.ps.tiered import TieredSparseTable, budget_for_rows, parse_bytes
 from transpiler.tables import TableSpec
 
 DIM = 4
@@ -25,9 +25,7 @@ def spec(opt: dict, vocab: int = 600, rows: int | None = 64, **kw) -> TableSpec:
     s = TableSpec("emb", "sparse", [vocab, DIM], initializer=INIT, optimizer=opt, **kw)
     if rows is None:
         return s
-    t = SparseTable(s)  # the bytes one resident row costs, to size the budget in rows
-    per_row = 4 * DIM * (1 + len(t.state_slots)) + 8 + (0 if vocab > 0 else 16)
-    return replace(s, storage="disk", memory_budget=rows * per_row)
+    return replace(s, storage="disk", memory_budget=budget_for_rows(s, rows))  # (RAM tier: `rows` rows)
 
 
 class DictModel:

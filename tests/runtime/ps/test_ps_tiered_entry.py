@@ -12,7 +12,7 @@ import pytest
 
 from runtime.ps import Shard, SparseTable, make_table, save_shards
 from runtime.ps.sharding import shard_of
-from runtime.ps.tiered import TieredSparseTable
+from runtime.ps.tiered import TieredSparseTable, budget_for_rows
 from transpiler.tables import TableSpec
 
 DIM = 3
@@ -28,7 +28,8 @@ def spec(vocab: int = -1, disk: bool = True, **rules) -> TableSpec:
     s = TableSpec(
         "emb", "sparse", [vocab, DIM], initializer=INIT, optimizer={"type": "adagrad", "lr": 0.1}, **rules
     )
-    return replace(s, storage="disk", memory_budget=40 * 48) if disk else s
+    rows = 30 if vocab < 0 else 40  # RAM tier rows (the budget adds RocksDB's share and the index)
+    return replace(s, storage="disk", memory_budget=budget_for_rows(s, rows)) if disk else s
 
 
 def same_state(ram: SparseTable, disk: TieredSparseTable) -> None:
