@@ -146,16 +146,16 @@ class PSClient:
         cost one round trip — then wait for all replies (matched by request id)."""
         pending: dict[int, int] = {}  # rid -> index in requests
         due = dict.fromkeys((k for k, _ in requests), 0)
+        deadline = time.monotonic() + self.timeout
         for i, (k, req) in enumerate(requests):
             rid = next(self._rid)
-            self._socks[k].send_multipart(self._frames(k, req, rid), copy=False)
+            self._queue(k, req.OP, self._frames(k, req, rid), deadline)
             pending[rid] = i
             due[k] += 1
         poller = zmq.Poller()
         for k in due:
             poller.register(self._socks[k], zmq.POLLIN)
         out: list = [None] * len(requests)
-        deadline = time.monotonic() + self.timeout
         while pending:
             left = deadline - time.monotonic()
             ready = dict(poller.poll(min(left, WATCH_S) * 1000)) if left > 0 else {}
@@ -191,6 +191,24 @@ class PSClient:
         if errors:
             raise PSError("; ".join(errors))
         return out
+
+    def _queue(self, k: int, op: str, frames: list, deadline: float) -> None:
+        """Queue `frames` for shard k. A socket with no connection to hand them to (the shard refused
+        this client's login and ZeroMQ is between reconnects, or it is not up yet) would block a plain
+        send forever: retry until `deadline`, watching (a refused login raises there), then time out."""
+        while True:
+            try:
+                self._socks[k].send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                if self.watch is not None:
+                    self.watch()
+                if time.monotonic() >= deadline:
+                    raise PSTimeoutError(
+                        f"could not send {op!r} to shard {k} ({self.endpoints[k]}) within {self.timeout} s: "
+                        "no connection; is the server running and reachable?"
+                    ) from None
+                time.sleep(0.005)
 
     def _frames(self, k: int, req: p.Request, rid: int) -> list:
         """Request `req` to shard k as frames: signed with the admin key (an admin request) or this

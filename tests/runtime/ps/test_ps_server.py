@@ -282,3 +282,21 @@ def test_unauthenticated_clients_are_logged_and_the_server_stops_cleanly(tmp_pat
     assert [p.exitcode for p in s.processes] == [0]  # SIGTERM handled: a clean exit
     log = (tmp_path / "ps-shard0.log").read_text()
     assert "WARNING refused a connection (1 so far)" in log and "not a client of this run" in log
+
+
+def test_a_refused_client_is_told_so_and_never_blocks(async_servers, monkeypatch):
+    """A client with a wrong key has no connection to queue on once the shard has refused its login
+    (ZeroMQ drops the pipe and reconnects): a hello sent after that blocked forever (the suite hung at
+    `PSClient(eps, secret=b"guess")` under load, where the client was slow between connecting and its
+    first send). Here the client waits 0.5 s before each send: it must still be told it was refused."""
+    frames = PSClient._frames
+
+    def slow_frames(self, *a):
+        time.sleep(0.5)
+        return frames(self, *a)
+
+    monkeypatch.setattr(PSClient, "_frames", slow_frames)
+    t0 = time.monotonic()
+    with pytest.raises(PSError, match="authentication failed: it refused the connection"):
+        PSClient(async_servers.endpoints, secret=b"guess", timeout=5)
+    assert time.monotonic() - t0 < 5
