@@ -399,6 +399,8 @@ class Trainer:
         report = None
         if self.loss is not None:
             report = self._report(it)
+        if self.exe.graphs is not None:  # nothing reads its graphs' outputs now: its lane is free
+            self.exe.graphs.release(it.key)
         self.book.item_done(it.step, report)
         self._maybe_flush()
 
