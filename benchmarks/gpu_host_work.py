@@ -75,8 +75,8 @@ def setup(batch: int, graphs: bool = False):
         def pull_dense(self, it, table):
             return kept.pull(table, it.step)
 
-        def push_dense(self, it, table, grad):  # (PSAccess copies a graph's buffer: held past the item)
-            self.grads[table] = grad.copy() if graphs else grad
+        def push_dense(self, it, table, grad):
+            self.grads[table] = grad
 
         def apply(self):
             kept.apply(self.grads, self.t)
@@ -97,9 +97,9 @@ def setup(batch: int, graphs: bool = False):
                 mail.to_host(value)
         to_host(it.env[loss])
         mail.forget(it.key)
-        if exe.graphs is not None:  # (the item is done: its lane of graph buffers is free)
-            exe.graphs.release(it.key)
         held.apply()
+        if exe.graphs is not None:  # (the step is applied: its item's lane of graph buffers is free)
+            exe.graphs.release(it.key)
 
     return step, fake_cupy, (exe.graphs, kept.graphed)
 

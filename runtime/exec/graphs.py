@@ -196,7 +196,7 @@ class DeviceGraphs:
         return self.lanes[key]
 
     def release(self, key: Any) -> None:
-        """Item `key` is done, and nothing reads the values its graphs handed out any more: its
+        """Nothing reads the values item `key`'s graphs handed out any more (its step is pushed): its
         lane goes back to be lent to another item (whose replays overwrite those values)."""
         lane = self.lanes.pop(key, None)
         if lane is not None:

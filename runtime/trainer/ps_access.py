@@ -234,9 +234,8 @@ class PSAccess:
             grad = _host(grad)
         st = self.book.step(it.step)
         acc = st.grads.get(table)
-        if acc is None:  # the op's own output (fresh; nothing writes it again): no copy
-            # (but a graph's output buffer, held past the item, which another item's replay reuses)
-            st.grads[table] = grad.copy() if self.graphs and table in self.held else grad
+        if acc is None:  # the op's own output (or its graph's buffer, lent until the push): no copy
+            st.grads[table] = grad
         elif table not in st.summed:  # a second one: sum in a buffer of ours
             st.grads[table] = self._buffer(table, acc)
             st.grads[table] += grad
