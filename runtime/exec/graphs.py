@@ -10,12 +10,13 @@ cupy's stream capture (`Stream.begin_capture` / `end_capture`, on a stream of it
 private memory pool so that no one else is handed the graph's memory), and from then on each run
 copies its inputs into the graph's input buffers (but for inputs that are the same array at every
 run, the held tables, read where they are, and for those another graph's output buffer holds
-already), launches the graph on the compute stream and hands out its output buffers. An item (a ctx with a
-`key`: a trainer's micro-batch) gets a *lane* of its own, one set of every part's graph captured on
-buffers of its own, until `release(key)` (the item is done): its outputs are read where its graphs
-wrote them, and another item's replays, in other lanes, never overwrite them. A run without a key,
-or once `lanes` lanes are lent, replays the shared lane, whose outputs are copied off (another
-run's replay overwrites its buffers while this one still holds the values). `GraphedCall` does
+already), launches the graph on the compute stream and hands out its output buffers. An item (a
+ctx with a `key`: a trainer's micro-batch) gets a *lane* of its own, one set of every part's graph
+captured on buffers of its own, until `release(key)` (nothing reads its outputs any more: a trainer
+releases an item's lane when the item's step is pushed): its outputs are read where its graphs wrote
+them, and another item's replays, in other lanes, never overwrite them. A run without a key, or once
+`lanes` lanes are lent, replays the shared lane, whose outputs are copied off (another run's replay
+overwrites its buffers while this one still holds the values). `GraphedCall` does
 the same for one function of named arrays (the held tables' optimizer step).
 
 A part runs eagerly instead, said once per reason (a warning of logger `hetps.device`), when it
