@@ -98,6 +98,8 @@ def setup(batch: int, graphs: bool = False):
         to_host(it.env[loss])
         mail.forget(it.key)
         held.apply()
+        if exe.graphs is not None:  # (the step is applied: its item's lane of graph buffers is free)
+            exe.graphs.release(it.key)
 
     return step, fake_cupy, (exe.graphs, kept.graphed)
 

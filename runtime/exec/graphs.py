@@ -10,8 +10,13 @@ cupy's stream capture (`Stream.begin_capture` / `end_capture`, on a stream of it
 private memory pool so that no one else is handed the graph's memory), and from then on each run
 copies its inputs into the graph's input buffers (but for inputs that are the same array at every
 run, the held tables, read where they are, and for those another graph's output buffer holds
-already), launches the graph on the compute stream and copies the outputs off the graph's buffers
-(another item's replay overwrites them while this item still holds its values). `GraphedCall` does
+already), launches the graph on the compute stream and hands out its output buffers. An item (a
+ctx with a `key`: a trainer's micro-batch) gets a *lane* of its own, one set of every part's graph
+captured on buffers of its own, until `release(key)` (nothing reads its outputs any more: a trainer
+releases an item's lane when the item's step is pushed): its outputs are read where its graphs wrote
+them, and another item's replays, in other lanes, never overwrite them. A run without a key, or once
+`lanes` lanes are lent, replays the shared lane, whose outputs are copied off (another run's replay
+overwrites its buffers while this one still holds the values). `GraphedCall` does
 the same for one function of named arrays (the held tables' optimizer step).
 
 A part runs eagerly instead, said once per reason (a warning of logger `hetps.device`), when it
@@ -68,6 +73,7 @@ class CapturedGraph:
     # inputs read from another graph's output buffer: name -> (that graph, its output's name)
     linked: dict[str, tuple[CapturedGraph, str]] = field(default_factory=dict)
     holds: dict[str, Any] = field(default_factory=dict)  # output -> the array whose values it holds
+    copy: bool = True  # its outputs are copied off at each replay (the shared lane's)
 
 
 @dataclass
@@ -146,10 +152,14 @@ class DeviceGraphs:
     input signature it was captured with); `execute` runs a compiled segment through them
     (`Executor(graphs=)`)."""
 
-    def __init__(self, xp: Any, warmup: int = 1) -> None:
-        self.xp, self.warmup = xp, warmup
+    def __init__(self, xp: Any, warmup: int = 1, lanes: int = 8) -> None:
+        self.xp, self.warmup, self.max_lanes = xp, warmup, lanes
         self.plans: dict[int, SegmentPlan] = {}
-        self.graphs: dict[tuple[int, int], CapturedGraph] = {}  # (id of compiled segment, part)
+        # ((id of compiled segment, part), lane): lane None is the shared one (outputs copied off)
+        self.graphs: dict[tuple[tuple[int, int], int | None], CapturedGraph] = {}
+        self.lanes: dict[Any, int | None] = {}  # item key -> its lane (None: the shared one)
+        self.free: list[int] = []  # lanes made and not lent
+        self.made = 0  # lanes made
         self.failed: dict[tuple[int, int], str] = {}  # parts whose capture failed: why
         self.seen: dict[tuple[int, int], int] = {}  # eager runs of a part before its capture
         self.last: dict[tuple[int, int], dict[str, Any]] = {}  # a part's inputs at its last run
@@ -167,11 +177,31 @@ class DeviceGraphs:
             self._eager(_name(compiled, None), plan.why)
             return run(compiled.steps, values, keep, ctx, rng)
         run(plan.pre, values, keep, ctx, rng)
+        lane = self._lane(getattr(ctx, "key", None))
         for i, part in enumerate(plan.parts):
-            where, name = (id(compiled), i), _name(compiled, i)
+            where, name = ((id(compiled), i), lane), _name(compiled, i)
             self._run_part(where, name, part, values, keep | part.needed, (ctx, rng, run))
             run(part.after, values, keep, ctx, rng)
         run(plan.post, values, keep, ctx, rng)
+
+    def _lane(self, key: Any) -> int | None:
+        """The lane lent to item `key` (lent now if it has none: a free one, a new one while fewer
+        than `lanes` exist, else the shared one, None), None for a run without a key."""
+        if key is None:
+            return None
+        if key not in self.lanes:
+            if not self.free and self.made < self.max_lanes:
+                self.free.append(self.made)
+                self.made += 1
+            self.lanes[key] = self.free.pop() if self.free else None
+        return self.lanes[key]
+
+    def release(self, key: Any) -> None:
+        """Nothing reads the values item `key`'s graphs handed out any more (its step is pushed): its
+        lane goes back to be lent to another item (whose replays overwrite those values)."""
+        lane = self.lanes.pop(key, None)
+        if lane is not None:
+            self.free.append(lane)
 
     def _run_part(self, where: tuple, name: str, part: Part, values: dict, keep: set, how: tuple) -> None:
         """One kernel part: its graph replayed, or its kernels run eagerly."""
@@ -198,23 +228,25 @@ class DeviceGraphs:
         kernels eagerly (the warm-up, or why not, said once)."""
         sig, why = _signature(self.xp.ndarray, part.inputs, values)
         graph = self.graphs.get(where)
-        if graph is not None and not why and sig != graph.signature:
-            why = f"its inputs {_changed(part.inputs, graph.signature, sig)} differ from the captured ones"
-        why = why or self.failed.get(where, "")
+        ref = graph or self._other_lane(where)
+        if ref is not None and not why and sig != ref.signature:
+            why = f"its inputs {_changed(part.inputs, ref.signature, sig)} differ from the captured ones"
+        why = why or self.failed.get(where[0], "")
         if graph is not None and not why:
             return graph
         if why:
             self._eager(name, why)
             return None
-        self.seen[where] = self.seen.get(where, 0) + 1
-        now, before = {n: values[n] for n in part.inputs}, self.last.get(where, {})
-        same, self.last[where] = {n for n, a in now.items() if before.get(n) is a}, now
-        if self.seen[where] <= self.warmup:
-            self._eager(name, "")
-            return None
-        graph, why = self._capture(part, values, same - self.moved.get(where, set()), keep, *how)
+        if ref is not None:  # captured in another lane: this lane's own now, no warm-up
+            same = {n for n, a in ref.inplace.items() if values[n] is a}
+        else:
+            same = self._same_as_last(where[0], part, values)
+            if same is None:
+                self._eager(name, "")
+                return None
+        graph, why = self._capture(part, values, same - self.moved.get(where[0], set()), keep, where[1], *how)
         if graph is None:
-            self.failed[where] = why
+            self.failed[where[0]] = why
             self._eager(name, why)
             return None
         graph.signature = sig
@@ -222,14 +254,34 @@ class DeviceGraphs:
         self.stats.captured += 1
         return graph
 
+    def _other_lane(self, where: tuple) -> CapturedGraph | None:
+        """The part's graph in another lane, if any (its signature and in-place inputs hold here)."""
+        return next((g for (w, _), g in self.graphs.items() if w == where[0]), None)
+
+    def _same_as_last(self, part_at: tuple, part: Part, values: dict) -> set[str] | None:
+        """A run of the part before its first capture: None while it warms up (run it eagerly),
+        then the inputs that are the same arrays as at the run before (read in place)."""
+        self.seen[part_at] = self.seen.get(part_at, 0) + 1
+        now, before = {n: values[n] for n in part.inputs}, self.last.get(part_at, {})
+        same, self.last[part_at] = {n for n, a in now.items() if before.get(n) is a}, now
+        return None if self.seen[part_at] <= self.warmup else same
+
     def _capture(
-        self, part: Part, values: dict, inplace: set[str], keep: set, ctx: Any, rng: int, run: Execute
+        self,
+        part: Part,
+        values: dict,
+        inplace: set[str],
+        keep: set,
+        lane: int | None,
+        ctx: Any,
+        rng: int,
+        run: Execute,
     ) -> tuple[CapturedGraph | None, str]:
-        """Capture the part's kernels on fixed input buffers (copies of `values`' inputs, but those
-        in `inplace`: the same arrays as at the last run, read where they are); (None, why) when the
-        capture fails."""
+        """Capture the part's kernels for `lane` on fixed input buffers (copies of `values`' inputs,
+        but those in `inplace`: the same arrays as at the last run, read where they are, and those
+        an output buffer of a graph of the lane holds); (None, why) when the capture fails."""
         xp = self.xp
-        linked = {n: got for n in part.inputs if n not in inplace and (got := self._holder(values[n]))}
+        linked = {n: got for n in part.inputs if n not in inplace and (got := self._holder(values[n], lane))}
         bufs = {n: values[n].copy() for n in part.inputs if n not in inplace and n not in linked}
         vals = {**values, **bufs, **{n: g.outputs[m] for n, (g, m) in linked.items()}}
         graph, pool, why = capture(xp, lambda: run(part.kernels, vals, keep, ctx, rng))
@@ -238,11 +290,14 @@ class DeviceGraphs:
         made = {n for s in part.kernels for n in _names(s.outs)}
         outputs = {n: vals[n] for n in made if n in vals}
         held = {n: values[n] for n in inplace}
-        return CapturedGraph(graph, bufs, held, outputs, (), pool, linked), ""
+        return CapturedGraph(graph, bufs, held, outputs, (), pool, linked, copy=lane is None), ""
 
-    def _holder(self, value: Any) -> tuple[CapturedGraph, str] | None:
-        """(graph, output) whose output buffer holds `value`'s values (a copy it handed out)."""
-        for graph in self.graphs.values():
+    def _holder(self, value: Any, lane: int | None) -> tuple[CapturedGraph, str] | None:
+        """(graph of `lane`, output) whose output buffer holds `value`'s values (the buffer it
+        handed out, or in the shared lane a copy of it)."""
+        for (_, at), graph in self.graphs.items():
+            if at != lane:
+                continue
             for name, held in graph.holds.items():
                 if held is value:
                     return graph, name
@@ -252,14 +307,16 @@ class DeviceGraphs:
         """An input the graph reads in place is another array now: drop the graph (the part is
         captured again, with a buffer for that input)."""
         moved = {n for n, a in graph.inplace.items() if values[n] is not a}
-        self.moved.setdefault(where, set()).update(moved)
-        del self.graphs[where]
-        self.seen[where] = 0
+        self.moved.setdefault(where[0], set()).update(moved)
+        for at in [k for k in self.graphs if k[0] == where[0]]:  # (every lane's: they read it too)
+            del self.graphs[at]
+        self.seen[where[0]] = 0
         self._eager(name, f"its input(s) {sorted(moved)} read in place became other arrays (captured again)")
 
     def _replay(self, graph: CapturedGraph, values: dict) -> bool:
-        """Inputs into the graph's buffers, one launch on the compute stream, outputs copied off;
-        False (nothing done) when an input it reads in place is another array now."""
+        """Inputs into the graph's buffers, one launch on the compute stream, its output buffers
+        handed out (copies of them in the shared lane); False (nothing done) when an input it reads
+        in place is another array now."""
         xp = self.xp
         if any(values[n] is not a for n, a in graph.inplace.items()):
             return False
@@ -271,7 +328,7 @@ class DeviceGraphs:
                 src.holds[out] = values[name]
         graph.graph.launch(stream=xp.cuda.get_current_stream())
         for name, out in graph.outputs.items():
-            values[name] = graph.holds[name] = out.copy()
+            values[name] = graph.holds[name] = out.copy() if graph.copy else out
         self.stats.replays += 1
         return True
 

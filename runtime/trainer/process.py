@@ -421,10 +421,19 @@ class Trainer:
             ahead = self.ahead.items if self.ahead and self.ahead.step == t + 1 else []
             self.ps.push_step(t, st, ahead)
             st.release_leases()  # (the push is made: nothing reads the step's messages now)
+            self._release_lanes(t)
             if st.reports:
                 self.reports.losses(t, st.reports)
             book.complete(t)
             self.ps.prefetch_dense(t + 1)
+
+    def _release_lanes(self, t: int) -> None:
+        """Step t is pushed (its held tables' step applied): nothing reads what its items' graphs
+        handed out (the held tables' gradients among it) any more, so their lanes are free."""
+        graphs = self.exe.graphs
+        if graphs is not None:
+            for key in [k for k in graphs.lanes if k[0] <= t]:  # (an Item's key: (step, origin, mb))
+                graphs.release(key)
 
 
 def run_trainer(spec: dict[str, Any]) -> None:

@@ -234,7 +234,7 @@ class PSAccess:
             grad = _host(grad)
         st = self.book.step(it.step)
         acc = st.grads.get(table)
-        if acc is None:  # the op's own output (fresh; nothing writes it again): no copy
+        if acc is None:  # the op's own output (or its graph's buffer, lent until the push): no copy
             st.grads[table] = grad
         elif table not in st.summed:  # a second one: sum in a buffer of ours
             st.grads[table] = self._buffer(table, acc)

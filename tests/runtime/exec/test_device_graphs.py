@@ -127,6 +127,48 @@ def test_items_interleaved_between_two_graphs_keep_their_own_values(fake_gpu):
     assert exe.graphs.stats.captured == 2 and exe.graphs.stats.replays >= 10
 
 
+class _Item:  # a trainer's micro-batch as the Executor's ctx: what DeviceGraphs reads of it
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+
+
+def _two_segments(exe: Executor, seg: tuple, items: list, xs: list) -> tuple[list, list]:
+    """Every item through the first program, then every one through the second (interleaved as a
+    trainer runs its items): the hidden layers as handed out, and the outputs."""
+    first, h, second, y = seg
+    hs = [
+        exe.run(first, feed={"x": x}, fetch_list=[h], return_numpy=False, ctx=it)[0]
+        for it, x in zip(items, xs, strict=True)
+    ]
+    ys = [exe.run(second, feed={"h": v}, fetch_list=[y], ctx=it)[0] for it, v in zip(items, hs, strict=True)]
+    return hs, ys
+
+
+def test_items_in_flight_get_lanes_of_their_own_read_in_place_and_reused_once_released(fake_gpu):
+    """Items with keys: each has its own graphs' buffers (a lane), so graph A's output for item 1
+    is read by graph B in place (no copy), after items 2 and 3 ran A; a released item's lane is
+    lent again (the same buffers); with every lane lent, an item replays the shared lane (copies).
+    Sharing one set of buffers between items in flight would give item 1 item 3's hidden layer."""
+    _, params, _, seg = _mlp()
+    exe = Executor(fake_cupy, graphs=DeviceGraphs(fake_cupy, lanes=2))
+    exe.scope.update({n: fake_cupy.asarray(v) for n, v in params.items()})
+    lent = []
+    for t in range(4):
+        items, xs = [_Item((t, 0, m)) for m in range(3)], [_batch(10 * t + m) for m in range(3)]
+        hs, ys = _two_segments(exe, seg, items, xs)
+        for m, (x, got) in enumerate(zip(xs, ys, strict=True)):
+            np.testing.assert_allclose(got, _by_hand(params, x)[1], rtol=1e-6, err_msg=f"round {t} item {m}")
+            np.testing.assert_allclose(to_host(hs[m]), _by_hand(params, x)[0], rtol=1e-6)  # kept its own
+        lent.append([exe.graphs.lanes[it.key] for it in items])
+        for it in items:
+            exe.graphs.release(it.key)
+    assert lent[0] == [0, 1, None] and lent[-1] == lent[1], lent  # two lanes, then the shared one
+    assert sorted(lent[-1][:2]) == [0, 1] and not exe.graphs.lanes  # lent again once released
+    bufs = {lane: g.outputs[seg[1]] for (_, lane), g in exe.graphs.graphs.items() if seg[1] in g.outputs}
+    assert hs[0] is bufs[lent[-1][0]]  # item 1's hidden layer: its lane's buffer, not a copy
+    assert hs[2] is not bufs[None]  # the shared lane's: a copy
+
+
 def test_a_shape_change_runs_eagerly_and_says_why_once(fake_gpu, caplog):
     main, params, y, _ = _mlp()
     exe = _device_exe(params)
