@@ -195,20 +195,20 @@ class PSClient:
     def _queue(self, k: int, op: str, frames: list, deadline: float) -> None:
         """Queue `frames` for shard k. A socket with no connection to hand them to (the shard refused
         this client's login and ZeroMQ is between reconnects, or it is not up yet) would block a plain
-        send forever: retry until `deadline`, watching (a refused login raises there), then time out."""
+        send forever: wait for one until `deadline`, watching (a refused login raises), then times out."""
+        sock = self._socks[k]
         while True:
             try:
-                self._socks[k].send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                return
+                return sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 if self.watch is not None:
                     self.watch()
-                if time.monotonic() >= deadline:
+                if (left := deadline - time.monotonic()) <= 0:
                     raise PSTimeoutError(
                         f"could not send {op!r} to shard {k} ({self.endpoints[k]}) within {self.timeout} s: "
                         "no connection; is the server running and reachable?"
                     ) from None
-                time.sleep(0.005)
+                sock.poll(min(left, WATCH_S) * 1000, zmq.POLLOUT)
 
     def _frames(self, k: int, req: p.Request, rid: int) -> list:
         """Request `req` to shard k as frames: signed with the admin key (an admin request) or this
