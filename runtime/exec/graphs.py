@@ -9,9 +9,10 @@ A part runs eagerly `warmup` times (cupy compiles and caches its kernels), is th
 cupy's stream capture (`Stream.begin_capture` / `end_capture`, on a stream of its own, with a
 private memory pool so that no one else is handed the graph's memory), and from then on each run
 copies its inputs into the graph's input buffers (but for inputs that are the same array at every
-run, the held tables, read where they are, and for those another graph's output buffer holds
-already), launches the graph on the compute stream and hands out its output buffers. An item (a
-ctx with a `key`: a trainer's micro-batch) gets a *lane* of its own, one set of every part's graph
+run, the held tables, read where they are, and for those another graph's output or input buffer
+holds already: the backward part reads the received tensors the forward part copied in), launches
+the graph on the compute stream and hands out its output buffers. An item (a ctx with a `key`: a
+trainer's micro-batch) gets a *lane* of its own, one set of every part's graph
 captured on buffers of its own, until `release(key)` (nothing reads its outputs any more: a trainer
 releases an item's lane when the item's step is pushed): its outputs are read where its graphs wrote
 them, and another item's replays, in other lanes, never overwrite them. A run without a key, or once
@@ -70,10 +71,14 @@ class CapturedGraph:
     outputs: dict[str, Any]
     signature: tuple
     pool: Any
-    # inputs read from another graph's output buffer: name -> (that graph, its output's name)
+    # inputs read from another graph's buffer (output or input): name -> (that graph, the buffer's name)
     linked: dict[str, tuple[CapturedGraph, str]] = field(default_factory=dict)
-    holds: dict[str, Any] = field(default_factory=dict)  # output -> the array whose values it holds
+    holds: dict[str, Any] = field(default_factory=dict)  # buffer -> the array whose values it holds
     copy: bool = True  # its outputs are copied off at each replay (the shared lane's)
+
+    def buffer(self, name: str) -> Any:
+        """Its output or input buffer `name` (what a graph linked to it reads)."""
+        return self.outputs[name] if name in self.outputs else self.inputs[name]
 
 
 @dataclass
@@ -176,13 +181,18 @@ class DeviceGraphs:
         if plan.why:
             self._eager(_name(compiled, None), plan.why)
             return run(compiled.steps, values, keep, ctx, rng)
-        run(plan.pre, values, keep, ctx, rng)
+        if plan.pre:
+            run(plan.pre, values, keep, ctx, rng)
         lane = self._lane(getattr(ctx, "key", None))
         for i, part in enumerate(plan.parts):
-            where, name = ((id(compiled), i), lane), _name(compiled, i)
-            self._run_part(where, name, part, values, keep | part.needed, (ctx, rng, run))
-            run(part.after, values, keep, ctx, rng)
-        run(plan.post, values, keep, ctx, rng)
+            where = ((id(compiled), i), lane)
+            graph = self.graphs.get(where)
+            if graph is None or not self._replay(graph, values):
+                self._run_part(where, _name(compiled, i), part, values, keep | part.needed, (ctx, rng, run))
+            if part.after:
+                run(part.after, values, keep, ctx, rng)
+        if plan.post:
+            run(plan.post, values, keep, ctx, rng)
 
     def _lane(self, key: Any) -> int | None:
         """The lane lent to item `key` (lent now if it has none: a free one, a new one while fewer
@@ -279,11 +289,11 @@ class DeviceGraphs:
     ) -> tuple[CapturedGraph | None, str]:
         """Capture the part's kernels for `lane` on fixed input buffers (copies of `values`' inputs,
         but those in `inplace`: the same arrays as at the last run, read where they are, and those
-        an output buffer of a graph of the lane holds); (None, why) when the capture fails."""
+        a buffer of a graph of the lane holds); (None, why) when the capture fails."""
         xp = self.xp
         linked = {n: got for n in part.inputs if n not in inplace and (got := self._holder(values[n], lane))}
         bufs = {n: values[n].copy() for n in part.inputs if n not in inplace and n not in linked}
-        vals = {**values, **bufs, **{n: g.outputs[m] for n, (g, m) in linked.items()}}
+        vals = {**values, **bufs, **{n: g.buffer(m) for n, (g, m) in linked.items()}}
         graph, pool, why = capture(xp, lambda: run(part.kernels, vals, keep, ctx, rng))
         if why:
             return None, why
@@ -293,8 +303,8 @@ class DeviceGraphs:
         return CapturedGraph(graph, bufs, held, outputs, (), pool, linked, copy=lane is None), ""
 
     def _holder(self, value: Any, lane: int | None) -> tuple[CapturedGraph, str] | None:
-        """(graph of `lane`, output) whose output buffer holds `value`'s values (the buffer it
-        handed out, or in the shared lane a copy of it)."""
+        """(graph of `lane`, buffer) whose buffer holds `value`'s values: an output buffer it
+        handed out (or in the shared lane a copy of it), an input buffer `value` was copied into."""
         for (_, at), graph in self.graphs.items():
             if at != lane:
                 continue
@@ -316,16 +326,26 @@ class DeviceGraphs:
     def _replay(self, graph: CapturedGraph, values: dict) -> bool:
         """Inputs into the graph's buffers, one launch on the compute stream, its output buffers
         handed out (copies of them in the shared lane); False (nothing done) when an input it reads
-        in place is another array now."""
+        in place is another array now, or one it copies is not a device array of its buffer's shape
+        and dtype (`_graph_for` says why and runs the part eagerly)."""
         xp = self.xp
-        if any(values[n] is not a for n, a in graph.inplace.items()):
+        if any(values.get(n) is not a for n, a in graph.inplace.items()):
             return False
-        for name, buf in graph.inputs.items():
-            xp.copyto(buf, values[name])
-        for name, (src, out) in graph.linked.items():  # (nothing to copy: the usual case)
-            if src.holds.get(out) is not values[name]:
-                xp.copyto(src.outputs[out], values[name])
-                src.holds[out] = values[name]
+        copied = [(values.get(n), buf) for n, buf in graph.inputs.items()]
+        relinked = [
+            (values.get(n), src, out)
+            for n, (src, out) in graph.linked.items()
+            if src.holds.get(out) is not values.get(n)
+        ]
+        fits = [(v, buf) for v, buf in copied] + [(v, src.buffer(out)) for v, src, out in relinked]
+        if any(type(v) is not xp.ndarray or v.shape != b.shape or v.dtype != b.dtype for v, b in fits):
+            return False
+        for (value, buf), name in zip(copied, graph.inputs, strict=True):
+            xp.copyto(buf, value)
+            graph.holds[name] = value
+        for value, src, out in relinked:  # (none, usually: the value is the buffer itself, or in it)
+            xp.copyto(src.buffer(out), value)
+            src.holds[out] = value
         graph.graph.launch(stream=xp.cuda.get_current_stream())
         for name, out in graph.outputs.items():
             values[name] = graph.holds[name] = out.copy() if graph.copy else out
