@@ -90,7 +90,9 @@ CROSSINGS = Crossings()
 
 
 def on_device(v: Any) -> bool:
-    return hasattr(v, "__cuda_array_interface__")
+    """Whether `v` is a device array (it has `__cuda_array_interface__`; looked up on its type
+    first: on the array that property builds a dict)."""
+    return hasattr(type(v), "__cuda_array_interface__") or hasattr(v, "__cuda_array_interface__")
 
 
 def to_host(v: Any) -> Any:
@@ -167,7 +169,8 @@ class Copies:
             return type(v)(self.to_host(v.rows), self.to_host(v.values), v.height)
         if not on_device(v):
             return to_host(v)
-        v = self.xp.ascontiguousarray(v)  # (on the compute stream, before the event: one plain copy)
+        if not v.flags.c_contiguous:  # (on the compute stream, before the event: one plain copy)
+            v = self.xp.ascontiguousarray(v)
         self.stream.wait_event(self.xp.cuda.get_current_stream().record())
         key, buf = self._pinned(v.shape, v.dtype)
         v.get(stream=self.stream, out=buf)  # (blocking: waits for this copy only)

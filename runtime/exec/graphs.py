@@ -376,43 +376,64 @@ def capture(xp: Any, work: Callable[[], Any]) -> tuple[Any, Any, str]:
 
 class GraphedCall:
     """`fn(arrays)` (named device arrays; it may write those in `inplace`) replayed as one CUDA
-    graph: after `warmup` eager calls it is captured, reading the `inplace` arrays where they are
-    and the others through buffers they are copied into before each launch. It runs eagerly
-    (captured again after a warm-up) when an in-place array is another one than at the capture or
-    an array's shape or dtype changed; a failed capture makes it eager for good, said once."""
+    graph: after `warmup` eager calls it is captured, reading the `inplace` arrays where they are,
+    and the others where they are too when they were the same arrays at the call before (the
+    gradients a segment's graph hands out of its buffers at every step: read there, no copy), else
+    through buffers they are copied into before each launch. It runs eagerly (captured again after
+    a warm-up) when an array it reads where it is is another one than at the capture (one of the
+    others: copied from then on) or an array's shape or dtype changed; a failed capture makes it
+    eager for good, said once."""
 
     def __init__(self, xp: Any, name: str, fn: Callable[[dict], None], warmup: int = 1) -> None:
         self.xp, self.name, self.fn, self.warmup = xp, name, fn, warmup
         self.graph: CapturedGraph | None = None
         self.seen, self.failed = 0, ""
+        self.last: dict[str, Any] = {}  # the arrays of the latest eager call
+        self.moved: set[str] = set()  # arrays read where they were once, another array since: copied
         self.stats = GraphStats()
 
     def __call__(self, arrays: dict[str, Any], inplace: set[str]) -> None:
-        sig = tuple((n, a.shape, a.dtype) for n, a in arrays.items())
         g = self.graph
-        if g is not None and (sig != g.signature or any(arrays[n] is not a for n, a in g.inplace.items())):
+        if g is not None and not _fits(g, arrays):
+            self.moved |= {n for n, a in g.inplace.items() if arrays.get(n) is not a} - inplace
             self.graph, self.seen, g = None, 0, None
         if g is None and not self.failed and self.seen >= self.warmup:
-            g = self.graph = self._capture(arrays, inplace, sig)
+            same = {n for n, a in arrays.items() if self.last.get(n) is a} - self.moved
+            g = self.graph = self._capture(arrays, inplace | same)
         if g is None:
             self.seen += 1
             self.stats.eager += 1
+            self.last = dict(arrays)
             return self.fn(arrays)
         for n, buf in g.inputs.items():
             self.xp.copyto(buf, arrays[n])
         g.graph.launch(stream=self.xp.cuda.get_current_stream())
         self.stats.replays += 1
 
-    def _capture(self, arrays: dict[str, Any], inplace: set[str], sig: tuple) -> CapturedGraph | None:
+    def _capture(self, arrays: dict[str, Any], inplace: set[str]) -> CapturedGraph | None:
         bufs = {n: a.copy() for n, a in arrays.items() if n not in inplace}
         vals = {**arrays, **bufs}
         graph, pool, why = capture(self.xp, lambda: self.fn(vals))
+        self.last = {}
         if why:
             self.failed = self.stats.refused[self.name] = why
             log.warning("device graphs: %s runs eagerly: %s", self.name, why)
             return None
         self.stats.captured += 1
-        return CapturedGraph(graph, bufs, {n: arrays[n] for n in inplace}, {}, sig, pool)
+        return CapturedGraph(graph, bufs, {n: arrays[n] for n in inplace}, {}, (), pool)
+
+
+def _fits(g: CapturedGraph, arrays: dict[str, Any]) -> bool:
+    """`arrays` fit captured call `g`: the same names, those it reads in place the same arrays, the
+    others of its buffers' shapes and dtypes."""
+    if len(arrays) != len(g.inplace) + len(g.inputs) or any(
+        arrays.get(n) is not a for n, a in g.inplace.items()
+    ):
+        return False
+    return all(
+        (a := arrays.get(n)) is not None and a.shape == b.shape and a.dtype == b.dtype
+        for n, b in g.inputs.items()
+    )
 
 
 def _names_of(steps: list) -> set[str]:
