@@ -93,8 +93,7 @@ def setup(batch: int, graphs: bool = False):
         for seg, out in zip(segs, outs, strict=True):
             got = exe.run(seg, feed=None, fetch_list=out, return_numpy=False, scope=it.env, ctx=it)
             it.env.update(zip(out, got, strict=True))
-            for _, _, value in mail.take_outgoing():
-                mail.to_host(value)
+            mail.to_host_all([value for *_, value in mail.take_outgoing()])
         to_host(it.env[loss])
         mail.forget(it.key)
         held.apply()

@@ -331,26 +331,35 @@ class DeviceGraphs:
         xp = self.xp
         if any(values.get(n) is not a for n, a in graph.inplace.items()):
             return False
-        copied = [(values.get(n), buf) for n, buf in graph.inputs.items()]
+        copied = [(n, values.get(n), buf) for n, buf in graph.inputs.items()]
         relinked = [
             (values.get(n), src, out)
             for n, (src, out) in graph.linked.items()
             if src.holds.get(out) is not values.get(n)
         ]
-        fits = [(v, buf) for v, buf in copied] + [(v, src.buffer(out)) for v, src, out in relinked]
-        if any(type(v) is not xp.ndarray or v.shape != b.shape or v.dtype != b.dtype for v, b in fits):
-            return False
-        for (value, buf), name in zip(copied, graph.inputs, strict=True):
+        for _, value, buf in copied:
+            if not _fits_buffer(xp, value, buf):
+                return False
+        for value, src, out in relinked:
+            if not _fits_buffer(xp, value, src.buffer(out)):
+                return False
+        for name, value, buf in copied:
             xp.copyto(buf, value)
             graph.holds[name] = value
         for value, src, out in relinked:  # (none, usually: the value is the buffer itself, or in it)
             xp.copyto(src.buffer(out), value)
             src.holds[out] = value
         graph.graph.launch(stream=xp.cuda.get_current_stream())
-        for name, out in graph.outputs.items():
-            values[name] = graph.holds[name] = out.copy() if graph.copy else out
+        outs = {n: out.copy() for n, out in graph.outputs.items()} if graph.copy else graph.outputs
+        values.update(outs)
+        graph.holds.update(outs)
         self.stats.replays += 1
         return True
+
+
+def _fits_buffer(xp: Any, value: Any, buf: Any) -> bool:
+    """`value` can be copied into graph buffer `buf`: a device array of its shape and dtype."""
+    return type(value) is xp.ndarray and value.shape == buf.shape and value.dtype == buf.dtype
 
 
 def capture(xp: Any, work: Callable[[], Any]) -> tuple[Any, Any, str]:
