@@ -152,6 +152,7 @@ def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
 
 
 KERNEL_S = [0.0]  # with TIME_KERNELS: CPU seconds inside kernels (numpy underneath), summed
+TIMED = [0]  # with TIME_KERNELS: the timed calls (kernels and graph launches), each two timer reads
 TIME_KERNELS = False
 
 
@@ -162,6 +163,7 @@ def _run(fn: Any, args: tuple, kwargs: dict) -> Any:
     if _CAPTURE:
         return _CAPTURE[0].kernel(fn, args, kwargs)
     if TIME_KERNELS:
+        TIMED[0] += 1
         t0 = time.process_time()
         try:
             return fn(*args, **kwargs)
@@ -619,6 +621,7 @@ class _Graph:
                 RECORD.append((fn, args, kwargs))
             _into(rec, fn(*args, **kwargs))
         if TIME_KERNELS:
+            TIMED[0] += 1
             KERNEL_S[0] += time.process_time() - t0
         self.launches += 1
 
