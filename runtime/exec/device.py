@@ -90,7 +90,9 @@ CROSSINGS = Crossings()
 
 
 def on_device(v: Any) -> bool:
-    return hasattr(v, "__cuda_array_interface__")
+    """Whether `v` is a device array (it has `__cuda_array_interface__`; looked up on its type
+    first: on the array that property builds a dict)."""
+    return hasattr(type(v), "__cuda_array_interface__") or hasattr(v, "__cuda_array_interface__")
 
 
 def to_host(v: Any) -> Any:
@@ -122,8 +124,9 @@ class Copies:
     pinned staging buffers (the pattern of TorchRec's `TrainPipelineSparseDist`): `to_device` only
     enqueues its copy and makes the compute stream wait for it, so a tensor that arrives for the
     next micro-batch is copied while the current one's kernels run; `to_host` waits for the compute
-    that made the value, then for its copy only (not for the whole device). Every copy is counted in
-    `CROSSINGS`. A pinned buffer is reused once the copy out of it has completed."""
+    that made the value, then for its copy only (not for the whole device). `to_device_all` /
+    `to_host_all` do it for a message's tensors with one event and one wait for all of them. Every
+    copy is counted in `CROSSINGS`. A pinned buffer is reused once the copy out of it has completed."""
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
@@ -132,12 +135,14 @@ class Copies:
         self.free: dict[tuple, list[np.ndarray]] = {}
         self.busy: list[tuple[Any, tuple, np.ndarray]] = []  # (event, key, buffer) of copies in flight
 
+    def _reclaim(self) -> None:
+        """The pinned buffers whose copies out of them have completed go back to the pool."""
+        done = [b for b in self.busy if b[0].done]
+        for b in done:
+            self.busy.remove(b)
+            self.free.setdefault(b[1], []).append(b[2])
+
     def _pinned(self, shape: tuple, dtype: Any) -> tuple[tuple, np.ndarray]:
-        if self.busy:
-            done = [b for b in self.busy if b[0].done]
-            for b in done:
-                self.busy.remove(b)
-                self.free.setdefault(b[1], []).append(b[2])
         key = (tuple(shape), np.dtype(dtype).str)
         free = self.free.get(key)
         return key, free.pop() if free else self.cupyx.empty_pinned(shape, dtype)
@@ -145,33 +150,82 @@ class Copies:
     def to_device(self, v: Any) -> Any:
         """`v` (a host array, or `SparseRows` of them) on the device, its copy enqueued on the copy
         stream; kernels on the compute stream run after it."""
+        return self.to_device_all({"": v})[""]
+
+    def to_device_all(self, values: dict[str, Any]) -> dict[str, Any]:
+        """`to_device` of each value (a message's tensors): their copies enqueued on the copy stream,
+        one event after them that the compute stream waits for."""
+        if self.busy:
+            self._reclaim()
+        staged: list[tuple[tuple, np.ndarray]] = []
+        out = {name: self._enqueue(v, staged) for name, v in values.items()}
+        if staged:
+            event = self.stream.record()
+            self.xp.cuda.get_current_stream().wait_event(event)
+            self.busy.extend((event, key, buf) for key, buf in staged)
+        return out
+
+    def _enqueue(self, v: Any, staged: list) -> Any:
+        """`v`'s copy to the device enqueued on the copy stream through a pinned buffer (appended to
+        `staged`, busy until the copy completes)."""
         if on_device(v):
             return v
         if hasattr(v, "to_dense"):
-            return type(v)(self.to_device(v.rows), self.to_device(v.values), v.height)
+            return type(v)(self._enqueue(v.rows, staged), self._enqueue(v.values, staged), v.height)
         host = np.asarray(v)
         key, buf = self._pinned(host.shape, host.dtype)
         np.copyto(buf, host)
         dev = self.xp.empty(host.shape, host.dtype)
         dev.set(buf, stream=self.stream)
-        event = self.stream.record()
-        self.xp.cuda.get_current_stream().wait_event(event)
-        self.busy.append((event, key, buf))
+        staged.append((key, buf))
         CROSSINGS.add(True, host.nbytes)
         return dev
 
     def to_host(self, v: Any) -> Any:
         """A numpy copy of device array `v` (anything else as `to_host` gives it), copied on the copy
         stream once the compute stream has made it."""
-        if hasattr(v, "to_dense"):
-            return type(v)(self.to_host(v.rows), self.to_host(v.values), v.height)
-        if not on_device(v):
-            return to_host(v)
-        v = self.xp.ascontiguousarray(v)  # (on the compute stream, before the event: one plain copy)
+        return self.to_host_all([v])[0]
+
+    def to_host_all(self, values: list[Any]) -> list[Any]:
+        """`to_host` of each value (what a segment sends; `SparseRows` part by part): the copy
+        stream waits for the compute stream once, every copy is enqueued, the host waits once."""
+        dev: list[Any] = []
+        for v in values:
+            _device_parts(v, dev)
+        got = iter(self._d2h(dev))
+        return [_host_parts(v, got) for v in values]
+
+    def _d2h(self, arrays: list[Any]) -> list[np.ndarray]:
+        """Numpy copies of device arrays, through pinned buffers, on the copy stream."""
+        if not arrays:
+            return []
+        # (a strided one made contiguous on the compute stream first, before the event: one plain copy)
+        arrays = [a if a.flags.c_contiguous else self.xp.ascontiguousarray(a) for a in arrays]
         self.stream.wait_event(self.xp.cuda.get_current_stream().record())
-        key, buf = self._pinned(v.shape, v.dtype)
-        v.get(stream=self.stream, out=buf)  # (blocking: waits for this copy only)
-        CROSSINGS.add(False, v.nbytes)
-        out = buf.copy()  # (the sender may keep the array: the pinned buffer goes back to the pool)
-        self.free.setdefault(key, []).append(buf)
+        bufs = []
+        for a in arrays:
+            key, buf = self._pinned(a.shape, a.dtype)
+            a.get(stream=self.stream, out=buf, blocking=False)
+            bufs.append((key, buf))
+            CROSSINGS.add(False, a.nbytes)
+        self.stream.synchronize()  # (these copies only, not the whole device)
+        out = [buf.copy() for _, buf in bufs]  # (the sender may keep the array: the buffer goes back)
+        for key, buf in bufs:
+            self.free.setdefault(key, []).append(buf)
         return out
+
+
+def _device_parts(v: Any, into: list[Any]) -> None:
+    """The device arrays of `v` (itself, or a `SparseRows`' parts), appended to `into`."""
+    if hasattr(v, "to_dense"):
+        _device_parts(v.rows, into)
+        _device_parts(v.values, into)
+    elif on_device(v):
+        into.append(v)
+
+
+def _host_parts(v: Any, got: Any) -> Any:
+    """`v` on the host: its device arrays the next ones of `got` (in `_device_parts`' order)."""
+    if hasattr(v, "to_dense"):
+        return type(v)(_host_parts(v.rows, got), _host_parts(v.values, got), v.height)
+    return next(got) if on_device(v) else to_host(v)

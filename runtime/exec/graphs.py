@@ -9,9 +9,10 @@ A part runs eagerly `warmup` times (cupy compiles and caches its kernels), is th
 cupy's stream capture (`Stream.begin_capture` / `end_capture`, on a stream of its own, with a
 private memory pool so that no one else is handed the graph's memory), and from then on each run
 copies its inputs into the graph's input buffers (but for inputs that are the same array at every
-run, the held tables, read where they are, and for those another graph's output buffer holds
-already), launches the graph on the compute stream and hands out its output buffers. An item (a
-ctx with a `key`: a trainer's micro-batch) gets a *lane* of its own, one set of every part's graph
+run, the held tables, read where they are, and for those another graph's output or input buffer
+holds already: the backward part reads the received tensors the forward part copied in), launches
+the graph on the compute stream and hands out its output buffers. An item (a ctx with a `key`: a
+trainer's micro-batch) gets a *lane* of its own, one set of every part's graph
 captured on buffers of its own, until `release(key)` (nothing reads its outputs any more: a trainer
 releases an item's lane when the item's step is pushed): its outputs are read where its graphs wrote
 them, and another item's replays, in other lanes, never overwrite them. A run without a key, or once
@@ -70,10 +71,14 @@ class CapturedGraph:
     outputs: dict[str, Any]
     signature: tuple
     pool: Any
-    # inputs read from another graph's output buffer: name -> (that graph, its output's name)
+    # inputs read from another graph's buffer (output or input): name -> (that graph, the buffer's name)
     linked: dict[str, tuple[CapturedGraph, str]] = field(default_factory=dict)
-    holds: dict[str, Any] = field(default_factory=dict)  # output -> the array whose values it holds
+    holds: dict[str, Any] = field(default_factory=dict)  # buffer -> the array whose values it holds
     copy: bool = True  # its outputs are copied off at each replay (the shared lane's)
+
+    def buffer(self, name: str) -> Any:
+        """Its output or input buffer `name` (what a graph linked to it reads)."""
+        return self.outputs[name] if name in self.outputs else self.inputs[name]
 
 
 @dataclass
@@ -176,13 +181,18 @@ class DeviceGraphs:
         if plan.why:
             self._eager(_name(compiled, None), plan.why)
             return run(compiled.steps, values, keep, ctx, rng)
-        run(plan.pre, values, keep, ctx, rng)
+        if plan.pre:
+            run(plan.pre, values, keep, ctx, rng)
         lane = self._lane(getattr(ctx, "key", None))
         for i, part in enumerate(plan.parts):
-            where, name = ((id(compiled), i), lane), _name(compiled, i)
-            self._run_part(where, name, part, values, keep | part.needed, (ctx, rng, run))
-            run(part.after, values, keep, ctx, rng)
-        run(plan.post, values, keep, ctx, rng)
+            where = ((id(compiled), i), lane)
+            graph = self.graphs.get(where)
+            if graph is None or not self._replay(graph, values):
+                self._run_part(where, _name(compiled, i), part, values, keep | part.needed, (ctx, rng, run))
+            if part.after:
+                run(part.after, values, keep, ctx, rng)
+        if plan.post:
+            run(plan.post, values, keep, ctx, rng)
 
     def _lane(self, key: Any) -> int | None:
         """The lane lent to item `key` (lent now if it has none: a free one, a new one while fewer
@@ -279,11 +289,11 @@ class DeviceGraphs:
     ) -> tuple[CapturedGraph | None, str]:
         """Capture the part's kernels for `lane` on fixed input buffers (copies of `values`' inputs,
         but those in `inplace`: the same arrays as at the last run, read where they are, and those
-        an output buffer of a graph of the lane holds); (None, why) when the capture fails."""
+        a buffer of a graph of the lane holds); (None, why) when the capture fails."""
         xp = self.xp
         linked = {n: got for n in part.inputs if n not in inplace and (got := self._holder(values[n], lane))}
         bufs = {n: values[n].copy() for n in part.inputs if n not in inplace and n not in linked}
-        vals = {**values, **bufs, **{n: g.outputs[m] for n, (g, m) in linked.items()}}
+        vals = {**values, **bufs, **{n: g.buffer(m) for n, (g, m) in linked.items()}}
         graph, pool, why = capture(xp, lambda: run(part.kernels, vals, keep, ctx, rng))
         if why:
             return None, why
@@ -293,8 +303,8 @@ class DeviceGraphs:
         return CapturedGraph(graph, bufs, held, outputs, (), pool, linked, copy=lane is None), ""
 
     def _holder(self, value: Any, lane: int | None) -> tuple[CapturedGraph, str] | None:
-        """(graph of `lane`, output) whose output buffer holds `value`'s values (the buffer it
-        handed out, or in the shared lane a copy of it)."""
+        """(graph of `lane`, buffer) whose buffer holds `value`'s values: an output buffer it
+        handed out (or in the shared lane a copy of it), an input buffer `value` was copied into."""
         for (_, at), graph in self.graphs.items():
             if at != lane:
                 continue
@@ -316,21 +326,40 @@ class DeviceGraphs:
     def _replay(self, graph: CapturedGraph, values: dict) -> bool:
         """Inputs into the graph's buffers, one launch on the compute stream, its output buffers
         handed out (copies of them in the shared lane); False (nothing done) when an input it reads
-        in place is another array now."""
+        in place is another array now, or one it copies is not a device array of its buffer's shape
+        and dtype (`_graph_for` says why and runs the part eagerly)."""
         xp = self.xp
-        if any(values[n] is not a for n, a in graph.inplace.items()):
+        if any(values.get(n) is not a for n, a in graph.inplace.items()):
             return False
-        for name, buf in graph.inputs.items():
-            xp.copyto(buf, values[name])
-        for name, (src, out) in graph.linked.items():  # (nothing to copy: the usual case)
-            if src.holds.get(out) is not values[name]:
-                xp.copyto(src.outputs[out], values[name])
-                src.holds[out] = values[name]
+        copied = [(n, values.get(n), buf) for n, buf in graph.inputs.items()]
+        relinked = [
+            (values.get(n), src, out)
+            for n, (src, out) in graph.linked.items()
+            if src.holds.get(out) is not values.get(n)
+        ]
+        for _, value, buf in copied:
+            if not _fits_buffer(xp, value, buf):
+                return False
+        for value, src, out in relinked:
+            if not _fits_buffer(xp, value, src.buffer(out)):
+                return False
+        for name, value, buf in copied:
+            xp.copyto(buf, value)
+            graph.holds[name] = value
+        for value, src, out in relinked:  # (none, usually: the value is the buffer itself, or in it)
+            xp.copyto(src.buffer(out), value)
+            src.holds[out] = value
         graph.graph.launch(stream=xp.cuda.get_current_stream())
-        for name, out in graph.outputs.items():
-            values[name] = graph.holds[name] = out.copy() if graph.copy else out
+        outs = {n: out.copy() for n, out in graph.outputs.items()} if graph.copy else graph.outputs
+        values.update(outs)
+        graph.holds.update(outs)
         self.stats.replays += 1
         return True
+
+
+def _fits_buffer(xp: Any, value: Any, buf: Any) -> bool:
+    """`value` can be copied into graph buffer `buf`: a device array of its shape and dtype."""
+    return type(value) is xp.ndarray and value.shape == buf.shape and value.dtype == buf.dtype
 
 
 def capture(xp: Any, work: Callable[[], Any]) -> tuple[Any, Any, str]:
@@ -356,43 +385,64 @@ def capture(xp: Any, work: Callable[[], Any]) -> tuple[Any, Any, str]:
 
 class GraphedCall:
     """`fn(arrays)` (named device arrays; it may write those in `inplace`) replayed as one CUDA
-    graph: after `warmup` eager calls it is captured, reading the `inplace` arrays where they are
-    and the others through buffers they are copied into before each launch. It runs eagerly
-    (captured again after a warm-up) when an in-place array is another one than at the capture or
-    an array's shape or dtype changed; a failed capture makes it eager for good, said once."""
+    graph: after `warmup` eager calls it is captured, reading the `inplace` arrays where they are,
+    and the others where they are too when they were the same arrays at the call before (the
+    gradients a segment's graph hands out of its buffers at every step: read there, no copy), else
+    through buffers they are copied into before each launch. It runs eagerly (captured again after
+    a warm-up) when an array it reads where it is is another one than at the capture (one of the
+    others: copied from then on) or an array's shape or dtype changed; a failed capture makes it
+    eager for good, said once."""
 
     def __init__(self, xp: Any, name: str, fn: Callable[[dict], None], warmup: int = 1) -> None:
         self.xp, self.name, self.fn, self.warmup = xp, name, fn, warmup
         self.graph: CapturedGraph | None = None
         self.seen, self.failed = 0, ""
+        self.last: dict[str, Any] = {}  # the arrays of the latest eager call
+        self.moved: set[str] = set()  # arrays read where they were once, another array since: copied
         self.stats = GraphStats()
 
     def __call__(self, arrays: dict[str, Any], inplace: set[str]) -> None:
-        sig = tuple((n, a.shape, a.dtype) for n, a in arrays.items())
         g = self.graph
-        if g is not None and (sig != g.signature or any(arrays[n] is not a for n, a in g.inplace.items())):
+        if g is not None and not _fits(g, arrays):
+            self.moved |= {n for n, a in g.inplace.items() if arrays.get(n) is not a} - inplace
             self.graph, self.seen, g = None, 0, None
         if g is None and not self.failed and self.seen >= self.warmup:
-            g = self.graph = self._capture(arrays, inplace, sig)
+            same = {n for n, a in arrays.items() if self.last.get(n) is a} - self.moved
+            g = self.graph = self._capture(arrays, inplace | same)
         if g is None:
             self.seen += 1
             self.stats.eager += 1
+            self.last = dict(arrays)
             return self.fn(arrays)
         for n, buf in g.inputs.items():
             self.xp.copyto(buf, arrays[n])
         g.graph.launch(stream=self.xp.cuda.get_current_stream())
         self.stats.replays += 1
 
-    def _capture(self, arrays: dict[str, Any], inplace: set[str], sig: tuple) -> CapturedGraph | None:
+    def _capture(self, arrays: dict[str, Any], inplace: set[str]) -> CapturedGraph | None:
         bufs = {n: a.copy() for n, a in arrays.items() if n not in inplace}
         vals = {**arrays, **bufs}
         graph, pool, why = capture(self.xp, lambda: self.fn(vals))
+        self.last = {}
         if why:
             self.failed = self.stats.refused[self.name] = why
             log.warning("device graphs: %s runs eagerly: %s", self.name, why)
             return None
         self.stats.captured += 1
-        return CapturedGraph(graph, bufs, {n: arrays[n] for n in inplace}, {}, sig, pool)
+        return CapturedGraph(graph, bufs, {n: arrays[n] for n in inplace}, {}, (), pool)
+
+
+def _fits(g: CapturedGraph, arrays: dict[str, Any]) -> bool:
+    """`arrays` fit captured call `g`: the same names, those it reads in place the same arrays, the
+    others of its buffers' shapes and dtypes."""
+    if len(arrays) != len(g.inplace) + len(g.inputs) or any(
+        arrays.get(n) is not a for n, a in g.inplace.items()
+    ):
+        return False
+    return all(
+        (a := arrays.get(n)) is not None and a.shape == b.shape and a.dtype == b.dtype
+        for n, b in g.inputs.items()
+    )
 
 
 def _names_of(steps: list) -> set[str]:

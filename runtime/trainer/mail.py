@@ -66,7 +66,7 @@ class Mail:
         """Tensors of item `key` arrived; each waits for its recv. One arriving while a tensor of the
         same name still waits for the item is refused (one send/recv pair per tensor and crossing)."""
         if self.copies is not None:
-            tensors = {name: self.copies.to_device(v) for name, v in tensors.items()}
+            tensors = self.copies.to_device_all(tensors)
         box = self.arrived.get(key)
         if box is None:
             self.arrived[key] = tensors
@@ -83,9 +83,10 @@ class Mail:
     def recv(self, it: Item, name: str) -> Any:
         return self.arrived[it.key].pop(name)
 
-    def to_host(self, value: Any) -> Any:
-        """A sent value on the host (off the device through the copy stream, on a gpu trainer)."""
-        return to_host(value) if self.copies is None else self.copies.to_host(value)
+    def to_host_all(self, values: list[Any]) -> list[Any]:
+        """A segment's sent values on the host (on a gpu trainer off the device through the copy
+        stream, one wait for all of them)."""
+        return [to_host(v) for v in values] if self.copies is None else self.copies.to_host_all(values)
 
     def missing(self, it: Item, names: list[str]) -> list[str]:
         got = self.arrived.get(it.key, {})

@@ -382,8 +382,9 @@ class Trainer:
             return
         with timed(stats=self.stats, key="send_s"):
             by_ep: dict[str, list] = {}
-            for dst, name, value in self.mail.take_outgoing():
-                by_ep.setdefault(self._endpoint(dst, it), []).append((name, self.mail.to_host(value)))
+            sent = self.mail.take_outgoing()
+            for (dst, name, _), value in zip(sent, self.mail.to_host_all([v for *_, v in sent]), strict=True):
+                by_ep.setdefault(self._endpoint(dst, it), []).append((name, value))
             for ep, values in by_ep.items():
                 where = {"step": it.step, "reader": it.origin, "mb": it.mb, "to": self.peer_of[ep]}
                 with timed("send", "comm", rec=self.rec, **where) as t:

@@ -240,6 +240,36 @@ def test_a_received_tensor_read_before_its_copy_stream_was_waited_for_is_caught(
         dev * 2
 
 
+def test_a_messages_tensors_cross_with_one_event_each_way_and_keep_their_values(fake_gpu):
+    """`Copies.to_device_all` / `to_host_all` (a message's tensors, a segment's sends): every array,
+    a `SparseRows`' parts among them, equal to the host arrays by hand after the round trip; one
+    event recorded on the copy stream for all the copies in, one wait of the copy stream for the
+    compute stream for all the copies out; each copy counted, in pinned buffers that are reused."""
+    from runtime.exec.device import Copies
+
+    copies, rng = Copies(fake_cupy), np.random.default_rng(3)
+    host = {"a": rng.normal(size=(5, 3)).astype(np.float32), "b": rng.normal(size=(5, 3)).astype(np.float32)}
+    rows = SparseRows(np.array([0, 2], np.int64), rng.normal(size=(2, 3)).astype(np.float32), 4)
+    records, waits, pinned = [], [], 0
+    copies.stream.record = lambda event=None, rec=copies.stream.record: records.append(1) or rec(event)
+    copies.stream.wait_event = lambda e, wait=copies.stream.wait_event: waits.append(1) or wait(e)
+    for rnd in range(3):
+        before = fake_cupy.COUNTS.h2d_pinned, fake_cupy.COUNTS.d2h_pinned
+        dev = copies.to_device_all({**host, "rows": rows})
+        assert len(records) == rnd + 1  # (one event for the 4 copies in)
+        back = copies.to_host_all([dev["a"] * 2, dev["b"][:, 1:], dev["rows"], np.ones(2)])
+        assert len(waits) == rnd + 1  # (the copy stream waits for the compute stream once)
+        np.testing.assert_array_equal(back[0], host["a"] * 2)
+        np.testing.assert_array_equal(back[1], host["b"][:, 1:])  # (strided: made contiguous first)
+        np.testing.assert_array_equal(back[2].rows, rows.rows)
+        np.testing.assert_array_equal(back[2].values, rows.values)
+        np.testing.assert_array_equal(back[3], np.ones(2))
+        assert isinstance(back[0], np.ndarray) and isinstance(back[2].values, np.ndarray)
+        assert (fake_cupy.COUNTS.h2d_pinned - before[0], fake_cupy.COUNTS.d2h_pinned - before[1]) == (4, 4)
+        pinned = len(fake_cupy._KEEP) if rnd == 0 else pinned
+    assert len(fake_cupy._KEEP) == pinned  # (no pinned buffer allocated after the first round: reused)
+
+
 def test_a_device_sync_hidden_in_a_kernel_shows_in_the_counts(fake_gpu):
     """Caught by the stand-in: the bce label check read its answer (`bool(bad.any())`) on the device,
     one hidden device -> host copy and sync per micro-batch; device labels are now left unchecked
