@@ -368,6 +368,8 @@ def hetps(
         for k in [k for k in marks[0] if k.startswith("counts ") and k in marks[1]]
     }
     cpu_ms = {k: 1e3 * (marks[1][k] - marks[0][k]) / n for k in marks[0] if k in marks[1] and k in eng.pids()}
+    if n < 1 or not any(cpu_ms.values()):  # both marks heard after the run's last step: nothing between them
+        return hist, {}, waits, {}
     return hist, cpu_ms, waits, counts
 
 
@@ -638,6 +640,13 @@ def main(argv: list[str] | None = None) -> dict:
             if mode == "sync" and waits:
                 gpu_wait = max(100 * (w["wait"] + w["ps"]) for n, w in waits.items() if n.startswith("gpu"))
                 print(f"  sync: the gpu trainer waits {gpu_wait:.1f}% of the timed steps (goal <= 10)")
+            if not cpu_ms:
+                print(
+                    f"  no per-step CPU figures: {args.steps} timed steps ended before the driver heard of "
+                    "them (step reports reach it up to 0.1 s late); give --steps 40 or more for them"
+                )
+                out[f"trainers_{mode}"] = hist.trainers
+                continue
             print(
                 "  CPU ms per step: "
                 + ", ".join(f"{n} {ms:.1f}" for n, ms in cpu_ms.items())
