@@ -41,7 +41,7 @@ from transpiler.settings import ScaleConfig
 # The version of how a profile is measured: a cached profile of another version is measured again
 # (2: the link probe signs its messages as trainers do; the reader's union of a step's ids;
 # 3: kernels by their median call, the overhead through three runs per mode, a reader's own work per
-# id by its CPU time).
+# id by its CPU time, the client's CPU share of a PS round trip).
 METHOD = 3
 
 
