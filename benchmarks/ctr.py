@@ -311,11 +311,14 @@ def hetps(
     dense_on_trainer: bool = True,
     kernel_threads: dict[str, int] | None = None,
 ):
-    """Train the model; also returns each process's CPU ms per timed step (driver included), each
-    trainer's waits over the timed steps (`steady_time_use`) and, with the stand-in, each process's
-    stand-in counts per timed step (crossings, bytes, kernel ms)."""
+    """Train the model; also returns each process's CPU ms per timed step, each trainer's waits over
+    the timed steps (`steady_time_use`), with the stand-in each process's stand-in counts per timed
+    step (crossings, bytes, kernel ms), and the cores other processes kept busy over the timed steps
+    (the machine's busy CPU time less this run's processes' and the driver's, per wall second;
+    steal time included; None with too few steps)."""
     from runtime import train
     from runtime.engines import LocalEngine
+    from runtime.profile.load import machine_busy_s
     from runtime.profile.machine import cpu_seconds
     from transpiler import transpile
 
@@ -331,7 +334,7 @@ def hetps(
     # done between those times (from the steps' own times, History.time)
     def mark(record: dict) -> None:
         if record["step"] in (warmup - 1, total - 1 - min(END_MARGIN, steps // 2)):
-            got = {"at": time.perf_counter(), "driver": time.process_time()}
+            got = {"at": time.perf_counter(), "driver": time.process_time(), "machine": machine_busy_s()}
             counts = _stand_in_counts()
             for n, p in eng.pids().items():
                 with contextlib.suppress(FileNotFoundError, ProcessLookupError):
@@ -360,17 +363,24 @@ def hetps(
         )
         waits = steady_time_use(trace, warmup, total - 1) if steps > 1 else {}
     if len(marks) < 2:  # too few timed steps: nothing between the marks
-        return hist, {}, waits, {}
+        return hist, {}, waits, {}, None
+    wall = marks[1]["at"] - marks[0]["at"]
     done = [hist.steps_done(m.pop("at")) for m in marks]
     n = done[1] - done[0]
+    if n < 1:  # both marks heard after the run's last step: nothing between them
+        return hist, {}, waits, {}, None
     counts = {
         k.split()[1]: {f: (marks[1][k][f] - v) / n for f, v in marks[0][k].items()}
         for k in [k for k in marks[0] if k.startswith("counts ") and k in marks[1]]
     }
     cpu_ms = {k: 1e3 * (marks[1][k] - marks[0][k]) / n for k in marks[0] if k in marks[1] and k in eng.pids()}
-    if n < 1 or not any(cpu_ms.values()):  # both marks heard after the run's last step: nothing between them
-        return hist, {}, waits, {}
-    return hist, cpu_ms, waits, counts
+    if not any(cpu_ms.values()):  # (likewise: the marks were taken after the processes' last step)
+        return hist, {}, waits, {}, None
+    ours = sum(
+        marks[1][k] - marks[0][k] for k in marks[0] if k in marks[1] and (k in eng.pids() or k == "driver")
+    )
+    others = max(marks[1]["machine"] - marks[0]["machine"] - ours, 0.0) / wall if wall > 0 else None
+    return hist, cpu_ms, waits, counts, others
 
 
 def device_lines(
@@ -602,7 +612,7 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{mode}, trainers {args.trainers}, {mbs} micro-batches, {args.servers} server(s), "
                 f"{gpu_kind}, {held}, kernel threads {args.kernel_threads}"
             )
-            hist, cpu_ms, waits, counts = hetps(
+            hist, cpu_ms, waits, counts, _ = hetps(
                 args.steps,
                 args.warmup,
                 args.trainers,

@@ -58,6 +58,11 @@ class Row:
     rates: list[float] = field(default_factory=list)
     cpu_ms: list[dict[str, float]] = field(default_factory=list)
     loads: list[Any] = field(default_factory=list)  # the machine's load probed before and after each run
+    others: list[float] = field(default_factory=list)  # cores other processes kept busy during each run
+
+    def others_busy(self) -> str:
+        """The median cores other processes kept busy over the timed steps of the row's runs."""
+        return f"{statistics.median(self.others):.2f}" if self.others else ""
 
     def load_average(self) -> str:
         """The load average at the row's measurements (lowest-highest)."""
@@ -166,11 +171,13 @@ def measure(args: argparse.Namespace, cost: Any, rows: list[Row]) -> None:
             s = row.settings
             if args.load:
                 row.loads.append(probe_load(seconds=0.2, slices=2))
-            hist, cpu_ms, *_ = ctr.hetps(
+            hist, cpu_ms, _, _, others = ctr.hetps(
                 args.steps, args.warmup, s.trainers, s.micro_batches, s.mode, s.servers
             )
             row.rates.append(hist.examples_per_s(skip=args.warmup))
             row.cpu_ms.append(cpu_ms)
+            if others is not None:
+                row.others.append(others)
             got = ""
             if args.load:
                 row.loads.append(probe_load(seconds=0.2, slices=2))
@@ -185,9 +192,10 @@ def measure(args: argparse.Namespace, cost: Any, rows: list[Row]) -> None:
                     f"; a run got {x.capacity:.2f} cores before it, {y.capacity:.2f} after: predicted "
                     f"{cost.predict(s, w).examples_per_s:,.0f}"
                 )
+            busy = "" if others is None else f"; other processes kept {others:.2f} cores busy during it"
             print(
                 f"    {s.describe()}: {row.rates[-1]:,.0f} examples/s (load average "
-                f"{os.getloadavg()[0]:.1f}{got})",
+                f"{os.getloadavg()[0]:.1f}{busy}{got})",
                 flush=True,
             )
         print(
@@ -223,7 +231,8 @@ def report(cost: Any, rows: list[Row], workload: Any) -> None:
 
     print(
         f"{'mode':>5} {'cpu':>3} {'mb':>3} {'shards':>6} {'predicted':>10} {'interval':>17} {'measured':>10} "
-        f"{'spread':>9} {'error':>6} {'load avg':>8}  {'bottleneck':<10} CPU ms per step and process, "
+        f"{'spread':>9} {'error':>6} {'load avg':>8} {'others':>6}  {'bottleneck':<10} CPU ms per step and "
+        "process, "
         "predicted/measured"
     )
     for r in rows:
@@ -231,7 +240,8 @@ def report(cost: Any, rows: list[Row], workload: Any) -> None:
         print(
             f"{s.mode:>5} {s.trainers['cpu']:>3} {s.micro_batches:>3} {s.servers:>6} "
             f"{p.examples_per_s:>10,.0f} {f'{p.low:,.0f}..{p.high:,.0f}':>17} {r.measured:>10,.0f} "
-            f"{r.spread():>9} {100 * r.error:>+5.0f}% {r.load_average():>8}  {p.bottleneck:<10} {r.cpu_use()}"
+            f"{r.spread():>9} {100 * r.error:>+5.0f}% {r.load_average():>8} {r.others_busy():>6}  "
+            f"{p.bottleneck:<10} {r.cpu_use()}"
         )
     inside = sum(r.covered() for r in rows)
     print(f"the median measured lies in the prediction interval in {inside} of {len(rows)} settings")

@@ -44,6 +44,14 @@ def available_cores() -> int:
     return cores
 
 
+def machine_busy_s() -> float:
+    """CPU seconds every core of this machine has spent busy since boot (/proc/stat: user, nice,
+    system, irq, softirq, and steal: time the hypervisor gave this machine's cores to others)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields)
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def run_queue(seconds: float = 0.2, every: float = 0.01) -> float:
     """Mean runnable threads on the machine over `seconds` (`procs_running`, this sampler excluded)."""
     got = []

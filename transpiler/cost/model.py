@@ -103,7 +103,8 @@ class Workload:
 @dataclass
 class RoleLoad:
     """Seconds per step of one process of a role: computing, sending, in PS calls (client side for a
-    trainer, serving for a shard)."""
+    trainer, serving for a shard; `ps_cpu`: the share of a trainer's PS call time on its own CPU,
+    `PSCost.client_cpu`)."""
 
     role: str
     count: int
@@ -112,6 +113,7 @@ class RoleLoad:
     ps_s: float = 0.0
     server: bool = False
     device_s: float = 0.0  # the part of compute_s on a GPU (not on a CPU core)
+    ps_cpu: float = 1.0
 
     @property
     def busy_s(self) -> float:
@@ -120,8 +122,11 @@ class RoleLoad:
 
     @property
     def cpu_s(self) -> float:
-        """CPU time per step (kernels on a real GPU excluded)."""
-        return self.compute_s - self.device_s + self.send_s + self.ps_s
+        """CPU time per step (kernels on a real GPU excluded; of a trainer's PS calls, the client's
+        own share: the shard's serving is counted on the shard)."""
+        return (
+            self.compute_s - self.device_s + self.send_s + self.ps_s * (1.0 if self.server else self.ps_cpu)
+        )
 
 
 @dataclass
@@ -291,6 +296,7 @@ class PlanCost:
                     per_trainer * send,
                     client,
                     device_s=per_trainer * kern if on_device else 0.0,
+                    ps_cpu=ps.client_cpu,
                 )
             )
         roles.append(RoleLoad("ps", s.servers, ps_s=max(shard_s), server=True))

@@ -61,7 +61,9 @@ class LinkCost:
 @dataclass
 class PSCost:
     """A parameter-server round trip: request_s each, table_s per table in it, plus per byte of dense
-    tables, plus per sparse row (id handling) and per byte of sparse rows."""
+    tables, plus per sparse row (id handling) and per byte of sparse rows; `client_cpu`: the share
+    of a round trip's time the client spends on its own CPU (encoding, signing, decoding; the rest
+    it waits for the shard, whose serving is counted on the shard)."""
 
     request_s: float
     dense_byte_s: float
@@ -70,6 +72,7 @@ class PSCost:
     lookup_s: float = 0.0  # a reader's own work per id looked up (gather of pulled rows, merge of grads)
     table_s: float = 0.0  # per table in a request (a pull or push of many tables is one request)
     union_s: float = 0.0  # a reader's own work per id of a step's feed (the union of its ids, per feed)
+    client_cpu: float = 1.0
 
 
 @dataclass

@@ -134,6 +134,24 @@ def test_prediction_matches_arithmetic_by_hand():
     assert "1 CPU core" in one_core.limit
 
 
+def test_a_trainers_ps_calls_take_only_the_clients_share_of_its_cpu():
+    """Of a round trip the client spends `client_cpu` on its own CPU (here 0.4) and waits for the
+    shard the rest; the shard's serving is counted on the shard, whole."""
+    plan = transpile(dense_model())
+    prof = synthetic_profile(plan, gemm_price, link=(1e-4, 1e-8), ps=(5e-4, 1e-6, 0.0), emulated=["gpu"])
+    prof.ps.client_cpu = 0.4
+    gpu = 2 * 3.96e-3 + 2 * 5.32e-5  # as in test_prediction_matches_arithmetic_by_hand
+    ps = 2 * 5e-4 + 2 * 20 * 1e-6  # the gpu's pull + push of w and b
+    p = predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64))
+    roles = {r.role: r for r in p.roles}
+    assert roles["gpu"].ps_s == pytest.approx(ps) and roles["gpu"].cpu_s == pytest.approx(gpu + 0.4 * ps)
+    assert roles["ps"].busy_s == pytest.approx(ps) and roles["ps"].cpu_s == pytest.approx(ps)
+    assert p.step_s == pytest.approx(gpu + 0.4 * ps) and "CPU work" in p.limit
+    # one shared core: the cpu's sends, the gpu's work and its client share, the shard's serving
+    one_core = predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64, cores=1))
+    assert one_core.step_s == pytest.approx(2 * 5.32e-5 + gpu + 0.4 * ps + ps)
+
+
 def test_a_held_dense_table_costs_its_trainer_one_pass_and_the_shard_nothing():
     """With one gpu trainer it holds w and b (transpiler/passes/held.py): no request, one optimizer step of
     its own (one pass at dense_byte_s); two gpu trainers share them through the servers."""
@@ -428,6 +446,8 @@ def test_measure_ps_talks_to_a_signed_shard():
     # under load the intercept `request_s` alone once came out 0)
     assert sum(vars(ps).values()) > 0
     assert min(vars(ps).values()) >= 0
+    # the client waits for the shard part of every round trip: its own CPU is a share of it
+    assert 0 < ps.client_cpu < 1
 
 
 def test_measure_link_signs_like_a_trainer(monkeypatch):
