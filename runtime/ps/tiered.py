@@ -216,23 +216,32 @@ class TieredSparseTable(SparseTable):
                 f"than memory_budget {self.budget} bytes holds ({self.max_rows} rows of "
                 f"{self.row_bytes} bytes); raise memory_budget or send smaller requests"
             )
-        missed, promoted = self._promote(ids)
-        out = SparseTable.slots(self, ids, init)
+        missed, promoted, found = self._promote(ids)
+        if found is None:  # (an eviction moved rows: look them all up again)
+            out = SparseTable.slots(self, ids, init)
+        else:  # only the ids that were not in RAM are looked up again
+            out, miss = found, found < 0
+            if miss.any():
+                out[miss] = SparseTable.slots(self, ids[miss], init)
+            if self.changes.marks and not miss.all():
+                self.changes.changed(ids[~miss])
         self.stats.created += missed - promoted
         self._stamp(out)
         return out
 
-    def _promote(self, ids: np.ndarray, count: bool = True) -> tuple[int, int]:
+    def _promote(self, ids: np.ndarray, count: bool = True) -> tuple[int, int, np.ndarray | None]:
         """Move the rows of `ids` found on disk (not in RAM) into RAM, creating none; (distinct ids
-        not in RAM, rows promoted). `count`: as the lookups of a request (`stats`)."""
+        not in RAM, rows promoted, the RAM slots of `ids` before, -1 where not in RAM: None when
+        an eviction made room and moved rows). `count`: as the lookups of a request (`stats`)."""
         found = self.index.find(ids)
         if count:
             self.stats.lookups += ids.size
             self.stats.ram_hits += int(np.count_nonzero(found >= 0))
         miss = unique_ids(ids[found < 0])
-        self._make_room(found, miss.size)
+        if self._make_room(found, miss.size):
+            found = None
         if not (miss.size and self.cold):
-            return miss.size, 0
+            return miss.size, 0, found
         on_disk, rec = self.store.get(miss)
         if rec.size:
             slots = SparseTable.slots(self, miss[on_disk], init=False)
@@ -244,7 +253,7 @@ class TieredSparseTable(SparseTable):
                 self.entry.last[slots] = rec[ENTRY_LAST]
             self.cold -= rec.size
         self.stats.disk_hits += rec.size if count else 0
-        return miss.size, rec.size
+        return miss.size, rec.size, found
 
     def _stamp(self, slots: np.ndarray) -> None:
         """RAM rows `slots` were just used (one more request served)."""
@@ -268,15 +277,16 @@ class TieredSparseTable(SparseTable):
             rec[ENTRY_LAST] = self.entry.last[slots]
         return rec
 
-    def _make_room(self, found: np.ndarray, new: int) -> None:
+    def _make_room(self, found: np.ndarray, new: int) -> bool:
         """Before `new` rows of a request enter RAM (`found`: the request's slots, -1 where not in
         RAM): when they would take it past max_rows, write the least recently used rows that are
         not the request's to disk in one WriteBatch and drop them from RAM in place (`_evict`),
         down to 90% of max_rows with the new rows in (or as low as the request's rows allow). So
-        the RAM tier never holds more than max_rows rows, nor its arrays more capacity."""
+        the RAM tier never holds more than max_rows rows, nor its arrays more capacity. Whether it
+        evicted."""
         n = len(self.index)
         if n + new <= self.max_rows:
-            return
+            return False
         self._stamp_room()
         hit = found[found >= 0]
         self.used[hit] = self.tick + 1  # (the request's rows: the most recent, never victims)
@@ -289,6 +299,7 @@ class TieredSparseTable(SparseTable):
         self._evict(victims, ids)
         self.cold += k
         self.stats.evicted += k
+        return True
 
     def _keep(self, keep: np.ndarray, room: int = 0) -> None:
         """Drop the RAM rows whose slot is unset in `keep` (slots past its end stay), in place
