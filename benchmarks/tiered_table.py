@@ -66,6 +66,26 @@ def rss_file() -> int:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssFile:"))
 
 
+def pymalloc_bytes() -> int:
+    """Bytes of Python's small-object arenas now (`sys._debugmallocstats`, read from its stderr):
+    freed small objects (the engine's keys and values as bytes) stay there until a whole arena
+    is free."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        line = next(x for x in f if "bytes/arena" in x)
+    return int(line.split("=")[1].replace(",", ""))
+
+
 def zipf_ids(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
     """`size` ids in [0, n): rank r (1-based) with probability ~ r^-ALPHA, ranks hashed over ids."""
     u = rng.random(size)
@@ -146,7 +166,7 @@ def run_steps(t, rows: int, warmup: int, steps: int) -> dict:
 
 def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
     """One table's measurements (see the module docstring)."""
-    base = rss()
+    base, base_py = rss(), pymalloc_bytes()
     t = make_table(make_spec(kind, rows, budget))
     fill_s = fill(t, rows)
     filled = rss()
@@ -176,6 +196,15 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
             budget_mib=round(parse_bytes(budget) / 2**20, 1),
             resident=t.resident(),
             engine_mib=round(t.engine_bytes() / 2**20, 1),
+            **{
+                f"rocksdb_{k}_mib": round(t.store.db.property_int_value(f"rocksdb.{p}") / 2**20, 1)
+                for k, p in (
+                    ("pinned", "block-cache-pinned-usage"),
+                    ("readers", "estimate-table-readers-mem"),
+                )
+            },
+            pymalloc_growth_mib=round((pymalloc_bytes() - base_py) / 2**20, 1),
+            sst_files=len(list(t.store.path.glob("*.sst"))),
             rss_file_mib=round(rss_file() / 2**20, 1),
             resident_over_budget=round(out["rss_growth_mib"] * 2**20 / parse_bytes(budget), 2),
             table_over_budget=round(rows * ROW_BYTES / parse_bytes(budget), 1),
