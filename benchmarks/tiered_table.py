@@ -7,12 +7,14 @@ lazily created rows hold; `fill_s` / `fill_rows_per_s`: the table's `load_state`
 then runs `warmup` steps (a tiered table: until its RAM tier is full, so that the hit rate is the
 steady state's) + `steps` timed steps of pull + push; the RAM table of as many rows (at most
 `--ram-max`; else the last one measured) is the reference of `ratio_to_ram`. Per (table, rows),
-in a fresh subprocess: throughput (pulled + pushed rows/s), the RAM hit rate of the pulls, the
+in a fresh subprocess: throughput (pulled + pushed rows/s), the RAM hit rate of the pulls
+(`hit_rate`; `hit_rate_pull_and_push` counts the push's lookups too, all hits after its pull), the
 process's anonymous resident memory growth (RssAnon after the fill and after the steps, against the budget;
 peak RSS), disk bytes per row.
 
     python benchmarks/tiered_table.py                       # --rows 100000,1000000 --budget 64MiB
     python benchmarks/tiered_table.py --rows 10000000 --kinds disk --steps 5
+    python benchmarks/tiered_table.py --rows 1000000,10000000 --budget-ratio 10   # table = 10 x budget
     python benchmarks/tiered_table.py --delta --rows 1000000 --touch 1000,10000,100000
 
 `--delta`: delta checkpoints (runtime/ps/delta.py). Per kind, a table of `rows` rows is saved in
@@ -45,6 +47,7 @@ from runtime.ps.tiered import parse_bytes  # noqa: E402
 from transpiler.tables import TableSpec  # noqa: E402
 
 DIM, BATCH, SLOTS, ALPHA = 16, 4096, 26, 1.1
+ROW_BYTES = 2 * DIM * 4  # a row of the table in RAM: Param + Adagrad's Moment, float32
 INIT = {"type": "uniform", "low": -0.05, "high": 0.05, "seed": 1}
 
 
@@ -61,6 +64,26 @@ def rss_file() -> int:
     """File-backed resident bytes (RssFile: the mmap'd SST pages the OS may drop)."""
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) << 10 for line in f if line.startswith("RssFile:"))
+
+
+def pymalloc_bytes() -> int:
+    """Bytes of Python's small-object arenas now (`sys._debugmallocstats`, read from its stderr):
+    freed small objects (the engine's keys and values as bytes) stay there until a whole arena
+    is free."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        line = next(x for x in f if "bytes/arena" in x)
+    return int(line.split("=")[1].replace(",", ""))
 
 
 def zipf_ids(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
@@ -120,19 +143,30 @@ def run_steps(t, rows: int, warmup: int, steps: int) -> dict:
         n += 1
     work = [next(stream) for _ in range(steps)]
     h0, l0 = (t.stats.ram_hits, t.stats.lookups) if disk else (0, 0)
+    pull_hits = 0  # (the pulls' own hits: a push after its pull finds every row in RAM)
     t0, c0 = time.perf_counter(), time.process_time()
     for ids, g in work:
+        before = t.stats.ram_hits if disk else 0
         t.pull(ids)
+        pull_hits += t.stats.ram_hits - before if disk else ids.size
         t.push(g, ids)
     run_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     hits, lookups = (t.stats.ram_hits - h0, t.stats.lookups - l0) if disk else (1, 1)
     moved = 2 * sum(ids.size for ids, _ in work)
-    return {"warmup_steps": n, "moved": moved, "run_s": run_s, "cpu_s": cpu_s, "hit": hits / lookups}
+    pull_hit = pull_hits / (moved // 2)
+    return {
+        "warmup_steps": n,
+        "moved": moved,
+        "run_s": run_s,
+        "cpu_s": cpu_s,
+        "hit": hits / lookups,
+        "pull_hit": pull_hit,
+    }
 
 
 def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
     """One table's measurements (see the module docstring)."""
-    base = rss()
+    base, base_py = rss(), pymalloc_bytes()
     t = make_table(make_spec(kind, rows, budget))
     fill_s = fill(t, rows)
     filled = rss()
@@ -148,7 +182,8 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
         "rows_per_s": round(moved / run_s),
         "rows_per_cpu_s": round(moved / cpu_s),
         "ms_per_step": round(1000 * run_s / steps, 1),
-        "hit_rate": round(r["hit"], 3),
+        "hit_rate": round(r["pull_hit"], 3),
+        "hit_rate_pull_and_push": round(r["hit"], 3),
         "rss_growth_mib": round((rss() - base) / 2**20, 1),
         "rss_after_fill_mib": round((filled - base) / 2**20, 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10, 1),
@@ -161,8 +196,18 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
             budget_mib=round(parse_bytes(budget) / 2**20, 1),
             resident=t.resident(),
             engine_mib=round(t.engine_bytes() / 2**20, 1),
+            **{
+                f"rocksdb_{k}_mib": round(t.store.db.property_int_value(f"rocksdb.{p}") / 2**20, 1)
+                for k, p in (
+                    ("pinned", "block-cache-pinned-usage"),
+                    ("readers", "estimate-table-readers-mem"),
+                )
+            },
+            pymalloc_growth_mib=round((pymalloc_bytes() - base_py) / 2**20, 1),
+            sst_files=len(list(t.store.path.glob("*.sst"))),
             rss_file_mib=round(rss_file() / 2**20, 1),
             resident_over_budget=round(out["rss_growth_mib"] * 2**20 / parse_bytes(budget), 2),
+            table_over_budget=round(rows * ROW_BYTES / parse_bytes(budget), 1),
             disk_bytes_per_row=round(t.disk_bytes() / len(t), 1),
             evicted=t.stats.evicted,
         )
@@ -225,6 +270,11 @@ def main() -> None:
     ap.add_argument("--kinds", default="memory,disk", help="memory (RAM table) and/or disk (tiered)")
     ap.add_argument("--budget", default="64MiB", help="the tiered table's memory_budget")
     ap.add_argument(
+        "--budget-ratio",
+        type=float,
+        help="instead of --budget: each table's budget is its RAM size (rows x 128 bytes) / this",
+    )
+    ap.add_argument(
         "--ram-max",
         type=int,
         default=10**7,
@@ -250,7 +300,7 @@ def main() -> None:
         return
     print(
         f"Zipf alpha {ALPHA}, {BATCH} x {SLOTS} ids per step (unique'd), dim {DIM}, Adagrad, "
-        f"budget {a.budget}"
+        f"budget {f'table / {a.budget_ratio}' if a.budget_ratio else a.budget}"
     )
     ref = None
     for rows in (int(r) for r in a.rows.split(",")):
@@ -263,12 +313,14 @@ def main() -> None:
             elif ref is not None:
                 r["ram_ref_rows"] = ref["rows"]
                 r["ratio_to_ram"] = round(r["rows_per_s"] / ref["rows_per_s"], 3)
+                r["cpu_ratio_to_ram"] = round(r["rows_per_cpu_s"] / ref["rows_per_cpu_s"], 3)
             print(json.dumps(r), flush=True)
 
 
 def run_one(kind: str, rows: int, a: argparse.Namespace) -> dict:
     """`one(kind, rows, ...)` in a fresh subprocess (its memory measured alone)."""
-    cmd = [sys.executable, __file__, "--one", kind, str(rows), "--budget", a.budget]
+    budget = str(int(rows * ROW_BYTES / a.budget_ratio)) if a.budget_ratio else a.budget
+    cmd = [sys.executable, __file__, "--one", kind, str(rows), "--budget", budget]
     cmd += ["--warmup", str(a.warmup), "--steps", str(a.steps)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:  # the measurement runs in a child: show what it said, not only its code

@@ -74,10 +74,25 @@ class RowIndex:
         self.delta_keys = np.insert(self.delta_keys, pos, keys)
         self.delta_slots = np.insert(self.delta_slots, pos, slots)
         if self.delta_keys.size > max(_MIN_DELTA, self.main_keys.size >> 3):
-            pos = np.searchsorted(self.main_keys, self.delta_keys)
-            self.main_keys = np.insert(self.main_keys, pos, self.delta_keys)
-            self.main_slots = np.insert(self.main_slots, pos, self.delta_slots)
-            self.delta_keys, self.delta_slots = _EMPTY, _EMPTY
+            self._merge()
+
+    def _merge(self) -> None:
+        """Move the ids of `delta` into `main`."""
+        pos = np.searchsorted(self.main_keys, self.delta_keys)
+        self.main_keys = np.insert(self.main_keys, pos, self.delta_keys)
+        self.main_slots = np.insert(self.main_slots, pos, self.delta_slots)
+        self.delta_keys, self.delta_slots = _EMPTY, _EMPTY
+
+    def relocate(self, gone: np.ndarray, moved: np.ndarray, slots: np.ndarray) -> None:
+        """Remove ids `gone` (present, distinct) and give ids `moved` (present, not gone) the new
+        `slots`: the owner moved those rows into freed slots (eviction in place). O(len) copies of
+        the key and slot arrays, no sort."""
+        if self.delta_keys.size:
+            self._merge()
+        self.main_slots[np.searchsorted(self.main_keys, moved)] = slots
+        keep = np.ones(self.main_keys.size, bool)
+        keep[np.searchsorted(self.main_keys, gone)] = False
+        self.main_keys, self.main_slots = self.main_keys[keep], self.main_slots[keep]
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in (self.main_keys, self.main_slots, self.delta_keys, self.delta_slots))
@@ -117,6 +132,13 @@ class DirectIndex:
         self.size += new_ids.size
         slots[miss] = self.plus1[ids[miss]] - 1
         return slots, new_ids, new_slots
+
+    def relocate(self, gone: np.ndarray, moved: np.ndarray, slots: np.ndarray) -> None:
+        """Remove ids `gone` (present, distinct) and give ids `moved` (present, not gone) the new
+        `slots` (eviction in place: see `RowIndex.relocate`)."""
+        self.plus1[gone] = 0
+        self.plus1[moved] = slots + 1
+        self.size -= gone.size
 
     def nbytes(self) -> int:
         """The whole array's size (untouched pages of it cost no memory)."""

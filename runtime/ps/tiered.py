@@ -14,16 +14,18 @@ sequence gives exactly the RAM table's values whatever the budget.
   table, its shard and the store's path.
 - A request (pull, push, add, assign) looks its ids up in RAM; the misses go to disk in one
   multi-get; rows found there are promoted into RAM, the others created from the initializer.
-- Eviction is LRU: each request stamps its rows with a request counter; when more than `max_rows`
-  rows are resident after a request, the least recently stamped are written back in one WriteBatch
-  until 90% of `max_rows` remain (eviction amortised over ~10% of the budget) and the RAM arrays
-  are compacted. The budget is split (`BudgetSplit`): RocksDB's block cache (1/32, holding the SST
-  index and filter blocks too) and two memtables (1/32 each: `tiered_store.EngineMemory`); the
-  direct id index of a known vocab (`DirectIndex`, 4 bytes per possible id) when it fits in 1/8 of
-  the budget, else the sorted index (16 bytes per resident row); `max_rows` = the rest // bytes per
-  resident row (record + LRU stamp + index entry). Outside the budget: the transient arrays of the
-  request being served (its rows may briefly exceed `max_rows`) and the engine's fixed overhead
-  (open-file table readers, thread stacks).
+- Eviction is LRU: each request stamps its rows with a request counter; when a request's new rows
+  (promoted or created) would take the RAM tier past `max_rows`, the least recently stamped rows
+  not in the request are first written back in one WriteBatch until 90% of `max_rows` remain with
+  the new rows in (eviction amortised over ~10% of the budget). Eviction is in place: the RAM
+  arrays keep their capacity (`max_rows` rows) and the surviving rows of the last slots move into
+  the freed ones (`_evict`: no whole-tier copy). The budget is split (`BudgetSplit`): RocksDB's
+  block cache (1/32, holding the SST index and filter blocks too) and two memtables (1/32 each:
+  `tiered_store.EngineMemory`); the direct id index of a known vocab (`DirectIndex`, 4 bytes per
+  possible id) when it fits in 1/8 of the budget, else the sorted index (16 bytes per resident
+  row); `max_rows` = the rest // bytes per resident row (record + LRU stamp + index entry).
+  Outside the budget: the transient arrays of the request being served and the engine's fixed
+  overhead (open-file table readers, thread stacks).
 - A request with more distinct rows than `max_rows` is refused (PSError naming table and budget).
 - Admission / eviction by pushes (`entry`, `evict_after`, runtime/ps/entry.py) as on a RAM table:
   each row's push clock of its last touch (EntryLast, int64) is part of its disk record (and of
@@ -196,7 +198,7 @@ class TieredSparseTable(SparseTable):
     def _empty_ram(self) -> None:
         """No resident row; room for max_rows (the arrays' pages are touched only when used)."""
         self.index = make_index(self.vocab, self.direct_max)
-        self._keep(np.zeros(0, bool), room=self.row_room())
+        SparseTable._keep(self, np.zeros(0, bool), room=self.row_room())
         self.used = np.zeros(self.rows.shape[0], np.int64)  # per RAM slot: the request that last used it
         if self.entry is not None:
             self.entry.last = np.zeros(0, np.int64)
@@ -214,22 +216,32 @@ class TieredSparseTable(SparseTable):
                 f"than memory_budget {self.budget} bytes holds ({self.max_rows} rows of "
                 f"{self.row_bytes} bytes); raise memory_budget or send smaller requests"
             )
-        missed, promoted = self._promote(ids)
-        out = SparseTable.slots(self, ids, init)
+        missed, promoted, found = self._promote(ids)
+        if found is None:  # (an eviction moved rows: look them all up again)
+            out = SparseTable.slots(self, ids, init)
+        else:  # only the ids that were not in RAM are looked up again
+            out, miss = found, found < 0
+            if miss.any():
+                out[miss] = SparseTable.slots(self, ids[miss], init)
+            if self.changes.marks and not miss.all():
+                self.changes.changed(ids[~miss])
         self.stats.created += missed - promoted
         self._stamp(out)
         return out
 
-    def _promote(self, ids: np.ndarray, count: bool = True) -> tuple[int, int]:
+    def _promote(self, ids: np.ndarray, count: bool = True) -> tuple[int, int, np.ndarray | None]:
         """Move the rows of `ids` found on disk (not in RAM) into RAM, creating none; (distinct ids
-        not in RAM, rows promoted). `count`: as the lookups of a request (`stats`)."""
+        not in RAM, rows promoted, the RAM slots of `ids` before, -1 where not in RAM: None when
+        an eviction made room and moved rows). `count`: as the lookups of a request (`stats`)."""
         found = self.index.find(ids)
         if count:
             self.stats.lookups += ids.size
             self.stats.ram_hits += int(np.count_nonzero(found >= 0))
         miss = unique_ids(ids[found < 0])
+        if self._make_room(found, miss.size):
+            found = None
         if not (miss.size and self.cold):
-            return miss.size, 0
+            return miss.size, 0, found
         on_disk, rec = self.store.get(miss)
         if rec.size:
             slots = SparseTable.slots(self, miss[on_disk], init=False)
@@ -241,14 +253,18 @@ class TieredSparseTable(SparseTable):
                 self.entry.last[slots] = rec[ENTRY_LAST]
             self.cold -= rec.size
         self.stats.disk_hits += rec.size if count else 0
-        return miss.size, rec.size
+        return miss.size, rec.size, found
 
     def _stamp(self, slots: np.ndarray) -> None:
         """RAM rows `slots` were just used (one more request served)."""
         self.tick += 1
+        self._stamp_room()
+        self.used[slots] = self.tick
+
+    def _stamp_room(self) -> None:
+        """An LRU stamp for every RAM slot (the row arrays may have grown)."""
         if self.used.size < self.rows.shape[0]:
             self.used = np.concatenate([self.used, np.zeros(self.rows.shape[0] - self.used.size, np.int64)])
-        self.used[slots] = self.tick
 
     def _records(self, slots: np.ndarray) -> np.ndarray:
         """RAM rows `slots` with their optimizer state, as disk records."""
@@ -261,27 +277,54 @@ class TieredSparseTable(SparseTable):
             rec[ENTRY_LAST] = self.entry.last[slots]
         return rec
 
-    def _spill(self) -> None:
-        """Evict least recently used rows to disk while more than max_rows are resident."""
+    def _make_room(self, found: np.ndarray, new: int) -> bool:
+        """Before `new` rows of a request enter RAM (`found`: the request's slots, -1 where not in
+        RAM): when they would take it past max_rows, write the least recently used rows that are
+        not the request's to disk in one WriteBatch and drop them from RAM in place (`_evict`),
+        down to 90% of max_rows with the new rows in (or as low as the request's rows allow). So
+        the RAM tier never holds more than max_rows rows, nor its arrays more capacity. Whether it
+        evicted."""
         n = len(self.index)
-        if n <= self.max_rows:
-            return
-        k = n - int(self.max_rows * EVICT_TO)
+        if n + new <= self.max_rows:
+            return False
+        self._stamp_room()
+        hit = found[found >= 0]
+        self.used[hit] = self.tick + 1  # (the request's rows: the most recent, never victims)
+        k = n + new - int(self.max_rows * EVICT_TO)
+        if k > n - hit.size:
+            k = min(k, n - unique_ids(hit).size)
         victims = np.argpartition(self.used[:n], k - 1)[:k]
-        self.store.put(self.index.ids_by_slot()[victims], self._records(victims))
-        keep = np.ones(n, bool)
-        keep[victims] = False
-        self._compact(keep)
+        ids = self.index.ids_by_slot()
+        self.store.put(ids[victims], self._records(victims))
+        self._evict(victims, ids)
         self.cold += k
         self.stats.evicted += k
+        return True
 
-    def _compact(self, keep: np.ndarray) -> None:
-        """Keep the RAM rows whose slot is set in `keep`, with their LRU stamps."""
-        ids = self.index.ids_by_slot()
-        stamps = self.used[: keep.size][keep]
-        self._keep(keep, room=self.row_room() - int(keep.sum()))
-        self.used = np.zeros(self.rows.shape[0], np.int64)
-        self.used[self.index.find(ids[keep])] = stamps
+    def _keep(self, keep: np.ndarray, room: int = 0) -> None:
+        """Drop the RAM rows whose slot is unset in `keep` (slots past its end stay), in place
+        (`_evict`); the arrays keep their capacity (`room` is not needed)."""
+        self._evict(np.flatnonzero(~keep[: len(self.index)]), self.index.ids_by_slot())
+
+    def _evict(self, gone: np.ndarray, ids: np.ndarray) -> None:
+        """Drop the RAM rows of the distinct slots `gone` in place (`ids`: the id of each slot): the
+        surviving rows of the last len(gone) slots move into the freed slots below them, with their
+        optimizer state, LRU stamp and EntryLast, so the slots stay dense (0 .. n - 1) and an
+        eviction copies at most as many rows as it drops, never the whole tier."""
+        n, k = len(self.index), gone.size
+        if not k:
+            return
+        tail = np.ones(k, bool)
+        tail[gone[gone >= n - k] - (n - k)] = False
+        holes, movers = gone[gone < n - k], n - k + np.flatnonzero(tail)
+        self.index.relocate(ids[gone], ids[movers], holes)
+        self._stamp_room()
+        per_slot = [self.rows, *self.row_state.values(), self.used]
+        if self.entry is not None:
+            self.entry.touch(np.zeros(0, np.int64), n)
+            per_slot.append(self.entry.last)
+        for a in per_slot:
+            a[holes] = a[movers]
 
     def __len__(self) -> int:
         return len(self.index) + self.cold
@@ -309,9 +352,7 @@ class TieredSparseTable(SparseTable):
             self._promote(ids)
             found = self.index.find(ids)
             self._stamp(found[found >= 0])
-        out = super().pull(ids, copy=copy)
-        self._spill()
-        return out
+        return super().pull(ids, copy=copy)
 
     def _admits(self, ids: np.ndarray | None) -> bool:
         """Admission is on (rows exist only once admitted: runtime/ps/entry.py) and `ids` given."""
@@ -343,7 +384,6 @@ class TieredSparseTable(SparseTable):
             self._promote(self.check_ids(np.asarray(ids).reshape(-1)), count=False)
         super().push(grad, ids, checked=checked)
         self._expire_cold()
-        self._spill()
 
     def _expire_cold(self) -> None:
         """After a push that expired RAM rows (`Entry.expired`: every evict_after // 4 pushes), remove
@@ -360,14 +400,6 @@ class TieredSparseTable(SparseTable):
                     self.changes.removed(gone)
                 self.cold -= gone.size
                 self.counts["evicted"] += gone.size
-
-    def add(self, delta: np.ndarray, ids: np.ndarray) -> None:
-        super().add(delta, ids)
-        self._spill()
-
-    def assign(self, values: np.ndarray, ids: np.ndarray) -> None:
-        super().assign(values, ids)
-        self._spill()
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Every row, RAM and disk, as `SparseTable.state_dict` gives them (in id order). This holds
@@ -472,19 +504,13 @@ class TieredSparseTable(SparseTable):
             self.changes.removed(ids)
         found = self.index.find(ids)
         if (found >= 0).any():
-            keep = np.ones(len(self.index), bool)
-            keep[found[found >= 0]] = False
-            self._compact(keep)
+            self._evict(found[found >= 0], self.index.ids_by_slot())
         rest = ids[found < 0]
         if rest.size and self.cold:
             self.cold -= int(self.store.get(rest)[0].sum())
         self.store.delete(ids)  # (a resident row may have an older copy on disk too)
 
     # -- feature lifecycle over both tiers ----------------------------------------------------
-    def add_show_click(self, ids: np.ndarray, shows: np.ndarray, clicks: np.ndarray) -> None:
-        super().add_show_click(ids, shows, clicks)
-        self._spill()
-
     def shrink(self, which: Callable[[np.ndarray], np.ndarray] | None = None) -> int:
         """`SparseTable.shrink` over the RAM rows, then over the rows only on disk, BATCH_ROWS at a
         time (each batch's survivors written back and the others deleted in one WriteBatch each);

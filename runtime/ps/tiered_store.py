@@ -136,7 +136,11 @@ class RowStore:
         self.multi_gets = self.write_batches = 0
         try:
             access = rocksdict.AccessType.read_only() if read_only else rocksdict.AccessType.read_write()
-            self.db = rocksdict.Rdict(str(self.path), _options(memory), access_type=access)
+            opt = _options(memory)  # (also as the default column family's: else an existing store's
+            # OPTIONS file gives its options, and a block cache of RocksDB's default 8 MiB)
+            self.db = rocksdict.Rdict(
+                str(self.path), opt, column_families={"default": opt}, access_type=access
+            )
         except Exception as e:  # rocksdict raises plain Exceptions for I/O errors and corruption
             raise PSError(
                 f"{what}: store {str(self.path)!r} cannot be opened (corrupt or unreadable?): {e}"
@@ -144,6 +148,9 @@ class RowStore:
         wopt = rocksdict.WriteOptions()
         wopt.disable_wal = True
         self.db.set_write_options(wopt)
+        ropt = rocksdict.ReadOptions()
+        ropt.fill_cache(False)  # (reads miss the RAM tier at random: caching their blocks only churns)
+        self.db.set_read_options(ropt)
 
     def _error(self, doing: str, e: BaseException) -> PSError:
         if "No space left" in str(e):

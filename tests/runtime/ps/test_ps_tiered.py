@@ -309,3 +309,57 @@ def test_load_state_counts_rows_overlapping_the_disk_exactly(unbounded):
     got = t.state_dict()
     assert sorted(got["ids"].tolist()) == sorted(held)
     t.close()
+
+
+@pytest.mark.parametrize("vocab", [600, -1], ids=["direct-index", "row-index"])
+def test_eviction_is_in_place_and_the_lru_order_survives_it(vocab):
+    """Evictions reuse the RAM arrays (no compaction copy, capacity max_rows), and what stays
+    resident is what an LRU of max_rows rows written out by hand keeps: the 90% most recent."""
+    opt = {"type": "sgd", "lr": 0.1}
+    ram, t = SparseTable(spec(opt, vocab, rows=None)), make_table(spec(opt, vocab, rows=50))
+    rows0, last = t.rows, {}
+    rng = np.random.default_rng(3)
+    for step in range(60):
+        ids = np.unique(rng.integers(0, 300, 12))
+        np.testing.assert_array_equal(t.pull(ids), ram.pull(ids), err_msg=f"step {step}")
+        grad = rng.normal(size=(ids.size, DIM)).astype(np.float32)
+        ram.push(grad, ids)
+        t.push(grad, ids)
+        last.update(dict.fromkeys(ids.tolist(), step))
+        resident = set(t.index.ids_by_slot().tolist())
+        assert t.rows is rows0 and t.rows.shape[0] == t.max_rows == 50
+        newest = sorted(last, key=last.get)[-len(resident) :]  # (ties: one request's rows)
+        assert {i for i in newest if last[i] > last[newest[0]]} <= resident <= set(last)
+    assert t.stats.evicted > 100
+    np.testing.assert_array_equal(t.peek(np.arange(300)), ram.peek(np.arange(300)))
+    t.close()
+
+
+@pytest.mark.parametrize("vocab", [1000, -1], ids=["direct-index", "row-index"])
+def test_index_relocate_matches_a_dict(vocab):
+    from runtime.ps.index import make_index
+
+    index, model, rng = make_index(vocab), {}, np.random.default_rng(4)
+    for _ in range(40):
+        new = rng.choice(1000, 30, replace=False)
+        slots, _, _ = index.find_or_add(new)
+        for i, s in zip(new.tolist(), slots.tolist(), strict=True):
+            assert model.setdefault(i, s) == s
+        ids = np.array(list(model))
+        gone = rng.choice(ids, min(10, ids.size), replace=False)
+        n, k = len(model), gone.size
+        by_slot = {s: i for i, s in model.items()}
+        holes = sorted(model[i] for i in gone.tolist() if model[i] < n - k)
+        movers = [by_slot[s] for s in range(n - k, n) if by_slot[s] not in set(gone.tolist())]
+        index.relocate(gone, np.array(movers, np.int64), np.array(holes, np.int64))
+        for i in gone.tolist():
+            del model[i]
+        model.update(zip(movers, holes, strict=True))
+        probe = np.arange(1000)
+        assert index.find(probe).tolist() == [model.get(i, -1) for i in range(1000)]
+        assert (
+            sorted(model.values())
+            == list(range(len(model)))
+            == sorted(index.find(ids[np.isin(ids, list(model))]).tolist())
+        )
+        assert len(index) == len(model)

@@ -67,6 +67,22 @@ def test_budget_split_is_hand_computed_and_its_parts_sum_within_the_budget(vocab
         t.close()
 
 
+def test_a_loaded_table_keeps_its_block_cache_share(tmp_path):
+    """A table loaded from a saved directory opens an existing RocksDB store: its block cache is
+    still its budget's share (not RocksDB's default 8 MiB from the store's OPTIONS file)."""
+    t = make_table(spec(-1, "16MiB"))
+    try:
+        ids = np.arange(40_000)
+        t.push(np.full((ids.size, 16), 1e-3, np.float32), ids)
+        t.save(tmp_path / "saved")
+        t.load(tmp_path / "saved")
+        capacity = t.store.db.property_int_value("rocksdb.block-cache-capacity")
+        assert capacity == t.split.engine.block_cache == 1 * MiB
+        assert t.peek(ids[:5]).shape == (5, 16) and len(t) == 40_000
+    finally:
+        t.close()
+
+
 def test_budget_split_scales_and_caps_the_memtables():
     engine = BudgetSplit.of(4 << 30, -1, 136).engine  # 4 GiB: cache 128 MiB, memtables capped
     assert engine.block_cache == 128 * MiB and engine.write_buffer == 64 * MiB
