@@ -105,8 +105,7 @@ class HeldTables:
         # on a device with `graphs`: every table's optimizer step as one CUDA graph (runtime.exec.graphs),
         # captured at the third step: the segments' graphs hand out their buffers from the second on, so
         # the gradients it sees then (the same arrays every step with one item per step) are read in place
-        step = GraphedCall(xp, "the held tables' step", self._step_all, warmup=2) if graphs else None
-        self.graphed = step
+        self.graphed = GraphedCall(xp, "the held tables' step", self._step_all, warmup=2) if graphs else None
         for name, state in client.hold(names).items():
             t = self.tables[name] = DenseTable(client.specs[name])
             t.load_state(state)
