@@ -156,25 +156,42 @@ class Trainer:
             lambda: PSClient(s.ps, client_key=s.ps_key, timeout=s.stall_timeout, pusher=self.name)
         )
         self.ps.prefetch_dense(self.book.flushed)
-        if self.links is not None and self.links.key:  # (where it is, for device-to-device tensors)
-            for ep in self._gpu_peer_eps():
-                self.out.send(ep, header(DeviceOf(self.name, self.links.key)))
+        self._meet_gpu_peers()
         if self.is_reader:
             self.batches = sources.reader_batches(
                 s.data, s.batch_size, s.epochs, self.index, self.counts[s.type], start=self.book.flushed
             )
 
-    def _gpu_peer_eps(self) -> list[str]:
-        """The inboxes of the other trainers of the gpu kind."""
+    def _meet_gpu_peers(self) -> None:
+        """A gpu trainer tells the gpu trainers of the other types which device it is on (`DeviceOf`;
+        "" for none, or no CUDA IPC) and, with a device, waits until each told it theirs: tensors
+        between two on one device then go device to device from the first (runtime/trainer/ipc.py)."""
         s = self.spec
-        kinds = {t: kind_of(t, s.device_map) for t in self.endpoints_of}
-        return [
-            ep
+        if kind_of(s.type, s.device_map) != "gpu":
+            return
+        peers = [
+            self.peer_of[ep]
             for t, eps in self.endpoints_of.items()
-            if kinds[t] == "gpu"
+            if t != s.type and kind_of(t, s.device_map) == "gpu"
             for ep in eps
-            if ep != s.endpoints[self.name]
         ]
+        for name in peers:
+            self.out.send(
+                s.endpoints[name], header(DeviceOf(self.name, self.links.key if self.links else ""))
+            )
+        deadline = time.monotonic() + s.stall_timeout
+        while self.links is not None and (missing := [n for n in peers if n not in self.links.peer_keys]):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(
+                    f"{self.name}: gpu trainer(s) {missing} did not say which device they are on in "
+                    f"{s.stall_timeout:g} s (each gpu trainer tells the others at its start)"
+                )
+            got = self.inbox.recv_leased(timeout_ms=min(left, 1.0) * 1000)
+            if got is not None and got[0].get("k") == DeviceOf.KIND:
+                self._handle(*got)
+            elif got is not None:
+                self.later.append(got)  # (handled once the run starts: `_drain`)
 
     def _endpoint(self, dst_type: str, item: Item) -> str:
         idx = route(self.counts, self.spec.reader, dst_type, item.origin, item.mb, self.mb_count)

@@ -121,8 +121,9 @@ def test_two_gpu_types_train_as_one_process_and_cross_the_host_only_off_one_devi
         for key in ("h2d", "h2d_bytes", "d2h", "d2h_bytes"):
             assert (ours[5][t][key] - ours[3][t][key]) / 2 == w[key], (t, key)
         assert (ours[5][t].get("ipc_recv", 0) - ours[3][t].get("ipc_recv", 0)) / 2 == w["d2d_ipc"], t
-    if where == "one device":
-        assert all(w["d2d_ipc"] == 2 for w in want.values())  # (the logits one way, their gradient back)
+    ipc = where == "one device"  # (the logits one way, their gradient back: from the first step)
+    assert all(w["d2d_ipc"] == 2 * ipc for w in want.values())
+    assert [ours[5][t].get("ipc_sent", 0) for t in want] == [5 * 2 * ipc] * 2
 
 
 def _receive(conn, ipc_dir: str, skip_wait: bool) -> None:
