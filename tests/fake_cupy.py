@@ -19,6 +19,10 @@ uses the stand-in keeps its counts in a file there as they change (`<pid>.counts
 order of `Counts`' fields, read with `read_counts`): trainer processes end with `os._exit`, which
 runs no exit hook.
 
+CUDA IPC across processes (`cuda.Memory`, `runtime.ipcGetMemHandle` / `ipcOpenMemHandle`,
+interprocess events, `runtime.streamWaitEvent`) is modelled with files of the folder that
+`HETPS_FAKE_CUPY_IPC` names (see the section "CUDA IPC" below); those copies count as `d2d_ipc`.
+
 This checks hetps's device logic (which values cross, and where), not cupy itself: kernels run on
 numpy underneath. Use it through `HETPS_FAKE_CUPY=fake_cupy` (see `runtime.exec.device`), which
 spawned trainer processes inherit.

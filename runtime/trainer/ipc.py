@@ -119,11 +119,15 @@ class IpcSender:
         """`values` (dense device arrays) copied into slots for `peer`, after the compute that made
         them; the `IpcPart` for the message (as header values)."""
         slots = [self._slot(peer, name, v, wait, timeout) for name, v in values]
-        self.stream.wait_event(self.xp.cuda.get_current_stream().record())
+        compute = self.xp.cuda.get_current_stream()
+        self.stream.wait_event(compute.record())
         with self.stream:
             for s, (_, v) in zip(slots, values, strict=True):
                 self.xp.copyto(s.array, v)
         self.event.record(self.stream)
+        # (kernels enqueued later run after these copies: memory of a value freed now and reused by
+        # the pool cannot be written before it was copied; the host waits for nothing)
+        compute.wait_event(self.event)
         tensors = [
             IpcTensor(name, s.id, v.dtype.str, list(v.shape), "" if s.told else s.handle.hex())
             for s, (name, v) in zip(slots, values, strict=True)
@@ -198,13 +202,15 @@ class IpcReceiver:
         if p.sender not in self.events:
             raise ProtocolError(f"device tensors from {p.sender} before its event's handle")
         rt.streamWaitEvent(self.stream.ptr, self.events[p.sender], 0)
-        out = {}
+        compute = self.xp.cuda.get_current_stream()
+        out = {t.name: self.xp.empty(t.shape, t.dtype) for t in p.tensors}  # (the compute stream's pool)
+        # (after the kernels enqueued so far: memory the pool handed out again may still be read by them)
+        self.stream.wait_event(compute.record())
         with self.stream:
             for t in p.tensors:
-                out[t.name] = dst = self.xp.empty(t.shape, t.dtype)
-                self.xp.copyto(dst, self._view(p.sender, t))
+                self.xp.copyto(out[t.name], self._view(p.sender, t))
         done = self.stream.record()
-        self.xp.cuda.get_current_stream().wait_event(done)
+        compute.wait_event(done)
         self.pending.append((done, p.sender, [t.slot for t in p.tensors]))
         self.stats["ipc_recv"] += len(out)
         self.stats["ipc_recv_bytes"] += sum(int(v.nbytes) for v in out.values())

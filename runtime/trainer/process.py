@@ -16,7 +16,8 @@ it waits for: a run never hangs silently.
 
 Units, each told what happens and keeping its own state: `steps.StepBook` (which steps exist, are granted,
 complete, pushed, when the run ends), `ps_access.PSAccess` (prefetches, pulls, gradient buffers, one push
-per step and table: see there for how parameter-server access goes), `Mail` (tensors between trainers), and
+per step and table: see there for how parameter-server access goes), `Mail` (tensors between trainers;
+`ipc.DeviceLinks` for those between two gpu trainers on one device, device to device), and
 the one handler table of `runtime.exec.comm_ops` over those two, to which the Executor hands the item being
 run as its ctx. Messages go to one handler per class.
 

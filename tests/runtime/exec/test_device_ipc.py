@@ -126,6 +126,16 @@ def test_two_gpu_types_train_as_one_process_and_cross_the_host_only_off_one_devi
     assert [ours[5][t].get("ipc_sent", 0) for t in want] == [5 * 2 * ipc] * 2
 
 
+def test_async_training_of_two_gpu_types_on_one_device_finishes(fake_ipc):
+    """Async mode (two steps' items in flight): the run ends with finite parameters, every tensor
+    between the two gpu types device to device (each way once per micro-batch)."""
+    run = {**RUN, "trainers": TRAINERS}
+    hist = train(transpile(model().main, TWO_GPUS), data(), steps=6, mode="async", return_params=True, **run)
+    assert hist.steps == 6 and all(np.isfinite(v).all() for v in hist.params.values())
+    mb = hist.trainers["cpu:0"]["items"] // 6
+    assert [hist.trainers[t]["ipc_recv"] for t in ("gpu:0", "gpu2:0")] == [6 * mb] * 2
+
+
 def _receive(conn, ipc_dir: str, skip_wait: bool) -> None:
     """A receiver process: takes each IpcPart it is sent, answers the values (on the host) and the
     slots to release, or the error's text."""
