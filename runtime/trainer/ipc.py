@@ -38,6 +38,7 @@ The test stand-in (tests/fake_cupy.py) models these across processes; on a GPU t
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -54,7 +55,9 @@ from runtime.transport.wire import Dims, Dtype, NonNegative
 
 log = logging.getLogger("hetps.device")
 
-SLOTS = 4  # device buffers per (receiver, tensor name, shape, dtype): a sender with none free waits
+# device buffers per (receiver, tensor name, shape, dtype): a sender with none free waits
+# (`HETPS_IPC_SLOTS`, read in each trainer process: for tests of that wait)
+SLOTS = int(os.environ.get("HETPS_IPC_SLOTS") or 4)
 _Hex = Annotated[str, msgspec.Meta(pattern="^([0-9a-f]{128})?$")]  # a 64-byte handle, or "" (sent before)
 _Name = Annotated[str, msgspec.Meta(max_length=256)]
 
@@ -111,7 +114,7 @@ class IpcSender:
         self.pools: dict[tuple, list[_Slot]] = {}
         self.by_id: dict[int, tuple[str, _Slot]] = {}
         self.told: set[str] = set()  # receivers that have the event's handle
-        self.stats = {"ipc_sent": 0, "ipc_sent_bytes": 0, "ipc_waits": 0}
+        self.stats = {"ipc_sent": 0, "ipc_sent_bytes": 0, "ipc_waits": 0, "ipc_slots": 0}
 
     def send(
         self, peer: str, values: list[tuple[str, Any]], wait: Callable[[float], None], timeout: float
@@ -150,6 +153,7 @@ class IpcSender:
                 s = self._new_slot(v)
                 pool.append(s)
                 self.by_id[s.id] = (peer, s)
+                self.stats["ipc_slots"] += 1
             if s is not None:
                 s.free = False
                 return s

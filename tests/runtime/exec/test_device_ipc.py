@@ -126,6 +126,20 @@ def test_two_gpu_types_train_as_one_process_and_cross_the_host_only_off_one_devi
     assert [ours[5][t].get("ipc_sent", 0) for t in want] == [5 * 2 * ipc] * 2
 
 
+def test_a_sender_out_of_buffers_waits_for_its_peer_and_the_run_goes_on(fake_ipc, monkeypatch):
+    """One buffer per tensor (`HETPS_IPC_SLOTS=1`) and two micro-batches: a gpu trainer whose
+    second send of a step finds the buffer still held waits for the peer's release (reading its
+    inbox); no second buffer is made and sync training still equals one process."""
+    monkeypatch.setenv("HETPS_IPC_SLOTS", "1")
+    m, plan, run = model(), transpile(model().main, TWO_GPUS), {**RUN, "trainers": TRAINERS}
+    hist = train(plan, data(), steps=4, mode="sync", micro_batches=2, return_params=True, **run)
+    assert_same_params(
+        hist.params, single_process(m, [data().batch(t, 64) for t in range(4)]), [t.name for t in plan.tables]
+    )
+    assert [hist.trainers[t]["ipc_sent"] for t in ("gpu:0", "gpu2:0")] == [8, 8]
+    assert [hist.trainers[t]["ipc_slots"] for t in ("gpu:0", "gpu2:0")] == [1, 1]  # (bounded)
+
+
 def test_async_training_of_two_gpu_types_on_one_device_finishes(fake_ipc):
     """Async mode (two steps' items in flight): the run ends with finite parameters, every tensor
     between the two gpu types device to device (each way once per micro-batch)."""
