@@ -121,10 +121,11 @@ class Trainer:
         )
         self.ps.clip_lead = self.name == next(iter(spec.endpoints))
         self.mail = Mail(self.xp)
-        # gpu peers on this device get tensors device to device (runtime/trainer/ipc.py)
-        self.links = (
-            None if self.mail.copies is None else DeviceLinks(self.xp, self.mail.copies.stream, self.name)
-        )
+        # the gpu trainers of the other types; those on this device get tensors device to device
+        # (runtime/trainer/ipc.py)
+        self.gpu_peers = self._gpu_peers()
+        copies = self.mail.copies
+        self.links = DeviceLinks(self.xp, copies.stream, self.name) if copies and self.gpu_peers else None
         self.later: list = []  # messages read while waiting for a device buffer back, handled next
         handlers = {**comm_handlers(self.mail), **comm_handlers(self.ps)}
         graphs = DeviceGraphs(self.xp) if self.xp is not np and spec.device_graphs else None
@@ -163,19 +164,23 @@ class Trainer:
                 s.data, s.batch_size, s.epochs, self.index, self.counts[s.type], start=self.book.flushed
             )
 
-    def _meet_gpu_peers(self) -> None:
-        """A gpu trainer tells the gpu trainers of the other types which device it is on (`DeviceOf`;
-        "" for none, or no CUDA IPC) and, with a device, waits until each told it theirs: tensors
-        between two on one device then go device to device from the first (runtime/trainer/ipc.py)."""
+    def _gpu_peers(self) -> list[str]:
+        """A gpu trainer's gpu peers of the other types (none for a cpu trainer)."""
         s = self.spec
         if kind_of(s.type, s.device_map) != "gpu":
-            return
-        peers = [
+            return []
+        return [
             self.peer_of[ep]
             for t, eps in self.endpoints_of.items()
             if t != s.type and kind_of(t, s.device_map) == "gpu"
             for ep in eps
         ]
+
+    def _meet_gpu_peers(self) -> None:
+        """A gpu trainer tells the gpu trainers of the other types which device it is on (`DeviceOf`;
+        "" for none, or no CUDA IPC) and, with a device, waits until each told it theirs: tensors
+        between two on one device then go device to device from the first (runtime/trainer/ipc.py)."""
+        s, peers = self.spec, self.gpu_peers
         for name in peers:
             self.out.send(
                 s.endpoints[name], header(DeviceOf(self.name, self.links.key if self.links else ""))
