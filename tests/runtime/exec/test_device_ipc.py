@@ -256,3 +256,27 @@ def test_the_device_key_names_one_device_and_nothing_without_one(monkeypatch):
     monkeypatch.setenv("HETPS_FAKE_CUPY_UUID", "per-process")
     assert device_key(fake_cupy) not in ("", a)
     assert device_key(np) == ""
+
+
+def test_the_descriptor_travels_in_a_signed_header_and_a_malformed_one_is_refused(ipc_here):
+    """The `IpcPart` goes in the `Tensors` header through the wire format (MessagePack, no pickle)
+    and comes back equal; a descriptor with a dtype off the allow-list, a handle that is not 64
+    bytes of hex or a missing field is a ProtocolError on arrival, before anything is opened."""
+    from runtime.transport.messages import TO_TRAINER, ProtocolError, Tensors, header, parse
+    from runtime.transport.wire import decode, encode
+
+    part = _sender().send("gpu2:0", [("a", fake_cupy.ones((2, 3)))], wait=lambda s: None, timeout=1)
+    key = b"k" * 32
+    h, _ = decode(encode(header(Tensors(0, 1, 2, [], part)), [], key), key)
+    assert parse(h, TO_TRAINER).dev == part
+    assert "d" not in header(Tensors(0, 1, 2, []))  # (host-only messages are as before)
+    rx = IpcReceiver(fake_cupy, fake_cupy.cuda.Stream(non_blocking=True))
+    sender, event, [t] = part
+    for bad in (
+        [sender, event, [[*t[:2], "|O", *t[3:]]]],
+        [sender, "ab" * 10, [t]],
+        [sender, event, [t[:3]]],
+    ):
+        with pytest.raises(ProtocolError, match="descriptor is malformed"):
+            rx.take(bad)
+    assert rx.opened == {} and rx.events == {}
