@@ -19,6 +19,10 @@ uses the stand-in keeps its counts in a file there as they change (`<pid>.counts
 order of `Counts`' fields, read with `read_counts`): trainer processes end with `os._exit`, which
 runs no exit hook.
 
+CUDA IPC across processes (`cuda.Memory`, `runtime.ipcGetMemHandle` / `ipcOpenMemHandle`,
+interprocess events, `runtime.streamWaitEvent`) is modelled with files of the folder that
+`HETPS_FAKE_CUPY_IPC` names (see the section "CUDA IPC" below); those copies count as `d2d_ipc`.
+
 This checks hetps's device logic (which values cross, and where), not cupy itself: kernels run on
 numpy underneath. Use it through `HETPS_FAKE_CUPY=fake_cupy` (see `runtime.exec.device`), which
 spawned trainer processes inherit.
@@ -47,6 +51,8 @@ class Counts:
     d2h_bytes: int = 0
     h2d_pinned: int = 0  # of h2d: copies out of a cupyx.empty_pinned buffer on a non-null stream
     d2h_pinned: int = 0  # of d2h: copies into a pinned buffer on a non-null stream
+    d2d_ipc: int = 0  # device -> device copies out of another process's buffer (CUDA IPC): no host crossing
+    d2d_ipc_bytes: int = 0
 
     def reset(self) -> None:
         for k in self.__dataclass_fields__:
@@ -109,6 +115,8 @@ def _unwrap(v: Any) -> Any:
     if isinstance(v, ndarray):
         if v._pend is not None:
             v._settled()
+        if _IPC_ROOTS and id(_root(v._a)) in _IPC_ROOTS:
+            _IPC_ROOTS[id(_root(v._a))].touched()
         return v._a
     if isinstance(v, np.ndarray):
         raise _host_error(v)
@@ -148,6 +156,8 @@ RECORD: list | None = None  # a list: every kernel call (fn, args, kwargs) is ap
 
 
 def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
+    if _IPC_ROOTS:
+        return _ipc_call(fn, args, kwargs)
     return _wrap(_run(fn, _unwrap(args), _unwrap(kwargs)))
 
 
@@ -188,7 +198,9 @@ class ndarray:  # noqa: N801  (cupy's name)
     __slots__ = ("_a", "_pend")
     __array_priority__ = 1000
 
-    def __init__(self, a: np.ndarray) -> None:
+    def __init__(self, a: Any, dtype: Any = None, memptr: Any = None) -> None:
+        if memptr is not None:  # cupy.ndarray(shape, dtype, memptr): a view of an allocation of its own
+            a = memptr.view(a, dtype)
         self._a = a
         self._pend: tuple[_Stream, int] | None = None  # (stream, its op) of a copy not waited for
 
@@ -431,7 +443,13 @@ class _Runtime:
 
     @staticmethod
     def getDeviceProperties(i: int) -> dict:  # noqa: N802
-        return {"name": b"fake_cupy device"}
+        """`uuid`: the same device for every process, or one of its own for each with
+        `HETPS_FAKE_CUPY_UUID=per-process` (trainers on different devices)."""
+        own = os.environ.get("HETPS_FAKE_CUPY_UUID") == "per-process"
+        return {
+            "name": b"fake_cupy device",
+            "uuid": (f"p{os.getpid()}" if own else "dev0").encode().ljust(16),
+        }
 
 
 _STREAMS: list = []
@@ -459,6 +477,8 @@ class _Stream:
     def __init__(self, null: bool = False, non_blocking: bool = False) -> None:
         self.seq, self.synced, self.waited = 0, 0, {}
         self.null = null
+        self.ipc_waited: dict[int, int] = {}  # interprocess event id -> the count this stream waited for
+        self.ptr = _new_ptr(self, 1)
         _STREAMS.append(self)
 
     def synchronize(self) -> None:
@@ -509,11 +529,26 @@ class _Stream:
 
 class _Event:
     def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False) -> None:
+        if interprocess and not disable_timing:  # (as cupy)
+            raise ValueError("Timing must be disabled for interprocess events")
         self.stream, self.seq = None, 0
+        self.ipc = _IpcCount() if interprocess and _ipc_dir() is not None else None
+        self._ptr = 0
+
+    @property
+    def ptr(self) -> int:
+        if not self._ptr:
+            self._ptr = _new_ptr(self, 1)
+        return self._ptr
 
     def record(self, stream: _Stream | None = None) -> None:
         self.stream = stream or _NULL
         self.seq = self.stream.seq
+        if self.ipc is not None:  # (what this stream wrote into IPC buffers is covered by this record)
+            self.ipc.count[0] += 1
+            for m in _IPC_ROOTS.values():
+                if m.owned and m.hdr[0] and m.stream is self.stream:
+                    m.hdr[1], m.hdr[2], m.hdr[0] = self.ipc.id, self.ipc.count[0], 0
 
     def synchronize(self) -> None:
         _sync("Event.synchronize")
@@ -650,6 +685,203 @@ class _UsingAllocator:
         pass
 
 
+# --- CUDA IPC: cupy.cuda.Memory, runtime.ipcGetMemHandle / ipcOpenMemHandle, interprocess events ---
+# With HETPS_FAKE_CUPY_IPC naming a folder, a `cuda.Memory` allocation is a file there, mapped shared:
+# its IPC handle is the file's name (64 bytes, as CUDA's), so another process opens the same memory.
+# Its first `_HDR` bytes (not part of the memory) say whether it was written since the last record of
+# an interprocess event on the stream that wrote it, and which event and count cover its contents; an
+# interprocess event is a file holding how often it was recorded. A process that reads another's
+# buffer on a stream that has not waited (`runtime.streamWaitEvent`) for that count is refused (on a
+# GPU it would read a half-written buffer); the arrays the same kernel writes are pending on that
+# stream (read before the compute stream waited for it: refused). Such copies are counted in
+# `d2d_ipc` (no host crossing). Without the folder, `ipcGetMemHandle` raises cudaErrorNotSupported.
+
+_HDR = 64  # int64 [written since its last stamp, event id, event count] before an allocation's memory
+_PTRS: dict[int, Any] = {}  # fake device pointers -> their allocation, event or stream
+_IPC_ROOTS: dict[int, Any] = {}  # id of a shared allocation's map -> the _Memory (kernels check it)
+_NEXT = [1 << 40, 0]  # the next fake pointer, the last file number of this process
+
+
+def _new_ptr(obj: Any, span: int = 1 << 40) -> int:
+    ptr = _NEXT[0]
+    _NEXT[0] += span
+    _PTRS[ptr] = obj
+    return ptr
+
+
+def _ipc_dir() -> Path | None:
+    folder = os.environ.get("HETPS_FAKE_CUPY_IPC")
+    return Path(folder) if folder else None
+
+
+def _handle(name: str) -> bytes:
+    return name.encode().ljust(64, b"\0")
+
+
+def _name_of(handle: bytes) -> str:
+    name = bytes(handle).rstrip(b"\0").decode("ascii")
+    if len(handle) != 64 or not name[1:].replace("-", "").isdigit():
+        raise CUDARuntimeError("cudaErrorInvalidValue: not an IPC handle")
+    return name
+
+
+class _IpcCount:
+    """An interprocess event's record count, in a file of the IPC folder (own, or opened: `name`)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        mode = "r+" if name is not None else "w+"
+        if name is None:
+            _NEXT[1] += 1
+            name = f"e{os.getpid()}{_NEXT[1]:06d}"
+        self.name, self.id = name, int(name[1:])
+        self.count = np.memmap(_ipc_dir() / name, np.int64, mode, shape=(1,))
+
+
+class _Memory:
+    """`cupy.cuda.Memory(size)`: an allocation of its own (not the pool's); shared (a file of the IPC
+    folder) when there is one; `owned` False: another process's, opened by its handle."""
+
+    def __init__(self, size: int, name: str | None = None) -> None:
+        folder, self.size, self.owned = _ipc_dir(), int(size), name is None
+        if name is None and folder is not None:
+            _NEXT[1] += 1
+            name = f"m{os.getpid()}-{_NEXT[1]}"
+        self.name = name
+        if name is None:
+            self.map = np.zeros(_HDR + self.size, np.uint8)
+        else:
+            mode = "w+" if self.owned else "r+"
+            self.map = np.memmap(folder / name, np.uint8, mode, shape=(_HDR + self.size,))
+            _IPC_ROOTS[id(self.map)] = self
+        self.hdr = self.map[:_HDR].view(np.int64)
+        self.stream: _Stream | None = None  # (owned) the stream that last wrote it
+        self.ptr = _new_ptr(self)
+
+    def touched(self) -> None:
+        """A kernel uses this memory: the owner's use marks it written on the current stream; another
+        process's is refused unless its stream waited for the event count covering the last write."""
+        if self.owned:
+            self.hdr[0], self.stream = 1, _CURRENT[-1]
+            return
+        written, event, count = (int(x) for x in self.hdr[:3])
+        if written or not count or _CURRENT[-1].ipc_waited.get(event, 0) < count:
+            raise RuntimeError(
+                "fake_cupy: a buffer of another process (CUDA IPC) was read before this stream waited "
+                "for the interprocess event its writer recorded after writing it (streamWaitEvent)"
+            )
+
+
+class _MemoryPointer:
+    """`cupy.cuda.MemoryPointer(mem, offset)`."""
+
+    def __init__(self, mem: _Memory, offset: int) -> None:
+        self.mem, self.offset, self.ptr = mem, int(offset), mem.ptr + int(offset)
+
+    def view(self, shape: Any, dtype: Any) -> np.ndarray:
+        dtype, shape = np.dtype(dtype), tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        start = _HDR + self.offset
+        end = start + int(np.prod(shape)) * dtype.itemsize
+        if self.offset < 0 or end > _HDR + self.mem.size:
+            raise ValueError("fake_cupy: the array does not fit in its memory")
+        return self.mem.map[start:end].view(dtype).reshape(shape)
+
+
+def _unowned(ptr: int, size: int, owner: Any, device_id: int = -1) -> _Memory:
+    """`cupy.cuda.UnownedMemory(ptr, size, owner)`: the allocation at `ptr` (opened by its handle)."""
+    mem = _PTRS.get(ptr)
+    if not isinstance(mem, _Memory) or size > mem.size:
+        raise CUDARuntimeError("cudaErrorInvalidValue: no allocation of that size at that pointer")
+    return mem
+
+
+def _ipc_call(fn: Any, args: tuple, kwargs: dict) -> Any:
+    """`_call` in a process that maps shared allocations: a kernel that reads another process's
+    buffer is a device -> device copy (counted); what it writes is pending on its stream."""
+    dev: list[ndarray] = []
+    _device_values((args, kwargs), dev)
+    foreign = {id(v): v for v in dev if (m := _IPC_ROOTS.get(id(_root(v._a)))) is not None and not m.owned}
+    out = _wrap(_run(fn, _unwrap(args), _unwrap(kwargs)))  # (_unwrap refuses a read not waited for)
+    if foreign:
+        COUNTS.d2d_ipc += len(foreign)
+        COUNTS.d2d_ipc_bytes += sum(v.nbytes for v in foreign.values())
+        _mirror()
+        stream = _CURRENT[-1]
+        if stream is not _NULL:
+            stream.seq += 1
+            for v in dev:
+                if id(v) not in foreign:
+                    v._pend = (stream, stream.seq)
+    return out
+
+
+def _device_values(v: Any, into: list) -> None:
+    if isinstance(v, ndarray):
+        into.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _device_values(x, into)
+    elif isinstance(v, dict):
+        _device_values(list(v.values()), into)
+
+
+def _ipc_get_mem_handle(ptr: int) -> bytes:
+    mem = _PTRS.get(ptr)
+    if not isinstance(mem, _Memory) or not mem.owned:
+        raise CUDARuntimeError("cudaErrorInvalidValue: not the base of an allocation of this process")
+    if mem.name is None:
+        raise CUDARuntimeError("cudaErrorNotSupported: no CUDA IPC here (set HETPS_FAKE_CUPY_IPC)")
+    return _handle(mem.name)
+
+
+def _ipc_open_mem_handle(handle: bytes, flags: int = 1) -> int:
+    name = _name_of(handle)
+    if not name.startswith("m") or name.startswith(f"m{os.getpid()}-"):
+        raise CUDARuntimeError("cudaErrorInvalidResourceHandle: a memory handle of another process")
+    path = _ipc_dir() / name
+    return _Memory(path.stat().st_size - _HDR, name).ptr
+
+
+def _ipc_close_mem_handle(ptr: int) -> None:
+    mem = _PTRS.pop(ptr, None)
+    if not isinstance(mem, _Memory) or mem.owned:
+        raise CUDARuntimeError("cudaErrorInvalidValue: not an opened IPC memory handle")
+    _IPC_ROOTS.pop(id(mem.map), None)
+
+
+def _ipc_get_event_handle(ptr: int) -> bytes:
+    ev = _PTRS.get(ptr)
+    if not isinstance(ev, _Event) or ev.ipc is None:
+        raise CUDARuntimeError("cudaErrorInvalidResourceHandle: not an interprocess event")
+    return _handle(ev.ipc.name)
+
+
+def _ipc_open_event_handle(handle: bytes) -> int:
+    name = _name_of(handle)
+    if not name.startswith("e"):
+        raise CUDARuntimeError("cudaErrorInvalidResourceHandle: not an event handle")
+    return _new_ptr(_IpcCount(name), 1)
+
+
+def _stream_wait_event(stream: int, event: int, flags: int = 0) -> None:
+    s, e = _PTRS[stream], _PTRS[event]
+    if isinstance(e, _IpcCount):  # (another process's event: up to its count now)
+        s.ipc_waited[e.id] = max(s.ipc_waited.get(e.id, 0), int(e.count[0]))
+    else:
+        s.wait_event(e)
+
+
+for _f in (
+    _ipc_get_mem_handle,
+    _ipc_open_mem_handle,
+    _ipc_close_mem_handle,
+    _ipc_get_event_handle,
+    _ipc_open_event_handle,
+    _stream_wait_event,
+):
+    _n = "".join(w.capitalize() if i else w for i, w in enumerate(_f.__name__[1:].split("_")))
+    setattr(_Runtime, _n, staticmethod(_f))
+
+
 _NULL = _Stream(null=True)
 _CURRENT: list = [_NULL]
 
@@ -687,4 +919,7 @@ cuda = types.SimpleNamespace(
     MemoryPool=_MemoryPool,
     using_allocator=_UsingAllocator,
     graph=types.SimpleNamespace(Graph=_Graph),
+    Memory=_Memory,
+    MemoryPointer=_MemoryPointer,
+    UnownedMemory=_unowned,
 )

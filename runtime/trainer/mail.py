@@ -46,7 +46,8 @@ class Mail:
 
     On a gpu trainer a tensor's copy to the device starts when it arrives (`Copies`: pinned buffer,
     copy stream), so it overlaps the kernels of the item running meanwhile; `to_host` copies what
-    a segment sends back off the device the same way."""
+    a segment sends back off the device the same way. (Between two gpu trainers on one device the
+    trainer sends and receives device buffers instead: runtime/trainer/ipc.py.)"""
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp

@@ -16,7 +16,8 @@ it waits for: a run never hangs silently.
 
 Units, each told what happens and keeping its own state: `steps.StepBook` (which steps exist, are granted,
 complete, pushed, when the run ends), `ps_access.PSAccess` (prefetches, pulls, gradient buffers, one push
-per step and table: see there for how parameter-server access goes), `Mail` (tensors between trainers), and
+per step and table: see there for how parameter-server access goes), `Mail` (tensors between trainers;
+`ipc.DeviceLinks` for those between two gpu trainers on one device, device to device), and
 the one handler table of `runtime.exec.comm_ops` over those two, to which the Executor hands the item being
 run as its ctx. Messages go to one handler per class.
 
@@ -50,6 +51,7 @@ from runtime.exec.executor import Executor
 from runtime.exec.graphs import DeviceGraphs
 from runtime.ps import PSClient
 from runtime.telemetry.outputs import Recorder, pack_spans, timed
+from runtime.trainer.ipc import DeviceLinks
 from runtime.trainer.mail import Item, Mail, route
 from runtime.trainer.ps_access import PSAccess
 from runtime.trainer.step_sort import id_bit_feeds
@@ -58,11 +60,13 @@ from runtime.transport.channels import Inbox, Outbox, pack_tensors, unpack_tenso
 from runtime.transport.messages import (
     TO_TRAINER,
     Announce,
+    DeviceOf,
     Done,
     End,
     Grant,
     ProtocolError,
     Ready,
+    Released,
     StepReport,
     Tensors,
     WriteBack,
@@ -71,7 +75,7 @@ from runtime.transport.messages import (
 )
 from runtime.transport.process_id import by_kind
 from runtime.transport.reports import ReportQueue
-from transpiler.config import items_in_flight
+from transpiler.config import items_in_flight, kind_of
 from transpiler.exporters.forward import score_names
 from transpiler.ir import Program
 from transpiler.passes.schedule import kept_outputs, segment_programs
@@ -117,6 +121,12 @@ class Trainer:
         )
         self.ps.clip_lead = self.name == next(iter(spec.endpoints))
         self.mail = Mail(self.xp)
+        # the gpu trainers of the other types; those on this device get tensors device to device
+        # (runtime/trainer/ipc.py)
+        self.gpu_peers = self._gpu_peers()
+        copies = self.mail.copies
+        self.links = DeviceLinks(self.xp, copies.stream, self.name) if copies and self.gpu_peers else None
+        self.later: list = []  # messages read while waiting for a device buffer back, handled next
         handlers = {**comm_handlers(self.mail), **comm_handlers(self.ps)}
         graphs = DeviceGraphs(self.xp) if self.xp is not np and spec.device_graphs else None
         self.exe = Executor(
@@ -148,10 +158,46 @@ class Trainer:
             lambda: PSClient(s.ps, client_key=s.ps_key, timeout=s.stall_timeout, pusher=self.name)
         )
         self.ps.prefetch_dense(self.book.flushed)
+        self._meet_gpu_peers()
         if self.is_reader:
             self.batches = sources.reader_batches(
                 s.data, s.batch_size, s.epochs, self.index, self.counts[s.type], start=self.book.flushed
             )
+
+    def _gpu_peers(self) -> list[str]:
+        """A gpu trainer's gpu peers of the other types (none for a cpu trainer)."""
+        s = self.spec
+        if kind_of(s.type, s.device_map) != "gpu":
+            return []
+        return [
+            self.peer_of[ep]
+            for t, eps in self.endpoints_of.items()
+            if t != s.type and kind_of(t, s.device_map) == "gpu"
+            for ep in eps
+        ]
+
+    def _meet_gpu_peers(self) -> None:
+        """A gpu trainer tells the gpu trainers of the other types which device it is on (`DeviceOf`;
+        "" for none, or no CUDA IPC) and, with a device, waits until each told it theirs: tensors
+        between two on one device then go device to device from the first (runtime/trainer/ipc.py)."""
+        s, peers = self.spec, self.gpu_peers
+        for name in peers:
+            self.out.send(
+                s.endpoints[name], header(DeviceOf(self.name, self.links.key if self.links else ""))
+            )
+        deadline = time.monotonic() + s.stall_timeout
+        while self.links is not None and (missing := [n for n in peers if n not in self.links.peer_keys]):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(
+                    f"{self.name}: gpu trainer(s) {missing} did not say which device they are on in "
+                    f"{s.stall_timeout:g} s (each gpu trainer tells the others at its start)"
+                )
+            got = self.inbox.recv_leased(timeout_ms=min(left, 1.0) * 1000)
+            if got is not None and got[0].get("k") == DeviceOf.KIND:
+                self._handle(*got)
+            elif got is not None:
+                self.later.append(got)  # (handled once the run starts: `_drain`)
 
     def _endpoint(self, dst_type: str, item: Item) -> str:
         idx = route(self.counts, self.spec.reader, dst_type, item.origin, item.mb, self.mb_count)
@@ -173,6 +219,8 @@ class Trainer:
             self.stats["refused_connections"] = self.inbox.refused_connections  # (no link key)
             if self.xp is not np:  # host <-> device copies (runtime.exec.device.Crossings)
                 self.stats.update(CROSSINGS.as_dict())
+            if self.links is not None:  # device-to-device tensors (runtime/trainer/ipc.py)
+                self.stats.update(self.links.stats())
             if self.exe.graphs is not None:  # (runtime.exec.graphs.GraphStats)
                 self.stats.update(self.exe.graphs.stats.as_dict())
             if self.ps.kept is not None and self.ps.kept.graphed is not None:
@@ -180,6 +228,8 @@ class Trainer:
             spans = [pack_spans(self.rec.take())] if self.rec.on else []
             self.reports.now(Done(self.name, self.stats), spans)
         finally:
+            if self.links is not None:
+                self.links.receiver.close()
             self.out.close()
             self.ps.close()
             self.inbox.close()
@@ -198,6 +248,7 @@ class Trainer:
             if self._read_ahead() or self.book.finished():  # `_drain`/`_announce` may have ended the run
                 continue
             self.ps.send_deferred()  # (a push kept for the next row pull: the trainer waits now)
+            self._release_slots(block=True)  # (idle: a peer's device buffers go back now)
             due = self.reports.due_in()  # (idle with step reports kept: they go when due)
             with timed("wait", "wait", rec=self.rec, stats=self.stats, key="wait_s") as span:
                 msg = self.inbox.recv_leased(timeout_ms=1000 if due is None else due * 1000)
@@ -226,6 +277,8 @@ class Trainer:
         return "; ".join(waits) or f"no item in progress (pushed {self.book.flushed} steps)"
 
     def _drain(self) -> None:
+        while self.later:
+            self._handle(*self.later.pop(0))
         while (msg := self.inbox.recv_leased(0)) is not None:
             self._handle(*msg)
 
@@ -251,7 +304,14 @@ class Trainer:
         if release is not None:
             self.book.lease(msg.step, release)
         with timed("recv", "comm", rec=self.rec, step=msg.step, reader=msg.origin, mb=msg.mb) as t:
-            self.mail.deliver((msg.step, msg.origin, msg.mb), unpack_tensors(msg.descs, arrays))
+            tensors = unpack_tensors(msg.descs, arrays)
+            if msg.dev is not None:  # (a gpu peer's device buffers: copied out device to device)
+                if self.links is None:
+                    raise ProtocolError(f"{self.name}: device tensors reached a trainer without a device")
+                tensors.update(self.links.receiver.take(msg.dev)[1])
+            self.mail.deliver((msg.step, msg.origin, msg.mb), tensors)
+            if msg.dev is not None:
+                self._release_slots()
             if t.recording:
                 t.args.update(tensors=[d[0] for d in msg.descs], bytes=sum(a.nbytes for a in arrays))
 
@@ -268,8 +328,45 @@ class Trainer:
         self.book.reader_ended(msg.origin, msg.step)
         self._maybe_flush()
 
+    def _on_device_of(self, msg: DeviceOf) -> None:
+        """A gpu peer says which device it is on (`runtime.trainer.ipc.device_key`)."""
+        if self.links is not None:
+            self.links.peer_keys[msg.who] = msg.key
+
+    def _on_released(self, msg: Released) -> None:
+        """A gpu peer copied out device buffers this trainer sent it."""
+        if self.links is None or self.links.sender is None:
+            raise ProtocolError(f"{self.name}: {msg.who} released device buffers this trainer has not")
+        self.links.sender.release(msg.who, msg.slots)
+
+    def _release_slots(self, block: bool = False) -> None:
+        """Hand the peers' device buffers copied out (all of them with `block`) back to them."""
+        if self.links is not None and self.links.receiver.pending:
+            for sender, slots in self.links.receiver.releasable(block).items():
+                ep = self.spec.endpoints.get(sender)
+                if ep is None:
+                    raise ProtocolError(
+                        f"{self.name}: device tensors from {sender!r}, not a trainer of this run"
+                    )
+                self.out.send(ep, header(Released(self.name, slots)))
+
+    def _await_release(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) for a message while a device buffer a peer holds is needed: a
+        `Released` or `Tensors` one is handled now (so two gpu trainers waiting for each other's
+        buffers both go on), any other later (`_drain`)."""
+        self._release_slots(block=True)
+        got = self.inbox.recv_leased(timeout_ms=timeout_s * 1000)
+        if got is None:
+            return
+        if got[0].get("k") in (Released.KIND, Tensors.KIND):
+            self._handle(*got)
+        else:
+            self.later.append(got)
+
     # the handlers of the messages other than Tensors, by class (`_handle`)
     _CONTROL: ClassVar[dict[type, Callable[[Trainer, Any], None]]] = {
+        DeviceOf: _on_device_of,
+        Released: _on_released,
         Announce: _on_announce,
         End: _on_end,
         WriteBack: lambda self, msg: self.ps.write_back(msg.step),
@@ -381,17 +478,36 @@ class Trainer:
         if not self.mail.outgoing:
             return
         with timed(stats=self.stats, key="send_s"):
-            by_ep: dict[str, list] = {}
-            sent = self.mail.take_outgoing()
-            for (dst, name, _), value in zip(sent, self.mail.to_host_all([v for *_, v in sent]), strict=True):
-                by_ep.setdefault(self._endpoint(dst, it), []).append((name, value))
-            for ep, values in by_ep.items():
-                where = {"step": it.step, "reader": it.origin, "mb": it.mb, "to": self.peer_of[ep]}
-                with timed("send", "comm", rec=self.rec, **where) as t:
-                    descs, arrays = pack_tensors(values)
-                    self.out.send(ep, header(Tensors(it.step, it.origin, it.mb, descs)), arrays)
-                    if t.recording:
-                        t.args.update(tensors=[d[0] for d in descs], bytes=sum(a.nbytes for a in arrays))
+            host: list[tuple[str, str, Any]] = []  # (endpoint, name, value)
+            direct: dict[str, list] = {}  # to gpu peers on this device: device to device
+            for dst, name, value in self.mail.take_outgoing():
+                ep = self._endpoint(dst, it)
+                if self.links is not None and self.links.direct(self.peer_of[ep], value):
+                    direct.setdefault(ep, []).append((name, value))
+                else:
+                    host.append((ep, name, value))
+            by_ep: dict[str, list] = {ep: [] for ep, *_ in host}
+            for (ep, name, _), value in zip(host, self.mail.to_host_all([v for *_, v in host]), strict=True):
+                by_ep[ep].append((name, value))
+            for ep in {**by_ep, **direct}:
+                self._send_tensors(it, ep, by_ep.get(ep, []), direct.get(ep))
+
+    def _send_tensors(self, it: Item, ep: str, values: list, direct: list | None) -> None:
+        """One message of item `it`'s tensors to `ep`: `values` on the host, `direct` (device
+        arrays) through device buffers (runtime/trainer/ipc.py)."""
+        where = {"step": it.step, "reader": it.origin, "mb": it.mb, "to": self.peer_of[ep]}
+        with timed("send", "comm", rec=self.rec, **where) as t:
+            dev = None
+            if direct:
+                dev = self.links.sender.send(
+                    self.peer_of[ep], direct, self._await_release, self.spec.stall_timeout
+                )
+            descs, arrays = pack_tensors(values)
+            self.out.send(ep, header(Tensors(it.step, it.origin, it.mb, descs, dev)), arrays)
+            if t.recording:
+                t.args.update(tensors=[d[0] for d in descs], bytes=sum(a.nbytes for a in arrays))
+                if direct:
+                    t.args.update(device_tensors=[n for n, _ in direct])
 
     def _item_done(self, it: Item) -> None:
         del self.items[it.key]

@@ -6,12 +6,14 @@ messages go out once per micro-batch and segment; each record names its kind (`K
 `"k"`) and maps its fields to header keys (`KEYS`). `header(msg)` writes one, `parse(h, kinds)`
 reads one back into the record of its kind, with a `ProtocolError` naming what is wrong.
 
-Between trainers: `Tensors` (one micro-batch's tensors for one destination; the arrays ride as
-buffers, see `channels.pack_tensors`), `Announce` (a reader's items of a step, to the trainers of
-the other types), `End` (a reader's last step). From the driver to readers: `Grant`. From every
-process to the driver, each naming its sender (`who`): `Ready`, `StepReport`, `Losses` (scores and
-labels as buffers), `Reports` (a trainer's step reports together: runtime/transport/reports.py), `End`,
-`Done` (statistics; trace spans as a buffer) and `Failed` (a traceback).
+Between trainers: `Tensors` (one micro-batch's tensors for one destination; the arrays ride as buffers,
+see `channels.pack_tensors`; between two gpu trainers on one device a descriptor of device buffers
+instead, with `DeviceOf` and `Released`: runtime/trainer/ipc.py), `Announce` (a reader's items of a
+step, to the trainers of the other types), `End` (a reader's last step). From the driver to readers:
+`Grant`. From every process to the driver, each naming its sender (`who`): `Ready`, `StepReport`,
+`Losses` (scores and labels as buffers), `Reports` (a trainer's step reports together:
+runtime/transport/reports.py), `End`, `Done` (statistics; trace spans as a buffer) and `Failed` (a
+traceback).
 From evaluation workers to the driver of a parallel `evaluate` / `predict`: `Scored`, `Done`, `Failed`.
 """
 
@@ -35,11 +37,14 @@ class Tensors:
         ("origin", "o"),
         ("mb", "m"),
         ("descs", "v"),
+        ("dev", "d"),
     )
+    OPTIONAL: ClassVar[frozenset[str]] = frozenset({"dev"})  # (left out of the header when None)
     step: int
     origin: int
     mb: int
     descs: list  # [[name, height or None]] (channels.pack_tensors)
+    dev: list | None = None  # tensors sent device to device (runtime/trainer/ipc.py's IpcPart)
 
 
 @dataclass(slots=True)
@@ -84,6 +89,28 @@ class WriteBack:
     KIND: ClassVar[str] = "write_back"
     KEYS: ClassVar[tuple[tuple[str, str], ...]] = (("step", "s"),)
     step: int
+
+
+@dataclass(slots=True)
+class DeviceOf:
+    """A gpu trainer's CUDA device (`runtime.trainer.ipc.device_key`), to the other gpu trainers:
+    tensors between two on one device go device to device."""
+
+    KIND: ClassVar[str] = "device"
+    KEYS: ClassVar[tuple[tuple[str, str], ...]] = (("who", "who"), ("key", "key"))
+    who: str
+    key: str
+
+
+@dataclass(slots=True)
+class Released:
+    """A gpu trainer has copied out a peer's device buffers (`slots`, runtime/trainer/ipc.py): to
+    that peer, which may write them again."""
+
+    KIND: ClassVar[str] = "released"
+    KEYS: ClassVar[tuple[tuple[str, str], ...]] = (("who", "who"), ("slots", "slots"))
+    who: str
+    slots: list
 
 
 @dataclass(slots=True)
@@ -165,6 +192,8 @@ class Scored:
 
 Message = (
     Tensors
+    | DeviceOf
+    | Released
     | Announce
     | End
     | Grant
@@ -178,7 +207,9 @@ Message = (
     | Scored
 )
 
-TO_TRAINER: dict[str, type] = {c.KIND: c for c in (Tensors, Announce, End, Grant, WriteBack)}
+TO_TRAINER: dict[str, type] = {
+    c.KIND: c for c in (Tensors, Announce, End, Grant, WriteBack, DeviceOf, Released)
+}
 TO_DRIVER: dict[str, type] = {c.KIND: c for c in (Ready, StepReport, Losses, Reports, End, Done, Failed)}
 TO_EVALUATOR: dict[str, type] = {c.KIND: c for c in (Scored, Done, Failed)}
 
@@ -186,8 +217,11 @@ TO_EVALUATOR: dict[str, type] = {c.KIND: c for c in (Scored, Done, Failed)}
 def header(msg: Message) -> dict[str, Any]:
     """The wire header of `msg`: {"k": its kind, short key: value, ...}."""
     h: dict[str, Any] = {"k": msg.KIND}
+    optional = getattr(msg, "OPTIONAL", ())
     for name, key in msg.KEYS:
-        h[key] = getattr(msg, name)
+        value = getattr(msg, name)
+        if value is not None or name not in optional:
+            h[key] = value
     return h
 
 
@@ -198,7 +232,8 @@ def parse(h: dict[str, Any], kinds: dict[str, type]) -> Message:
         raise ProtocolError(
             f"unexpected message kind {h.get('k')!r} (expected one of {sorted(kinds)}; header {h})"
         )
+    optional = getattr(cls, "OPTIONAL", ())
     try:
-        return cls(*[h[key] for _, key in cls.KEYS])
+        return cls(*[h.get(key) if name in optional else h[key] for name, key in cls.KEYS])
     except KeyError as e:
         raise ProtocolError(f"a {cls.__name__} message lacks its field {e.args[0]!r} (header {h})") from None

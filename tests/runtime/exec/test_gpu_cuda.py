@@ -76,6 +76,35 @@ def test_sync_training_with_a_real_gpu_trainer_equals_single_process():
     assert_same_params(hist.params, want, tables)
 
 
+def test_two_gpu_types_on_one_device_train_with_device_to_device_tensors():
+    """The MLP on `gpu`, the loss on `gpu2`, one CUDA device: the logits and their gradient go
+    between the two through CUDA IPC buffers (runtime/trainer/ipc.py), the run equals one process."""
+    from transpiler import TranspileConfig
+
+    cfg = TranspileConfig(
+        trainer_types=["cpu", "gpu", "gpu2"],
+        category_map={"io": "cpu", "sparse": "cpu", "dense": "gpu", "loss": "gpu2"},
+    )
+    model = wide_deep(vocab=1000, dim=8, optimizer=nn.SGD(lr=0.2))
+    data, plan = SyntheticCTR(vocab=1000, seed=3), transpile(model.main, cfg)
+    hist = train(
+        plan,
+        data,
+        steps=6,
+        batch_size=256,
+        trainers={"cpu": 1, "gpu": 1, "gpu2": 1},
+        servers=1,
+        mode="sync",
+        micro_batches=2,
+        allow_emulation=False,
+        return_params=True,
+    )
+    want = single_process(model, [data.batch(t, 256) for t in range(6)])
+    assert_same_params(hist.params, want, [t.name for t in plan.tables])
+    for t in ("gpu:0", "gpu2:0"):  # (one tensor each way per micro-batch)
+        assert hist.trainers[t]["ipc_recv"] == 12 and hist.trainers[t]["ipc_sent"] == 12, hist.trainers[t]
+
+
 def test_boundary_copies_go_through_pinned_buffers_on_a_copy_stream():
     """`Copies` on real cupy: values arrive intact whichever way, kernels after a copy see it, and
     the crossings are counted."""

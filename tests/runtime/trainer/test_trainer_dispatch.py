@@ -43,7 +43,9 @@ def test_every_message_to_a_trainer_has_exactly_one_handler():
 def test_a_message_class_without_a_handler_raises(monkeypatch):
     monkeypatch.setitem(process.TO_TRAINER, _Nudge.KIND, _Nudge)  # (parsed, but no handler)
     trainer = _bare_trainer()
-    with pytest.raises(ProtocolError, match=r"cpu:0: no handler for _Nudge; it handles \['Announce', 'End',"):
+    with pytest.raises(
+        ProtocolError, match=r"cpu:0: no handler for _Nudge; it handles \['Announce', 'DeviceOf', 'End',"
+    ):
         trainer._handle(header(_Nudge(3)), [])
 
 
