@@ -16,7 +16,10 @@ errors of the model without the load too (the same measurements).
 Throughput on a shared machine moves between runs of the same setting (by ~20% per row on a quiet
 2-core machine), so the grid is measured `--repeats` times, in rounds (every setting once per
 round, so a slow spell of the machine hits all settings alike), and each row reports the median
-with the spread (lowest .. highest as % of the median); the error is predicted / median - 1.
+with the spread (lowest .. highest as % of the median); the error is predicted / median - 1. The
+`others` column is the median number of cores that processes outside the run kept busy during its
+measurements (runtime/profile/load.py `machine_busy_s`: the machine's busy CPU time less the run's own
+processes'), the load the probes try to predict under.
 
 It prints one row per setting with the error and each role's predicted vs measured CPU
 milliseconds per step and process (medians; a check of the model's parts that other processes'

@@ -41,8 +41,9 @@ from transpiler.settings import ScaleConfig
 # The version of how a profile is measured: a cached profile of another version is measured again
 # (2: the link probe signs its messages as trainers do; the reader's union of a step's ids;
 # 3: kernels by their median call, the overhead through three runs per mode, a reader's own work per
-# id by its CPU time, the client's CPU share of a PS round trip).
-METHOD = 3
+# id by its CPU time, the client's CPU share of a PS round trip; 4: the calibration plan's ops per
+# item recorded, the overhead per item scaled by them).
+METHOD = 4
 
 
 def cache_dir() -> Path:
@@ -185,7 +186,10 @@ def _fit_overhead(plan: Plan, cost: Any, data: Any, mode: str, steps: int, warmu
     talking = cost.talking(ScaleConfig({"cpu": 1, "gpu": 1}, 1, 1, mode))
     serve = max(min(resid["ps"].values()), 0.0) / max(talking, 1)  # per trainer that talks to the shard
     driver_item, driver_step = lower_line(driver)
-    return Overhead(reader_item, reader_step, item, step, serve, driver_item, driver_step)
+    ops = {t: tc.ops for t, tc in cost.types.items()}
+    return Overhead(
+        reader_item, reader_step, item, step, serve, driver_item, driver_step, ops["cpu"], ops["gpu"]
+    )
 
 
 # -- the cached profile ----------------------------------------------------------------------------

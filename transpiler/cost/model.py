@@ -174,6 +174,7 @@ class _TypeCost:
     feed_ids: int = 0  # ids per example of the distinct fed id columns that sparse lookups read
     after_sends_fixed_s: float = 0.0  # kernels after an item's last sends (weight gradients), per item
     after_sends_per_example_s: float = 0.0
+    ops: int = 0  # kernel ops per item (the calibrated overhead per item scales with them)
 
 
 class PlanCost:
@@ -191,6 +192,7 @@ class PlanCost:
         for t, prog in plan.programs.items():
             tc = self.types[t] = _TypeCost(kind_of(t, device_map))
             for op in kernel_ops(prog):
+                tc.ops += 1
                 k = profile.kernel(tc.kind, op_signature(op, prog), op)
                 tc.fixed_s += k.fixed_s
                 tc.per_example_s += k.per_example_s
@@ -279,11 +281,8 @@ class PlanCost:
                 shard_s[k] += n * serve[k]
             boundary_s += client
             ov = p.overhead_for(s.mode)
-            own = (
-                per_trainer * ov.reader_item_s + ov.reader_step_s
-                if t == self.reader
-                else per_trainer * ov.item_s + ov.step_s
-            )
+            own = per_trainer * ov.per_item_s(t == self.reader, tc.ops)
+            own += ov.reader_step_s if t == self.reader else ov.step_s
             item_s[t] += own / per_trainer
             for k in touched:
                 shard_s[k] += n * ov.serve_trainer_s

@@ -79,7 +79,13 @@ class PSCost:
 class Overhead:
     """The runtime's own CPU work beyond kernels, messages and PS calls (trainer loop, scheduling,
     reports), calibrated from short real runs: per item and per step of a reader trainer and of
-    another trainer, per step and trainer a shard serves, and the driver's per item and step."""
+    another trainer, per step and trainer a shard serves, and the driver's per item and step.
+
+    Most of a trainer's work per item beyond its profiled kernels is per op (the executor's dispatch
+    of each op, the op's call in a running process rather than in a hot loop), so the per-item
+    figures hold for the calibration model's trainers and scale with the ops per item of another
+    model's: `reader_ops` / `ops` are the calibration plan's kernel ops of the reader and of the
+    other trainer type (0: not recorded, the figures taken as they are)."""
 
     reader_item_s: float = 0.0
     reader_step_s: float = 0.0
@@ -88,6 +94,14 @@ class Overhead:
     serve_trainer_s: float = 0.0
     driver_item_s: float = 0.0  # the driver (the process calling train): per item reported
     driver_step_s: float = 0.0  # and per step; it shares the cores, off the critical path
+    reader_ops: int = 0  # kernel ops per item of the calibration plan's reader type
+    ops: int = 0  # and of its other trainer type
+
+    def per_item_s(self, reader: bool, ops: int) -> float:
+        """The overhead per item of a trainer type with `ops` kernel ops per item (the reader's or
+        another's), scaled from the calibration plan's by ops."""
+        item, base = (self.reader_item_s, self.reader_ops) if reader else (self.item_s, self.ops)
+        return item * ops / base if base and ops else item
 
 
 @dataclass

@@ -196,6 +196,22 @@ def test_runtime_overhead_by_hand():
     assert predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "sync", 64)).step_s < 1e-9  # all free
 
 
+def test_overhead_per_item_scales_with_the_ops_per_item():
+    """The calibrated overhead per item was measured on the calibration plan's trainers; another
+    plan's trainer with k times as many kernel ops per item is charged k times as much per item
+    (its per step unchanged); one without kernel ops (this plan's reader) as calibrated."""
+    plan = transpile(dense_model())
+    prof = synthetic_profile(plan, lambda k, op: None)
+    ops = {t: len(kernel_ops(prog)) for t, prog in plan.programs.items()}
+    ov = Overhead(reader_item_s=1e-4, reader_step_s=2e-4, item_s=3e-4, step_s=4e-4)
+    assert ops["cpu"] == 0 and ops["gpu"] == 7
+    ov.reader_ops, ov.ops = 5, 2  # the calibration plan's ops per item
+    prof.overhead = {"async": ov, "sync": ov}
+    roles = {r.role: r for r in predict(plan, prof, *Served({"cpu": 1, "gpu": 1}, 2, 1, "async", 64)).roles}
+    assert roles["cpu"].compute_s == pytest.approx(2 * 1e-4 + 2e-4)
+    assert roles["gpu"].compute_s == pytest.approx(2 * 3e-4 * 7 / 2 + 4e-4)
+
+
 def test_sparse_rows_and_shards_by_hand():
     model = wide_deep(num_slots=2, vocab=50, dim=4, num_dense=3, hidden=(8,), optimizer=builder.SGD(lr=0.1))
     plan = transpile(model.main)
