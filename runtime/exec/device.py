@@ -122,9 +122,9 @@ def to_device(xp: Any, v: Any) -> Any:
 class Copies:
     """Host <-> device copies of a gpu trainer's boundary tensors on a stream of their own, through
     pinned staging buffers (the pattern of TorchRec's `TrainPipelineSparseDist`): `to_device` only
-    enqueues its copy and makes the compute stream wait for it, so a tensor that arrives for the
-    next micro-batch is copied while the current one's kernels run; `to_host` waits for the compute
-    that made the value, then for its copy only (not for the whole device). `to_device_all` /
+    enqueues its copy (after the kernels enqueued so far: its destination may be memory they read)
+    and makes the compute stream wait for it, so the host goes on while it copies; `to_host` waits
+    for the compute that made the value, then for its copy only (not for the whole device). `to_device_all` /
     `to_host_all` do it for a message's tensors with one event and one wait for all of them. Every
     copy is counted in `CROSSINGS`. A pinned buffer is reused once the copy out of it has completed."""
 
@@ -157,11 +157,16 @@ class Copies:
         one event after them that the compute stream waits for."""
         if self.busy:
             self._reclaim()
+        compute = self.xp.cuda.get_current_stream()
+        # The destinations come from cupy's pool, whose blocks freed by the compute stream's arrays
+        # may still be read by kernels enqueued there (cupy has no `record_stream`): the copies wait
+        # for them. (What this costs: a copy overlaps the host's work, not kernels enqueued before.)
+        self.stream.wait_event(compute.record())
         staged: list[tuple[tuple, np.ndarray]] = []
         out = {name: self._enqueue(v, staged) for name, v in values.items()}
         if staged:
             event = self.stream.record()
-            self.xp.cuda.get_current_stream().wait_event(event)
+            compute.wait_event(event)
             self.busy.extend((event, key, buf) for key, buf in staged)
         return out
 
