@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -150,11 +151,13 @@ def _online(plan: Plan, data: Any, settings: Settings, online: OnlineConfig | No
 
 def _is_online(data: Any, settings: Settings, online: OnlineConfig | None) -> bool:
     """Whether `data` is trained pass after pass: `online=` given, or a stream source with no end."""
-    from runtime.data.streams.base import StreamSource
-
     r = settings.run
     ends = r.steps is not None or r.epochs is not None or r.until_loss is not None
-    if online is None and not (isinstance(data, StreamSource) and not ends):
+    if online is None and (ends or "runtime.data.streams.base" not in sys.modules):
+        return False  # (a stream source's module is imported by then; its import needs pyarrow)
+    from runtime.data.streams.base import StreamSource
+
+    if online is None and not isinstance(data, StreamSource):
         return False
     if not isinstance(data, StreamSource):
         raise TypeError(

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.data.files.features import dense_inputs, find_features, load_features, save_features
-from runtime.data.files.schema import Schema
 from runtime.engines import Engine
 from runtime.evaluation.forward import (
     TableSource,
@@ -45,6 +43,9 @@ from runtime.evaluation.forward import (
 )
 from transpiler.exporters.servable import ONNX_LIMIT, export_inference, forward_graph
 from transpiler.plan import Plan
+
+if TYPE_CHECKING:
+    from runtime.data.files.schema import Schema
 
 __all__ = [
     "TableSource",
@@ -246,6 +247,8 @@ def export(
         rows = "existing" if unbounded else "all"
     if rows not in ("all", "existing"):
         raise ValueError(f"rows={rows!r}: expected 'all' or 'existing'")
+    from runtime.data.files.features import dense_inputs, save_features  # pyarrow: on first use
+
     schema = _features(features, checkpoint)
     raw = None
     if schema is not None and "dense" in forward_graph(plan, output).feeds:
@@ -264,6 +267,9 @@ def export(
 
 
 def _features(features: Any, checkpoint: str | Path | None) -> Schema | None:
+    from runtime.data.files.features import find_features, load_features
+    from runtime.data.files.schema import Schema
+
     if isinstance(features, str) and features == "auto":
         return find_features(checkpoint)
     if features is None or isinstance(features, Schema):
