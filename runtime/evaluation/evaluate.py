@@ -137,10 +137,12 @@ def fitted_data(data: Any, fitted: Schema | None) -> Any:
     """`data` read as the model was trained: a dataset of `open_dataset` gets the feature pipeline
     `fitted` (its standardize stats are the training data's, not `data`'s own); ConfigError when
     its schema differs otherwise. Other data, or no `fitted`, is returned as it is."""
+    if fitted is None:  # (no feature pipeline kept: nothing to check, pyarrow not needed)
+        return data
     from runtime.data.files.dataset import Dataset
     from runtime.data.files.features import check_same
 
-    if fitted is None or not isinstance(data, Dataset) or data.schema.stats == fitted.stats:
+    if not isinstance(data, Dataset) or data.schema.stats == fitted.stats:
         return data
     check_same(data.schema, fitted, "the features kept with the model")
     return data.with_schema(fitted)
@@ -267,14 +269,16 @@ def export(
 
 
 def _features(features: Any, checkpoint: str | Path | None) -> Schema | None:
-    from runtime.data.files.features import find_features, load_features
-    from runtime.data.files.schema import Schema
+    from runtime.data.kept_features import features_file
 
     if isinstance(features, str) and features == "auto":
-        return find_features(checkpoint)
-    if features is None or isinstance(features, Schema):
-        return features
-    return load_features(features)
+        features = features_file(checkpoint)  # (none kept: nothing read, pyarrow not needed)
+    if features is None:
+        return None
+    from runtime.data.files.features import load_features
+    from runtime.data.files.schema import Schema
+
+    return features if isinstance(features, Schema) else load_features(features)
 
 
 def _check_dense_width(plan: Plan, schema: Schema) -> None:

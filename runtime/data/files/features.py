@@ -24,8 +24,7 @@ import pyarrow.csv  # noqa: F401  (pa.csv: the reader's null strings)
 
 from ops_registry.errors import ConfigError
 from runtime.data.files.schema import Schema
-
-FEATURES = "features.json"
+from runtime.data.kept_features import FEATURES, features_file
 
 
 def save_features(where: str | Path, schema: Schema) -> Path:
@@ -54,15 +53,8 @@ def load_features(path: str | Path) -> Schema:
 def find_features(*places: str | Path | None) -> Schema | None:
     """The feature pipeline kept with a model: `features.json` in the first of `places` (plan
     directories, checkpoint directories, or one checkpoint: then its directory) that has one."""
-    for place in places:
-        if place is None:
-            continue
-        p = Path(place)
-        one_checkpoint = (p / "manifest.json").is_file()  # a step-N checkpoint: its directory's
-        for d in (p, p.parent) if one_checkpoint else (p,):
-            if (d / FEATURES).is_file():
-                return load_features(d / FEATURES)
-    return None
+    path = features_file(*places)
+    return None if path is None else load_features(path)
 
 
 def check_same(given: Schema, fitted: Schema, where: str) -> None:
