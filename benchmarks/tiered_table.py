@@ -93,6 +93,28 @@ def zipf_ids(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
     return (np.minimum(rank, n - 1) * 2654435761) % n  # a permutation of [0, n) for n not divisible by it
 
 
+def rank_probs(n: int, lo: int, hi: int) -> np.ndarray:
+    """P(rank = r) of `zipf_ids`' stream over [0, n) for ranks lo <= r < hi: rank r is drawn when
+    the inverse-CDF point x = ((n^(1-a) - 1) u + 1)^(1/(1-a)) lies in [r + 1, r + 2)."""
+    x = np.arange(lo + 1, hi + 2, dtype=np.float64)
+    cdf = np.minimum(1.0, (x ** (1 - ALPHA) - 1) / (n ** (1 - ALPHA) - 1))
+    return np.diff(cdf)
+
+
+def ideal_hit_rate(n: int, capacity: int, draws: int = BATCH * SLOTS) -> float:
+    """The pull hit rate of a RAM tier holding the `capacity` most probable ids of the stream for
+    good (the optimum of any online policy on an i.i.d. stream), per step of `draws` ids unique'd:
+    id i is in a step with probability q_i = 1 - (1 - p_i)^draws, so the rate is the sum of q over
+    the top `capacity` ranks over the sum of q over all ranks (computed in chunks of 10^7 ranks)."""
+    top = total = 0.0
+    for lo in range(0, n, 10**7):
+        hi = min(n, lo + 10**7)
+        q = -np.expm1(draws * np.log1p(-rank_probs(n, lo, hi)))
+        total += q.sum()
+        top += q[: max(0, min(hi, capacity) - lo)].sum()
+    return top / total
+
+
 def make_spec(kind: str, rows: int, budget: str, **extra: object) -> TableSpec:
     """The benchmark's table: [rows, DIM] with Adagrad, in RAM (`memory`) or tiered (`disk`)."""
     return TableSpec(
@@ -195,6 +217,8 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
         out.update(
             budget_mib=round(parse_bytes(budget) / 2**20, 1),
             resident=t.resident(),
+            max_rows=t.max_rows,
+            ideal_hit_rate=round(ideal_hit_rate(rows, t.max_rows), 3),
             engine_mib=round(t.engine_bytes() / 2**20, 1),
             **{
                 f"rocksdb_{k}_mib": round(t.store.db.property_int_value(f"rocksdb.{p}") / 2**20, 1)
