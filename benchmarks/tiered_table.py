@@ -8,7 +8,9 @@ then runs `warmup` steps (a tiered table: until its RAM tier is full, so that th
 steady state's) + `steps` timed steps of pull + push; the RAM table of as many rows (at most
 `--ram-max`; else the last one measured) is the reference of `ratio_to_ram`. Per (table, rows),
 in a fresh subprocess: throughput (pulled + pushed rows/s), the RAM hit rate of the pulls
-(`hit_rate`; `hit_rate_pull_and_push` counts the push's lookups too, all hits after its pull), the
+(`hit_rate`; `hit_rate_pull_and_push` counts the push's lookups too, all hits after its pull) and
+its bound `ideal_hit_rate` (a tier of `max_rows` rows holding the stream's most probable ids, from
+the stream's known distribution: `ideal_hit_rate`), the
 process's anonymous resident memory growth (RssAnon after the fill and after the steps, against the budget;
 peak RSS), disk bytes per row.
 
