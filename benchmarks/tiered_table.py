@@ -8,7 +8,9 @@ then runs `warmup` steps (a tiered table: until its RAM tier is full, so that th
 steady state's) + `steps` timed steps of pull + push; the RAM table of as many rows (at most
 `--ram-max`; else the last one measured) is the reference of `ratio_to_ram`. Per (table, rows),
 in a fresh subprocess: throughput (pulled + pushed rows/s), the RAM hit rate of the pulls
-(`hit_rate`; `hit_rate_pull_and_push` counts the push's lookups too, all hits after its pull), the
+(`hit_rate`; `hit_rate_pull_and_push` counts the push's lookups too, all hits after its pull) and
+its bound `ideal_hit_rate` (a tier of `max_rows` rows holding the stream's most probable ids, from
+the stream's known distribution: `ideal_hit_rate`), the
 process's anonymous resident memory growth (RssAnon after the fill and after the steps, against the budget;
 peak RSS), disk bytes per row.
 
@@ -91,6 +93,28 @@ def zipf_ids(rng: np.random.Generator, n: int, size: int) -> np.ndarray:
     u = rng.random(size)
     rank = np.floor(((n ** (1 - ALPHA) - 1) * u + 1) ** (1 / (1 - ALPHA))).astype(np.int64) - 1
     return (np.minimum(rank, n - 1) * 2654435761) % n  # a permutation of [0, n) for n not divisible by it
+
+
+def rank_probs(n: int, lo: int, hi: int) -> np.ndarray:
+    """P(rank = r) of `zipf_ids`' stream over [0, n) for ranks lo <= r < hi: rank r is drawn when
+    the inverse-CDF point x = ((n^(1-a) - 1) u + 1)^(1/(1-a)) lies in [r + 1, r + 2)."""
+    x = np.arange(lo + 1, hi + 2, dtype=np.float64)
+    cdf = np.minimum(1.0, (x ** (1 - ALPHA) - 1) / (n ** (1 - ALPHA) - 1))
+    return np.diff(cdf)
+
+
+def ideal_hit_rate(n: int, capacity: int, draws: int = BATCH * SLOTS) -> float:
+    """The pull hit rate of a RAM tier holding the `capacity` most probable ids of the stream for
+    good (the optimum of any online policy on an i.i.d. stream), per step of `draws` ids unique'd:
+    id i is in a step with probability q_i = 1 - (1 - p_i)^draws, so the rate is the sum of q over
+    the top `capacity` ranks over the sum of q over all ranks (computed in chunks of 10^7 ranks)."""
+    top = total = 0.0
+    for lo in range(0, n, 10**7):
+        hi = min(n, lo + 10**7)
+        q = -np.expm1(draws * np.log1p(-rank_probs(n, lo, hi)))
+        total += q.sum()
+        top += q[: max(0, min(hi, capacity) - lo)].sum()
+    return top / total
 
 
 def make_spec(kind: str, rows: int, budget: str, **extra: object) -> TableSpec:
@@ -195,6 +219,8 @@ def one(kind: str, rows: int, budget: str, warmup: int, steps: int) -> dict:
         out.update(
             budget_mib=round(parse_bytes(budget) / 2**20, 1),
             resident=t.resident(),
+            max_rows=t.max_rows,
+            ideal_hit_rate=round(ideal_hit_rate(rows, t.max_rows), 3),
             engine_mib=round(t.engine_bytes() / 2**20, 1),
             **{
                 f"rocksdb_{k}_mib": round(t.store.db.property_int_value(f"rocksdb.{p}") / 2**20, 1)

@@ -14,16 +14,19 @@ sequence gives exactly the RAM table's values whatever the budget.
   table, its shard and the store's path.
 - A request (pull, push, add, assign) looks its ids up in RAM; the misses go to disk in one
   multi-get; rows found there are promoted into RAM, the others created from the initializer.
-- Eviction is LRU: each request stamps its rows with a request counter; when a request's new rows
-  (promoted or created) would take the RAM tier past `max_rows`, the least recently stamped rows
-  not in the request are first written back in one WriteBatch until 90% of `max_rows` remain with
+- Eviction (`policy`): each request stamps its rows with an eviction key (one int64 per slot,
+  `_stamp`): "lfu" (default) the row's hit count since it entered RAM (requests that used it,
+  halved every `age_every` requests: LFU with aging) then the request counter, "lru" the request
+  counter alone. When a request's new rows (promoted or created) would take the RAM tier past
+  `max_rows`, the rows of the smallest keys (lfu: the fewest hits, ties the least recent) not in
+  the request are first written back in one WriteBatch until 90% of `max_rows` remain with
   the new rows in (eviction amortised over ~10% of the budget). Eviction is in place: the RAM
   arrays keep their capacity (`max_rows` rows) and the surviving rows of the last slots move into
   the freed ones (`_evict`: no whole-tier copy). The budget is split (`BudgetSplit`): RocksDB's
   block cache (1/32, holding the SST index and filter blocks too) and two memtables (1/32 each:
   `tiered_store.EngineMemory`); the direct id index of a known vocab (`DirectIndex`, 4 bytes per
   possible id) when it fits in 1/8 of the budget, else the sorted index (16 bytes per resident
-  row); `max_rows` = the rest // bytes per resident row (record + LRU stamp + index entry).
+  row); `max_rows` = the rest // bytes per resident row (record + eviction key + index entry).
   Outside the budget: the transient arrays of the request being served and the engine's fixed
   overhead (open-file table readers, thread stacks).
 - A request with more distinct rows than `max_rows` is refused (PSError naming table and budget).
@@ -81,6 +84,11 @@ from runtime.ps.tiered_store import record_dtype as _record_dtype
 from transpiler.tables import TableSpec
 
 EVICT_TO = 0.9  # an eviction leaves this share of max_rows resident
+POLICIES = ("lfu", "lru")  # eviction victims: fewest hits (then least recent), or least recent
+AGE_EVERY = 256  # "lfu": the resident rows' hit counts are halved every this many requests
+TICK_BITS = 40  # a slot's eviction key: (hits << TICK_BITS) | the request that last used it
+TICK_MASK = (1 << TICK_BITS) - 1
+HITS_MAX = (1 << (63 - TICK_BITS)) - 1  # (the key stays a non-negative int64)
 STORE = "tiered"  # a checkpoint manifest entry's "store" for a tiered table's directory
 
 
@@ -106,7 +114,7 @@ class BudgetSplit:
     """How a table's memory budget is spent: RocksDB's block cache and memtables (`engine`), the
     direct id index (4 bytes per possible id; 0 when the table uses the sorted index, whose 16
     bytes per resident row are part of `row_bytes`), and the RAM tier: `max_rows` rows of
-    `row_bytes` (record, LRU stamp, index entry) in the rest."""
+    `row_bytes` (record, eviction key, index entry) in the rest."""
 
     budget: int
     engine: EngineMemory
@@ -133,7 +141,7 @@ class BudgetSplit:
 
 def _row_bytes(table: SparseTable) -> int:
     """Bytes of one resident row of sparse `table` tiered, but its id index entry: the disk record,
-    the LRU stamp (int64) and, with admission/eviction, the RAM copy of its EntryLast (int64)."""
+    the eviction key (int64) and, with admission/eviction, the RAM copy of its EntryLast (int64)."""
     record = _record_dtype(table.dtype, table.dim, layout(table)["fields"])
     return record.itemsize + 8 + (8 if table.entry is not None else 0)
 
@@ -165,6 +173,8 @@ class TieredSparseTable(SparseTable):
         memory_budget: int | str | None = None,
         store_dir: str | os.PathLike | None = None,
         shard: str | None = None,
+        policy: str = "lfu",
+        age_every: int = AGE_EVERY,
     ) -> None:
         if spec.kind != "sparse":
             raise PSError(f"table {spec.name!r}: storage 'disk' is for sparse tables, got kind {spec.kind!r}")
@@ -187,6 +197,12 @@ class TieredSparseTable(SparseTable):
                 f"{self.split.engine.nbytes} bytes of it, the id index {self.split.direct_index}, "
                 f"a row {self.row_bytes}; raise memory_budget"
             )
+        if policy not in POLICIES or age_every < 1:
+            raise PSError(
+                f"table {spec.name!r}: eviction policy {policy!r}, age_every {age_every}: give a "
+                f"policy of {POLICIES} and age_every >= 1 (requests between halvings of hit counts)"
+            )
+        self.policy, self.age_every = policy, int(age_every)
         self.tick, self.cold = 0, 0  # requests served; rows on disk and not in RAM
         self.stats = TierStats()
         self._empty_ram()
@@ -199,7 +215,7 @@ class TieredSparseTable(SparseTable):
         """No resident row; room for max_rows (the arrays' pages are touched only when used)."""
         self.index = make_index(self.vocab, self.direct_max)
         SparseTable._keep(self, np.zeros(0, bool), room=self.row_room())
-        self.used = np.zeros(self.rows.shape[0], np.int64)  # per RAM slot: the request that last used it
+        self.used = np.zeros(self.rows.shape[0], np.int64)  # per RAM slot: its eviction key (`_stamp`)
         if self.entry is not None:
             self.entry.last = np.zeros(0, np.int64)
 
@@ -256,13 +272,23 @@ class TieredSparseTable(SparseTable):
         return miss.size, rec.size, found
 
     def _stamp(self, slots: np.ndarray) -> None:
-        """RAM rows `slots` were just used (one more request served)."""
+        """RAM rows `slots` were just used (one more request served): each slot's eviction key
+        becomes (hits << TICK_BITS) | tick, hits counting the requests that used the row since it
+        entered RAM ("lfu": +1 per request, at most HITS_MAX, halved every `age_every` requests;
+        "lru": always 0), tick this request's number. The smallest keys are the victims."""
         self.tick += 1
         self._stamp_room()
-        self.used[slots] = self.tick
+        if self.policy == "lru":
+            self.used[slots] = self.tick
+            return
+        hits = np.minimum((self.used[slots] >> TICK_BITS) + 1, HITS_MAX)
+        self.used[slots] = (hits << TICK_BITS) | (self.tick & TICK_MASK)
+        if self.tick % self.age_every == 0:
+            u = self.used[: len(self.index)]
+            u[...] = ((u >> (TICK_BITS + 1)) << TICK_BITS) | (u & TICK_MASK)
 
     def _stamp_room(self) -> None:
-        """An LRU stamp for every RAM slot (the row arrays may have grown)."""
+        """An eviction key for every RAM slot (the row arrays may have grown)."""
         if self.used.size < self.rows.shape[0]:
             self.used = np.concatenate([self.used, np.zeros(self.rows.shape[0] - self.used.size, np.int64)])
 
@@ -279,8 +305,9 @@ class TieredSparseTable(SparseTable):
 
     def _make_room(self, found: np.ndarray, new: int) -> bool:
         """Before `new` rows of a request enter RAM (`found`: the request's slots, -1 where not in
-        RAM): when they would take it past max_rows, write the least recently used rows that are
-        not the request's to disk in one WriteBatch and drop them from RAM in place (`_evict`),
+        RAM): when they would take it past max_rows, write the rows of the smallest eviction keys
+        (`_stamp`: "lfu" the fewest hits, then the least recently used; "lru" the least recently
+        used) that are not the request's to disk in one WriteBatch and drop them from RAM in place (`_evict`),
         down to 90% of max_rows with the new rows in (or as low as the request's rows allow). So
         the RAM tier never holds more than max_rows rows, nor its arrays more capacity. Whether it
         evicted."""
@@ -289,11 +316,12 @@ class TieredSparseTable(SparseTable):
             return False
         self._stamp_room()
         hit = found[found >= 0]
-        self.used[hit] = self.tick + 1  # (the request's rows: the most recent, never victims)
+        key = self.used[:n].copy()
+        key[hit] = np.iinfo(np.int64).max  # (the request's rows are never victims)
         k = n + new - int(self.max_rows * EVICT_TO)
         if k > n - hit.size:
             k = min(k, n - unique_ids(hit).size)
-        victims = np.argpartition(self.used[:n], k - 1)[:k]
+        victims = np.argpartition(key, k - 1)[:k]
         ids = self.index.ids_by_slot()
         self.store.put(ids[victims], self._records(victims))
         self._evict(victims, ids)
@@ -309,7 +337,7 @@ class TieredSparseTable(SparseTable):
     def _evict(self, gone: np.ndarray, ids: np.ndarray) -> None:
         """Drop the RAM rows of the distinct slots `gone` in place (`ids`: the id of each slot): the
         surviving rows of the last len(gone) slots move into the freed slots below them, with their
-        optimizer state, LRU stamp and EntryLast, so the slots stay dense (0 .. n - 1) and an
+        optimizer state, eviction key and EntryLast, so the slots stay dense (0 .. n - 1) and an
         eviction copies at most as many rows as it drops, never the whole tier."""
         n, k = len(self.index), gone.size
         if not k:
@@ -325,6 +353,7 @@ class TieredSparseTable(SparseTable):
             per_slot.append(self.entry.last)
         for a in per_slot:
             a[holes] = a[movers]
+        self.used[n - k : n] = 0  # (freed slots: a row entering one starts with no hits)
 
     def __len__(self) -> int:
         return len(self.index) + self.cold
@@ -334,7 +363,7 @@ class TieredSparseTable(SparseTable):
         return len(self.index)
 
     def memory_bytes(self) -> int:
-        """Bytes of the RAM tier: rows and optimizer state (allocated capacity), LRU stamps, the id
+        """Bytes of the RAM tier: rows and optimizer state (allocated capacity), eviction keys, the id
         index (RocksDB's caches are not counted)."""
         return super().memory_bytes() + self.used.nbytes
 

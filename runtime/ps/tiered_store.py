@@ -32,6 +32,8 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
+from operator import is_not
 from pathlib import Path
 
 import numpy as np
@@ -168,8 +170,8 @@ class RowStore:
         except Exception as e:
             raise self._error("reading", e) from None
         self.multi_gets += 1
-        found = np.fromiter(map(_is_not_none, values), bool, len(values))
-        buf = b"".join(v for v in values if v is not None)
+        found = np.fromiter(map(is_not, values, repeat(None)), bool, len(values))  # (C loops: no
+        buf = b"".join(filter(None, values))  # Python frame per id; a record is never b"")
         if len(buf) != int(found.sum()) * self.record.itemsize:
             raise PSError(
                 f"{self.what}: store {str(self.path)!r} holds values of the wrong size (expected "
@@ -269,10 +271,6 @@ class RowStore:
 def _keys(ids: np.ndarray) -> list[bytes]:
     """The engine keys of `ids`: 8 big-endian bytes each (one numpy conversion, no slicing loop)."""
     return np.ascontiguousarray(ids, KEY).view("V8").tolist()
-
-
-def _is_not_none(v: object) -> bool:
-    return v is not None
 
 
 def _link_or_copy(src: str, dst: str) -> None:

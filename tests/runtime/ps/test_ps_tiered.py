@@ -316,7 +316,8 @@ def test_eviction_is_in_place_and_the_lru_order_survives_it(vocab):
     """Evictions reuse the RAM arrays (no compaction copy, capacity max_rows), and what stays
     resident is what an LRU of max_rows rows written out by hand keeps: the 90% most recent."""
     opt = {"type": "sgd", "lr": 0.1}
-    ram, t = SparseTable(spec(opt, vocab, rows=None)), make_table(spec(opt, vocab, rows=50))
+    ram = SparseTable(spec(opt, vocab, rows=None))
+    t = TieredSparseTable(spec(opt, vocab, rows=50), policy="lru")
     rows0, last = t.rows, {}
     rng = np.random.default_rng(3)
     for step in range(60):
@@ -363,3 +364,47 @@ def test_index_relocate_matches_a_dict(vocab):
             == sorted(index.find(ids[np.isin(ids, list(model))]).tolist())
         )
         assert len(index) == len(model)
+
+
+def _resident_after(t: TieredSparseTable, requests: list[list[int]]) -> set[int]:
+    for ids in requests:
+        t.pull(np.array(ids))
+    return set(t.index.ids_by_slot().tolist())
+
+
+def test_lfu_keeps_the_rows_of_most_hits_and_breaks_ties_by_recency():
+    """A RAM tier of 10 rows: ids 0-4 pulled 3 times each, then 5, 6, 7, 8, 9 once each (one request
+    each), then a request of 2 new ids: 12 rows > 10, so 12 - 9 = 3 rows go, the fewest hits and,
+    among those, the least recent: 5, 6, 7 (LRU would drop three of 0-4, the least recent). Every
+    row then reads as in the RAM table, the evicted ones from disk."""
+    opt = {"type": "sgd", "lr": 0.1}
+    ram, t = SparseTable(spec(opt, rows=None)), TieredSparseTable(spec(opt, rows=10), age_every=1000)
+    assert t.max_rows == 10 and t.policy == "lfu"
+    requests = [[0, 1, 2, 3, 4]] * 3 + [[5], [6], [7], [8], [9], [10, 11]]
+    assert _resident_after(t, requests) == {0, 1, 2, 3, 4, 8, 9, 10, 11}
+    for ids in (np.arange(6), np.arange(6, 12)):  # (a request holds at most 10 rows)
+        grad = np.linspace(-1, 1, ids.size * DIM, dtype=np.float32).reshape(ids.size, DIM) * (ids[0] + 1)
+        ram.push(grad, ids)
+        t.push(grad, ids)
+    np.testing.assert_array_equal(t.peek(np.arange(20)), ram.peek(np.arange(20)))
+    t.close()
+
+
+def test_lfu_aging_halves_hit_counts_every_age_every_requests():
+    """age_every=4: id 0 pulled at requests 1-3 (3 hits), id 1 at request 4, after which every count
+    is halved (id 0: 1, id 1: 0); id 2 at request 5, ids 3-9 at 6 (1 hit each), then 2 new ids: the
+    3 victims are id 1 (0 hits), then of the 1-hit rows the least recent, id 0 (request 3) and id 2
+    (5). Without the halving id 0 (3 hits) would stay and one of 3-9 would go."""
+    t = TieredSparseTable(spec({"type": "sgd", "lr": 0.1}, rows=10), age_every=4)
+    requests = [[0]] * 3 + [[1], [2], [3, 4, 5, 6, 7, 8, 9], [10, 11]]
+    assert _resident_after(t, requests) == set(range(3, 12))
+    t.close()
+    t = TieredSparseTable(spec({"type": "sgd", "lr": 0.1}, rows=10), age_every=1000)
+    resident = _resident_after(t, requests)
+    assert {0, 10, 11} <= resident and not resident & {1, 2} and len(resident) == 9
+    t.close()
+
+
+def test_unknown_policy_is_refused_naming_the_choices():
+    with pytest.raises(PSError, match="'lfu', 'lru'"):
+        TieredSparseTable(spec({"type": "sgd", "lr": 0.1}, rows=10), policy="fifo")
