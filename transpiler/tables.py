@@ -28,7 +28,9 @@ Fields:
   (`runtime.ps.entry`); None: every id is admitted, nothing is evicted.
 - `storage`: where a sparse table's rows live: None / "memory" (numpy arrays in RAM) or "disk"
   (RocksDB under a RAM tier of hot rows, `runtime.ps.tiered`), with `memory_budget` (bytes, or a
-  string such as "4GiB") bounding the RAM tier.
+  string such as "4GiB") bounding the RAM tier; `tier_policy` ("lfu", the default: LFU with aging,
+  or "lru") and `tier_age_every` (requests between halvings of the hit counts, default 256) choose
+  which resident rows the RAM tier evicts (docs/tables.md).
 - `delta_every`: K > 1: a sparse table's checkpoints form chains of a full save and K - 1 saves of
   only the rows changed since the save before (`runtime.ps.delta`); None / 1: every save is full.
 - `lifecycle`: a sparse table's feature lifecycle by passes unseen and by show/click (`ttl_passes`,
@@ -55,6 +57,8 @@ _OMITTED_WHEN_NONE = (
     "clip_norm",
     "storage",
     "memory_budget",
+    "tier_policy",
+    "tier_age_every",
     "delta_every",
     "lifecycle",
 )
@@ -152,6 +156,8 @@ class TableSpec:
     clip_norm: float | None = None
     storage: str | None = None
     memory_budget: int | str | None = None
+    tier_policy: str | None = None
+    tier_age_every: int | None = None
     delta_every: int | None = None
     lifecycle: dict[str, Any] | None = None
 
@@ -167,7 +173,8 @@ class TableSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain JSON data, keys in field order; `sharding`, `entry`, `evict_after`,
-        `clip_norm`, `storage` and `memory_budget` only when set."""
+        `clip_norm`, `storage`, `memory_budget`, the tier's, `delta_every` and `lifecycle` only
+        when set."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in ("optimizer", "sharding"):
             if d[name] is not None:

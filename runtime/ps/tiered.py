@@ -163,7 +163,8 @@ def budget_for_rows(spec: TableSpec, rows: int) -> int:
 
 class TieredSparseTable(SparseTable):
     """A sparse table whose rows live in RocksDB under a RAM tier of at most `max_rows` hot rows (see
-    the module docstring). `memory_budget` (bytes or "4GiB") defaults to the spec's."""
+    the module docstring). `memory_budget` (bytes or "4GiB"), `policy` and `age_every` default to
+    the spec's (`memory_budget`, `tier_policy`, `tier_age_every`)."""
 
     def __init__(
         self,
@@ -173,8 +174,8 @@ class TieredSparseTable(SparseTable):
         memory_budget: int | str | None = None,
         store_dir: str | os.PathLike | None = None,
         shard: str | None = None,
-        policy: str = "lfu",
-        age_every: int = AGE_EVERY,
+        policy: str | None = None,
+        age_every: int | None = None,
     ) -> None:
         if spec.kind != "sparse":
             raise PSError(f"table {spec.name!r}: storage 'disk' is for sparse tables, got kind {spec.kind!r}")
@@ -197,7 +198,10 @@ class TieredSparseTable(SparseTable):
                 f"{self.split.engine.nbytes} bytes of it, the id index {self.split.direct_index}, "
                 f"a row {self.row_bytes}; raise memory_budget"
             )
-        if policy not in POLICIES or age_every < 1:
+        policy = policy or spec.tier_policy or "lfu"  # (the keywords, else the spec's, else LFU)
+        if age_every is None:
+            age_every = spec.tier_age_every if spec.tier_age_every is not None else AGE_EVERY
+        if policy not in POLICIES or not isinstance(age_every, int) or age_every < 1:
             raise PSError(
                 f"table {spec.name!r}: eviction policy {policy!r}, age_every {age_every}: give a "
                 f"policy of {POLICIES} and age_every >= 1 (requests between halvings of hit counts)"

@@ -312,12 +312,18 @@ def test_load_state_counts_rows_overlapping_the_disk_exactly(unbounded):
 
 
 @pytest.mark.parametrize("vocab", [600, -1], ids=["direct-index", "row-index"])
-def test_eviction_is_in_place_and_the_lru_order_survives_it(vocab):
+@pytest.mark.parametrize("asked", ["keyword", "spec"])
+def test_eviction_is_in_place_and_the_lru_order_survives_it(vocab, asked):
     """Evictions reuse the RAM arrays (no compaction copy, capacity max_rows), and what stays
-    resident is what an LRU of max_rows rows written out by hand keeps: the 90% most recent."""
+    resident is what an LRU of max_rows rows written out by hand keeps: the 90% most recent (the
+    policy asked for by keyword, or by the spec's `tier_policy` through `make_table`)."""
     opt = {"type": "sgd", "lr": 0.1}
     ram = SparseTable(spec(opt, vocab, rows=None))
-    t = TieredSparseTable(spec(opt, vocab, rows=50), policy="lru")
+    if asked == "keyword":
+        t = TieredSparseTable(spec(opt, vocab, rows=50), policy="lru")
+    else:
+        t = make_table(TableSpec.from_dict(replace(spec(opt, vocab, rows=50), tier_policy="lru").to_dict()))
+    assert t.policy == "lru"
     rows0, last = t.rows, {}
     rng = np.random.default_rng(3)
     for step in range(60):
@@ -408,3 +414,7 @@ def test_lfu_aging_halves_hit_counts_every_age_every_requests():
 def test_unknown_policy_is_refused_naming_the_choices():
     with pytest.raises(PSError, match="'lfu', 'lru'"):
         TieredSparseTable(spec({"type": "sgd", "lr": 0.1}, rows=10), policy="fifo")
+    with pytest.raises(PSError, match="'lfu', 'lru'"):
+        make_table(replace(spec({"type": "sgd", "lr": 0.1}, rows=10), tier_policy="fifo"))
+    with pytest.raises(PSError, match="age_every 0"):
+        make_table(replace(spec({"type": "sgd", "lr": 0.1}, rows=10), tier_age_every=0))
