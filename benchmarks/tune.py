@@ -190,6 +190,7 @@ def measure(args: argparse.Namespace, cost: Any, rows: list[Row]) -> None:
                     share_alone=(x.alone + y.alone) / 2,
                     share_all=(x.all_cores + y.all_cores) / 2,
                     share_chain=(x.chain + y.chain) / 2,
+                    competing=(x.competing + y.competing) / 2,
                 )
                 got = (
                     f"; a run got {x.capacity:.2f} cores before it, {y.capacity:.2f} after: predicted "
@@ -220,6 +221,7 @@ def repredict(cost: Any, rows: list[Row]) -> Any:
             share_all=statistics.median(x.all_cores for x in loads),
             share_spread=min(statistics.median(x.spread for x in loads), 1.0),
             share_chain=statistics.median(x.chain for x in loads),
+            competing=statistics.median(x.competing for x in loads),
         )
 
     for row in rows:

@@ -8,6 +8,11 @@
   (the scheduler shares cores among threads, and with autogroups among sessions first);
 - a chain: two processes computing in turn and waking each other (as trainers pass items), its
   CPU time against the wall time: beside other processes every wake waits for a core;
+- the other processes' runnable threads, weighted by their nice values (`competing`, sampled from
+  /proc): a run's busiest thread gets about cores / (competing + the run's own busy threads) of a
+  core, which the two shares above, measured by a probe of one or two threads for a moment,
+  overestimate when the others are always runnable (busy loops: 0.86 and 0.55 measured where a
+  thread of a run got ~0.5);
 - the load average and the run queue (`procs_running` of /proc/stat, sampled), for the record.
 
 A probe takes about `3 * seconds`; the spread of the estimate over its slices is the `spread`.
@@ -62,6 +67,37 @@ def run_queue(seconds: float = 0.2, every: float = 0.01) -> float:
                 got.append(int(line.split()[1]) - 1)
         time.sleep(every)
     return max(statistics.fmean(got), 0.0) if got else 0.0
+
+
+def _runnable_weight(skip: int) -> float:
+    """Runnable threads on the machine now (state R in /proc/PID/task/TID/stat), each weighted as
+    Linux's scheduler weighs it against a thread of nice 0 (about 1.25 ** -nice), process `skip`
+    (the sampler) left out."""
+    total = 0.0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == skip:
+            continue
+        try:
+            tasks = os.listdir(f"/proc/{entry.name}/task")
+            for tid in tasks:
+                with open(f"/proc/{entry.name}/task/{tid}/stat", "rb") as f:
+                    rest = f.read().rsplit(b")", 1)[1].split()
+                if rest[0] == b"R":
+                    total += 1.25 ** -int(rest[16])  # (fields after the name: state ... nice at 16)
+        except (OSError, IndexError, ValueError):  # (a thread that ended meanwhile)
+            continue
+    return total
+
+
+def competing(seconds: float = 0.2, every: float = 0.02) -> float:
+    """Mean runnable threads of other processes over `seconds`, weighted by their nice value (a
+    `nice 19` thread counts ~0.014 of a normal one): what a run's threads share the cores with."""
+    got, me = [], os.getpid()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        got.append(_runnable_weight(me))
+        time.sleep(every)
+    return statistics.fmean(got) if got else 0.0
 
 
 def _slices(seconds: float, slices: int, start: float, out: Any) -> None:
@@ -170,6 +206,7 @@ def probe(seconds: float = 0.4, slices: int = 4) -> Load:
         spread=min((max(everywhere) - min(everywhere)) / 2 / mid, 1.0),
         load_average=os.getloadavg()[0],
         run_queue=run_queue(),
+        competing=competing(),
         at=time.time(),
     )
 

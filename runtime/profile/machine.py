@@ -276,7 +276,14 @@ def workload_for(
         return Workload(batch_size, cores, unique_fraction)
     load = profile.load or probe_load()
     return Workload(
-        batch_size, load.cores, unique_fraction, load.alone, load.all_cores, load.spread, load.chain
+        batch_size,
+        load.cores,
+        unique_fraction,
+        load.alone,
+        load.all_cores,
+        load.spread,
+        load.chain,
+        load.competing,
     )
 
 

@@ -65,8 +65,8 @@ class Workload:
     `unique_fraction`: unique ids / ids in a reader's step (the data's skew: 1.0 = every id
     distinct); `share_alone`, `share_all` (+- `share_spread`, relative): the share of a core a
     busy thread got beside other processes, one alone and one on every core at once, and
-    `share_chain` of two waking each other (`transpiler.cost.profile.Load`; 1: an idle machine;
-    used only with `cores`)."""
+    `share_chain` of two waking each other, and `competing`: the other processes' runnable threads
+    (`transpiler.cost.profile.Load`; 1, 1, 1, 0: an idle machine; used only with `cores`)."""
 
     batch_size: int = 512
     cores: int | None = None
@@ -75,6 +75,7 @@ class Workload:
     share_all: float = 1.0
     share_spread: float = 0.0
     share_chain: float = 1.0
+    competing: float = 0.0  # other processes' runnable threads, weighted by nice (Load.competing)
 
     def __post_init__(self) -> None:
         check_positive(self.batch_size, "Workload.batch_size")
@@ -88,6 +89,8 @@ class Workload:
                 f"Workload.share_alone / share_all must be > 0 (a thread's share of a core), got "
                 f"{self.share_alone!r} / {self.share_all!r}"
             )
+        if not isinstance(self.competing, (int, float)) or not self.competing >= 0:
+            raise ValueError(f"Workload.competing must be >= 0 (runnable threads), got {self.competing!r}")
         f = self.unique_fraction
         if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1:
             raise ValueError(f"Workload.unique_fraction must be in (0, 1], got {f!r}")
@@ -386,7 +389,7 @@ class PlanCost:
 
 def _under_load(step: float, cpu_work: float, w: Workload, limit: str) -> tuple[float, float, float, str]:
     """(step under the other processes' load, interval low / high in examples/s, limit)."""
-    f = share_of_cores(cpu_work, step, w.cores, w.share_alone, w.share_all, w.share_chain)
+    f = share_of_cores(cpu_work, step, w.cores, w.share_alone, w.share_all, w.share_chain, w.competing)
     if f < 0.995:
         limit += (
             f"; other processes take a share of the cores (a busy thread of the run gets {100 * f:.0f}% "
@@ -394,14 +397,20 @@ def _under_load(step: float, cpu_work: float, w: Workload, limit: str) -> tuple[
         )
     lo, hi = 1 - w.share_spread, 1 + w.share_spread
     shares = (w.share_alone, w.share_all, w.share_chain)
-    low = share_of_cores(cpu_work, step, w.cores, *(lo * x for x in shares))
-    high = share_of_cores(cpu_work, step, w.cores, *(min(hi * x, 1.0) for x in shares))
+    low = share_of_cores(cpu_work, step, w.cores, *(lo * x for x in shares), w.competing * hi)
+    high = share_of_cores(cpu_work, step, w.cores, *(min(hi * x, 1.0) for x in shares), w.competing * lo)
     n = w.batch_size / step
     return step / f, n * low * (1 - MODEL_BAND), n * high * (1 + MODEL_BAND), limit
 
 
 def share_of_cores(
-    cpu_work: float, step: float, cores: int | None, alone: float, every: float, chain: float = 1.0
+    cpu_work: float,
+    step: float,
+    cores: int | None,
+    alone: float,
+    every: float,
+    chain: float = 1.0,
+    competing: float = 0.0,
 ) -> float:
     """The share of a core each busy thread of a run gets while other processes run beside it, from
     the shares a calibration thread got (`alone`: one thread; `every`: each of one per core at
@@ -413,14 +422,22 @@ def share_of_cores(
     the groups first, so a run's capacity grows with its threads anywhere from linearly (threads
     shared, `every` == `alone`) to not at all (groups shared, `every` == `alone` / cores): the two
     points measure which. At most `chain`: the share of the wall time two processes that compute
-    in turn and wake each other progress (every wake waits for a core), as a run's trainers do."""
-    if cores is None or step <= 0 or (alone >= 1 and every >= 1 and chain >= 1):
+    in turn and wake each other progress (every wake waits for a core), as a run's trainers do.
+
+    And at most cores / (competing + max(u, 1)): the share of each of the u busy threads of a run
+    among `competing` other runnable threads (weighted by nice) that are always there; a probe of
+    one or two threads for a moment gets more than that beside busy loops (measured: 0.86 and 0.55
+    of a core beside two, where a run's busiest thread got ~0.5)."""
+    if cores is None or step <= 0:
         return 1.0
     u = cpu_work / step
+    queue = min(cores / (competing + max(u, 1.0)), 1.0) if competing > 0 else 1.0
+    if alone >= 1 and every >= 1 and chain >= 1:
+        return queue
     if u <= 1 or cores == 1:
-        return min(alone, chain, 1.0)
+        return min(alone, chain, queue, 1.0)
     cap = alone + (cores * every - alone) * (min(u, cores) - 1) / (cores - 1)
-    return max(min(cap / u, chain, 1.0), 1e-3)
+    return max(min(cap / u, chain, queue, 1.0), 1e-3)
 
 
 def _itemsize(dtype: str) -> int:

@@ -120,6 +120,7 @@ class Load:
     run_queue: float = 0.0
     at: float = 0.0
     chain: float = 1.0  # the share of the wall time a chain of two processes waking each other progresses
+    competing: float = 0.0  # other processes' runnable threads, weighted by nice (runtime/profile/load.py)
 
     @property
     def capacity(self) -> float:
@@ -131,7 +132,8 @@ class Load:
             f"{self.cores} core(s), of which a run gets {self.capacity:.2f} (a busy thread gets "
             f"{100 * self.alone:.0f}% of a core alone, {100 * self.all_cores:.0f}% with one per core, "
             f"{100 * self.chain:.0f}% in a chain; +-{100 * self.spread:.0f}%); load average "
-            f"{self.load_average:.1f}, {self.run_queue:.1f} other runnable threads"
+            f"{self.load_average:.1f}, {self.run_queue:.1f} other runnable threads ({self.competing:.1f} "
+            "weighted by nice)"
         )
 
 

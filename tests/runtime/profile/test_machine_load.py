@@ -30,6 +30,38 @@ def test_share_of_cores_by_hand():
     assert share_of_cores(3.0, 2.0, None, 0.5, 0.25) == 1.0  # no shared cores: no load modelled
 
 
+def test_share_of_cores_beside_always_runnable_threads_by_hand():
+    """Two busy threads of other processes always runnable on 2 cores (`competing` 2): the run's u
+    busy threads share the cores with them, cores / (2 + u) each (u >= 1; a single thread's: 2 / 3),
+    even where a short probe saw more; a share the probes saw lower wins; niced ones weigh little."""
+    assert share_of_cores(3.0, 2.0, 2, 1.0, 1.0, 1.0, 2.0) == pytest.approx(2 / 3.5)  # u = 1.5
+    assert share_of_cores(1.0, 2.0, 2, 1.0, 1.0, 1.0, 2.0) == pytest.approx(2 / 3)  # u = 0.5
+    assert share_of_cores(3.0, 2.0, 2, 0.86, 0.55, 0.88, 2.0) == pytest.approx(2 / 3.5)
+    assert share_of_cores(3.0, 2.0, 2, 0.5, 0.25, 1.0, 2.0) == pytest.approx(1 / 3)  # the probes' lower
+    assert share_of_cores(3.0, 2.0, 2, 1.0, 1.0, 1.0, 2 * 1.25**-19) == 1.0  # two `nice 19` loops
+    assert share_of_cores(3.0, 2.0, None, 1.0, 1.0, 1.0, 2.0) == 1.0
+
+
+def test_competing_counts_other_processes_runnable_threads_by_nice():
+    """Two busy loops, one at nice 0 and one at nice 10, beside the sampler: 1 + 1.25 ** -10."""
+    import subprocess
+    import sys
+    import time
+
+    from runtime.profile.load import competing
+
+    loops = [
+        subprocess.Popen(["nice", "-n", str(n), sys.executable, "-c", "while True: pass"]) for n in (0, 10)
+    ]
+    try:
+        time.sleep(0.5)
+        assert competing(0.3) == pytest.approx(1 + 1.25**-10, abs=0.25)
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+
+
 def test_prediction_under_load_and_its_interval_by_hand():
     """With a share of 0.4 of a core alone and with one per core, a run gets 0.4 of each core it
     would keep busy, whatever it keeps busy: 0.4 x the idle machine's examples/s; the interval is the
