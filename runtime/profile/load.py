@@ -24,6 +24,7 @@ import multiprocessing as mp
 import os
 import statistics
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -69,18 +70,19 @@ def run_queue(seconds: float = 0.2, every: float = 0.01) -> float:
     return max(statistics.fmean(got), 0.0) if got else 0.0
 
 
-def _runnable_weight(skip: int) -> float:
+def _runnable_weight(skip: int, pids: Collection[int] | None = None) -> float:
     """Runnable threads on the machine now (state R in /proc/PID/task/TID/stat), each weighted as
     Linux's scheduler weighs it against a thread of nice 0 (about 1.25 ** -nice), process `skip`
-    (the sampler) left out."""
+    (the sampler) left out; only the processes `pids` where given."""
     total = 0.0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == skip:
+    names = [str(p) for p in pids] if pids is not None else [e.name for e in os.scandir("/proc")]
+    for name in names:
+        if not name.isdigit() or int(name) == skip:
             continue
         try:
-            tasks = os.listdir(f"/proc/{entry.name}/task")
+            tasks = os.listdir(f"/proc/{name}/task")
             for tid in tasks:
-                with open(f"/proc/{entry.name}/task/{tid}/stat", "rb") as f:
+                with open(f"/proc/{name}/task/{tid}/stat", "rb") as f:
                     rest = f.read().rsplit(b")", 1)[1].split()
                 if rest[0] == b"R":
                     total += 1.25 ** -int(rest[16])  # (fields after the name: state ... nice at 16)
@@ -89,13 +91,14 @@ def _runnable_weight(skip: int) -> float:
     return total
 
 
-def competing(seconds: float = 0.2, every: float = 0.02) -> float:
+def competing(seconds: float = 0.2, every: float = 0.02, pids: Collection[int] | None = None) -> float:
     """Mean runnable threads of other processes over `seconds`, weighted by their nice value (a
-    `nice 19` thread counts ~0.014 of a normal one): what a run's threads share the cores with."""
+    `nice 19` thread counts ~0.014 of a normal one): what a run's threads share the cores with.
+    `pids` limits the count to those processes (default: every process but this one)."""
     got, me = [], os.getpid()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        got.append(_runnable_weight(me))
+        got.append(_runnable_weight(me, pids))
         time.sleep(every)
     return statistics.fmean(got) if got else 0.0
 
