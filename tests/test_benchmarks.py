@@ -29,6 +29,7 @@ SMOKE: dict[str, list[str]] = {
     "chaos.py": ["--only", "disk,startup"],
     "ctr.py": ["--steps", "4", "--warmup", "1", "--modes", "sync", "--skip-paddle", "--stand-in"],
     "device_crossings.py": ["sync"],
+    "engine_lookup.py": ["--rows", "20000", "--keys", "500", "--repeats", "2"],
     "evaluate_workers.py": ["--rows", "2000", "--repeats", "1", "--workers", "2", "--servers", "1"],
     "executor_overhead.py": ["--layers", "5", "--repeats", "5"],
     "gpu_host_work.py": ["--steps", "3"],

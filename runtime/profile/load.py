@@ -12,7 +12,9 @@
   /proc): a run's busiest thread gets about cores / (competing + the run's own busy threads) of a
   core, which the two shares above, measured by a probe of one or two threads for a moment,
   overestimate when the others are always runnable (busy loops: 0.86 and 0.55 measured where a
-  thread of a run got ~0.5);
+  thread of a run got ~0.5). Where the kernel groups processes by session (autogroups), the cores
+  are shared among the groups first: the threads of other sessions are counted per group
+  (`groups`), this session's own (where a run's processes are) in `competing`;
 - the load average and the run queue (`procs_running` of /proc/stat, sampled), for the record.
 
 A probe takes about `3 * seconds`; the spread of the estimate over its slices is the `spread`.
@@ -70,37 +72,77 @@ def run_queue(seconds: float = 0.2, every: float = 0.01) -> float:
     return max(statistics.fmean(got), 0.0) if got else 0.0
 
 
-def _runnable_weight(skip: int, pids: Collection[int] | None = None) -> float:
+def autogroup(pid: int | str = "self") -> tuple[str, float] | None:
+    """(name, weight) of the scheduling group (Linux autogroup: one per session) process `pid` is
+    in, its weight 1.25 ** -nice of the group; None when the kernel does not group by session."""
+    try:
+        if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() != "1":
+            return None
+        name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()  # "/autogroup-4 nice 0"
+        return name, 1.25 ** -int(nice)
+    except (OSError, ValueError):
+        return None
+
+
+def _runnable_weight(skip: int, pids: Collection[int] | None = None) -> dict[tuple[str, float] | None, float]:
     """Runnable threads on the machine now (state R in /proc/PID/task/TID/stat), each weighted as
-    Linux's scheduler weighs it against a thread of nice 0 (about 1.25 ** -nice), process `skip`
-    (the sampler) left out; only the processes `pids` where given."""
-    total = 0.0
+    Linux's scheduler weighs it against a thread of nice 0 (about 1.25 ** -nice), by the scheduling
+    group of their process (`autogroup`; None: not grouped), process `skip` (the sampler) left out;
+    only the processes `pids` where given."""
+    total: dict[tuple[str, float] | None, float] = {}
     names = [str(p) for p in pids] if pids is not None else [e.name for e in os.scandir("/proc")]
     for name in names:
         if not name.isdigit() or int(name) == skip:
             continue
         try:
-            tasks = os.listdir(f"/proc/{name}/task")
-            for tid in tasks:
+            got = 0.0
+            for tid in os.listdir(f"/proc/{name}/task"):
                 with open(f"/proc/{name}/task/{tid}/stat", "rb") as f:
                     rest = f.read().rsplit(b")", 1)[1].split()
                 if rest[0] == b"R":
-                    total += 1.25 ** -int(rest[16])  # (fields after the name: state ... nice at 16)
+                    got += 1.25 ** -int(rest[16])  # (fields after the name: state ... nice at 16)
         except (OSError, IndexError, ValueError):  # (a thread that ended meanwhile)
             continue
+        if got:
+            group = autogroup(name)
+            total[group] = total.get(group, 0.0) + got
     return total
 
 
-def competing(seconds: float = 0.2, every: float = 0.02, pids: Collection[int] | None = None) -> float:
-    """Mean runnable threads of other processes over `seconds`, weighted by their nice value (a
-    `nice 19` thread counts ~0.014 of a normal one): what a run's threads share the cores with.
-    `pids` limits the count to those processes (default: every process but this one)."""
-    got, me = [], os.getpid()
+def competition(
+    seconds: float = 0.2, every: float = 0.02, pids: Collection[int] | None = None
+) -> tuple[float, tuple[tuple[float, float], ...]]:
+    """The other processes' mean runnable threads over `seconds`, weighted by their nice value (a
+    `nice 19` thread counts ~0.014 of a normal one): (those in this process's scheduling group,
+    or all of them when the kernel does not group by session; per other group with runnable
+    threads: (its threads, its weight against this group's), `Load.groups`). `pids` limits the
+    count to those processes (default: every process but this one)."""
+    samples, me = [], os.getpid()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        got.append(_runnable_weight(me, pids))
+        samples.append(_runnable_weight(me, pids))
         time.sleep(every)
-    return statistics.fmean(got) if got else 0.0
+    mine = autogroup()
+    sums: dict[tuple[str, float] | None, float] = {}
+    for sample in samples:
+        for group, threads in sample.items():
+            key = None if group is None or mine is None or group[0] == mine[0] else group
+            sums[key] = sums.get(key, 0.0) + threads
+    n = max(len(samples), 1)
+    own_weight = 1.0 if mine is None else mine[1]
+    others = tuple(
+        (v / n, g[1] / own_weight)
+        for g, v in sorted(sums.items(), key=str)
+        if g is not None and v / n >= 0.01
+    )
+    return sums.get(None, 0.0) / n, others
+
+
+def competing(seconds: float = 0.2, every: float = 0.02, pids: Collection[int] | None = None) -> float:
+    """All the other processes' mean runnable threads over `seconds`, weighted by nice, whatever
+    their scheduling group (`competition` tells them apart)."""
+    own, others = competition(seconds, every, pids)
+    return own + sum(d for d, _ in others)
 
 
 def _slices(seconds: float, slices: int, start: float, out: Any) -> None:
@@ -201,6 +243,7 @@ def probe(seconds: float = 0.4, slices: int = 4) -> Load:
     alone = _shares(1, seconds, slices)
     everywhere = _shares(cores, seconds, slices)
     mid = statistics.median(everywhere)
+    own, others = competition()
     return Load(
         cores=cores,
         alone=statistics.median(alone),
@@ -209,7 +252,8 @@ def probe(seconds: float = 0.4, slices: int = 4) -> Load:
         spread=min((max(everywhere) - min(everywhere)) / 2 / mid, 1.0),
         load_average=os.getloadavg()[0],
         run_queue=run_queue(),
-        competing=competing(),
+        competing=own,
+        groups=others,
         at=time.time(),
     )
 

@@ -284,6 +284,7 @@ def workload_for(
         load.spread,
         load.chain,
         load.competing,
+        load.groups,
     )
 
 

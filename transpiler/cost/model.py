@@ -45,7 +45,7 @@ from typing import Any
 
 from transpiler.config import items_in_flight, kind_of
 from transpiler.cost.balance import balance
-from transpiler.cost.profile import Profile, kernel_ops, op_signature
+from transpiler.cost.profile import Profile, check_groups, kernel_ops, op_signature
 from transpiler.passes.assign_devices import bytes_per_example
 from transpiler.passes.held import held_dense
 from transpiler.passes.schedule import segments
@@ -65,8 +65,9 @@ class Workload:
     `unique_fraction`: unique ids / ids in a reader's step (the data's skew: 1.0 = every id
     distinct); `share_alone`, `share_all` (+- `share_spread`, relative): the share of a core a
     busy thread got beside other processes, one alone and one on every core at once, and
-    `share_chain` of two waking each other, and `competing`: the other processes' runnable threads
-    (`transpiler.cost.profile.Load`; 1, 1, 1, 0: an idle machine; used only with `cores`)."""
+    `share_chain` of two waking each other, `competing`: the other processes' runnable threads in
+    the run's scheduling group and `groups`: those of other sessions' groups
+    (`transpiler.cost.profile.Load`; 1, 1, 1, 0, (): an idle machine; used only with `cores`)."""
 
     batch_size: int = 512
     cores: int | None = None
@@ -76,6 +77,7 @@ class Workload:
     share_spread: float = 0.0
     share_chain: float = 1.0
     competing: float = 0.0  # other processes' runnable threads, weighted by nice (Load.competing)
+    groups: tuple[tuple[float, float], ...] = ()  # other sessions' scheduling groups (Load.groups)
 
     def __post_init__(self) -> None:
         check_positive(self.batch_size, "Workload.batch_size")
@@ -91,6 +93,7 @@ class Workload:
             )
         if not isinstance(self.competing, (int, float)) or not self.competing >= 0:
             raise ValueError(f"Workload.competing must be >= 0 (runnable threads), got {self.competing!r}")
+        object.__setattr__(self, "groups", check_groups(self.groups, "Workload.groups"))
         f = self.unique_fraction
         if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1:
             raise ValueError(f"Workload.unique_fraction must be in (0, 1], got {f!r}")
@@ -389,16 +392,19 @@ class PlanCost:
 
 def _under_load(step: float, cpu_work: float, w: Workload, limit: str) -> tuple[float, float, float, str]:
     """(step under the other processes' load, interval low / high in examples/s, limit)."""
-    f = share_of_cores(cpu_work, step, w.cores, w.share_alone, w.share_all, w.share_chain, w.competing)
+    shares = (w.share_alone, w.share_all, w.share_chain)
+    f = share_of_cores(cpu_work, step, w.cores, *shares, w.competing, w.groups)
     if f < 0.995:
         limit += (
             f"; other processes take a share of the cores (a busy thread of the run gets {100 * f:.0f}% "
             "of a core)"
         )
     lo, hi = 1 - w.share_spread, 1 + w.share_spread
-    shares = (w.share_alone, w.share_all, w.share_chain)
-    low = share_of_cores(cpu_work, step, w.cores, *(lo * x for x in shares), w.competing * hi)
-    high = share_of_cores(cpu_work, step, w.cores, *(min(hi * x, 1.0) for x in shares), w.competing * lo)
+    more, fewer = (tuple((d * k, g) for d, g in w.groups) for k in (hi, lo))
+    low = share_of_cores(cpu_work, step, w.cores, *(lo * x for x in shares), w.competing * hi, more)
+    high = share_of_cores(
+        cpu_work, step, w.cores, *(min(hi * x, 1.0) for x in shares), w.competing * lo, fewer
+    )
     n = w.batch_size / step
     return step / f, n * low * (1 - MODEL_BAND), n * high * (1 + MODEL_BAND), limit
 
@@ -411,6 +417,7 @@ def share_of_cores(
     every: float,
     chain: float = 1.0,
     competing: float = 0.0,
+    groups: tuple[tuple[float, float], ...] = (),
 ) -> float:
     """The share of a core each busy thread of a run gets while other processes run beside it, from
     the shares a calibration thread got (`alone`: one thread; `every`: each of one per core at
@@ -424,20 +431,40 @@ def share_of_cores(
     points measure which. At most `chain`: the share of the wall time two processes that compute
     in turn and wake each other progress (every wake waits for a core), as a run's trainers do.
 
-    And at most cores / (competing + max(u, 1)): the share of each of the u busy threads of a run
-    among `competing` other runnable threads (weighted by nice) that are always there; a probe of
-    one or two threads for a moment gets more than that beside busy loops (measured: 0.86 and 0.55
-    of a core beside two, where a run's busiest thread got ~0.5)."""
+    And at most the share of each of the u busy threads of a run among `competing` other runnable
+    threads (weighted by nice) that are always there: cores / (competing + max(u, 1)) when they
+    share the run's scheduling group (or the kernel does not group by session); a probe of one or
+    two threads for a moment gets more than that beside busy loops (measured: 0.86 and 0.55 of a
+    core beside two, where a run's busiest thread got ~0.5). Other sessions' `groups` (runnable
+    threads, weight) take their part of the cores first (`group_cores`)."""
     if cores is None or step <= 0:
         return 1.0
     u = cpu_work / step
-    queue = min(cores / (competing + max(u, 1.0)), 1.0) if competing > 0 else 1.0
+    own = competing + max(u, 1.0)
+    queue = min(group_cores(cores, own, groups) / own, 1.0) if competing > 0 or groups else 1.0
     if alone >= 1 and every >= 1 and chain >= 1:
         return queue
     if u <= 1 or cores == 1:
         return min(alone, chain, queue, 1.0)
     cap = alone + (cores * every - alone) * (min(u, cores) - 1) / (cores - 1)
     return max(min(cap / u, chain, queue, 1.0), 1e-3)
+
+
+def group_cores(cores: float, own: float, groups: tuple[tuple[float, float], ...] = ()) -> float:
+    """The cores a scheduling group of `own` runnable threads gets beside other `groups` (runnable
+    threads, weight against this group's): Linux's group scheduler shares the cores among the
+    groups in proportion to their weights, a group never getting more than a core per runnable
+    thread, what one leaves going to the others (water-filling: each group gets min(threads,
+    level * weight), the level such that all together get `cores`)."""
+    every = [(own, 1.0), *groups]
+    if sum(d for d, _ in every) <= cores:
+        return own
+    left, weight = float(cores), sum(g for _, g in every)
+    for d, g in sorted(every, key=lambda x: x[0] / x[1]):  # the least demanding per weight first
+        if d > left / weight * g:
+            break
+        left, weight = left - d, weight - g
+    return min(own, left / weight)
 
 
 def _itemsize(dtype: str) -> int:

@@ -121,6 +121,13 @@ class Load:
     at: float = 0.0
     chain: float = 1.0  # the share of the wall time a chain of two processes waking each other progresses
     competing: float = 0.0  # other processes' runnable threads, weighted by nice (runtime/profile/load.py)
+    # the other sessions' scheduling groups (Linux autogroups) with runnable threads: (their runnable
+    # threads weighted by nice, the group's weight against this run's group); empty when the kernel
+    # does not group by session, and then `competing` counts every other process
+    groups: tuple[tuple[float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        self.groups = check_groups(self.groups, "Load.groups")
 
     @property
     def capacity(self) -> float:
@@ -133,8 +140,25 @@ class Load:
             f"{100 * self.alone:.0f}% of a core alone, {100 * self.all_cores:.0f}% with one per core, "
             f"{100 * self.chain:.0f}% in a chain; +-{100 * self.spread:.0f}%); load average "
             f"{self.load_average:.1f}, {self.run_queue:.1f} other runnable threads ({self.competing:.1f} "
-            "weighted by nice)"
+            f"weighted by nice{_in_groups(self.groups)})"
         )
+
+
+def _in_groups(groups: tuple[tuple[float, float], ...]) -> str:
+    if not groups:
+        return ""
+    return f" in this session, {sum(d for d, _ in groups):.1f} in {len(groups)} other session(s)"
+
+
+def check_groups(groups: Any, what: str) -> tuple[tuple[float, float], ...]:
+    """`groups` as a tuple of (runnable threads >= 0, weight > 0) pairs (a file's lists too)."""
+    try:
+        out = tuple((float(d), float(w)) for d, w in groups)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be (runnable threads, weight) pairs, got {groups!r}") from None
+    if not all(d >= 0 and w > 0 for d, w in out):
+        raise ValueError(f"{what}: runnable threads must be >= 0 and weights > 0, got {groups!r}")
+    return out
 
 
 @dataclass

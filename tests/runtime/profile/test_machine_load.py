@@ -13,7 +13,7 @@ from test_cost import dense_model, gemm_price, synthetic_profile
 from runtime.profile import load as rl
 from runtime.profile import machine as rp
 from transpiler import transpile
-from transpiler.cost.model import MODEL_BAND, Workload, predict, share_of_cores
+from transpiler.cost.model import MODEL_BAND, Workload, group_cores, predict, share_of_cores
 from transpiler.cost.profile import LinkCost, Load, Profile, PSCost
 from transpiler.settings import ScaleConfig
 
@@ -40,6 +40,73 @@ def test_share_of_cores_beside_always_runnable_threads_by_hand():
     assert share_of_cores(3.0, 2.0, 2, 0.5, 0.25, 1.0, 2.0) == pytest.approx(1 / 3)  # the probes' lower
     assert share_of_cores(3.0, 2.0, 2, 1.0, 1.0, 1.0, 2 * 1.25**-19) == 1.0  # two `nice 19` loops
     assert share_of_cores(3.0, 2.0, None, 1.0, 1.0, 1.0, 2.0) == 1.0
+
+
+def test_group_cores_by_hand():
+    """Linux's group scheduler (a session's processes are one group): the cores go to the groups in
+    proportion to their weights, none above its runnable threads, the rest to the others."""
+    assert group_cores(2, 1.0) == 1.0  # alone, fewer threads than cores: all it asks
+    assert group_cores(2, 3.0) == 2.0  # alone: every core
+    assert group_cores(2, 1.0, ((2.0, 1.0),)) == 1.0  # 1 + 2 threads in 2 groups: a core each
+    assert group_cores(2, 1.5, ((2.0, 1.0),)) == pytest.approx(1.0)
+    # a nice-10 session of two loops (weight 1.25 ** -10 = 0.107) leaves a one-thread run its core
+    assert group_cores(2, 1.0, ((2.0, 1.25**-10),)) == 1.0
+    assert group_cores(2, 2.0, ((2.0, 1.25**-10),)) == pytest.approx(2 / (1 + 1.25**-10))
+    # 3 groups on 2 cores, each asking more than 2 / 3 of them: 2 / 3 each
+    assert group_cores(2, 3.0, ((1.0, 1.0), (2.0, 1.0))) == pytest.approx(2 / 3)
+    # 4 cores: a group of 0.5 threads gets them; the run (3) and a group of 4 share the 3.5 left
+    assert group_cores(4, 3.0, ((0.5, 1.0), (4.0, 1.0))) == pytest.approx(1.75)
+
+
+def test_share_of_cores_beside_other_sessions_by_hand():
+    """Two busy loops in another session take one group's part of 2 cores (one core between them),
+    so a run's single busy thread keeps a whole core, where the same loops in the run's own session
+    leave it 2 / 3; a run keeping 3 cores busy gets 1 core: 1 / 3 of one each (cores / (2 + 3) =
+    0.4 in its own session); idle in between (u = 0.5: its one thread has a core)."""
+    other = ((2.0, 1.0),)
+    assert share_of_cores(2.0, 2.0, 2, 1.0, 1.0, 1.0, 0.0, other) == 1.0
+    assert share_of_cores(2.0, 2.0, 2, 1.0, 1.0, 1.0, 2.0) == pytest.approx(2 / 3)
+    assert share_of_cores(6.0, 2.0, 2, 1.0, 1.0, 1.0, 0.0, other) == pytest.approx(1 / 3)
+    assert share_of_cores(6.0, 2.0, 2, 1.0, 1.0, 1.0, 2.0) == pytest.approx(2 / 5)
+    assert share_of_cores(1.0, 2.0, 2, 1.0, 1.0, 1.0, 0.0, other) == 1.0
+    # one loop in the run's session as well: the run's group has 1 + 1 threads and gets 1 core
+    assert share_of_cores(2.0, 2.0, 2, 1.0, 1.0, 1.0, 1.0, other) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="Workload.groups"):
+        Workload(64, 2, groups=((-1.0, 1.0),))
+    assert Load(2, groups=[[2, 1]]).groups == ((2.0, 1.0),)  # (as read back from a profile's JSON)
+
+
+def test_competition_tells_other_sessions_from_this_one():
+    """One busy loop started in this session and two in a session of their own: where the kernel
+    groups by session (/proc/sys/kernel/sched_autogroup_enabled), this session's 1 and one other
+    group of 2; where it does not, 3 in one count."""
+    import subprocess
+    import sys
+    import time
+
+    loop = [sys.executable, "-c", "while True: pass"]
+    mine = subprocess.Popen(loop)
+    theirs = subprocess.Popen(
+        ["bash", "-c", f"{loop[0]} -c 'while True: pass' & {loop[0]} -c 'while True: pass' & wait"],
+        start_new_session=True,
+    )
+    try:
+        time.sleep(0.7)
+        pids = [
+            mine.pid,
+            *(int(x) for x in subprocess.check_output(["pgrep", "-s", str(theirs.pid)]).split()),
+        ]
+        own, others = rl.competition(0.3, pids=pids)
+        if rl.autogroup() is not None:
+            assert own == pytest.approx(1.0, abs=0.02)
+            assert len(others) == 1 and others[0] == pytest.approx((2.0, 1.0), abs=0.02)
+        else:
+            assert (own, others) == (pytest.approx(3.0, abs=0.02), ())
+    finally:
+        mine.kill()
+        os.killpg(theirs.pid, 9)
+        mine.wait()
+        theirs.wait()
 
 
 def test_competing_counts_other_processes_runnable_threads_by_nice():
