@@ -40,8 +40,11 @@ def tune_profile(args: argparse.Namespace, plan):
     if args.profile:
         if not Path(args.profile).is_file():
             raise UsageError(f"--profile {args.profile}: no such file")
+        if getattr(args, "refresh_profile", False):
+            raise UsageError("--refresh-profile measures this machine: give it without --profile")
         return load_profile(args.profile)
-    return machine_profile(plan, log=lambda m: print(m, file=sys.stderr))
+    refresh = getattr(args, "refresh_profile", False)
+    return machine_profile(plan, refresh=refresh, log=lambda m: print(m, file=sys.stderr))
 
 
 def tune_sample(plan, batch_size: int):
@@ -239,6 +242,12 @@ def add_tune_command(sub: Any, command: Any) -> None:
     )
     s.add_argument("--profile", help="use this profile JSON instead of measuring this machine")
     s.add_argument(
+        "--refresh-profile",
+        action="store_true",
+        help="measure this machine's profile again instead of the cached one (its calibration moves "
+        "between measurements: docs/tuning.md)",
+    )
+    s.add_argument(
         "--prices",
         help="$ per core-hour and per GPU-hour (cpu=0.048,gpu=2.50) or a YAML price list (cpu:, gpu:, "
         "machines: {name: {cpu, gpu, hourly}}); alone: the most examples per $",
@@ -282,3 +291,6 @@ def predict_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--cores", type=int, help="for --predict: all processes share this many CPU cores")
     settings_option(s, "for --predict: ")
     s.add_argument("--profile", help="for --predict: a profile JSON instead of measuring this machine")
+    s.add_argument(
+        "--refresh-profile", action="store_true", help="for --predict: measure this machine's profile again"
+    )

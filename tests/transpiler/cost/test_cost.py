@@ -598,3 +598,32 @@ def test_cached_profile_of_another_method_is_measured_again(tmp_path, monkeypatc
     assert json.loads(path.read_text())["method"] == rp.METHOD
     rp.machine_profile(plan, cache=tmp_path)  # now current: read from the cache
     assert calls == ["link"]
+
+
+def test_cli_refresh_profile_measures_the_machine_again(tmp_path, monkeypatch, capsys):
+    """`inspect --predict` measures this machine once and then reads the cached profile;
+    `--refresh-profile` measures it again; with `--profile FILE` it is a usage error."""
+    from runtime.profile import machine as rp
+
+    plan_dir = tmp_path / "p"
+    plan = transpile(dense_model())
+    plan.save(plan_dir)
+    calls = []
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(rp, "measure_link", lambda: calls.append("link") or LinkCost(1e-4, 1e-9))
+    monkeypatch.setattr(rp, "measure_ps", lambda: PSCost(1e-4, 1e-9, 1e-9))
+    monkeypatch.setattr(rp, "measure_overhead", lambda link, ps: {})
+    monkeypatch.setattr(
+        rp,
+        "profile_kernels",
+        lambda plan, kinds, skip: (synthetic_profile(plan, lambda k, op: None).kernels, []),
+    )
+    assert main(["inspect", str(plan_dir), "--predict"]) == 0
+    assert main(["inspect", str(plan_dir), "--predict"]) == 0
+    assert calls == ["link"]
+    assert main(["inspect", str(plan_dir), "--predict", "--refresh-profile"]) == 0
+    assert calls == ["link", "link"]
+    capsys.readouterr()
+    saved = next((tmp_path / "cache" / "hetps").glob("profile-*.json"))
+    assert main(["inspect", str(plan_dir), "--predict", "--profile", str(saved), "--refresh-profile"]) == 2
+    assert "--refresh-profile measures this machine" in capsys.readouterr().err
