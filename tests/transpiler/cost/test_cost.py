@@ -574,13 +574,12 @@ def test_reader_union_of_a_steps_ids_by_hand():
     assert {r.role: r for r in p.roles}["cpu"].compute_s == pytest.approx(2e-3 + 4e-4)
 
 
-def test_cached_profile_of_another_method_is_measured_again(tmp_path, monkeypatch):
-    """A profile cached by an older hetps (measured another way: e.g. an unsigned link probe) is not
-    used: the machine is measured again and the cache rewritten; one of this method is reused."""
+def count_measurements(monkeypatch) -> list[str]:
+    """This machine's measurements replaced by fixed figures; the list they return gets "link" each
+    time the machine is measured."""
     from runtime.profile import machine as rp
 
-    plan = transpile(dense_model())
-    calls = []
+    calls: list[str] = []
     monkeypatch.setattr(rp, "measure_link", lambda: calls.append("link") or LinkCost(1e-4, 1e-9))
     monkeypatch.setattr(rp, "measure_ps", lambda: PSCost(1e-4, 1e-9, 1e-9))
     monkeypatch.setattr(rp, "measure_overhead", lambda link, ps: {})
@@ -589,6 +588,16 @@ def test_cached_profile_of_another_method_is_measured_again(tmp_path, monkeypatc
         "profile_kernels",
         lambda plan, kinds, skip: (synthetic_profile(plan, lambda k, op: None).kernels, []),
     )
+    return calls
+
+
+def test_cached_profile_of_another_method_is_measured_again(tmp_path, monkeypatch):
+    """A profile cached by an older hetps (measured another way: e.g. an unsigned link probe) is not
+    used: the machine is measured again and the cache rewritten; one of this method is reused."""
+    from runtime.profile import machine as rp
+
+    plan = transpile(dense_model())
+    calls = count_measurements(monkeypatch)
     old = synthetic_profile(plan, lambda k, op: None)
     old.method = rp.METHOD - 1
     path = tmp_path / f"profile-{rp.machine_key()}.json"
@@ -603,21 +612,12 @@ def test_cached_profile_of_another_method_is_measured_again(tmp_path, monkeypatc
 def test_cli_refresh_profile_measures_the_machine_again(tmp_path, monkeypatch, capsys):
     """`inspect --predict` measures this machine once and then reads the cached profile;
     `--refresh-profile` measures it again; with `--profile FILE` it is a usage error."""
-    from runtime.profile import machine as rp
 
     plan_dir = tmp_path / "p"
     plan = transpile(dense_model())
     plan.save(plan_dir)
-    calls = []
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(rp, "measure_link", lambda: calls.append("link") or LinkCost(1e-4, 1e-9))
-    monkeypatch.setattr(rp, "measure_ps", lambda: PSCost(1e-4, 1e-9, 1e-9))
-    monkeypatch.setattr(rp, "measure_overhead", lambda link, ps: {})
-    monkeypatch.setattr(
-        rp,
-        "profile_kernels",
-        lambda plan, kinds, skip: (synthetic_profile(plan, lambda k, op: None).kernels, []),
-    )
+    calls = count_measurements(monkeypatch)
     assert main(["inspect", str(plan_dir), "--predict"]) == 0
     assert main(["inspect", str(plan_dir), "--predict"]) == 0
     assert calls == ["link"]
