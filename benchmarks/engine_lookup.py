@@ -27,13 +27,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runtime.ps.tiered_store import EngineMemory, RowStore  # noqa: E402
+from runtime.ps.tiered_store import _keys as keys  # noqa: E402  (the store's own key encoding)
 
 RECORD = np.dtype([("row", np.float32, (34,))])  # 16 values + 16 moments + 2 statistics: 136 bytes
 CHUNK = 1 << 18
-
-
-def keys(ids: np.ndarray) -> list[bytes]:
-    return np.ascontiguousarray(ids, ">u8").view("V8").tolist()
 
 
 def disk_bytes(path: Path) -> int:

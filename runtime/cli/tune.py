@@ -40,11 +40,10 @@ def tune_profile(args: argparse.Namespace, plan):
     if args.profile:
         if not Path(args.profile).is_file():
             raise UsageError(f"--profile {args.profile}: no such file")
-        if getattr(args, "refresh_profile", False):
+        if args.refresh_profile:
             raise UsageError("--refresh-profile measures this machine: give it without --profile")
         return load_profile(args.profile)
-    refresh = getattr(args, "refresh_profile", False)
-    return machine_profile(plan, refresh=refresh, log=lambda m: print(m, file=sys.stderr))
+    return machine_profile(plan, refresh=args.refresh_profile, log=lambda m: print(m, file=sys.stderr))
 
 
 def tune_sample(plan, batch_size: int):

@@ -72,23 +72,34 @@ def run_queue(seconds: float = 0.2, every: float = 0.01) -> float:
     return max(statistics.fmean(got), 0.0) if got else 0.0
 
 
-def autogroup(pid: int | str = "self") -> tuple[str, float] | None:
-    """(name, weight) of the scheduling group (Linux autogroup: one per session) process `pid` is
-    in, its weight 1.25 ** -nice of the group; None when the kernel does not group by session."""
+def autogroups_on() -> bool:
+    """Whether the kernel groups processes by session for scheduling (Linux autogroups)."""
     try:
-        if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() != "1":
-            return None
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def autogroup(pid: int | str = "self", on: bool | None = None) -> tuple[str, float] | None:
+    """(name, weight) of the scheduling group (Linux autogroup: one per session) process `pid` is
+    in, its weight 1.25 ** -nice of the group; None when the kernel does not group by session
+    (`on`: `autogroups_on()` if already known)."""
+    if not (autogroups_on() if on is None else on):
+        return None
+    try:
         name, _, nice = Path(f"/proc/{pid}/autogroup").read_text().split()  # "/autogroup-4 nice 0"
         return name, 1.25 ** -int(nice)
     except (OSError, ValueError):
         return None
 
 
-def _runnable_weight(skip: int, pids: Collection[int] | None = None) -> dict[tuple[str, float] | None, float]:
+def _runnable_weight(
+    skip: int, pids: Collection[int] | None, grouped: bool
+) -> dict[tuple[str, float] | None, float]:
     """Runnable threads on the machine now (state R in /proc/PID/task/TID/stat), each weighted as
     Linux's scheduler weighs it against a thread of nice 0 (about 1.25 ** -nice), by the scheduling
-    group of their process (`autogroup`; None: not grouped), process `skip` (the sampler) left out;
-    only the processes `pids` where given."""
+    group of their process (`autogroup`, where `grouped`; None: not grouped), process `skip` (the
+    sampler) left out; only the processes `pids` where given."""
     total: dict[tuple[str, float] | None, float] = {}
     names = [str(p) for p in pids] if pids is not None else [e.name for e in os.scandir("/proc")]
     for name in names:
@@ -104,7 +115,7 @@ def _runnable_weight(skip: int, pids: Collection[int] | None = None) -> dict[tup
         except (OSError, IndexError, ValueError):  # (a thread that ended meanwhile)
             continue
         if got:
-            group = autogroup(name)
+            group = autogroup(name, grouped)
             total[group] = total.get(group, 0.0) + got
     return total
 
@@ -117,12 +128,12 @@ def competition(
     or all of them when the kernel does not group by session; per other group with runnable
     threads: (its threads, its weight against this group's), `Load.groups`). `pids` limits the
     count to those processes (default: every process but this one)."""
-    samples, me = [], os.getpid()
+    samples, me, grouped = [], os.getpid(), autogroups_on()
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
-        samples.append(_runnable_weight(me, pids))
+        samples.append(_runnable_weight(me, pids, grouped))
         time.sleep(every)
-    mine = autogroup()
+    mine = autogroup(on=grouped)
     sums: dict[tuple[str, float] | None, float] = {}
     for sample in samples:
         for group, threads in sample.items():
